@@ -1,0 +1,404 @@
+// Package ir is cnnc's training IR: a typed DAG of tensor operations with one
+// deterministic text form and one verifier.
+//
+// In:  nodes built by the compiler's lowering from the DSL AST.
+// Out: the graph every later stage reads — passes rewrite it, the reference
+// interpreter runs it in float64, codegen turns it into kernels.
+//
+// Why it is shaped so: tensors carry a per-sample shape plus a "batched" flag
+// instead of a fixed batch size, so one graph serves any batch and any
+// micro-batch; every node keeps the DSL position it came from, so an error
+// or a memory report found many passes later still points at the user's
+// line; what each op means (its type rule, FLOPs and printed attributes) is
+// one row of the ops table in ops.go, not a switch spread across files.
+package ir
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/cnnc/cnnc/dsl"
+)
+
+// DType is an element type.
+type DType uint8
+
+const (
+	Unknown DType = iota
+	F32           // 32-bit float
+	Class         // class label, int32 in [0, Classes)
+	U8            // raw image bytes
+)
+
+func (d DType) String() string {
+	return [...]string{"?", "f32", "class", "u8"}[d]
+}
+
+// ElemBytes is the size of one element in memory.
+func (d DType) ElemBytes() int64 {
+	switch d {
+	case F32, Class:
+		return 4
+	case U8:
+		return 1
+	}
+	return 0
+}
+
+// Type is a tensor type. Batched tensors have a leading batch dimension B
+// that is not stored in Dims; parameters and the loss are not batched.
+type Type struct {
+	DType   DType
+	Batched bool
+	Dims    []int64
+	Classes int64 // for DType Class: the number of classes
+}
+
+// F32Batched is f32[B, dims...].
+func F32Batched(dims ...int64) Type { return Type{DType: F32, Batched: true, Dims: dims} }
+
+// F32Fixed is f32[dims...] with no batch dimension.
+func F32Fixed(dims ...int64) Type { return Type{DType: F32, Dims: dims} }
+
+// IsKnown reports whether the type has been inferred.
+func (t Type) IsKnown() bool { return t.DType != Unknown }
+
+// Rank counts dimensions including the batch dimension.
+func (t Type) Rank() int {
+	if t.Batched {
+		return len(t.Dims) + 1
+	}
+	return len(t.Dims)
+}
+
+// SampleElems is the element count of one sample (of the whole tensor when
+// not batched).
+func (t Type) SampleElems() int64 {
+	n := int64(1)
+	for _, d := range t.Dims {
+		n *= d
+	}
+	return n
+}
+
+// Elems is the element count at the given batch size.
+func (t Type) Elems(batch int64) int64 {
+	if t.Batched {
+		return batch * t.SampleElems()
+	}
+	return t.SampleElems()
+}
+
+// Bytes is the storage size at the given batch size.
+func (t Type) Bytes(batch int64) int64 { return t.Elems(batch) * t.DType.ElemBytes() }
+
+// Equal compares two types.
+func (t Type) Equal(u Type) bool {
+	if t.DType != u.DType || t.Batched != u.Batched || t.Classes != u.Classes || len(t.Dims) != len(u.Dims) {
+		return false
+	}
+	for i := range t.Dims {
+		if t.Dims[i] != u.Dims[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// ShapeString prints the dimensions like "[B,16,126,126]".
+func (t Type) ShapeString() string {
+	var parts []string
+	if t.Batched {
+		parts = append(parts, "B")
+	}
+	for _, d := range t.Dims {
+		parts = append(parts, fmt.Sprint(d))
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+// DimsString prints per-sample dims as "32x124x124".
+func (t Type) DimsString() string {
+	parts := make([]string, len(t.Dims))
+	for i, d := range t.Dims {
+		parts[i] = fmt.Sprint(d)
+	}
+	return strings.Join(parts, "x")
+}
+
+func (t Type) String() string {
+	if !t.IsKnown() {
+		return "?"
+	}
+	if t.DType == Class {
+		return fmt.Sprintf("class%d%s", t.Classes, t.ShapeString())
+	}
+	return t.DType.String() + t.ShapeString()
+}
+
+// Role says what a value is; the planner and the reports group by it.
+type Role uint8
+
+const (
+	RoleActivation Role = iota // forward result
+	RoleInput                  // model input (images)
+	RoleLabel                  // model input (class labels)
+	RoleParam                  // trainable parameter
+	RoleOptState               // optimizer state (momentum, Adam moments)
+	RoleGrad                   // gradient of a parameter
+	RoleActGrad                // gradient of an activation
+	RoleLoss                   // the scalar loss
+)
+
+func (r Role) String() string {
+	return [...]string{"activation", "input", "label", "param", "state", "grad", "actgrad", "loss"}[r]
+}
+
+// Value is an SSA tensor: defined once (by a node, or as a graph input,
+// parameter or optimizer state) and read any number of times.
+type Value struct {
+	ID    int
+	Name  string
+	Type  Type
+	Role  Role
+	Def   *Node // nil for inputs, parameters and state
+	Pos   dsl.Pos
+	Param *Param // the parameter a param, grad or state value belongs to
+}
+
+func (v *Value) String() string { return "%" + v.Name }
+
+// InitKind is a parameter initialisation rule.
+type InitKind uint8
+
+const (
+	// InitKaimingUniform is PyTorch's default for conv and linear weights:
+	// kaiming_uniform_(a=sqrt(5)), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+	InitKaimingUniform InitKind = iota
+	// InitUniformFanIn is PyTorch's default for biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+	InitUniformFanIn
+)
+
+// Init says how a parameter is initialised.
+type Init struct {
+	Kind  InitKind
+	FanIn int64
+}
+
+func (i Init) String() string {
+	switch i.Kind {
+	case InitKaimingUniform:
+		return fmt.Sprintf("kaiming_uniform(a=sqrt5,fan_in=%d)", i.FanIn)
+	default:
+		return fmt.Sprintf("uniform(fan_in=%d)", i.FanIn)
+	}
+}
+
+// Param is a trainable parameter with its PyTorch state_dict name.
+type Param struct {
+	Name  string // "conv1.weight"
+	Layer string // "conv1"
+	Value *Value
+	Init  Init
+	// State holds the optimizer state tensors once autodiff added them.
+	State []*Value
+}
+
+// Phase is the part of the training step a node belongs to.
+type Phase uint8
+
+const (
+	Forward Phase = iota
+	Backward
+	Update
+)
+
+func (p Phase) String() string { return [...]string{"forward", "backward", "update"}[p] }
+
+// Attrs holds the attributes of all ops; the ops table says which ones
+// each op uses (and prints).
+type Attrs struct {
+	Kernel [2]int64 // conv, pools
+	Stride [2]int64
+	Pad    [2]int64
+	Out    int64   // conv/linear output channels or features
+	In     int64   // linear: the input features the user declared (0: inferred)
+	P      float64 // dropout probability
+	Stream int64   // dropout: which counter-based RNG stream
+	Dims   []int64 // per-sample target dims (reshape, gradient ops)
+	Opt    *Optimizer
+}
+
+// OptimizerKind names an optimizer.
+type OptimizerKind uint8
+
+const (
+	SGD OptimizerKind = iota
+	Adam
+	AdamW
+)
+
+func (k OptimizerKind) String() string { return [...]string{"sgd", "adam", "adamw"}[k] }
+
+// Optimizer holds the hyper-parameters of a training step's update.
+type Optimizer struct {
+	Kind        OptimizerKind
+	LR          float64
+	Momentum    float64 // sgd
+	Nesterov    bool    // sgd
+	WeightDecay float64
+	Beta1       float64 // adam, adamw
+	Beta2       float64
+	Eps         float64
+}
+
+// StateNames lists the per-parameter state tensors the optimizer keeps.
+func (o *Optimizer) StateNames() []string {
+	switch o.Kind {
+	case SGD:
+		if o.Momentum != 0 {
+			return []string{"momentum_buffer"}
+		}
+		return nil
+	default:
+		return []string{"exp_avg", "exp_avg_sq"}
+	}
+}
+
+func (o *Optimizer) String() string {
+	switch o.Kind {
+	case SGD:
+		return fmt.Sprintf("sgd(lr=%g,momentum=%g,nesterov=%t,weight_decay=%g)", o.LR, o.Momentum, o.Nesterov, o.WeightDecay)
+	default:
+		return fmt.Sprintf("%s(lr=%g,betas=[%g,%g],eps=%g,weight_decay=%g)", o.Kind, o.LR, o.Beta1, o.Beta2, o.Eps, o.WeightDecay)
+	}
+}
+
+// Node is one operation.
+type Node struct {
+	ID    int
+	Op    Op
+	Name  string // the layer it belongs to, e.g. "conv1"
+	Ins   []*Value
+	Outs  []*Value
+	Attrs Attrs
+	Phase Phase
+	Pos   dsl.Pos
+}
+
+// Out returns the single output of n.
+func (n *Node) Out() *Value { return n.Outs[0] }
+
+// Graph is a model's training step.
+type Graph struct {
+	Name   string
+	Inputs []*Value // images, then labels
+	Params []*Param
+	State  []*Value
+	Nodes  []*Node
+	Loss   *Value
+	Logits *Value // the loss's first input, for accuracy
+	Opt    *Optimizer
+
+	nextValue, nextNode int
+	names               map[string]bool
+}
+
+// NewGraph makes an empty graph.
+func NewGraph(name string) *Graph {
+	return &Graph{Name: name, names: map[string]bool{}}
+}
+
+// UniqueName returns base, or base.N for the first free N.
+func (g *Graph) UniqueName(base string) string {
+	if g.names == nil {
+		g.names = map[string]bool{}
+	}
+	name := base
+	for i := 1; g.names[name]; i++ {
+		name = fmt.Sprintf("%s.%d", base, i)
+	}
+	g.names[name] = true
+	return name
+}
+
+// NewValue creates a value with a unique name derived from base.
+func (g *Graph) NewValue(base string, t Type, role Role, pos dsl.Pos) *Value {
+	v := &Value{ID: g.nextValue, Name: g.UniqueName(base), Type: t, Role: role, Pos: pos}
+	g.nextValue++
+	return v
+}
+
+// AddInput declares a model input.
+func (g *Graph) AddInput(name string, t Type, role Role, pos dsl.Pos) *Value {
+	v := g.NewValue(name, t, role, pos)
+	g.Inputs = append(g.Inputs, v)
+	return v
+}
+
+// AddParam declares a trainable parameter (its type may be filled in later
+// by shape inference).
+func (g *Graph) AddParam(layer, suffix string, init Init, pos dsl.Pos) *Param {
+	p := &Param{Name: layer + "." + suffix, Layer: layer, Init: init}
+	p.Value = g.NewValue(p.Name, Type{}, RoleParam, pos)
+	p.Value.Param = p
+	g.Params = append(g.Params, p)
+	return p
+}
+
+// NewNode creates a node (not yet placed in Nodes) with outputs of the
+// given roles and unknown types.
+func (g *Graph) NewNode(op Op, name string, phase Phase, pos dsl.Pos, ins []*Value, outNames []string, outRole Role) *Node {
+	n := &Node{ID: g.nextNode, Op: op, Name: name, Ins: ins, Phase: phase, Pos: pos}
+	g.nextNode++
+	for _, on := range outNames {
+		v := g.NewValue(on, Type{}, outRole, pos)
+		v.Def = n
+		n.Outs = append(n.Outs, v)
+	}
+	return n
+}
+
+// Append places n at the end of the schedule.
+func (g *Graph) Append(n *Node) { g.Nodes = append(g.Nodes, n) }
+
+// ParamByName finds a parameter.
+func (g *Graph) ParamByName(name string) *Param {
+	for _, p := range g.Params {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// Uses maps each value to the nodes reading it, in schedule order.
+func (g *Graph) Uses() map[*Value][]*Node {
+	uses := map[*Value][]*Node{}
+	for _, n := range g.Nodes {
+		for _, v := range n.Ins {
+			uses[v] = append(uses[v], n)
+		}
+	}
+	return uses
+}
+
+// ParamCount is the number of trainable scalars.
+func (g *Graph) ParamCount() int64 {
+	var n int64
+	for _, p := range g.Params {
+		n += p.Value.Type.SampleElems()
+	}
+	return n
+}
+
+// RemoveNodes drops the nodes for which drop returns true.
+func (g *Graph) RemoveNodes(drop func(*Node) bool) {
+	kept := g.Nodes[:0]
+	for _, n := range g.Nodes {
+		if !drop(n) {
+			kept = append(kept, n)
+		}
+	}
+	g.Nodes = kept
+}

@@ -1,0 +1,140 @@
+package ir
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Verify checks the graph's invariants; passes must leave them true. It
+// returns every violation found, joined.
+//
+//   - values have unique IDs and names and are defined exactly once, by a
+//     graph input, parameter, optimizer state or one node output, before use;
+//   - every node's output types equal what its op's type rule infers;
+//   - phases run forward, then backward, then update;
+//   - the loss is a scalar f32 computed in the forward phase;
+//   - update nodes touch parameters only, and once update nodes exist every
+//     parameter is updated exactly once;
+//   - a parameter's gradient has the parameter's type.
+func (g *Graph) Verify() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	defined := map[*Value]bool{}
+	ids := map[int]*Value{}
+	names := map[string]*Value{}
+	define := func(v *Value, where string) {
+		if defined[v] {
+			bad("%s defined twice (%s)", v, where)
+		}
+		defined[v] = true
+		if o, ok := ids[v.ID]; ok && o != v {
+			bad("%s and %s share value id %d", v, o, v.ID)
+		}
+		ids[v.ID] = v
+		if o, ok := names[v.Name]; ok && o != v {
+			bad("two values are named %s", v)
+		}
+		names[v.Name] = v
+		if !v.Type.IsKnown() {
+			bad("%s has no type", v)
+		}
+	}
+	for _, v := range g.Inputs {
+		if v.Def != nil {
+			bad("input %s has a defining node", v)
+		}
+		define(v, "input")
+	}
+	for _, p := range g.Params {
+		if p.Value.Role != RoleParam || p.Value.Param != p {
+			bad("param %s is not marked as a parameter", p.Value)
+		}
+		define(p.Value, "param")
+	}
+	for _, v := range g.State {
+		if v.Role != RoleOptState || v.Param == nil {
+			bad("state %s does not belong to a parameter", v)
+		}
+		define(v, "state")
+	}
+
+	updates := map[*Param]int{}
+	phase := Forward
+	nodeIDs := map[int]bool{}
+	for _, n := range g.Nodes {
+		if nodeIDs[n.ID] {
+			bad("node id %d used twice", n.ID)
+		}
+		nodeIDs[n.ID] = true
+		if n.Phase < phase {
+			bad("%s (%s) comes after the %s phase", n.Text(), n.Phase, phase)
+		}
+		phase = n.Phase
+		for _, v := range n.Ins {
+			if !defined[v] {
+				bad("%s reads %s before it is defined", n.Op, v)
+			}
+		}
+		if n.Phase != Update {
+			for _, v := range n.Ins {
+				if v.Role == RoleParam && v.Param == nil {
+					bad("%s reads parameter %s with no Param", n.Op, v)
+				}
+			}
+		}
+		want, err := n.Op.Info().Infer(n)
+		if err != nil {
+			bad("%s: %v", n.Text(), err)
+		} else if len(want) != len(n.Outs) {
+			bad("%s: op gives %d outputs, node has %d", n.Text(), len(want), len(n.Outs))
+		} else {
+			for i, t := range want {
+				if !t.Equal(n.Outs[i].Type) {
+					bad("%s: output %s is %s but %s infers %s", n.Text(), n.Outs[i], n.Outs[i].Type, n.Op, t)
+				}
+			}
+		}
+		for _, v := range n.Outs {
+			if v.Def != n {
+				bad("%s: output %s points at another defining node", n.Op, v)
+			}
+			if v.Role == RoleParam || v.Role == RoleOptState {
+				bad("%s: node output %s has role %s", n.Op, v, v.Role)
+			}
+			define(v, n.Op.String())
+			if v.Role == RoleGrad {
+				if v.Param == nil {
+					bad("gradient %s does not name its parameter", v)
+				} else if !v.Type.Equal(v.Param.Value.Type) {
+					bad("gradient %s is %s but %s is %s", v, v.Type, v.Param.Value, v.Param.Value.Type)
+				}
+			}
+		}
+		if n.Phase == Update {
+			if n.Op != OpSGDUpdate && n.Op != OpAdamUpdate {
+				bad("%s in the update phase", n.Op)
+			} else if len(n.Ins) > 0 && n.Ins[0].Param != nil {
+				updates[n.Ins[0].Param]++
+			}
+		}
+	}
+	if g.Loss == nil {
+		bad("graph has no loss")
+	} else {
+		if !g.Loss.Type.Equal(F32Fixed()) {
+			bad("loss %s is %s, want f32[]", g.Loss, g.Loss.Type)
+		}
+		if g.Loss.Def == nil || g.Loss.Def.Phase != Forward || !defined[g.Loss] {
+			bad("loss %s is not computed in the forward phase", g.Loss)
+		}
+	}
+	if len(updates) > 0 {
+		for _, p := range g.Params {
+			if updates[p] != 1 {
+				bad("parameter %s is updated %d times", p.Value, updates[p])
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

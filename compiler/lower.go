@@ -1,0 +1,659 @@
+package compiler
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/dsl"
+)
+
+// argKind is the kind of value a DSL keyword argument takes.
+type argKind int
+
+const (
+	argInt     argKind = iota // a positive (or, with min 0, non-negative) integer
+	argIntPair                // 3 or [3,5]
+	argFloat
+	argBool
+	argFloatPair // [0.9, 0.999]
+	argString
+	argSize // 64MiB
+)
+
+// argSpec describes one keyword argument of a DSL call.
+type argSpec struct {
+	name     string
+	kind     argKind
+	required bool
+	min      float64 // inclusive lower bound for numbers
+	max      float64 // exclusive upper bound when > min (0: none)
+	doc      string
+}
+
+// dslOp is one row of the DSL ops table: how a call is spelled and lowered.
+type dslOp struct {
+	name    string
+	aliases []string
+	// tensors is the number of positional tensor arguments.
+	tensors int
+	args    []argSpec
+	op      ir.Op
+	// attrs fills the IR attributes from the checked arguments.
+	attrs func(a args) ir.Attrs
+	// params lists the parameters the op owns ("weight", "bias").
+	params func(a args) []string
+	doc    string
+}
+
+var dslOps = []*dslOp{
+	{
+		name: "conv2d", tensors: 1, op: ir.OpConv2D,
+		args: []argSpec{
+			{name: "out", kind: argInt, required: true, min: 1, doc: "output channels"},
+			{name: "kernel", kind: argIntPair, required: true, min: 1, doc: "kernel size, k or [kh,kw]"},
+			{name: "stride", kind: argIntPair, min: 1, doc: "stride (default 1)"},
+			{name: "padding", kind: argIntPair, min: 0, doc: "zero padding on each side (default 0)"},
+			{name: "bias", kind: argBool, doc: "learn a bias (default true)"},
+		},
+		attrs: func(a args) ir.Attrs {
+			return ir.Attrs{Out: a.int("out", 0), Kernel: a.pair("kernel", 0), Stride: a.pair("stride", 1), Pad: a.pair("padding", 0)}
+		},
+		params: biasParams,
+		doc:    "2-D convolution, PyTorch's nn.Conv2d; in_channels is inferred",
+	},
+	{name: "relu", tensors: 1, op: ir.OpReLU, doc: "max(x, 0)"},
+	{
+		name: "maxpool2d", aliases: []string{"maxpool"}, tensors: 1, op: ir.OpMaxPool2D,
+		args: poolArgs, attrs: poolAttrs, doc: "max pooling, nn.MaxPool2d",
+	},
+	{
+		name: "avgpool2d", aliases: []string{"avgpool"}, tensors: 1, op: ir.OpAvgPool2D,
+		args: poolArgs, attrs: poolAttrs, doc: "average pooling, nn.AvgPool2d (padding counted in the average)",
+	},
+	{name: "flatten", tensors: 1, op: ir.OpFlatten, doc: "[B,C,H,W] -> [B,C*H*W], a view"},
+	{
+		name: "linear", tensors: 1, op: ir.OpLinear,
+		args: []argSpec{
+			{name: "out", kind: argInt, required: true, min: 1, doc: "output features"},
+			{name: "in", kind: argInt, min: 1, doc: "input features; checked against the input when given"},
+			{name: "bias", kind: argBool, doc: "learn a bias (default true)"},
+		},
+		attrs:  func(a args) ir.Attrs { return ir.Attrs{Out: a.int("out", 0), In: a.int("in", 0)} },
+		params: biasParams,
+		doc:    "fully connected layer, nn.Linear; in_features is inferred",
+	},
+	{
+		name: "dropout", tensors: 1, op: ir.OpDropout,
+		args:  []argSpec{{name: "p", kind: argFloat, min: 0, max: 1, doc: "probability of zeroing an element (default 0.5)"}},
+		attrs: func(a args) ir.Attrs { return ir.Attrs{P: a.float("p", 0.5)} },
+		doc:   "inverted dropout (scales kept elements by 1/(1-p)); identity when evaluating",
+	},
+	{name: "add", tensors: 2, op: ir.OpAdd, doc: "elementwise sum of two tensors of one shape (residual connections)"},
+	{name: "cross_entropy", tensors: 2, op: ir.OpCrossEntropy, doc: "softmax cross-entropy of logits [B,C] against class labels, mean over the batch"},
+}
+
+var poolArgs = []argSpec{
+	{name: "kernel", kind: argIntPair, required: true, min: 1, doc: "window size, k or [kh,kw]"},
+	{name: "stride", kind: argIntPair, min: 1, doc: "stride (default: the kernel size)"},
+	{name: "padding", kind: argIntPair, min: 0, doc: "padding on each side (default 0, at most half the kernel)"},
+}
+
+func poolAttrs(a args) ir.Attrs {
+	k := a.pair("kernel", 0)
+	s := k
+	if a.has("stride") {
+		s = a.pair("stride", 0)
+	}
+	return ir.Attrs{Kernel: k, Stride: s, Pad: a.pair("padding", 0)}
+}
+
+func biasParams(a args) []string {
+	if a.bool("bias", true) {
+		return []string{"weight", "bias"}
+	}
+	return []string{"weight"}
+}
+
+func findDSLOp(name string) *dslOp {
+	for _, o := range dslOps {
+		if o.name == name {
+			return o
+		}
+		for _, a := range o.aliases {
+			if a == name {
+				return o
+			}
+		}
+	}
+	return nil
+}
+
+func dslOpNames() []string {
+	var names []string
+	for _, o := range dslOps {
+		names = append(names, o.name)
+		names = append(names, o.aliases...)
+	}
+	return names
+}
+
+// args holds checked keyword arguments.
+type args map[string]*dsl.Expr
+
+func (a args) has(k string) bool { return a[k] != nil }
+
+func (a args) int(k string, def int64) int64 {
+	if e := a[k]; e != nil {
+		return e.Int
+	}
+	return def
+}
+
+func (a args) pair(k string, def int64) [2]int64 {
+	e := a[k]
+	switch {
+	case e == nil:
+		return [2]int64{def, def}
+	case e.Kind == dsl.ExprList:
+		return [2]int64{e.List[0].Int, e.List[1].Int}
+	}
+	return [2]int64{e.Int, e.Int}
+}
+
+func (a args) float(k string, def float64) float64 {
+	if e := a[k]; e != nil {
+		return numberOf(e)
+	}
+	return def
+}
+
+func (a args) bool(k string, def bool) bool {
+	if e := a[k]; e != nil {
+		return e.Ident == "true"
+	}
+	return def
+}
+
+func numberOf(e *dsl.Expr) float64 {
+	if e.Kind == dsl.ExprInt {
+		return float64(e.Int)
+	}
+	return e.Float
+}
+
+// checkArgs validates a call's keyword arguments against specs.
+func checkArgs(what string, call *dsl.Call, specs []argSpec, diags *dsl.Diagnostics) args {
+	out := args{}
+	for _, a := range call.Args {
+		if a.Key == "" {
+			continue
+		}
+		var spec *argSpec
+		for i := range specs {
+			if specs[i].name == a.Key {
+				spec = &specs[i]
+			}
+		}
+		if spec == nil {
+			d := dsl.Errorf(a.Pos, "%s has no argument %q", what, a.Key).Span(len(a.Key))
+			if s := suggest(a.Key, specNames(specs)); s != "" {
+				d.Hint("did you mean %s=?", s)
+			} else if len(specs) > 0 {
+				d.Hint("%s takes %s", what, strings.Join(specNames(specs), ", "))
+			} else {
+				d.Hint("%s takes no keyword arguments", what)
+			}
+			*diags = append(*diags, d)
+			continue
+		}
+		if out[a.Key] != nil {
+			*diags = append(*diags, dsl.Errorf(a.Pos, "%s: argument %s given twice", what, a.Key).Span(len(a.Key)))
+			continue
+		}
+		if d := checkValue(what, spec, a.Value); d != nil {
+			*diags = append(*diags, d)
+			continue
+		}
+		out[a.Key] = a.Value
+	}
+	for _, s := range specs {
+		if s.required && out[s.name] == nil && !hasKey(call, s.name) {
+			*diags = append(*diags, dsl.Errorf(call.Pos, "%s needs %s=... (%s)", what, s.name, s.doc).Span(len(call.Name)))
+		}
+	}
+	return out
+}
+
+func hasKey(call *dsl.Call, k string) bool {
+	for _, a := range call.Args {
+		if a.Key == k {
+			return true
+		}
+	}
+	return false
+}
+
+func specNames(specs []argSpec) []string {
+	var n []string
+	for _, s := range specs {
+		n = append(n, s.name)
+	}
+	return n
+}
+
+func exprSpan(e *dsl.Expr) int {
+	if e.Text != "" {
+		return len(e.Text)
+	}
+	if e.EndPos.Line == e.Pos.Line && e.EndPos.Col > e.Pos.Col {
+		return e.EndPos.Col - e.Pos.Col
+	}
+	return 1
+}
+
+func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
+	bad := func(format string, a ...any) *dsl.Diagnostic {
+		return dsl.Errorf(e.Pos, "%s: %s=%s", what, s.name, fmt.Sprintf(format, a...)).Span(exprSpan(e))
+	}
+	checkInt := func(x *dsl.Expr) *dsl.Diagnostic {
+		if x.Kind != dsl.ExprInt {
+			return bad("must be an integer, got %s", describe(x))
+		}
+		if float64(x.Int) < s.min {
+			return dsl.Errorf(x.Pos, "%s: %s must be at least %g, got %d", what, s.name, s.min, x.Int).Span(exprSpan(x))
+		}
+		return nil
+	}
+	checkNum := func(x *dsl.Expr) *dsl.Diagnostic {
+		if x.Kind != dsl.ExprInt && x.Kind != dsl.ExprFloat {
+			return bad("must be a number, got %s", describe(x))
+		}
+		v := numberOf(x)
+		if v < s.min || (s.max > s.min && v >= s.max) {
+			if s.max > s.min {
+				return dsl.Errorf(x.Pos, "%s: %s must be in [%g, %g), got %s", what, s.name, s.min, s.max, x.Text).Span(exprSpan(x))
+			}
+			return dsl.Errorf(x.Pos, "%s: %s must be at least %g, got %s", what, s.name, s.min, x.Text).Span(exprSpan(x))
+		}
+		return nil
+	}
+	switch s.kind {
+	case argInt:
+		return checkInt(e)
+	case argIntPair:
+		if e.Kind == dsl.ExprList {
+			if len(e.List) != 2 {
+				return bad("must be one integer or a pair [h, w], got %d values", len(e.List))
+			}
+			for _, x := range e.List {
+				if d := checkInt(x); d != nil {
+					return d
+				}
+			}
+			return nil
+		}
+		return checkInt(e)
+	case argFloat:
+		return checkNum(e)
+	case argFloatPair:
+		if e.Kind != dsl.ExprList || len(e.List) != 2 {
+			return bad("must be a pair [a, b], got %s", describe(e))
+		}
+		for _, x := range e.List {
+			if d := checkNum(x); d != nil {
+				return d
+			}
+		}
+	case argBool:
+		if e.Kind != dsl.ExprIdent || (e.Ident != "true" && e.Ident != "false") {
+			return bad("must be true or false, got %s", describe(e))
+		}
+	case argString:
+		if e.Kind != dsl.ExprString {
+			return bad("must be a string, got %s", describe(e))
+		}
+	case argSize:
+		if e.Kind == dsl.ExprInt && e.Int >= 0 {
+			e.Size = e.Int
+			return nil
+		}
+		if e.Kind != dsl.ExprSize {
+			return bad("must be a memory size such as 64MiB or 40MB, got %s", describe(e))
+		}
+	}
+	return nil
+}
+
+func describe(e *dsl.Expr) string {
+	switch e.Kind {
+	case dsl.ExprCall:
+		return "a call to " + e.Call.Name
+	case dsl.ExprIdent:
+		return "the name " + e.Ident
+	case dsl.ExprList:
+		return "a list"
+	case dsl.ExprString:
+		return "a string"
+	}
+	return e.Kind.String() + " " + e.Text
+}
+
+// lowerer builds the forward IR graph from the model AST.
+type lowerer struct {
+	g      *ir.Graph
+	diags  dsl.Diagnostics
+	values map[string]*ir.Value
+	stmts  map[string]*dsl.Assign
+	state  map[string]int // 0 unvisited, 1 in progress, 2 done
+	path   []string
+	stream int64
+}
+
+// Lower builds the forward graph of f's model. Parameter and activation
+// types are left for the shapes pass.
+func Lower(f *dsl.File) (*ir.Graph, dsl.Diagnostics) {
+	m := f.Model
+	l := &lowerer{g: ir.NewGraph(m.Name), values: map[string]*ir.Value{}, stmts: map[string]*dsl.Assign{}, state: map[string]int{}}
+	l.inputs(m)
+	for _, s := range m.Stmts {
+		if prev, ok := l.stmts[s.Name]; ok {
+			l.diags = append(l.diags, dsl.Errorf(s.Pos, "%s is already defined at line %d", s.Name, prev.Pos.Line).Span(len(s.Name)))
+			continue
+		}
+		if v, ok := l.values[s.Name]; ok {
+			l.diags = append(l.diags, dsl.Errorf(s.Pos, "%s is already the name of a model input (line %d)", s.Name, v.Pos.Line).Span(len(s.Name)))
+			continue
+		}
+		l.stmts[s.Name] = s
+	}
+	// Lower in dependency order, visiting statements in source order so
+	// that a model written top-down keeps its order.
+	for _, s := range m.Stmts {
+		if l.stmts[s.Name] == s {
+			l.visit(s)
+		}
+	}
+	l.findLoss(m)
+	return l.g, l.diags
+}
+
+func (l *lowerer) inputs(m *dsl.Model) {
+	if len(m.Inputs) == 0 {
+		l.diags = append(l.diags, dsl.Errorf(m.Pos, "model %s has no inputs", m.Name).
+			Hint("declare them, e.g. model %s(image: f32[3,128,128], label: class[10])", m.Name))
+	}
+	for _, in := range m.Inputs {
+		if _, dup := l.values[in.Name]; dup {
+			l.diags = append(l.diags, dsl.Errorf(in.Pos, "input %s declared twice", in.Name).Span(len(in.Name)))
+			continue
+		}
+		var dims []int64
+		ok := true
+		for _, d := range in.Dims {
+			if d.Kind != dsl.ExprInt || d.Int < 1 {
+				l.diags = append(l.diags, dsl.Errorf(d.Pos, "input %s: dimensions must be positive integers, got %s", in.Name, describe(d)).Span(exprSpan(d)))
+				ok = false
+				continue
+			}
+			dims = append(dims, d.Int)
+		}
+		if !ok {
+			continue
+		}
+		var t ir.Type
+		role := ir.RoleInput
+		switch in.Type {
+		case "f32":
+			if len(dims) != 3 {
+				l.diags = append(l.diags, dsl.Errorf(in.TypePos, "input %s: images are f32[C,H,W] (channels, height, width), got %d dimensions", in.Name, len(dims)).Span(len(in.Type)))
+				continue
+			}
+			if _, fits := ir.MulChecked(dims...); !fits {
+				l.diags = append(l.diags, dsl.Errorf(in.TypePos, "input %s: %v has more elements than any GPU can hold", in.Name, dims).Span(len(in.Type)))
+				continue
+			}
+			t = ir.F32Batched(dims...)
+		case "class":
+			if len(dims) != 1 {
+				l.diags = append(l.diags, dsl.Errorf(in.TypePos, "input %s: labels are class[N] with N the number of classes", in.Name).Span(len(in.Type)))
+				continue
+			}
+			t = ir.Type{DType: ir.Class, Batched: true, Classes: dims[0]}
+			role = ir.RoleLabel
+		default:
+			d := dsl.Errorf(in.TypePos, "input %s: unknown type %q", in.Name, in.Type).Span(len(in.Type))
+			d.Hint("inputs are images f32[C,H,W] or labels class[N]")
+			l.diags = append(l.diags, d)
+			continue
+		}
+		l.values[in.Name] = l.g.AddInput(in.Name, t, role, in.Pos)
+	}
+}
+
+// visit lowers statement s after the statements it reads.
+func (l *lowerer) visit(s *dsl.Assign) *ir.Value {
+	switch l.state[s.Name] {
+	case 2:
+		return l.values[s.Name]
+	case 1:
+		i := 0
+		for l.path[i] != s.Name {
+			i++
+		}
+		cycle := append(append([]string{}, l.path[i:]...), s.Name)
+		l.diags = append(l.diags, dsl.Errorf(s.Pos, "%s depends on itself: %s", s.Name, strings.Join(cycle, " -> ")).Span(len(s.Name)).
+			Hint("a model is a directed acyclic graph: every layer must read only earlier layers"))
+		return nil
+	}
+	l.state[s.Name] = 1
+	l.path = append(l.path, s.Name)
+	v := l.tensor(s.Value, s.Name, true, l.layerNames(s))
+	l.path = l.path[:len(l.path)-1]
+	l.state[s.Name] = 2
+	if v != nil {
+		l.values[s.Name] = v
+	}
+	return v
+}
+
+// layerNames names the parametric calls of a statement: the statement's
+// name when it has one parametric call (so `fc1 = linear(...)` owns
+// fc1.weight, as in PyTorch), else name_op_i.
+func (l *lowerer) layerNames(s *dsl.Assign) map[*dsl.Call]string {
+	var calls []*dsl.Call
+	var walk func(e *dsl.Expr)
+	walk = func(e *dsl.Expr) {
+		if e.Kind != dsl.ExprCall {
+			return
+		}
+		if o := findDSLOp(e.Call.Name); o != nil && o.params != nil {
+			calls = append(calls, e.Call)
+		}
+		for _, a := range e.Call.Args {
+			walk(a.Value)
+		}
+	}
+	walk(s.Value)
+	names := map[*dsl.Call]string{}
+	for i, c := range calls {
+		if len(calls) == 1 {
+			names[c] = s.Name
+		} else {
+			names[c] = fmt.Sprintf("%s_%s%d", s.Name, c.Name, i)
+		}
+	}
+	return names
+}
+
+// tensor lowers an expression that must produce a tensor.
+func (l *lowerer) tensor(e *dsl.Expr, name string, top bool, layers map[*dsl.Call]string) *ir.Value {
+	switch e.Kind {
+	case dsl.ExprIdent:
+		if v, ok := l.values[e.Ident]; ok {
+			return v
+		}
+		if s, ok := l.stmts[e.Ident]; ok {
+			return l.visit(s)
+		}
+		d := dsl.Errorf(e.Pos, "unknown name %s", e.Ident).Span(len(e.Ident))
+		if s := suggest(e.Ident, l.knownNames()); s != "" {
+			d.Hint("did you mean %s?", s)
+		}
+		l.diags = append(l.diags, d)
+		return nil
+	case dsl.ExprCall:
+		return l.call(e.Call, name, top, layers)
+	}
+	l.diags = append(l.diags, dsl.Errorf(e.Pos, "expected a tensor (a layer or input name, or an op call), got %s", describe(e)).Span(exprSpan(e)))
+	return nil
+}
+
+func (l *lowerer) knownNames() []string {
+	var names []string
+	for n := range l.values {
+		names = append(names, n)
+	}
+	for n := range l.stmts {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func (l *lowerer) call(c *dsl.Call, name string, top bool, layers map[*dsl.Call]string) *ir.Value {
+	o := findDSLOp(c.Name)
+	if o == nil {
+		d := dsl.Errorf(c.Pos, "unknown op %s", c.Name).Span(len(c.Name))
+		if s := suggest(c.Name, dslOpNames()); s != "" {
+			d.Hint("did you mean %s?", s)
+		} else {
+			d.Hint("ops: %s", strings.Join(dslOpNames(), ", "))
+		}
+		l.diags = append(l.diags, d)
+		return nil
+	}
+	pos := c.Positional()
+	if len(pos) != o.tensors {
+		l.diags = append(l.diags, dsl.Errorf(c.Pos, "%s takes %d tensor argument%s, got %d", c.Name, o.tensors, plural(o.tensors), len(pos)).Span(len(c.Name)))
+		return nil
+	}
+	before := len(l.diags)
+	a := checkArgs(c.Name, c, o.args, &l.diags)
+	var ins []*ir.Value
+	ok := len(l.diags) == before
+	for _, p := range pos {
+		// a nested call is named after its statement: fc1.flatten
+		v := l.tensor(p.Value, nestedName(name, p.Value), false, layers)
+		if v == nil {
+			ok = false
+		}
+		ins = append(ins, v)
+	}
+	if !ok {
+		return nil
+	}
+	var attrs ir.Attrs
+	if o.attrs != nil {
+		attrs = o.attrs(a)
+	}
+	if o.op == ir.OpDropout {
+		attrs.Stream = l.stream
+		l.stream++
+	}
+	layer := name
+	if ln, ok := layers[c]; ok {
+		layer = ln
+	}
+	if o.params != nil {
+		fanIn := int64(0) // known after the shapes pass
+		for i, suffix := range o.params(a) {
+			kind := ir.InitKaimingUniform
+			if i > 0 {
+				kind = ir.InitUniformFanIn
+			}
+			p := l.g.AddParam(layer, suffix, ir.Init{Kind: kind, FanIn: fanIn}, c.Pos)
+			ins = append(ins, p.Value)
+		}
+	}
+	n := l.g.NewNode(o.op, layer, ir.Forward, c.Pos, ins, []string{name}, ir.RoleActivation)
+	n.Attrs = attrs
+	l.g.Append(n)
+	return n.Out()
+}
+
+func nestedName(parent string, e *dsl.Expr) string {
+	if e.Kind == dsl.ExprCall {
+		return parent + "." + e.Call.Name
+	}
+	return parent
+}
+
+// findLoss marks the model's loss: exactly one cross_entropy result.
+func (l *lowerer) findLoss(m *dsl.Model) {
+	if l.diags.HasErrors() {
+		return
+	}
+	var losses []*ir.Node
+	for _, n := range l.g.Nodes {
+		if n.Op == ir.OpCrossEntropy {
+			losses = append(losses, n)
+		}
+	}
+	switch {
+	case len(losses) == 0:
+		l.diags = append(l.diags, dsl.Errorf(m.Pos, "model %s has no loss", m.Name).Span(len("model")).
+			Hint("add one as the last statement, e.g. loss = cross_entropy(logits, label)"))
+	case len(losses) > 1:
+		l.diags = append(l.diags, dsl.Errorf(losses[1].Pos, "model %s has a second loss; cnnc trains one cross_entropy", m.Name).Span(len("cross_entropy")).
+			Hint("the first is at line %d", losses[0].Pos.Line))
+	default:
+		l.g.Loss = losses[0].Out()
+		l.g.Loss.Role = ir.RoleLoss
+		l.g.Logits = losses[0].Ins[0]
+	}
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// suggest returns the candidate closest to s by edit distance, if close.
+func suggest(s string, candidates []string) string {
+	best, bestD := "", 3
+	for _, c := range candidates {
+		if d := editDistance(s, c); d < bestD || (d == bestD && c < best && best != "") {
+			if d < bestD {
+				best, bestD = c, d
+			}
+		}
+	}
+	if bestD > len(s)/2 {
+		return ""
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

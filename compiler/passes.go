@@ -1,0 +1,160 @@
+package compiler
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/dsl"
+)
+
+// Context is what a pass may read and report to besides the graph.
+type Context struct {
+	File  *dsl.File
+	Train TrainConfig
+	Diags dsl.Diagnostics
+}
+
+// Pass is one row of the passes table.
+type Pass struct {
+	Name string
+	Fn   func(*Context, *ir.Graph) error
+	// Required passes always run; the others can be disabled (tests,
+	// debugging, measuring what a pass buys).
+	Required bool
+	Doc      string
+}
+
+// Passes run in this order. Order constraints:
+//   - shapes first: every later pass reads types, and parameter shapes are
+//     only known once it ran;
+//   - dce before autodiff, so no gradient is derived for dead layers;
+//   - autodiff last of the front end: it adds the backward phase and the
+//     optimizer updates that fusion and memory planning (later passes) work on.
+var Passes = []Pass{
+	{Name: "shapes", Fn: shapesPass, Required: true, Doc: "infer every tensor's type, fill in parameter shapes, check each op's constraints"},
+	{Name: "dce", Fn: dcePass, Doc: "warn about layers the loss does not depend on, and remove them"},
+	{Name: "autodiff", Fn: autodiffPass, Required: true, Doc: "add the backward graph (one gradient rule per op) and the optimizer update"},
+}
+
+// PassNames lists the passes in order.
+func PassNames() []string {
+	var names []string
+	for _, p := range Passes {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+// Options tune Compile.
+type Options struct {
+	// Disable lists optional passes to skip.
+	Disable []string
+	// StopAfter ends the pipeline after the named pass ("" runs them all).
+	StopAfter string
+	// AfterPass, when set, is called with each pass's name and the graph
+	// after it ran (for --dump-after and for tests that verify every pass).
+	AfterPass func(pass string, g *ir.Graph) error
+	// Batch overrides the train block's batch size when > 0.
+	Batch int64
+}
+
+// Result is a compiled model.
+type Result struct {
+	File     *dsl.File
+	Graph    *ir.Graph
+	Train    TrainConfig
+	Data     DataConfig
+	Warnings dsl.Diagnostics
+}
+
+// Compile parses nothing: it lowers f and runs the passes. Errors are
+// dsl.Diagnostics (sorted by position); warnings come back in Result even
+// on success.
+func Compile(f *dsl.File, opts Options) (*Result, error) {
+	if err := checkPassNames(opts); err != nil {
+		return nil, err
+	}
+	g, diags := Lower(f)
+	train, d := ParseTrain(f.Section("train"))
+	diags = append(diags, d...)
+	if opts.Batch > 0 {
+		train.Batch = opts.Batch
+	}
+	var image ir.Type
+	if len(g.Inputs) > 0 {
+		image = g.Inputs[0].Type
+	}
+	data, d := ParseData(f.Section("data"), image)
+	diags = append(diags, d...)
+	for _, s := range f.Sections {
+		if first := f.Section(s.Kind); first != s {
+			diags = append(diags, dsl.Errorf(s.Pos, "second %s block (the first is at line %d)", s.Kind, first.Pos.Line).Span(len(s.Kind)))
+		}
+	}
+	if diags.HasErrors() {
+		diags.Sort()
+		return nil, diags
+	}
+	g.Opt = &train.Optimizer
+	ctx := &Context{File: f, Train: train, Diags: diags}
+	if err := RunPasses(ctx, g, opts); err != nil {
+		return nil, err
+	}
+	ctx.Diags.Sort()
+	return &Result{File: f, Graph: g, Train: train, Data: data, Warnings: ctx.Diags}, nil
+}
+
+// RunPasses runs the passes table over g.
+func RunPasses(ctx *Context, g *ir.Graph, opts Options) error {
+	disabled := map[string]bool{}
+	for _, n := range opts.Disable {
+		disabled[n] = true
+	}
+	for _, p := range Passes {
+		if disabled[p.Name] && !p.Required {
+			continue
+		}
+		if err := p.Fn(ctx, g); err != nil {
+			return err
+		}
+		if ctx.Diags.HasErrors() {
+			ctx.Diags.Sort()
+			return ctx.Diags.Errors()
+		}
+		if opts.AfterPass != nil {
+			if err := opts.AfterPass(p.Name, g); err != nil {
+				return err
+			}
+		}
+		if p.Name == opts.StopAfter {
+			break
+		}
+	}
+	return nil
+}
+
+func checkPassNames(opts Options) error {
+	known := map[string]*Pass{}
+	for i := range Passes {
+		known[Passes[i].Name] = &Passes[i]
+	}
+	check := func(n string) error {
+		if known[n] == nil {
+			return fmt.Errorf("unknown pass %q (passes: %s)", n, strings.Join(PassNames(), ", "))
+		}
+		return nil
+	}
+	for _, n := range opts.Disable {
+		if err := check(n); err != nil {
+			return err
+		}
+		if known[n].Required {
+			return fmt.Errorf("pass %q is required and cannot be disabled", n)
+		}
+	}
+	if opts.StopAfter != "" {
+		return check(opts.StopAfter)
+	}
+	return nil
+}

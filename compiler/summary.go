@@ -1,0 +1,95 @@
+package compiler
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/dsl"
+)
+
+// SummaryRow is one forward layer of the model summary.
+type SummaryRow struct {
+	Layer  string
+	Op     string
+	Output string // shape at the batch size, e.g. [32,16,126,126]
+	Params int64
+	FLOPs  int64 // forward FLOPs for the whole batch
+	Pos    dsl.Pos
+}
+
+// Summary is the torchinfo-like table `cnnc check` prints.
+type Summary struct {
+	Model         string
+	Batch         int64
+	Rows          []SummaryRow
+	Params        int64
+	ParamBytes    int64
+	ForwardFLOPs  int64 // per step
+	TrainFLOPs    int64 // forward + backward + update, per step
+	InputBytes    int64 // one batch of inputs as f32
+	ActivationsFP int64 // bytes of every forward activation at the batch size
+}
+
+// Summarize builds the summary of a compiled graph at the given batch size.
+func Summarize(g *ir.Graph, batch int64) *Summary {
+	s := &Summary{Model: g.Name, Batch: batch}
+	for _, n := range g.Nodes {
+		if n.Phase == ir.Forward {
+			var params int64
+			for _, v := range n.Ins {
+				if v.Role == ir.RoleParam {
+					params += v.Type.SampleElems()
+				}
+			}
+			out := n.Out().Type
+			shape := strings.Replace(out.ShapeString(), "B", fmt.Sprint(batch), 1)
+			s.Rows = append(s.Rows, SummaryRow{Layer: n.Out().Name, Op: n.Op.String(), Output: shape, Params: params, FLOPs: n.FLOPs(batch), Pos: n.Pos})
+			s.ForwardFLOPs += n.FLOPs(batch)
+			s.ActivationsFP += out.Bytes(batch)
+		}
+		s.TrainFLOPs += n.FLOPs(batch)
+	}
+	s.Params = g.ParamCount()
+	s.ParamBytes = 4 * s.Params
+	for _, v := range g.Inputs {
+		if v.Role == ir.RoleInput {
+			s.InputBytes += v.Type.Bytes(batch)
+		}
+	}
+	return s
+}
+
+// Print writes the table.
+func (s *Summary) Print(w io.Writer) {
+	fmt.Fprintf(w, "model %s, batch %d\n\n", s.Model, s.Batch)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "layer\top\toutput shape\tparams\tFLOPs\tline\t")
+	for _, r := range s.Rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Layer, r.Op, r.Output, commas(r.Params), humanFLOPs(r.FLOPs), r.Pos.Line)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "total params:        %s (%s as f32)\n", commas(s.Params), dsl.FormatSize(s.ParamBytes))
+	fmt.Fprintf(w, "forward FLOPs:       %s per step\n", humanFLOPs(s.ForwardFLOPs))
+	fmt.Fprintf(w, "training FLOPs:      %s per step (forward, backward, update)\n", humanFLOPs(s.TrainFLOPs))
+	fmt.Fprintf(w, "input batch:         %s as f32\n", dsl.FormatSize(s.InputBytes))
+	fmt.Fprintf(w, "forward activations: %s if all were kept (see `cnnc plan` for what really is)\n", dsl.FormatSize(s.ActivationsFP))
+}
+
+func humanFLOPs(f int64) string {
+	x := float64(f)
+	switch {
+	case f >= 1e12:
+		return fmt.Sprintf("%.2fT", x/1e12)
+	case f >= 1e9:
+		return fmt.Sprintf("%.2fG", x/1e9)
+	case f >= 1e6:
+		return fmt.Sprintf("%.2fM", x/1e6)
+	case f >= 1e3:
+		return fmt.Sprintf("%.2fK", x/1e3)
+	}
+	return fmt.Sprint(f)
+}
