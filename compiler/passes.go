@@ -68,6 +68,15 @@ type Result struct {
 	Warnings dsl.Diagnostics
 }
 
+// CompileSource parses src (named filename in diagnostics) and compiles it.
+func CompileSource(filename string, src []byte, opts Options) (*Result, error) {
+	f, err := dsl.Parse(filename, src)
+	if err != nil {
+		return nil, err
+	}
+	return Compile(f, opts)
+}
+
 // Compile parses nothing: it lowers f and runs the passes. Errors are
 // dsl.Diagnostics (sorted by position); warnings come back in Result even
 // on success.

@@ -38,6 +38,9 @@ func shapesPass(ctx *Context, g *ir.Graph) error {
 
 func inferNode(n *ir.Node) error {
 	if w, b, ok := ir.ParamTypes(n); ok {
+		if _, fits := ir.MulChecked(w.Dims...); !fits {
+			return fmt.Errorf("its weight %s would have more than 2^40 elements; no GPU can hold it", w.ShapeString())
+		}
 		fanIn := w.SampleElems() / w.Dims[0]
 		for i, v := range n.Ins[1:] {
 			if v.Role != ir.RoleParam {

@@ -91,7 +91,7 @@ type gArg struct {
 var parser = participle.MustBuild[gFile](
 	participle.Lexer(cnnLexer),
 	participle.Elide("Comment", "Whitespace"),
-	participle.UseLookahead(3),
+	participle.UseLookahead(2),
 )
 
 // Parse parses a .cnn file. On failure the error is Diagnostics.

@@ -1,0 +1,209 @@
+package compiler
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/dsl"
+)
+
+// compileFile compiles an example, verifying the IR after every pass.
+func compileFile(t *testing.T, path string, opts Options) *Result {
+	t.Helper()
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	opts.AfterPass = verifyAfter(t)
+	res, err := CompileSource(path, src, opts)
+	require.NoError(t, err)
+	return res
+}
+
+func verifyAfter(t *testing.T) func(string, *ir.Graph) error {
+	return func(pass string, g *ir.Graph) error {
+		t.Helper()
+		require.NoError(t, g.Verify(), "IR invalid after pass %s:\n%s", pass, g.Text())
+		return nil
+	}
+}
+
+func TestSimpleCNNHasPyTorchsParameterCount(t *testing.T) {
+	res := compileFile(t, "../examples/simplecnn.cnn", Options{})
+	assert.Equal(t, int64(3692906), res.Graph.ParamCount())
+	s := Summarize(res.Graph, res.Train.Batch)
+	assert.Equal(t, int64(3692906), s.Params)
+	var b strings.Builder
+	s.Print(&b)
+	assert.Contains(t, b.String(), "3,692,906")
+	assert.Contains(t, b.String(), "[32,32,30,30]")
+	assert.Equal(t, int64(32), res.Train.Batch)
+	assert.Equal(t, int64(64<<20), res.Train.MemoryBudget)
+	assert.Equal(t, ir.SGD, res.Train.Optimizer.Kind)
+	assert.Equal(t, 0.9, res.Train.Optimizer.Momentum)
+	require.NotNil(t, res.Data.Train)
+	assert.Equal(t, "data/train", res.Data.Train.Path)
+	assert.Equal(t, [2]int64{128, 128}, res.Data.Train.Resize)
+	// PyTorch state_dict names
+	var names []string
+	for _, p := range res.Graph.Params {
+		names = append(names, p.Name)
+	}
+	assert.Equal(t, []string{"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}, names)
+}
+
+func TestSummaryFLOPs(t *testing.T) {
+	res := compileFile(t, "../examples/simplecnn.cnn", Options{Batch: 1})
+	s := Summarize(res.Graph, 1)
+	byLayer := map[string]SummaryRow{}
+	for _, r := range s.Rows {
+		byLayer[r.Layer] = r
+	}
+	// conv1: 2*3*3*3 MACs... per output element, 16x126x126 outputs, plus bias
+	assert.Equal(t, int64(2*27*16*126*126+16*126*126), byLayer["conv1"].FLOPs)
+	assert.Equal(t, int64(2*28800*128+128), byLayer["fc1"].FLOPs)
+	assert.Equal(t, "[1,16,126,126]", byLayer["conv1"].Output)
+}
+
+// The OOM guide's model as written: fc1 expects 32x30x30 but gets 32x124x124.
+func TestSeedModelFailsAtFc1WithTheFix(t *testing.T) {
+	src, err := os.ReadFile("../examples/seed_simplecnn.cnn")
+	require.NoError(t, err)
+	_, err = CompileSource("examples/seed_simplecnn.cnn", src, Options{})
+	require.Error(t, err)
+	var ds dsl.Diagnostics
+	require.ErrorAs(t, err, &ds)
+	require.Len(t, ds, 1)
+	out := ds.RenderAll(map[string][]byte{"examples/seed_simplecnn.cnn": src})
+	assert.Contains(t, out, "examples/seed_simplecnn.cnn:11:13: fc1: linear expects 28800 input features (32x30x30) but flatten gives 492032 (32x124x124)\n")
+	assert.Contains(t, out, "        fc1   = linear(flat, in=28800, out=128)\n                ^~~~~~\n")
+	assert.Contains(t, out, "a 2x2 max-pool after each conv gives exactly 32x30x30 = 28800: add maxpool(..., kernel=2) after relu1 and relu2")
+}
+
+const header = "model M(image: f32[3,32,32], label: class[10]) {\n"
+
+// TestErrors: every rejection is a positioned diagnostic with the message
+// a user needs.
+func TestErrors(t *testing.T) {
+	cases := []struct {
+		name, src string
+		want      []string // substrings of the rendered diagnostics
+	}{
+		{"lexical", header + "  a = relu(image) $\n}\n", []string{"m.cnn:2:19: syntax error: invalid character \"$\""}},
+		{"syntax", header + "  a = relu(image\n  b = relu(a)\n}\n", []string{"m.cnn:3:3: syntax error: unexpected \"b\""}},
+		{"unknown op", header + "  c = convv2d(image, out=4, kernel=3)\n}\n", []string{"m.cnn:2:7: unknown op convv2d", "did you mean conv2d?"}},
+		{"unknown name", header + "  conv1 = conv2d(image, out=4, kernel=3)\n  r = relu(conv)\n}\n", []string{"m.cnn:3:12: unknown name conv", "did you mean conv1?"}},
+		{"duplicate", header + "  a = relu(image)\n  a = relu(image)\n}\n", []string{"m.cnn:3:3: a is already defined at line 2"}},
+		{"input name reused", header + "  image = relu(image)\n}\n", []string{"m.cnn:2:3: image is already the name of a model input"}},
+		{"bad argument value", header + "  c = conv2d(image, out=4, kernel=0)\n}\n", []string{"m.cnn:2:35: conv2d: kernel must be at least 1, got 0"}},
+		{"bad argument type", header + "  c = conv2d(image, out=4, kernel=\"3\")\n}\n", []string{"m.cnn:2:35: conv2d: kernel=must be an integer, got a string"}},
+		{"unknown argument", header + "  c = conv2d(image, out=4, kernal=3)\n}\n", []string{"m.cnn:2:28: conv2d has no argument \"kernal\"", "did you mean kernel=?", "m.cnn:2:7: conv2d needs kernel=..."}},
+		{"missing argument", header + "  c = linear(flatten(image))\n}\n", []string{"m.cnn:2:7: linear needs out=... (output features)"}},
+		{"tensor count", header + "  c = add(image)\n}\n", []string{"m.cnn:2:7: add takes 2 tensor arguments, got 1"}},
+		{"shape mismatch", header + "  c = conv2d(image, out=4, kernel=3)\n  s = add(c, image)\n  f = linear(flatten(s), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+			[]string{"m.cnn:3:7: s: add needs two float tensors of one shape, but c is f32[B,4,30,30] and image is f32[B,3,32,32]"}},
+		{"kernel larger than input", header + "  c = conv2d(image, out=4, kernel=40)\n  f = linear(flatten(c), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+			[]string{"m.cnn:2:7: c: conv2d kernel 40x40 (padding 0x0) is larger than its 32x32 input image"}},
+		{"pool larger than input", header + "  p = maxpool(image, kernel=[2, 64])\n  f = linear(flatten(p), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+			[]string{"m.cnn:2:7: p: maxpool2d kernel 2x64 (padding 0x0) is larger than its 32x32 input image"}},
+		{"class count", header + "  f = linear(flatten(image), out=12)\n  loss = cross_entropy(f, label)\n}\n",
+			[]string{"m.cnn:3:10: loss: cross_entropy: f has 12 outputs but label has 10 classes"}},
+		{"label type", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, f)\n}\n",
+			[]string{"m.cnn:3:10: loss: cross_entropy's second argument must be class labels (class[N]), but f is f32[B,10]"}},
+		{"linear without flatten", header + "  f = linear(image, out=10)\n  loss = cross_entropy(f, label)\n}\n",
+			[]string{"m.cnn:2:7: f: linear needs [B,features], but image is f32[B,3,32,32]: flatten it first"}},
+		{"missing loss", header + "  f = linear(flatten(image), out=10)\n}\n", []string{"m.cnn:1:1: model M has no loss", "loss = cross_entropy(logits, label)"}},
+		{"two losses", header + "  f = linear(flatten(image), out=10)\n  l1 = cross_entropy(f, label)\n  l2 = cross_entropy(f, label)\n}\n", []string{"m.cnn:4:8: model M has a second loss"}},
+		{"cycle", header + "  a = relu(b)\n  b = relu(a)\n  f = linear(flatten(b), out=10)\n  loss = cross_entropy(f, label)\n}\n", []string{"m.cnn:2:3: a depends on itself: a -> b -> a"}},
+		{"integer overflow", header + "  f = linear(flatten(image), out=99999999999999999999)\n}\n", []string{"m.cnn:2:34: integer 99999999999999999999 does not fit in 64 bits"}},
+		{"absurd shape", "model M(image: f32[3,2000000,2000000], label: class[10]) {\n  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+			[]string{"m.cnn:1:16: input image: [3 2000000 2000000] has more elements than any GPU can hold"}},
+		{"absurd weight", header + "  f = linear(flatten(image), out=1000000000)\n  loss = cross_entropy(f, label)\n}\n",
+			[]string{"m.cnn:2:7: f: its weight [1000000000,3072] would have more than 2^40 elements"}},
+		{"bad input type", "model M(image: f16[3,8,8], label: class[10]) {\n}\n", []string{"m.cnn:1:16: input image: unknown type \"f16\""}},
+		{"unknown optimizer", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  optimizer = sdg(lr=0.1)\n}\n",
+			[]string{"m.cnn:6:15: unknown optimizer sdg", "did you mean sgd?"}},
+		{"unknown setting", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  bach = 3\n}\n",
+			[]string{"m.cnn:6:3: train block has no argument \"bach\"", "did you mean batch=?"}},
+		{"bad budget", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  memory_budget = 64\n  batch = 0\n}\n",
+			[]string{"m.cnn:7:11: train block: batch must be at least 1, got 0"}},
+		{"budget type", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  memory_budget = \"lots\"\n}\n",
+			[]string{"m.cnn:6:19: train block: memory_budget=must be a memory size such as 64MiB or 40MB, got a string"}},
+		{"nesterov without momentum", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  optimizer = sgd(lr=0.1, nesterov=true)\n}\n",
+			[]string{"m.cnn:6:15: sgd: nesterov=true needs a momentum above 0"}},
+		{"resize mismatch", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ndata {\n  train = imagefolder(\"d\", resize=[64,64])\n}\n",
+			[]string{"m.cnn:6:35: imagefolder resizes to 64x64 but the model's input is 32x32"}},
+		{"dropout p", header + "  d = dropout(image, p=1)\n  f = linear(flatten(d), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+			[]string{"m.cnn:2:24: dropout: p must be in [0, 1), got 1"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := CompileSource("m.cnn", []byte(c.src), Options{})
+			require.Error(t, err)
+			var ds dsl.Diagnostics
+			require.ErrorAs(t, err, &ds, "every rejection must be positioned diagnostics, got %T: %v", err, err)
+			out := ds.RenderAll(map[string][]byte{"m.cnn": []byte(c.src)})
+			for _, w := range c.want {
+				assert.Contains(t, out, w)
+			}
+			for _, d := range ds {
+				assert.True(t, d.Pos.IsValid(), "diagnostic without a position: %v", d)
+			}
+		})
+	}
+}
+
+func TestUnusedLayerIsAWarningAndRemoved(t *testing.T) {
+	src := header + "  c = conv2d(image, out=4, kernel=3)\n  spare = relu(c)\n  f = linear(flatten(c), out=10)\n  loss = cross_entropy(f, label)\n}\n"
+	res, err := CompileSource("m.cnn", []byte(src), Options{AfterPass: verifyAfter(t)})
+	require.NoError(t, err)
+	require.Len(t, res.Warnings, 1)
+	assert.Equal(t, dsl.SeverityWarning, res.Warnings[0].Severity)
+	assert.Contains(t, res.Warnings[0].Error(), "m.cnn:3:11: warning: spare is not used by the loss")
+	for _, n := range res.Graph.Nodes {
+		assert.NotEqual(t, "spare", n.Name)
+	}
+}
+
+func TestUnusedParametricLayerLosesItsParameters(t *testing.T) {
+	src := header + "  c = conv2d(image, out=4, kernel=3)\n  side = conv2d(c, out=4, kernel=3)\n  f = linear(flatten(c), out=10)\n  loss = cross_entropy(f, label)\n}\n"
+	res, err := CompileSource("m.cnn", []byte(src), Options{AfterPass: verifyAfter(t)})
+	require.NoError(t, err)
+	assert.Nil(t, res.Graph.ParamByName("side.weight"))
+	assert.NotNil(t, res.Graph.ParamByName("c.weight"))
+}
+
+func TestPassOptions(t *testing.T) {
+	_, err := CompileSource("m.cnn", []byte(header+"}\n"), Options{Disable: []string{"autodiff"}})
+	assert.EqualError(t, err, `pass "autodiff" is required and cannot be disabled`)
+	_, err = CompileSource("m.cnn", []byte(header+"}\n"), Options{StopAfter: "nope"})
+	assert.ErrorContains(t, err, `unknown pass "nope"`)
+}
+
+func TestOptimizers(t *testing.T) {
+	for _, c := range []struct {
+		opt  string
+		want ir.Optimizer
+	}{
+		{"sgd(lr=0.1)", ir.Optimizer{Kind: ir.SGD, LR: 0.1}},
+		{"sgd(lr=0.1, momentum=0.9, nesterov=true, weight_decay=5e-4)", ir.Optimizer{Kind: ir.SGD, LR: 0.1, Momentum: 0.9, Nesterov: true, WeightDecay: 5e-4}},
+		{"adam()", ir.Optimizer{Kind: ir.Adam, LR: 0.001, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}},
+		{"adamw(lr=3e-4, betas=[0.8, 0.99], eps=1e-6)", ir.Optimizer{Kind: ir.AdamW, LR: 3e-4, Beta1: 0.8, Beta2: 0.99, Eps: 1e-6, WeightDecay: 0.01}},
+	} {
+		src := header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  optimizer = " + c.opt + "\n}\n"
+		res, err := CompileSource("m.cnn", []byte(src), Options{AfterPass: verifyAfter(t)})
+		require.NoError(t, err, c.opt)
+		assert.Equal(t, c.want, res.Train.Optimizer, c.opt)
+		assert.Len(t, res.Graph.State, len(c.want.StateNames())*2, c.opt)
+	}
+}
+
+func TestEveryExampleCompilesAndVerifies(t *testing.T) {
+	for _, f := range []string{"../examples/simplecnn.cnn", "../examples/mnist.cnn", "testdata/residual.cnn"} {
+		res := compileFile(t, f, Options{})
+		assert.NotEmpty(t, res.Graph.Nodes, f)
+	}
+}

@@ -1,0 +1,86 @@
+package compiler
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/dsl"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files under testdata/")
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "missing golden file; run go test ./compiler -run %s -update", t.Name())
+	assert.Equal(t, string(want), got, "%s differs; if the change is intended, rerun with -update and review the diff", path)
+}
+
+// TestPassesBeforeAfter runs each pass of the table alone on the IR the
+// previous passes left, and compares the IR text before and after it with
+// golden files; the verifier runs after every pass.
+func TestPassesBeforeAfter(t *testing.T) {
+	for _, c := range []struct{ name, path string }{
+		{"mnist", "../examples/mnist.cnn"},
+		{"residual", "testdata/residual.cnn"},
+		{"unused", "testdata/unused.cnn"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src, err := os.ReadFile(c.path)
+			require.NoError(t, err)
+			f, err := dsl.Parse(filepath.Base(c.path), src)
+			require.NoError(t, err)
+			g, diags := Lower(f)
+			require.False(t, diags.HasErrors(), "%v", diags)
+			train, diags := ParseTrain(f.Section("train"))
+			require.False(t, diags.HasErrors(), "%v", diags)
+			g.Opt = &train.Optimizer
+			ctx := &Context{File: f, Train: train}
+			for _, p := range Passes {
+				before := g.Text()
+				require.NoError(t, p.Fn(ctx, g))
+				require.False(t, ctx.Diags.HasErrors(), "%v", ctx.Diags)
+				require.NoError(t, g.Verify(), "after %s:\n%s", p.Name, g.Text())
+				after := g.Text()
+				golden(t, filepath.Join("passes", c.name+"."+p.Name+".before.ir"), before)
+				golden(t, filepath.Join("passes", c.name+"."+p.Name+".after.ir"), after)
+				if p.Name != "dce" || c.name == "unused" {
+					// every pass but a dce with nothing to remove changes the IR
+					assert.NotEqual(t, before, after, "pass %s changed nothing", p.Name)
+				}
+			}
+		})
+	}
+}
+
+// The IR text is deterministic: compiling twice prints the same bytes.
+func TestIRTextIsDeterministic(t *testing.T) {
+	a := compileFile(t, "testdata/residual.cnn", Options{}).Graph.Text()
+	b := compileFile(t, "testdata/residual.cnn", Options{}).Graph.Text()
+	assert.Equal(t, a, b)
+	assert.True(t, strings.HasPrefix(a, "graph Residual\n"))
+}
+
+func TestDumpAfterStopsAtThePass(t *testing.T) {
+	var seen []string
+	_, err := CompileSource("m.cnn", []byte(header+"  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\n"), Options{
+		StopAfter: "dce",
+		AfterPass: func(pass string, g2 *ir.Graph) error { seen = append(seen, pass); return nil },
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"shapes", "dce"}, seen)
+}

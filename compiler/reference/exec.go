@@ -1,0 +1,198 @@
+// Package reference interprets the unfused training IR in float64: forward,
+// loss, backward and optimizer update.
+//
+// In:  a compiled *ir.Graph, a seed, batches of images and labels.
+// Out: the loss, the number of correct predictions, every intermediate
+// value, and the parameters and optimizer state after each step.
+//
+// Why: it is the oracle. Every generated kernel, every memory plan
+// (recomputation, micro-batching) and every trainer is checked against it,
+// so it is written for obviousness, not speed — one plain loop nest per op,
+// in a table keyed by op, on float64 so that fp32 results can be compared
+// with a tight tolerance.
+package reference
+
+import (
+	"fmt"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// Batch is one step's input: images as float32-valued float64 in NCHW
+// order (already scaled to [0,1] like ToTensor) and class labels.
+type Batch struct {
+	N      int
+	Images []float64
+	Labels []int32
+}
+
+// Executor holds a model's parameters and optimizer state.
+type Executor struct {
+	G      *ir.Graph
+	Seed   uint64
+	Params map[*ir.Param][]float64
+	State  map[*ir.Value][]float64
+	// Step counts completed training steps; Adam's bias correction and the
+	// dropout RNG read it.
+	Step int64
+}
+
+// New initialises the parameters from seed (see InitParam) and zeroes the
+// optimizer state.
+func New(g *ir.Graph, seed uint64) *Executor {
+	e := &Executor{G: g, Seed: seed, Params: map[*ir.Param][]float64{}, State: map[*ir.Value][]float64{}}
+	for _, p := range g.Params {
+		e.Params[p] = InitParam(p, seed)
+	}
+	for _, s := range g.State {
+		e.State[s] = make([]float64, s.Type.SampleElems())
+	}
+	return e
+}
+
+// Mode selects what a run computes.
+type Mode int
+
+const (
+	// Eval runs the forward phase with dropout off.
+	Eval Mode = iota
+	// Gradients runs forward (dropout on) and backward, no update.
+	Gradients
+	// Train runs the whole step and advances Step.
+	Train
+)
+
+// Result is what a run computed.
+type Result struct {
+	Loss    float64
+	Correct int
+	// Values holds every node output by value.
+	Values map[*ir.Value][]float64
+}
+
+// Grad returns the complete gradient of parameter p (the last gradient
+// value computed for it; earlier ones are partial sums), or nil.
+func (r *Result) Grad(g *ir.Graph, p *ir.Param) []float64 {
+	var last *ir.Value
+	for _, n := range g.Nodes {
+		for _, v := range n.Outs {
+			if v.Role == ir.RoleGrad && v.Param == p {
+				last = v
+			}
+		}
+	}
+	if last == nil {
+		return nil
+	}
+	return r.Values[last]
+}
+
+// Run executes the graph on b.
+func (e *Executor) Run(b Batch, mode Mode) (*Result, error) {
+	if err := e.checkBatch(b); err != nil {
+		return nil, err
+	}
+	r := &Result{Values: map[*ir.Value][]float64{}}
+	env := &env{e: e, r: r, batch: b.N, training: mode != Eval}
+	for _, in := range e.G.Inputs {
+		if in.Role == ir.RoleLabel {
+			l := make([]float64, b.N)
+			for i, c := range b.Labels {
+				l[i] = float64(c)
+			}
+			r.Values[in] = l
+		} else {
+			r.Values[in] = b.Images
+		}
+	}
+	for p, d := range e.Params {
+		r.Values[p.Value] = d
+	}
+	for s, d := range e.State {
+		r.Values[s] = d
+	}
+	for _, n := range e.G.Nodes {
+		if mode == Eval && n.Phase != ir.Forward {
+			break
+		}
+		if mode == Gradients && n.Phase == ir.Update {
+			break
+		}
+		k := kernels[n.Op]
+		if k == nil {
+			return nil, fmt.Errorf("reference: no kernel for %s", n.Op)
+		}
+		ins := make([][]float64, len(n.Ins))
+		for i, v := range n.Ins {
+			ins[i] = r.Values[v]
+		}
+		outs := k(env, n, ins)
+		for i, v := range n.Outs {
+			r.Values[v] = outs[i]
+		}
+	}
+	r.Loss = r.Values[e.G.Loss][0]
+	r.Correct = countCorrect(r.Values[e.G.Logits], b.Labels, int(e.G.Logits.Type.Dims[0]))
+	if mode == Train {
+		e.Step++
+	}
+	return r, nil
+}
+
+func (e *Executor) checkBatch(b Batch) error {
+	if b.N < 1 {
+		return fmt.Errorf("reference: empty batch")
+	}
+	img := e.G.Inputs[0].Type
+	if want := b.N * int(img.SampleElems()); len(b.Images) != want {
+		return fmt.Errorf("reference: batch of %d images needs %d values, got %d", b.N, want, len(b.Images))
+	}
+	if len(b.Labels) != b.N {
+		return fmt.Errorf("reference: %d labels for %d images", len(b.Labels), b.N)
+	}
+	classes := e.G.Logits.Type.Dims[0]
+	for i, c := range b.Labels {
+		if c < 0 || int64(c) >= classes {
+			return fmt.Errorf("reference: label %d of sample %d is outside [0,%d)", c, i, classes)
+		}
+	}
+	return nil
+}
+
+func countCorrect(logits []float64, labels []int32, classes int) int {
+	correct := 0
+	for i, l := range labels {
+		row := logits[i*classes : (i+1)*classes]
+		best := 0
+		for c := range row {
+			if row[c] > row[best] {
+				best = c
+			}
+		}
+		if best == int(l) {
+			correct++
+		}
+	}
+	return correct
+}
+
+// ParamByName returns the current values of a parameter.
+func (e *Executor) ParamByName(name string) []float64 {
+	if p := e.G.ParamByName(name); p != nil {
+		return e.Params[p]
+	}
+	return nil
+}
+
+// Clone deep-copies the parameters and state (for comparisons).
+func (e *Executor) Clone() *Executor {
+	c := &Executor{G: e.G, Seed: e.Seed, Step: e.Step, Params: map[*ir.Param][]float64{}, State: map[*ir.Value][]float64{}}
+	for p, d := range e.Params {
+		c.Params[p] = append([]float64(nil), d...)
+	}
+	for s, d := range e.State {
+		c.State[s] = append([]float64(nil), d...)
+	}
+	return c
+}
+
