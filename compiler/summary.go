@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
@@ -65,18 +64,17 @@ func Summarize(g *ir.Graph, batch int64) *Summary {
 // Print writes the table.
 func (s *Summary) Print(w io.Writer) {
 	fmt.Fprintf(w, "model %s, batch %d\n\n", s.Model, s.Batch)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "layer\top\toutput shape\tparams\tFLOPs\tline\t")
+	rows := [][]string{{"layer", "op", "output shape", "params", "FLOPs", "line"}}
 	for _, r := range s.Rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Layer, r.Op, r.Output, commas(r.Params), humanFLOPs(r.FLOPs), r.Pos.Line)
+		rows = append(rows, []string{r.Layer, r.Op, r.Output, commas(r.Params), humanFLOPs(r.FLOPs), fmt.Sprint(r.Pos.Line)})
 	}
-	tw.Flush()
+	printTable(w, rows, []bool{false, false, false, true, true, true})
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "total params:        %s (%s as f32)\n", commas(s.Params), dsl.FormatSize(s.ParamBytes))
 	fmt.Fprintf(w, "forward FLOPs:       %s per step\n", humanFLOPs(s.ForwardFLOPs))
 	fmt.Fprintf(w, "training FLOPs:      %s per step (forward, backward, update)\n", humanFLOPs(s.TrainFLOPs))
 	fmt.Fprintf(w, "input batch:         %s as f32\n", dsl.FormatSize(s.InputBytes))
-	fmt.Fprintf(w, "forward activations: %s if all were kept (see `cnnc plan` for what really is)\n", dsl.FormatSize(s.ActivationsFP))
+	fmt.Fprintf(w, "forward activations: %s if every forward output were kept\n", dsl.FormatSize(s.ActivationsFP))
 }
 
 func humanFLOPs(f int64) string {
@@ -92,4 +90,29 @@ func humanFLOPs(f int64) string {
 		return fmt.Sprintf("%.2fK", x/1e3)
 	}
 	return fmt.Sprint(f)
+}
+
+// printTable prints rows as aligned columns; right[i] right-aligns column i.
+func printTable(w io.Writer, rows [][]string, right []bool) {
+	width := make([]int, len(rows[0]))
+	for _, r := range rows {
+		for i, c := range r {
+			width[i] = max(width[i], len(c))
+		}
+	}
+	for _, r := range rows {
+		var b strings.Builder
+		for i, c := range r {
+			if i > 0 {
+				b.WriteString("  ")
+			}
+			pad := strings.Repeat(" ", width[i]-len(c))
+			if right[i] {
+				b.WriteString(pad + c)
+			} else {
+				b.WriteString(c + pad)
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
 }

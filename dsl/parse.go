@@ -28,7 +28,7 @@ var cnnLexer = lexer.MustSimple([]lexer.SimpleRule{
 // Grammar structs: participle fills these; toAST converts them into the
 // public AST so that no other package depends on participle.
 type gFile struct {
-	Model    *gModel    `parser:"@@"`
+	Model    *gModel     `parser:"@@"`
 	Sections []*gSection `parser:"@@*"`
 }
 

@@ -195,4 +195,3 @@ func (e *Executor) Clone() *Executor {
 	}
 	return c
 }
-

@@ -1,0 +1,35 @@
+# cnnc — see README.md. `make help` lists the targets.
+GO      ?= go
+BIN     := bin
+CNNC    := $(BIN)/cnnc
+EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
+
+.PHONY: help build test demo lint cuda-toolkit clean
+
+help:
+	@echo "make build         build bin/cnnc"
+	@echo "make test          run every test (CI runs this)"
+	@echo "make demo          the main job: check the examples, show the OOM guide's bug"
+	@echo "make lint          gofmt -l and go vet"
+	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
+
+build:
+	$(GO) build -o $(CNNC) ./cmd/cnnc
+
+test: lint
+	$(GO) test ./...
+
+demo: build
+	@for f in $(EXAMPLES); do echo "\$$ cnnc check $$f"; ./$(CNNC) check $$f || exit 1; echo; done
+	@echo "\$$ cnnc check examples/seed_simplecnn.cnn   # the OOM guide's model as written"
+	@./$(CNNC) check examples/seed_simplecnn.cnn; test $$? -eq 1
+
+lint:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+cuda-toolkit:
+	bash scripts/install-cuda-toolkit.sh
+
+clean:
+	rm -rf $(BIN)
