@@ -48,6 +48,17 @@ func openMaybeGzip(path string) (io.ReadCloser, error) {
 	}{z, f}, nil
 }
 
+func readMagic(r io.Reader, path string, want uint32, kind string) error {
+	var magic uint32
+	if err := binary.Read(r, binary.BigEndian, &magic); err != nil {
+		return fmt.Errorf("%s: truncated IDX header: %v", path, err)
+	}
+	if magic != want {
+		return fmt.Errorf("%s: not an IDX %s file (magic %#08x, want %#08x)", path, kind, magic, want)
+	}
+	return nil
+}
+
 // ReadIDXImages reads an IDX3 image file (idx3-ubyte, or .gz).
 func ReadIDXImages(path string) (*Images, error) {
 	r, err := openMaybeGzip(path)
@@ -55,14 +66,14 @@ func ReadIDXImages(path string) (*Images, error) {
 		return nil, err
 	}
 	defer r.Close()
-	var hdr [4]uint32
+	if err := readMagic(r, path, idxImagesMagic, "image"); err != nil {
+		return nil, err
+	}
+	var hdr [3]uint32
 	if err := binary.Read(r, binary.BigEndian, &hdr); err != nil {
 		return nil, fmt.Errorf("%s: truncated IDX header: %v", path, err)
 	}
-	if hdr[0] != idxImagesMagic {
-		return nil, fmt.Errorf("%s: not an IDX image file (magic %#08x, want %#08x)", path, hdr[0], idxImagesMagic)
-	}
-	n, h, w := int(hdr[1]), int(hdr[2]), int(hdr[3])
+	n, h, w := int(hdr[0]), int(hdr[1]), int(hdr[2])
 	if n <= 0 || h <= 0 || w <= 0 || h*w > 1<<24 || n > 1<<28 {
 		return nil, fmt.Errorf("%s: implausible IDX dimensions %dx%dx%d", path, n, h, w)
 	}
@@ -80,19 +91,19 @@ func ReadIDXLabels(path string) ([]uint8, error) {
 		return nil, err
 	}
 	defer r.Close()
-	var hdr [2]uint32
-	if err := binary.Read(r, binary.BigEndian, &hdr); err != nil {
+	if err := readMagic(r, path, idxLabelsMagic, "label"); err != nil {
+		return nil, err
+	}
+	var n uint32
+	if err := binary.Read(r, binary.BigEndian, &n); err != nil {
 		return nil, fmt.Errorf("%s: truncated IDX header: %v", path, err)
 	}
-	if hdr[0] != idxLabelsMagic {
-		return nil, fmt.Errorf("%s: not an IDX label file (magic %#08x, want %#08x)", path, hdr[0], idxLabelsMagic)
+	if n > 1<<28 {
+		return nil, fmt.Errorf("%s: implausible label count %d", path, n)
 	}
-	if hdr[1] > 1<<28 {
-		return nil, fmt.Errorf("%s: implausible label count %d", path, hdr[1])
-	}
-	labels := make([]uint8, hdr[1])
+	labels := make([]uint8, n)
 	if _, err := io.ReadFull(r, labels); err != nil {
-		return nil, fmt.Errorf("%s: file ends before its %d labels: %v", path, hdr[1], err)
+		return nil, fmt.Errorf("%s: file ends before its %d labels: %v", path, n, err)
 	}
 	return labels, nil
 }
