@@ -34,7 +34,7 @@ func verifyAfter(t *testing.T) func(string, *ir.Graph) error {
 func TestSimpleCNNHasPyTorchsParameterCount(t *testing.T) {
 	res := compileFile(t, "../examples/simplecnn.cnn", Options{})
 	assert.Equal(t, int64(3692906), res.Graph.ParamCount())
-	s := Summarize(res.Graph, res.Train.Batch)
+	s := res.Summary
 	assert.Equal(t, int64(3692906), s.Params)
 	var b strings.Builder
 	s.Print(&b)
@@ -57,7 +57,7 @@ func TestSimpleCNNHasPyTorchsParameterCount(t *testing.T) {
 
 func TestSummaryFLOPs(t *testing.T) {
 	res := compileFile(t, "../examples/simplecnn.cnn", Options{Batch: 1})
-	s := Summarize(res.Graph, 1)
+	s := res.Summary
 	byLayer := map[string]SummaryRow{}
 	for _, r := range s.Rows {
 		byLayer[r.Layer] = r

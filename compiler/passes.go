@@ -29,12 +29,15 @@ type Pass struct {
 //   - shapes first: every later pass reads types, and parameter shapes are
 //     only known once it ran;
 //   - dce before autodiff, so no gradient is derived for dead layers;
-//   - autodiff last of the front end: it adds the backward phase and the
-//     optimizer updates that fusion and memory planning (later passes) work on.
+//   - autodiff adds the backward phase and the optimizer updates;
+//   - fuse after autodiff: it re-derives the backward over fused blocks
+//     (and so needs the optimizer state autodiff created); memory planning
+//     works on its result.
 var Passes = []Pass{
 	{Name: "shapes", Fn: shapesPass, Required: true, Doc: "infer every tensor's type, fill in parameter shapes, check each op's constraints"},
 	{Name: "dce", Fn: dcePass, Doc: "warn about layers the loss does not depend on, and remove them"},
 	{Name: "autodiff", Fn: autodiffPass, Required: true, Doc: "add the backward graph (one gradient rule per op) and the optimizer update"},
+	{Name: "fuse", Fn: fusePass, Doc: "fuse conv+bias+relu+maxpool, linear+bias+relu, softmax+cross-entropy, ReLU/pool gradients and optimizer updates into kernels"},
 }
 
 // PassNames lists the passes in order.
@@ -66,6 +69,9 @@ type Result struct {
 	Train    TrainConfig
 	Data     DataConfig
 	Warnings dsl.Diagnostics
+	// Summary describes the model layer by layer, as written (taken before
+	// fusion), at the train block's batch size.
+	Summary *Summary
 }
 
 // CompileSource parses src (named filename in diagnostics) and compiles it.
@@ -107,11 +113,23 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 	}
 	g.Opt = &train.Optimizer
 	ctx := &Context{File: f, Train: train, Diags: diags}
+	res := &Result{File: f, Graph: g, Train: train, Data: data}
+	user := opts.AfterPass
+	opts.AfterPass = func(pass string, g *ir.Graph) error {
+		if pass == "autodiff" {
+			res.Summary = Summarize(g, train.Batch)
+		}
+		if user != nil {
+			return user(pass, g)
+		}
+		return nil
+	}
 	if err := RunPasses(ctx, g, opts); err != nil {
 		return nil, err
 	}
 	ctx.Diags.Sort()
-	return &Result{File: f, Graph: g, Train: train, Data: data, Warnings: ctx.Diags}, nil
+	res.Warnings = ctx.Diags
+	return res, nil
 }
 
 // RunPasses runs the passes table over g.

@@ -152,7 +152,7 @@ column and show the line with a caret; the exit status is 1.`,
 			if f.dumpAfter != "" {
 				return nil
 			}
-			compiler.Summarize(res.Graph, res.Train.Batch).Print(stdout)
+			res.Summary.Print(stdout)
 			return nil
 		},
 	}

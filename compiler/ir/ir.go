@@ -28,10 +28,11 @@ const (
 	F32           // 32-bit float
 	Class         // class label, int32 in [0, Classes)
 	U8            // raw image bytes
+	Argmax        // a max-pool window's argmax index, Type.Bits bits each, packed in 32-bit words
 )
 
 func (d DType) String() string {
-	return [...]string{"?", "f32", "class", "u8"}[d]
+	return [...]string{"?", "f32", "class", "u8", "argmax"}[d]
 }
 
 // ElemBytes is the size of one element in memory.
@@ -52,6 +53,22 @@ type Type struct {
 	Batched bool
 	Dims    []int64
 	Classes int64 // for DType Class: the number of classes
+	Bits    int64 // for DType Argmax: bits per element (1, 2, 4, 8 or 16)
+}
+
+// ArgmaxType is the packed argmax of a pooling window of k elements over
+// an output of the given per-sample dims.
+func ArgmaxType(windowElems int64, dims ...int64) Type {
+	b := int64(1)
+	for int64(1)<<b < windowElems {
+		b++
+	}
+	// round up to a power of two so no element straddles a 32-bit word
+	p := int64(1)
+	for p < b {
+		p *= 2
+	}
+	return Type{DType: Argmax, Batched: true, Dims: dims, Bits: p}
 }
 
 // F32Batched is f32[B, dims...].
@@ -89,12 +106,19 @@ func (t Type) Elems(batch int64) int64 {
 	return t.SampleElems()
 }
 
-// Bytes is the storage size at the given batch size.
-func (t Type) Bytes(batch int64) int64 { return t.Elems(batch) * t.DType.ElemBytes() }
+// Bytes is the storage size at the given batch size. Packed argmax
+// tensors occupy whole 32-bit words.
+func (t Type) Bytes(batch int64) int64 {
+	if t.DType == Argmax {
+		perWord := 32 / t.Bits
+		return (t.Elems(batch) + perWord - 1) / perWord * 4
+	}
+	return t.Elems(batch) * t.DType.ElemBytes()
+}
 
 // Equal compares two types.
 func (t Type) Equal(u Type) bool {
-	if t.DType != u.DType || t.Batched != u.Batched || t.Classes != u.Classes || len(t.Dims) != len(u.Dims) {
+	if t.DType != u.DType || t.Batched != u.Batched || t.Classes != u.Classes || t.Bits != u.Bits || len(t.Dims) != len(u.Dims) {
 		return false
 	}
 	for i := range t.Dims {
@@ -132,6 +156,9 @@ func (t Type) String() string {
 	}
 	if t.DType == Class {
 		return fmt.Sprintf("class%d%s", t.Classes, t.ShapeString())
+	}
+	if t.DType == Argmax {
+		return fmt.Sprintf("argmax%d%s", t.Bits, t.ShapeString())
 	}
 	return t.DType.String() + t.ShapeString()
 }
@@ -226,7 +253,21 @@ type Attrs struct {
 	P      float64 // dropout probability
 	Stream int64   // dropout: which counter-based RNG stream
 	Dims   []int64 // per-sample target dims (reshape, gradient ops)
-	Opt    *Optimizer
+	// Opt is the optimizer of an update: sgd_update/adam_update, or a
+	// weight-gradient kernel with the update fused into its epilogue.
+	Opt *Optimizer
+
+	// Fused blocks (see fused.go).
+	Bias       bool    // the block has a bias parameter
+	ReLU       bool    // a ReLU epilogue
+	Pool       *Window // a max-pool epilogue
+	DOutMasked bool    // the incoming gradient already has the ReLU mask applied
+	MaskOut    bool    // multiply the input gradient by (x > 0): the producer's ReLU mask
+}
+
+// Window is a pooling window.
+type Window struct {
+	Kernel, Stride, Pad [2]int64
 }
 
 // OptimizerKind names an optimizer.
@@ -320,6 +361,26 @@ func (g *Graph) UniqueName(base string) string {
 	}
 	g.names[name] = true
 	return name
+}
+
+// ResetNames forgets the names of values no longer in the graph (after a
+// pass replaced the nodes), so new values can take them again.
+func (g *Graph) ResetNames() {
+	g.names = map[string]bool{}
+	for _, v := range g.Inputs {
+		g.names[v.Name] = true
+	}
+	for _, p := range g.Params {
+		g.names[p.Value.Name] = true
+	}
+	for _, v := range g.State {
+		g.names[v.Name] = true
+	}
+	for _, n := range g.Nodes {
+		for _, v := range n.Outs {
+			g.names[v.Name] = true
+		}
+	}
 }
 
 // NewValue creates a value with a unique name derived from base.

@@ -36,19 +36,34 @@ const (
 	OpSGDUpdate
 	OpAdamUpdate
 
+	// Fused ops (fused.go), made by the compiler's fuse pass.
+	OpToTensor
+	OpConvBlock
+	OpConvBlockGradInput
+	OpConvBlockGradWeight
+	OpLinearBlock
+	OpLinearBlockGradInput
+	OpLinearBlockGradWeight
+	OpSoftmaxCrossEntropy
+
 	numOps
 )
 
 // Attribute names an op may print (see OpInfo.Attrs).
 const (
-	AttrKernel = "kernel"
-	AttrStride = "stride"
-	AttrPad    = "pad"
-	AttrOut    = "out"
-	AttrP      = "p"
-	AttrStream = "stream"
-	AttrDims   = "dims"
-	AttrOpt    = "opt"
+	AttrKernel  = "kernel"
+	AttrStride  = "stride"
+	AttrPad     = "pad"
+	AttrOut     = "out"
+	AttrP       = "p"
+	AttrStream  = "stream"
+	AttrDims    = "dims"
+	AttrOpt     = "opt"
+	AttrBias    = "bias"
+	AttrReLU    = "relu"
+	AttrPool    = "pool"
+	AttrMasked  = "masked"
+	AttrMaskOut = "maskout"
 )
 
 // OpInfo is one row of the ops table.
@@ -96,6 +111,7 @@ func init() {
 		OpSGDUpdate:  {"sgd_update", []string{AttrOpt}, inferUpdate, flopsUpdate},
 		OpAdamUpdate: {"adam_update", []string{AttrOpt}, inferUpdate, flopsUpdate},
 	}
+	registerFusedOps()
 }
 
 // Info returns the op's table row.

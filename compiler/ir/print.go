@@ -113,6 +113,19 @@ func (n *Node) attrText(name string) string {
 			return "none"
 		}
 		return a.Opt.String()
+	case AttrBias:
+		return fmt.Sprint(a.Bias)
+	case AttrReLU:
+		return fmt.Sprint(a.ReLU)
+	case AttrPool:
+		if a.Pool == nil {
+			return "none"
+		}
+		return fmt.Sprintf("max(%s/%s/%s)", pair(a.Pool.Kernel), pair(a.Pool.Stride), pair(a.Pool.Pad))
+	case AttrMasked:
+		return fmt.Sprint(a.DOutMasked)
+	case AttrMaskOut:
+		return fmt.Sprint(a.MaskOut)
 	}
 	return "?"
 }

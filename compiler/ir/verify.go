@@ -13,8 +13,9 @@ import (
 //   - every node's output types equal what its op's type rule infers;
 //   - phases run forward, then backward, then update;
 //   - the loss is a scalar f32 computed in the forward phase;
-//   - update nodes touch parameters only, and once update nodes exist every
-//     parameter is updated exactly once;
+//   - updates (update ops, or weight-gradient blocks with the update fused)
+//     touch parameters only; once any exist every parameter is updated
+//     exactly once, and no node reads a parameter after its update;
 //   - a parameter's gradient has the parameter's type.
 func (g *Graph) Verify() error {
 	var errs []error
@@ -60,6 +61,7 @@ func (g *Graph) Verify() error {
 	}
 
 	updates := map[*Param]int{}
+	updated := map[*Value]*Node{}
 	phase := Forward
 	nodeIDs := map[int]bool{}
 	for _, n := range g.Nodes {
@@ -71,10 +73,18 @@ func (g *Graph) Verify() error {
 			bad("%s (%s) comes after the %s phase", n.Text(), n.Phase, phase)
 		}
 		phase = n.Phase
+		ups := n.UpdatedParams()
 		for _, v := range n.Ins {
 			if !defined[v] {
 				bad("%s reads %s before it is defined", n.Op, v)
 			}
+			if u := updated[v]; u != nil {
+				bad("%s reads %s after %s updated it", n.Op, v, u.Op)
+			}
+		}
+		for _, p := range ups {
+			updates[p]++
+			updated[p.Value] = n
 		}
 		if n.Phase != Update {
 			for _, v := range n.Ins {
@@ -111,12 +121,8 @@ func (g *Graph) Verify() error {
 				}
 			}
 		}
-		if n.Phase == Update {
-			if n.Op != OpSGDUpdate && n.Op != OpAdamUpdate {
-				bad("%s in the update phase", n.Op)
-			} else if len(n.Ins) > 0 && n.Ins[0].Param != nil {
-				updates[n.Ins[0].Param]++
-			}
+		if n.Phase == Update && n.Op != OpSGDUpdate && n.Op != OpAdamUpdate {
+			bad("%s in the update phase", n.Op)
 		}
 	}
 	if g.Loss == nil {

@@ -18,12 +18,36 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 )
 
-// Batch is one step's input: images as float32-valued float64 in NCHW
-// order (already scaled to [0,1] like ToTensor) and class labels.
+// Batch is one step's input: images either as float64 in NCHW order,
+// already scaled to [0,1] like ToTensor, or as the loader's decoded uint8
+// HWC pixels (then Images may be nil); and class labels.
 type Batch struct {
 	N      int
 	Images []float64
+	Pixels []uint8
 	Labels []int32
+}
+
+// imagesFor returns the batch's images in the form input v takes: raw
+// pixel values in HWC order for a u8 input (fused graphs), [0,1] CHW for f32.
+func (b Batch) imagesFor(v *ir.Value) []float64 {
+	if v.Type.DType == ir.U8 {
+		px := make([]float64, len(b.Pixels))
+		for i, p := range b.Pixels {
+			px[i] = float64(p)
+		}
+		return px
+	}
+	if b.Images == nil && b.Pixels != nil {
+		t := v.Type
+		u8 := ir.ImageU8Type(t)
+		px := make([]float64, len(b.Pixels))
+		for i, p := range b.Pixels {
+			px[i] = float64(p)
+		}
+		return hwcToCHW(px, b.N, u8)
+	}
+	return b.Images
 }
 
 // Executor holds a model's parameters and optimizer state.
@@ -68,11 +92,17 @@ type Result struct {
 	Correct int
 	// Values holds every node output by value.
 	Values map[*ir.Value][]float64
+	// FusedGrads holds the gradients that weight-gradient blocks with a
+	// fused update computed when the run did not update (Gradients mode).
+	FusedGrads map[*ir.Param][]float64
 }
 
 // Grad returns the complete gradient of parameter p (the last gradient
 // value computed for it; earlier ones are partial sums), or nil.
 func (r *Result) Grad(g *ir.Graph, p *ir.Param) []float64 {
+	if d, ok := r.FusedGrads[p]; ok {
+		return d
+	}
 	var last *ir.Value
 	for _, n := range g.Nodes {
 		for _, v := range n.Outs {
@@ -92,8 +122,8 @@ func (e *Executor) Run(b Batch, mode Mode) (*Result, error) {
 	if err := e.checkBatch(b); err != nil {
 		return nil, err
 	}
-	r := &Result{Values: map[*ir.Value][]float64{}}
-	env := &env{e: e, r: r, batch: b.N, training: mode != Eval}
+	r := &Result{Values: map[*ir.Value][]float64{}, FusedGrads: map[*ir.Param][]float64{}}
+	env := &env{e: e, r: r, batch: b.N, training: mode != Eval, update: mode == Train}
 	for _, in := range e.G.Inputs {
 		if in.Role == ir.RoleLabel {
 			l := make([]float64, b.N)
@@ -102,7 +132,7 @@ func (e *Executor) Run(b Batch, mode Mode) (*Result, error) {
 			}
 			r.Values[in] = l
 		} else {
-			r.Values[in] = b.Images
+			r.Values[in] = b.imagesFor(in)
 		}
 	}
 	for p, d := range e.Params {
@@ -144,7 +174,13 @@ func (e *Executor) checkBatch(b Batch) error {
 		return fmt.Errorf("reference: empty batch")
 	}
 	img := e.G.Inputs[0].Type
-	if want := b.N * int(img.SampleElems()); len(b.Images) != want {
+	want := b.N * int(img.SampleElems())
+	switch {
+	case b.Pixels != nil && len(b.Pixels) != want:
+		return fmt.Errorf("reference: batch of %d images needs %d pixels, got %d", b.N, want, len(b.Pixels))
+	case b.Pixels == nil && img.DType == ir.U8:
+		return fmt.Errorf("reference: the graph takes uint8 pixels, the batch has none")
+	case b.Pixels == nil && len(b.Images) != want:
 		return fmt.Errorf("reference: batch of %d images needs %d values, got %d", b.N, want, len(b.Images))
 	}
 	if len(b.Labels) != b.N {

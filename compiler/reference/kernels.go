@@ -11,7 +11,8 @@ type env struct {
 	e        *Executor
 	r        *Result
 	batch    int
-	training bool
+	training bool // dropout on
+	update   bool // apply optimizer updates (fused ones included)
 }
 
 // kernel computes a node's outputs from its inputs (update kernels write
@@ -46,6 +47,7 @@ func init() {
 		ir.OpSGDUpdate:        sgdUpdate,
 		ir.OpAdamUpdate:       adamUpdate,
 	}
+	registerFusedKernels()
 }
 
 func outLen(env *env, v *ir.Value) int { return int(v.Type.Elems(int64(env.batch))) }

@@ -15,7 +15,15 @@ import (
 
 func compile(t *testing.T, src string) *ir.Graph {
 	t.Helper()
+	return compileWith(t, src, "fuse")
+}
+
+// compileWith compiles src with the given optional passes disabled,
+// verifying the IR after every pass.
+func compileWith(t *testing.T, src string, disable ...string) *ir.Graph {
+	t.Helper()
 	res, err := compiler.CompileSource("t.cnn", []byte(src), compiler.Options{
+		Disable:   disable,
 		AfterPass: func(pass string, g *ir.Graph) error { return g.Verify() },
 	})
 	require.NoError(t, err)

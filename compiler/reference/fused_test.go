@@ -1,0 +1,140 @@
+package reference
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+func pixelBatch(g *ir.Graph, n int, rng *rand.Rand) Batch {
+	img := g.Inputs[0].Type
+	b := Batch{N: n, Pixels: make([]uint8, n*int(img.SampleElems())), Labels: make([]int32, n)}
+	for i := range b.Pixels {
+		b.Pixels[i] = uint8(rng.IntN(256))
+	}
+	for i := range b.Labels {
+		b.Labels[i] = int32(rng.Int64N(g.Logits.Type.Dims[0]))
+	}
+	return b
+}
+
+func maxRelDiff(a, b []float64) float64 {
+	worst := 0.0
+	for i := range a {
+		worst = math.Max(worst, math.Abs(a[i]-b[i])/(1e-12+math.Max(math.Abs(a[i]), math.Abs(b[i]))))
+	}
+	return worst
+}
+
+// The fused training step computes what the unfused one does: same loss,
+// same parameters and optimizer state after several steps.
+func TestFusedStepEqualsUnfused(t *testing.T) {
+	simple, err := os.ReadFile("../../examples/simplecnn.cnn")
+	require.NoError(t, err)
+	_ = simple
+	models := map[string]string{
+		"small simplecnn": `model S(image: f32[3,14,13], label: class[10]) {
+    conv1 = conv2d(image, out=4, kernel=3)
+    relu1 = relu(conv1)
+    pool1 = maxpool(relu1, kernel=2)
+    conv2 = conv2d(pool1, out=5, kernel=3)
+    relu2 = relu(conv2)
+    pool2 = maxpool(relu2, kernel=2)
+    fc1   = linear(flatten(pool2), out=12)
+    fc2   = linear(fc1, out=10)
+    loss  = cross_entropy(fc2, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9, nesterov=true, weight_decay=0.01) }
+`,
+		"overlapping pools, relu linear": `model P(image: f32[2,11,9], label: class[3]) {
+    c1 = conv2d(image, out=3, kernel=3, padding=1)
+    p1 = maxpool(relu(c1), kernel=3, stride=2, padding=1)
+    c2 = conv2d(p1, out=4, kernel=[2,3], stride=[1,2])
+    r2 = relu(c2)
+    h  = linear(flatten(r2), out=7)
+    a  = relu(h)
+    o  = linear(a, out=3)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = adam(lr=0.01, weight_decay=0.1) }
+`,
+		"residual dropout avgpool": `model R(image: f32[3,11,9], label: class[5]) {
+    stem = conv2d(image, out=4, kernel=3, padding=1)
+    act  = relu(stem)
+    body = conv2d(act, out=4, kernel=3, padding=1, bias=false)
+    sum  = add(act, relu(body))
+    down = conv2d(sum, out=6, kernel=[3,2], stride=2, padding=[1,0])
+    pool = avgpool(down, kernel=2, stride=[2,1])
+    drop = dropout(flatten(pool), p=0.25)
+    out  = linear(drop, out=5)
+    loss = cross_entropy(out, label)
+}
+train { optimizer = adamw(lr=0.01) }
+`,
+		"mlp on pixels": `model M(image: f32[1,5,6], label: class[4]) {
+    h = linear(flatten(image), out=9)
+    r = relu(h)
+    o = linear(r, out=4, bias=false)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.2) }
+`,
+	}
+	for name, src := range models {
+		t.Run(name, func(t *testing.T) {
+			unfused := compileWith(t, src, "fuse")
+			fused := compileWith(t, src)
+			hasFused := false
+			for _, n := range fused.Nodes {
+				if n.Op == ir.OpConvBlock || n.Op == ir.OpLinearBlock {
+					hasFused = true
+				}
+			}
+			require.True(t, hasFused, fused.Text())
+			eu, ef := New(unfused, 7), New(fused, 7)
+			rng := rand.New(rand.NewPCG(5, 6))
+			for step := 0; step < 3; step++ {
+				b := pixelBatch(fused, 3, rng)
+				ru, err := eu.Run(b, Train)
+				require.NoError(t, err)
+				rf, err := ef.Run(b, Train)
+				require.NoError(t, err)
+				assert.InDelta(t, ru.Loss, rf.Loss, 1e-12*math.Abs(ru.Loss), "step %d loss", step)
+				assert.Equal(t, ru.Correct, rf.Correct)
+			}
+			for _, p := range unfused.Params {
+				q := fused.ParamByName(p.Name)
+				require.NotNil(t, q)
+				assert.Less(t, maxRelDiff(eu.Params[p], ef.Params[q]), 1e-10, p.Name)
+				for i, s := range p.State {
+					assert.Less(t, maxRelDiff(eu.State[s], ef.State[q.State[i]]), 1e-10, s.Name)
+				}
+			}
+		})
+	}
+}
+
+// Gradients mode on a fused graph reports the gradients its fused updates
+// would apply, and leaves the parameters alone.
+func TestFusedGradientsModeDoesNotUpdate(t *testing.T) {
+	src := img + "  c = conv2d(image, out=3, kernel=3)\n  p = maxpool(relu(c), kernel=2)\n  logits = linear(flatten(p), out=4)\n" + tail
+	unfused, fused := compileWith(t, src, "fuse"), compileWith(t, src)
+	eu, ef := New(unfused, 1), New(fused, 1)
+	b := pixelBatch(fused, 2, rand.New(rand.NewPCG(1, 2)))
+	before := ef.Clone()
+	ru, err := eu.Run(b, Gradients)
+	require.NoError(t, err)
+	rf, err := ef.Run(b, Gradients)
+	require.NoError(t, err)
+	for _, p := range unfused.Params {
+		q := fused.ParamByName(p.Name)
+		assert.Less(t, maxRelDiff(ru.Grad(unfused, p), rf.Grad(fused, q)), 1e-12, p.Name)
+		assert.Equal(t, before.Params[q], ef.Params[q])
+	}
+}
