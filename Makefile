@@ -4,12 +4,13 @@ BIN     := bin
 CNNC    := $(BIN)/cnnc
 EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
 
-.PHONY: help build test demo lint cuda-toolkit clean
+.PHONY: help build test test-asan demo lint cuda-toolkit clean
 
 help:
 	@echo "make build         build bin/cnnc"
 	@echo "make test          run every test (CI runs this)"
 	@echo "make demo          the main job: check the examples, show the OOM guide's bug"
+	@echo "make test-asan     the CUDA emulator and kernel suites under AddressSanitizer"
 	@echo "make lint          gofmt -l and go vet"
 	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
 
@@ -18,6 +19,12 @@ build:
 
 test: lint
 	$(GO) test ./...
+
+# Generated kernels run on the CPU emulator with every buffer its own C
+# allocation, so ASan reports out-of-bounds global and shared accesses.
+ASAN_PKGS := ./runtime/emu/...
+test-asan:
+	CGO_CFLAGS=-fsanitize=address CGO_LDFLAGS=-fsanitize=address $(GO) test -asan $(ASAN_PKGS)
 
 demo: build
 	@for f in $(EXAMPLES); do echo "\$$ cnnc check $$f"; ./$(CNNC) check $$f || exit 1; echo; done

@@ -1,0 +1,1325 @@
+// cuda_emu.h — run CUDA C kernels on the CPU (part of cnnc, package runtime/emu).
+//
+// Usage:   g++ -x c++ -std=c++20 -O2 -fPIC -shared -include cuda_emu.h kernel.cu
+//
+// The same header may also be given to nvcc/NVRTC: there it only defines the cnnc macros
+// (CNNC_DYNAMIC_SHARED), so generated kernels can include it unconditionally.
+//
+// Model
+//   * A launch is a grid of blocks. Blocks are handed to worker OS threads one at a time
+//     (cnnc_emu_launch_work); a block runs from start to end on one OS thread, so
+//     `__shared__` = `static thread_local` gives every block its own shared memory even when
+//     blocks run in parallel.
+//   * Each CUDA thread of a block runs on a fiber (its own stack). __syncthreads(), __syncwarp(),
+//     shuffles and votes switch back to the block's scheduler (a hand-written x86-64 context
+//     switch: ~10 instructions, no system call). The scheduler runs warp by warp; warp-synchronous
+//     operations complete when every non-exited lane named in the mask has arrived, a barrier
+//     completes when every thread of the block has arrived.
+//   * A fiber whose thread finishes without blocking immediately starts the next thread, so a
+//     barrier-free kernel costs one function call per thread and no context switch.
+//   * Misuse becomes an error of the launch, not a hang: threads that exit while others wait at
+//     __syncthreads(), lanes that wait in different warp operations, __trap(), device assert().
+//
+// Kernels must be written for this header in two respects: dynamic shared memory is declared with
+// CNNC_DYNAMIC_SHARED(type, name) (not `extern __shared__`), and `static __shared__` is not
+// allowed (plain `__shared__` is already static). Warp-synchronous code must use the *_sync
+// intrinsics or __syncwarp(); implicit lock-step (volatile shared memory) is not emulated.
+#ifndef CNNC_CUDA_EMU_H
+#define CNNC_CUDA_EMU_H
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+// Real CUDA: nothing to emulate, only the cnnc macros.
+#define CNNC_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#else  // CPU emulation
+
+#if !defined(__cplusplus) || __cplusplus < 202002L
+#error "cuda_emu.h: compile kernels as C++20: g++ -x c++ -std=c++20 -include cuda_emu.h"
+#endif
+
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <type_traits>
+#include <utility>
+#include <math.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define CNNC_EMU_ASAN 1
+#else
+#define CNNC_EMU_ASAN 0
+#endif
+
+#if defined(__x86_64__) && !defined(CNNC_EMU_USE_UCONTEXT)
+#define CNNC_EMU_ASM_SWITCH 1
+#else
+#define CNNC_EMU_ASM_SWITCH 0
+#include <ucontext.h>
+#endif
+
+#define CNNC_EMU 1
+
+// Stack of one emulated CUDA thread. Only touched pages cost memory; ASan frames are larger and
+// its error reports run on the faulting fiber's stack.
+#ifndef CNNC_EMU_STACK_SIZE
+#if CNNC_EMU_ASAN
+#define CNNC_EMU_STACK_SIZE (1u << 20)
+#else
+#define CNNC_EMU_STACK_SIZE (256u << 10)
+#endif
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// CUDA keywords
+// ---------------------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __managed__
+#define __shared__ static thread_local
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+
+// CNNC_DYNAMIC_SHARED(float, buf) declares `buf` as the block's dynamic shared memory (the
+// sharedBytes of the launch). On real CUDA it is `extern __shared__ __align__(16) float buf[]`.
+#define CNNC_DYNAMIC_SHARED(type, name) \
+  type* const name = reinterpret_cast<type*>(::cnnc_emu::dynamic_shared())
+
+// Everything below is private to the module that includes it (one copy per compiled kernel
+// library); only the C API at the end is exported.
+#pragma GCC visibility push(hidden)
+
+// ---------------------------------------------------------------------------------------------
+// Vector types
+// ---------------------------------------------------------------------------------------------
+#define CNNC_EMU_VEC2(T, N, A)                                  \
+  struct __attribute__((aligned(A))) N { T x, y; };             \
+  inline constexpr N make_##N(T x, T y) { return N{x, y}; }
+#define CNNC_EMU_VEC3(T, N)                                     \
+  struct N { T x, y, z; };                                      \
+  inline constexpr N make_##N(T x, T y, T z) { return N{x, y, z}; }
+#define CNNC_EMU_VEC4(T, N, A)                                  \
+  struct __attribute__((aligned(A))) N { T x, y, z, w; };       \
+  inline constexpr N make_##N(T x, T y, T z, T w) { return N{x, y, z, w}; }
+
+CNNC_EMU_VEC2(signed char, char2, 2)
+CNNC_EMU_VEC4(signed char, char4, 4)
+CNNC_EMU_VEC2(unsigned char, uchar2, 2)
+CNNC_EMU_VEC4(unsigned char, uchar4, 4)
+CNNC_EMU_VEC2(short, short2, 4)
+CNNC_EMU_VEC4(short, short4, 8)
+CNNC_EMU_VEC2(unsigned short, ushort2, 4)
+CNNC_EMU_VEC4(unsigned short, ushort4, 8)
+CNNC_EMU_VEC2(int, int2, 8)
+CNNC_EMU_VEC3(int, int3)
+CNNC_EMU_VEC4(int, int4, 16)
+CNNC_EMU_VEC2(unsigned int, uint2, 8)
+CNNC_EMU_VEC3(unsigned int, uint3)
+CNNC_EMU_VEC4(unsigned int, uint4, 16)
+CNNC_EMU_VEC2(long long, longlong2, 16)
+CNNC_EMU_VEC2(unsigned long long, ulonglong2, 16)
+CNNC_EMU_VEC2(float, float2, 8)
+CNNC_EMU_VEC3(float, float3)
+CNNC_EMU_VEC4(float, float4, 16)
+CNNC_EMU_VEC2(double, double2, 16)
+CNNC_EMU_VEC3(double, double3)
+
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+  constexpr operator uint3() const { return uint3{x, y, z}; }
+};
+
+inline constexpr int warpSize = 32;
+
+// ---------------------------------------------------------------------------------------------
+// Runtime state and scheduler
+// ---------------------------------------------------------------------------------------------
+#if CNNC_EMU_ASM_SWITCH
+// cnnc_emu_swap_context saves the callee-saved registers, MXCSR and the x87 control word on the
+// current stack, stores the stack pointer in *save_sp, and resumes the context saved at load_sp.
+// cnnc_emu_fiber_trampoline is where a fresh fiber starts: it calls r13(r12) and never returns.
+extern "C" void cnnc_emu_swap_context(void** save_sp, void* load_sp);
+extern "C" void cnnc_emu_fiber_trampoline();
+asm(R"(
+	.text
+	.p2align 4
+	.weak cnnc_emu_swap_context
+	.hidden cnnc_emu_swap_context
+	.type cnnc_emu_swap_context, @function
+cnnc_emu_swap_context:
+	pushq %rbp
+	pushq %rbx
+	pushq %r12
+	pushq %r13
+	pushq %r14
+	pushq %r15
+	subq $8, %rsp
+	stmxcsr (%rsp)
+	fnstcw 4(%rsp)
+	movq %rsp, (%rdi)
+	movq %rsi, %rsp
+	ldmxcsr (%rsp)
+	fldcw 4(%rsp)
+	addq $8, %rsp
+	popq %r15
+	popq %r14
+	popq %r13
+	popq %r12
+	popq %rbx
+	popq %rbp
+	ret
+	.size cnnc_emu_swap_context, .-cnnc_emu_swap_context
+
+	.p2align 4
+	.weak cnnc_emu_fiber_trampoline
+	.hidden cnnc_emu_fiber_trampoline
+	.type cnnc_emu_fiber_trampoline, @function
+cnnc_emu_fiber_trampoline:
+	.cfi_startproc
+	.cfi_undefined rip
+	movq %r12, %rdi
+	callq *%r13
+	ud2
+	.cfi_endproc
+	.size cnnc_emu_fiber_trampoline, .-cnnc_emu_fiber_trampoline
+)");
+#endif
+
+namespace cnnc_emu {
+
+inline constexpr unsigned kWarpSize = 32;
+inline constexpr unsigned kMaxThreads = 1024;
+inline constexpr uint32_t kFlagFillShared = 1;  // fill dynamic shared memory with 0xFF per block
+
+enum ThreadState : uint8_t { kNotStarted, kRunnable, kAtBarrier, kAtWarpOp, kExited };
+
+enum WarpOp : uint8_t {
+  kOpNone,
+  kOpSyncWarp,
+  kOpShflIdx,
+  kOpShflUp,
+  kOpShflDown,
+  kOpShflXor,
+  kOpBallot,
+  kOpAny,
+  kOpAll,
+  kOpRedAdd,
+  kOpRedMinU,
+  kOpRedMaxU,
+  kOpRedMinS,
+  kOpRedMaxS,
+  kOpRedAnd,
+  kOpRedOr,
+  kOpRedXor,
+};
+
+inline const char* warp_op_name(uint8_t op) {
+  switch (op) {
+    case kOpSyncWarp: return "__syncwarp";
+    case kOpShflIdx: return "__shfl_sync";
+    case kOpShflUp: return "__shfl_up_sync";
+    case kOpShflDown: return "__shfl_down_sync";
+    case kOpShflXor: return "__shfl_xor_sync";
+    case kOpBallot: return "__ballot_sync";
+    case kOpAny: return "__any_sync";
+    case kOpAll: return "__all_sync";
+    case kOpRedAdd: return "__reduce_add_sync";
+    case kOpRedMinU: case kOpRedMinS: return "__reduce_min_sync";
+    case kOpRedMaxU: case kOpRedMaxS: return "__reduce_max_sync";
+    case kOpRedAnd: return "__reduce_and_sync";
+    case kOpRedOr: return "__reduce_or_sync";
+    case kOpRedXor: return "__reduce_xor_sync";
+    default: return "?";
+  }
+}
+
+struct Fiber;
+
+// One emulated CUDA thread of the block being run.
+struct ThreadCtx {
+  uint3 idx;        // threadIdx
+  uint8_t state;    // ThreadState
+  uint8_t op;       // WarpOp while state == kAtWarpOp
+  Fiber* fiber;     // stack it runs on, from its start until it exits
+  uint32_t mask;    // warp op: member mask
+  int32_t arg;      // warp op: source lane, delta or lane mask
+  int32_t width;    // warp op: shuffle width
+  int32_t pred;     // barrier predicate (__syncthreads_count & co)
+  uint64_t value;   // warp op input
+  uint64_t result;  // warp op output
+};
+
+struct BlockCtx {
+  uint3 blockIdx;
+  dim3 blockDim;
+  dim3 gridDim;
+  unsigned char* dynamic_shared;
+  int32_t barrier_count;  // number of true predicates at the last barrier
+};
+
+#if CNNC_EMU_ASM_SWITCH
+struct Context {
+  void* sp = nullptr;
+};
+#else
+struct Context {
+  ucontext_t uc;
+};
+#endif
+
+struct Fiber {
+  Context ctx;
+  char* stack_lo = nullptr;      // lowest usable byte (a guard page lies below)
+  size_t stack_size = 0;
+  void* fake_stack = nullptr;    // ASan bookkeeping across switches
+  bool dirty = false;            // abandoned mid-kernel: its ASan shadow may hold stale poison
+};
+
+using EntryFn = void (*)(void** params);
+
+struct Launch {
+  EntryFn entry = nullptr;
+  void** params = nullptr;
+  dim3 grid, block;
+  uint64_t shared_bytes = 0;
+  uint32_t flags = 0;
+  uint64_t nblocks = 0;
+  uint32_t nthreads = 0;
+  std::atomic<uint64_t> next_block{0};
+  std::atomic<int> failed{0};
+  char error[768] = {};
+};
+
+// A worker runs blocks on the OS thread that calls cnnc_emu_launch_work. It owns the fibers and
+// the dynamic shared memory buffer and is reused across blocks and launches.
+struct Worker {
+  Launch* launch = nullptr;
+  BlockCtx block{};
+  dim3 idx_dims{0, 0, 0};  // block shape for which threads[].idx is filled in
+  ThreadCtx threads[kMaxThreads] = {};
+  Fiber* fibers[kMaxThreads] = {};  // every fiber of the current cnnc_emu_launch_work call
+  uint32_t nfibers = 0;
+  Fiber* idle[kMaxThreads] = {};    // fibers with no thread on them
+  uint32_t nidle = 0;
+  Context sched;                    // the scheduler's own (OS thread) stack
+  Fiber* running = nullptr;
+  ThreadCtx* starting = nullptr;    // thread a fresh fiber must start with
+  uint32_t sweep = 0, sweep_end = 0;  // scheduler position in the current warp
+  unsigned char* dyn = nullptr;
+  size_t dyn_size = 0;
+  bool dyn_ready = false;
+  const void* sched_stack_bottom = nullptr;
+  size_t sched_stack_size = 0;
+  void* sched_fake_stack = nullptr;
+  bool block_failed = false;
+  char fail[640] = {};
+};
+
+inline thread_local ThreadCtx* t_thread = nullptr;
+inline thread_local BlockCtx* t_block = nullptr;
+inline thread_local Worker* t_worker = nullptr;
+
+inline unsigned char* dynamic_shared() { return t_block ? t_block->dynamic_shared : nullptr; }
+
+__attribute__((format(printf, 2, 3))) inline void fail(Worker* w, const char* fmt, ...) {
+  if (w->block_failed) return;  // keep the first reason
+  w->block_failed = true;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(w->fail, sizeof w->fail, fmt, ap);
+  va_end(ap);
+}
+
+// --- AddressSanitizer fiber annotations (no-ops otherwise) ---
+inline void asan_start_switch(void** fake_stack_save, const void* bottom, size_t size) {
+#if CNNC_EMU_ASAN
+  __sanitizer_start_switch_fiber(fake_stack_save, bottom, size);
+#else
+  (void)fake_stack_save, (void)bottom, (void)size;
+#endif
+}
+inline void asan_finish_switch(void* fake_stack_save, const void** bottom_old, size_t* size_old) {
+#if CNNC_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack_save, bottom_old, size_old);
+#else
+  (void)fake_stack_save, (void)bottom_old, (void)size_old;
+#endif
+}
+
+// --- context switching ---
+[[noreturn]] inline void fiber_main(void* arg);
+
+#if CNNC_EMU_ASM_SWITCH
+inline void context_switch(Context* from, Context* to) { cnnc_emu_swap_context(&from->sp, to->sp); }
+
+inline void context_make(Context* c, char* lo, size_t size, void (*fn)(void*), void* arg) {
+  uintptr_t top = (reinterpret_cast<uintptr_t>(lo) + size) & ~uintptr_t(15);
+  uint64_t* sp = reinterpret_cast<uint64_t*>(top - 128);  // 16-aligned, as the swap expects
+  uint32_t mxcsr;
+  uint16_t fpcw;
+  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(fpcw));
+  sp[0] = uint64_t(mxcsr) | (uint64_t(fpcw) << 32);
+  sp[1] = 0;                                            // r15
+  sp[2] = 0;                                            // r14
+  sp[3] = reinterpret_cast<uint64_t>(fn);               // r13: function
+  sp[4] = reinterpret_cast<uint64_t>(arg);              // r12: its argument
+  sp[5] = 0;                                            // rbx
+  sp[6] = 0;                                            // rbp = 0 ends frame-pointer walks
+  sp[7] = reinterpret_cast<uint64_t>(&cnnc_emu_fiber_trampoline);  // return address
+  c->sp = sp;
+}
+#else
+inline void ucontext_entry() { fiber_main(t_worker); }
+inline void context_switch(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+inline void context_make(Context* c, char* lo, size_t size, void (*)(void*), void*) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = lo;
+  c->uc.uc_stack.ss_size = size;
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, ucontext_entry, 0);
+}
+#endif
+
+// Fiber stacks. Each has a guard page below it, so an overflow faults instead of corrupting a
+// neighbour. A guard page costs the process two kernel memory areas (vm.max_map_count is about
+// 65000), so stacks are not owned by modules: a worker borrows them for one
+// cnnc_emu_launch_work call from a provider that pools them across all modules of the process
+// (the Go package installs one; standalone programs use the per-library default below).
+using StackAcquireFn = void* (*)(size_t* size);
+using StackReleaseFn = void (*)(void* lo, size_t size);
+
+inline size_t page_size() {
+  static const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+inline pthread_mutex_t g_stack_mu = PTHREAD_MUTEX_INITIALIZER;
+inline void** g_stack_free = nullptr;
+inline size_t g_stack_nfree = 0, g_stack_cap = 0;
+
+inline void* default_stack_acquire(size_t* size) {
+  const size_t page = page_size();
+  *size = (size_t(CNNC_EMU_STACK_SIZE) + page - 1) / page * page;
+  pthread_mutex_lock(&g_stack_mu);
+  void* lo = g_stack_nfree ? g_stack_free[--g_stack_nfree] : nullptr;
+  pthread_mutex_unlock(&g_stack_mu);
+  if (lo) return lo;
+  void* base = mmap(nullptr, *size + page, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  if (base == MAP_FAILED) return nullptr;
+  mprotect(base, page, PROT_NONE);
+  return static_cast<char*>(base) + page;
+}
+
+inline void default_stack_release(void* lo, size_t size) {
+  pthread_mutex_lock(&g_stack_mu);
+  if (g_stack_nfree == g_stack_cap) {
+    size_t cap = g_stack_cap ? 2 * g_stack_cap : 64;
+    void** grown = static_cast<void**>(realloc(g_stack_free, cap * sizeof(void*)));
+    if (!grown) {
+      pthread_mutex_unlock(&g_stack_mu);
+      munmap(static_cast<char*>(lo) - page_size(), size + page_size());
+      return;
+    }
+    g_stack_free = grown;
+    g_stack_cap = cap;
+  }
+  g_stack_free[g_stack_nfree++] = lo;
+  pthread_mutex_unlock(&g_stack_mu);
+}
+
+inline StackAcquireFn g_stack_acquire = default_stack_acquire;
+inline StackReleaseFn g_stack_release = default_stack_release;
+
+inline Fiber* fiber_new() {
+  Fiber* f = new (std::nothrow) Fiber();
+  if (!f) return nullptr;
+  f->stack_lo = static_cast<char*>(g_stack_acquire(&f->stack_size));
+  if (!f->stack_lo) {
+    delete f;
+    return nullptr;
+  }
+  return f;
+}
+
+inline void fiber_free(Fiber* f) {
+#if CNNC_EMU_ASAN
+  // The stack may next serve another module: clear the poison of frames that never returned
+  // (fiber_main's own, or a whole abandoned thread's).
+  size_t keep = f->dirty || f->stack_size < (64u << 10) ? 0 : f->stack_size - (64u << 10);
+  __asan_unpoison_memory_region(f->stack_lo + keep, f->stack_size - keep);
+#endif
+  g_stack_release(f->stack_lo, f->stack_size);
+  delete f;
+}
+
+// Scheduler → fiber; returns when the fiber yields or finishes.
+inline void switch_to_fiber(Worker* w, Fiber* f) {
+  w->running = f;
+  asan_start_switch(&w->sched_fake_stack, f->stack_lo, f->stack_size);
+  context_switch(&w->sched, &f->ctx);
+  asan_finish_switch(w->sched_fake_stack, nullptr, nullptr);
+  w->running = nullptr;
+}
+
+// Fiber → scheduler; returns when the scheduler resumes this fiber.
+__attribute__((noinline)) inline void yield_to_scheduler(Worker* w) {
+  Fiber* f = w->running;
+  asan_start_switch(&f->fake_stack, w->sched_stack_bottom, w->sched_stack_size);
+  context_switch(&f->ctx, &w->sched);
+  asan_finish_switch(f->fake_stack, &w->sched_stack_bottom, &w->sched_stack_size);
+}
+
+// Fiber → scheduler for good; the fiber is restarted from scratch when next used.
+[[noreturn]] inline void leave_fiber(Worker* w) {
+  Fiber* f = w->running;
+  asan_start_switch(nullptr, w->sched_stack_bottom, w->sched_stack_size);
+  context_switch(&f->ctx, &w->sched);
+  __builtin_unreachable();
+}
+
+// Body of every fiber: run the thread it was started for, then — while the scheduler's sweep
+// finds fresh threads next — keep running threads without switching. Blocked threads keep
+// their fiber; the scheduler resumes them inside the kernel.
+[[noreturn]] inline void fiber_main(void* arg) {
+  Worker* w = static_cast<Worker*>(arg);
+  asan_finish_switch(nullptr, &w->sched_stack_bottom, &w->sched_stack_size);
+  Fiber* f = w->running;
+  Launch* L = w->launch;
+  ThreadCtx* t = w->starting;
+  for (;;) {
+    t->state = kRunnable;
+    t->fiber = f;
+    t_thread = t;
+    L->entry(L->params);
+    t->state = kExited;
+    t->fiber = nullptr;
+    uint32_t next = w->sweep + 1;
+    if (next >= w->sweep_end || w->threads[next].state != kNotStarted) break;
+    w->sweep = next;
+    t = &w->threads[next];
+  }
+  w->idle[w->nidle++] = f;
+  leave_fiber(w);
+}
+
+inline Fiber* acquire_fiber(Worker* w) {
+  Fiber* f;
+  if (w->nidle > 0) {
+    f = w->idle[--w->nidle];
+  } else {
+    if (w->nfibers >= kMaxThreads || !(f = fiber_new())) return nullptr;
+    w->fibers[w->nfibers++] = f;
+  }
+#if CNNC_EMU_ASAN
+  if (f->dirty) __asan_unpoison_memory_region(f->stack_lo, f->stack_size);
+#endif
+  f->dirty = false;
+  context_make(&f->ctx, f->stack_lo, f->stack_size, fiber_main, w);
+  return f;
+}
+
+inline void resume(Worker* w, ThreadCtx* t) {
+  if (t->state == kNotStarted) {
+    Fiber* f = acquire_fiber(w);
+    if (!f) {
+      fail(w, "cannot allocate a fiber stack");
+      return;
+    }
+    w->starting = t;
+    switch_to_fiber(w, f);
+  } else {
+    t->state = kRunnable;
+    t_thread = t;
+    switch_to_fiber(w, t->fiber);
+  }
+}
+
+// Threads that are still inside the kernel when a block fails are never resumed: their fibers
+// go back to the idle list and are restarted from scratch.
+inline void abandon_block(Worker* w, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) {
+    ThreadCtx* t = &w->threads[i];
+    if (t->fiber) {
+      t->fiber->dirty = true;
+      w->idle[w->nidle++] = t->fiber;
+      t->fiber = nullptr;
+    }
+  }
+  t_thread = nullptr;
+}
+
+#define CNNC_EMU_BLOCK_FMT "block (%u,%u,%u)"
+#define CNNC_EMU_BLOCK_ARGS(w) (w)->block.blockIdx.x, (w)->block.blockIdx.y, (w)->block.blockIdx.z
+
+// Completes the warp-synchronous operations of one warp whose member lanes have all arrived.
+// Semantics follow PTX shfl.sync / vote.sync / redux.sync; exited lanes are not waited for.
+inline bool resolve_warp(Worker* w, uint32_t lo, uint32_t hi, uint32_t waiting, uint32_t exited) {
+  const uint32_t existing = (hi - lo == 32) ? 0xFFFFFFFFu : ((1u << (hi - lo)) - 1u);
+  const uint32_t warp = lo / kWarpSize;
+  uint32_t pending = waiting;
+  bool progressed = false;
+  while (pending) {
+    const uint32_t lane0 = uint32_t(std::countr_zero(pending));
+    const ThreadCtx* t0 = &w->threads[lo + lane0];
+    const uint32_t mask = t0->mask;
+    if (!((mask >> lane0) & 1u)) {
+      fail(w, CNNC_EMU_BLOCK_FMT " warp %u lane %u: %s with mask 0x%08x that does not include the calling lane",
+           CNNC_EMU_BLOCK_ARGS(w), warp, lane0, warp_op_name(t0->op), mask);
+      return false;
+    }
+    const uint32_t group = mask & existing & ~exited;
+    if (group & ~waiting) {  // some member is elsewhere (barrier or another warp op)
+      pending &= ~group;
+      continue;
+    }
+    for (uint32_t g = group; g; g &= g - 1) {
+      const ThreadCtx* t = &w->threads[lo + uint32_t(std::countr_zero(g))];
+      if (t->mask != mask || t->op != t0->op) {
+        fail(w, CNNC_EMU_BLOCK_FMT " warp %u: lanes %u and %u disagree: %s(mask 0x%08x) vs %s(mask 0x%08x)",
+             CNNC_EMU_BLOCK_ARGS(w), warp, lane0, unsigned(std::countr_zero(g)), warp_op_name(t0->op),
+             mask, warp_op_name(t->op), t->mask);
+        return false;
+      }
+    }
+    const uint8_t op = t0->op;
+    uint64_t common = 0;
+    if (op >= kOpBallot) {
+      uint32_t ballot = 0;
+      uint32_t acc_u = (op == kOpRedMinU || op == kOpRedAnd) ? 0xFFFFFFFFu : 0;
+      int32_t acc_s = (op == kOpRedMinS) ? INT32_MAX : INT32_MIN;
+      for (uint32_t g = group; g; g &= g - 1) {
+        const uint32_t lane = uint32_t(std::countr_zero(g));
+        const uint64_t v = w->threads[lo + lane].value;
+        const uint32_t u = uint32_t(v);
+        const int32_t s = int32_t(u);
+        if (v) ballot |= 1u << lane;
+        switch (op) {
+          case kOpRedAdd: acc_u += u; break;
+          case kOpRedMinU: acc_u = u < acc_u ? u : acc_u; break;
+          case kOpRedMaxU: acc_u = u > acc_u ? u : acc_u; break;
+          case kOpRedMinS: acc_s = s < acc_s ? s : acc_s; break;
+          case kOpRedMaxS: acc_s = s > acc_s ? s : acc_s; break;
+          case kOpRedAnd: acc_u &= u; break;
+          case kOpRedOr: acc_u |= u; break;
+          case kOpRedXor: acc_u ^= u; break;
+          default: break;
+        }
+      }
+      switch (op) {
+        case kOpBallot: common = ballot; break;
+        case kOpAny: common = ballot != 0; break;
+        case kOpAll: common = ballot == group; break;
+        case kOpRedMinS: case kOpRedMaxS: common = uint32_t(acc_s); break;
+        default: common = acc_u; break;
+      }
+    }
+    for (uint32_t g = group; g; g &= g - 1) {
+      const int lane = std::countr_zero(g);
+      ThreadCtx* t = &w->threads[lo + uint32_t(lane)];
+      uint64_t r = common;
+      if (op >= kOpShflIdx && op <= kOpShflXor) {
+        if (t->width < 1 || t->width > 32) {
+          fail(w, CNNC_EMU_BLOCK_FMT " warp %u lane %d: %s with width %d", CNNC_EMU_BLOCK_ARGS(w), warp,
+               lane, warp_op_name(op), t->width);
+          return false;
+        }
+        const int segmask = (32 - t->width) & 31;
+        const int b = t->arg & 31;
+        const int min_lane = lane & segmask;
+        const int max_lane = (op == kOpShflUp) ? min_lane : (min_lane | (31 & ~segmask));
+        int j = lane;
+        bool ok = true;
+        switch (op) {
+          case kOpShflUp: j = lane - b; ok = j >= max_lane; break;
+          case kOpShflDown: j = lane + b; ok = j <= max_lane; break;
+          case kOpShflXor: j = lane ^ b; ok = j <= max_lane; break;
+          default: j = min_lane | (b & ~segmask); ok = j <= max_lane; break;
+        }
+        if (!ok || !((group >> j) & 1u)) j = lane;  // out of segment or not participating
+        r = w->threads[lo + uint32_t(j)].value;
+      }
+      t->result = r;
+      t->state = kRunnable;
+    }
+    pending &= ~group;
+    progressed = true;
+  }
+  if (!progressed) {
+    const uint32_t lane0 = uint32_t(std::countr_zero(waiting));
+    const ThreadCtx* t0 = &w->threads[lo + lane0];
+    fail(w, CNNC_EMU_BLOCK_FMT " warp %u: deadlock: lanes 0x%08x wait in %s(mask 0x%08x) but lanes 0x%08x "
+            "are at __syncthreads() or in another warp operation",
+         CNNC_EMU_BLOCK_ARGS(w), warp, waiting, warp_op_name(t0->op), t0->mask,
+         (t0->mask & existing & ~exited & ~waiting));
+    return false;
+  }
+  return true;
+}
+
+// Runs the lanes of one warp until each has exited or waits at __syncthreads().
+inline bool run_warp(Worker* w, uint32_t warp, uint32_t n) {
+  const uint32_t lo = warp * kWarpSize;
+  const uint32_t hi = lo + kWarpSize < n ? lo + kWarpSize : n;
+  for (;;) {
+    w->sweep_end = hi;
+    for (w->sweep = lo; w->sweep < hi; ++w->sweep) {
+      ThreadCtx* t = &w->threads[w->sweep];
+      if (t->state == kNotStarted || t->state == kRunnable) {
+        resume(w, t);
+        if (w->block_failed) return false;
+      }
+    }
+    uint32_t waiting = 0, exited = 0;
+    for (uint32_t i = lo; i < hi; ++i) {
+      const uint8_t s = w->threads[i].state;
+      if (s == kAtWarpOp) waiting |= 1u << (i - lo);
+      else if (s == kExited) exited |= 1u << (i - lo);
+    }
+    if (!waiting) return true;
+    if (!resolve_warp(w, lo, hi, waiting, exited)) return false;
+  }
+}
+
+inline bool run_block(Worker* w, uint64_t b) {
+  Launch* L = w->launch;
+  BlockCtx& B = w->block;
+  const uint64_t gxy = uint64_t(L->grid.x) * L->grid.y;
+  B.blockIdx = uint3{uint32_t(b % L->grid.x), uint32_t((b / L->grid.x) % L->grid.y), uint32_t(b / gxy)};
+  B.blockDim = L->block;
+  B.gridDim = L->grid;
+  B.dynamic_shared = w->dyn;
+  B.barrier_count = 0;
+  const uint32_t n = L->nthreads;
+  if (w->idx_dims.x != L->block.x || w->idx_dims.y != L->block.y || w->idx_dims.z != L->block.z) {
+    for (uint32_t i = 0; i < n; ++i) {
+      w->threads[i].idx = uint3{i % L->block.x, (i / L->block.x) % L->block.y, i / (L->block.x * L->block.y)};
+    }
+    w->idx_dims = L->block;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    w->threads[i].state = kNotStarted;
+    w->threads[i].fiber = nullptr;
+  }
+  if ((L->flags & kFlagFillShared) && L->shared_bytes) memset(w->dyn, 0xFF, L->shared_bytes);
+  w->block_failed = false;
+  t_block = &w->block;
+  const uint32_t nwarps = (n + kWarpSize - 1) / kWarpSize;
+  for (;;) {
+    for (uint32_t warp = 0; warp < nwarps; ++warp) {
+      if (!run_warp(w, warp, n)) {
+        abandon_block(w, n);
+        return false;
+      }
+    }
+    uint32_t exited = 0, at_barrier = 0;
+    int32_t count = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const ThreadCtx& t = w->threads[i];
+      if (t.state == kExited) {
+        ++exited;
+      } else {
+        ++at_barrier;
+        count += t.pred != 0;
+      }
+    }
+    if (at_barrier == 0) return true;
+    if (exited) {
+      fail(w, CNNC_EMU_BLOCK_FMT ": %u of %u threads exited while %u wait at __syncthreads() "
+              "(a barrier must be reached by every thread of the block)",
+           CNNC_EMU_BLOCK_ARGS(w), exited, n, at_barrier);
+      abandon_block(w, n);
+      return false;
+    }
+    B.barrier_count = count;
+    for (uint32_t i = 0; i < n; ++i) w->threads[i].state = kRunnable;
+  }
+}
+
+__attribute__((noinline)) inline void set_tls(Worker* w) {
+  t_worker = w;
+  t_thread = nullptr;
+  t_block = w ? &w->block : nullptr;
+}
+
+inline void launch_work(Launch* L, Worker* w) {
+  if (L->failed.load(std::memory_order_relaxed)) return;
+  // Dynamic shared memory. Under ASan the buffer has exactly the launch's size, so overruns of
+  // dynamic shared memory are reported; otherwise it only grows.
+  bool need = !w->dyn_ready || (CNNC_EMU_ASAN ? w->dyn_size != L->shared_bytes : w->dyn_size < L->shared_bytes);
+  if (need) {
+    free(w->dyn);
+    void* p = nullptr;
+    const size_t bytes = (L->shared_bytes || CNNC_EMU_ASAN) ? L->shared_bytes : 1;  // ASan: 0 means none
+    if (posix_memalign(&p, 64, bytes) != 0) p = nullptr;
+    w->dyn = static_cast<unsigned char*>(p);
+    w->dyn_size = p ? L->shared_bytes : 0;
+    w->dyn_ready = p != nullptr;
+    if (!p) {
+      int expected = 0;
+      if (L->failed.compare_exchange_strong(expected, 1))
+        snprintf(L->error, sizeof L->error, "cannot allocate %llu bytes of dynamic shared memory",
+                 (unsigned long long)L->shared_bytes);
+      return;
+    }
+    memset(w->dyn, 0xFF, L->shared_bytes);  // never looks like zero-initialised memory
+  }
+  w->launch = L;
+  set_tls(w);
+  for (;;) {
+    if (L->failed.load(std::memory_order_relaxed)) break;
+    const uint64_t b = L->next_block.fetch_add(1, std::memory_order_relaxed);
+    if (b >= L->nblocks) break;
+    if (!run_block(w, b)) {
+      int expected = 0;
+      if (L->failed.compare_exchange_strong(expected, 1)) memcpy(L->error, w->fail, sizeof w->fail);
+      break;
+    }
+  }
+  set_tls(nullptr);
+  w->launch = nullptr;
+  // Every fiber is idle now (blocks end with all threads exited or abandoned): give the stacks
+  // back, so that idle modules hold none.
+  for (uint32_t i = 0; i < w->nfibers; ++i) fiber_free(w->fibers[i]);
+  w->nfibers = w->nidle = 0;
+}
+
+// --- calls made by kernels (on a fiber) ---
+__attribute__((noinline)) inline int barrier_wait(int pred) {
+  ThreadCtx* t = t_thread;
+  Worker* w = t_worker;
+  if (!t || !w || !w->running) return pred != 0;  // host code: nothing to wait for
+  t->pred = pred;
+  t->state = kAtBarrier;
+  yield_to_scheduler(w);
+  return t_block->barrier_count;
+}
+
+__attribute__((noinline)) inline uint64_t warp_op(uint8_t op, uint32_t mask, uint64_t value, int32_t arg,
+                                                  int32_t width) {
+  ThreadCtx* t = t_thread;
+  Worker* w = t_worker;
+  if (!t || !w || !w->running) {  // host code: a warp of one
+    switch (op) {
+      case kOpBallot: return value != 0;
+      case kOpAny: case kOpAll: return value != 0;
+      default: return value;
+    }
+  }
+  t->op = op;
+  t->mask = mask;
+  t->value = value;
+  t->arg = arg;
+  t->width = width;
+  t->state = kAtWarpOp;
+  yield_to_scheduler(w);
+  return t->result;
+}
+
+[[noreturn]] __attribute__((noinline)) inline void trap_with(const char* what) {
+  Worker* w = t_worker;
+  ThreadCtx* t = t_thread;
+  if (!w || !t || !w->running) {
+    fprintf(stderr, "cnnc emu: %s outside an emulated launch\n", what);
+    abort();
+  }
+  fail(w, "%s in " CNNC_EMU_BLOCK_FMT " thread (%u,%u,%u)", what, CNNC_EMU_BLOCK_ARGS(w), t->idx.x, t->idx.y,
+       t->idx.z);
+  leave_fiber(w);
+}
+
+template <class T>
+inline T warp_shuffle(uint8_t op, unsigned mask, T var, int arg, int width) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffled values must be at most 8 bytes");
+  uint64_t bits = 0;
+  memcpy(&bits, &var, sizeof(T));
+  uint64_t r = warp_op(op, mask, bits, arg, width);
+  T out;
+  memcpy(&out, &r, sizeof(T));
+  return out;
+}
+
+inline unsigned active_mask() {
+  Worker* w = t_worker;
+  ThreadCtx* t = t_thread;
+  if (!w || !t || !w->running) return 1u;
+  const uint32_t me = uint32_t(t - w->threads);
+  const uint32_t lo = me / kWarpSize * kWarpSize;
+  const uint32_t n = w->launch->nthreads;
+  unsigned m = 0;
+  for (uint32_t i = lo; i < lo + kWarpSize && i < n; ++i)
+    if (w->threads[i].state != kExited) m |= 1u << (i - lo);
+  return m;
+}
+
+// --- kernel entry: unpack cuLaunchKernel-style parameters (params[i] points at argument i) ---
+template <class... A, size_t... I>
+inline void invoke_impl(void (*kernel)(A...), void** params, std::index_sequence<I...>) {
+  kernel(*static_cast<A*>(params[I])...);
+}
+
+template <class... A>
+inline void invoke(void (*kernel)(A...), void** params) {
+  static_assert(((sizeof(A) <= 8 && std::is_trivially_copyable_v<A>) && ...),
+                "cnnc emu: kernel parameters must be pointers or scalars of at most 8 bytes");
+  invoke_impl(kernel, params, std::index_sequence_for<A...>{});
+}
+
+template <class... A>
+constexpr int arity(void (*)(A...)) {
+  return int(sizeof...(A));
+}
+
+template <auto Kernel>
+void entry_for(void** params) {
+  invoke(Kernel, params);
+}
+
+}  // namespace cnnc_emu
+
+// ---------------------------------------------------------------------------------------------
+// C API (what the Go package calls, through dlsym)
+// ---------------------------------------------------------------------------------------------
+#define CNNC_EMU_API extern "C" __attribute__((weak, visibility("default")))
+
+CNNC_EMU_API int cnnc_emu_abi_version(void) { return 1; }
+
+// Installs the process-wide fiber stack pool (see StackAcquireFn); call before any launch.
+CNNC_EMU_API void cnnc_emu_set_stack_provider(void* (*acquire)(size_t* size), void (*release)(void* lo, size_t size)) {
+  cnnc_emu::g_stack_acquire = acquire;
+  cnnc_emu::g_stack_release = release;
+}
+
+CNNC_EMU_API void* cnnc_emu_worker_new(void) { return new (std::nothrow) cnnc_emu::Worker(); }
+
+CNNC_EMU_API void cnnc_emu_worker_free(void* worker) {
+  auto* w = static_cast<cnnc_emu::Worker*>(worker);
+  if (!w) return;
+  free(w->dyn);
+  delete w;
+}
+
+// Returns nullptr when the configuration is invalid (the caller validates first).
+CNNC_EMU_API void* cnnc_emu_launch_new(void (*entry)(void**), void** params, const uint32_t* grid,
+                                       const uint32_t* block, uint64_t shared_bytes, uint32_t flags) {
+  const uint64_t nthreads = uint64_t(block[0]) * block[1] * block[2];
+  if (!entry || !grid[0] || !grid[1] || !grid[2] || !nthreads || nthreads > cnnc_emu::kMaxThreads) return nullptr;
+  auto* L = new (std::nothrow) cnnc_emu::Launch();
+  if (!L) return nullptr;
+  L->entry = entry;
+  L->params = params;
+  L->grid = dim3(grid[0], grid[1], grid[2]);
+  L->block = dim3(block[0], block[1], block[2]);
+  L->shared_bytes = shared_bytes;
+  L->flags = flags;
+  L->nblocks = uint64_t(grid[0]) * grid[1] * grid[2];
+  L->nthreads = uint32_t(nthreads);
+  return L;
+}
+
+// Runs blocks of the launch on the calling OS thread until none is left or one failed. Call it
+// from several OS threads at once, each with its own worker, to run blocks in parallel.
+CNNC_EMU_API void cnnc_emu_launch_work(void* launch, void* worker) {
+  cnnc_emu::launch_work(static_cast<cnnc_emu::Launch*>(launch), static_cast<cnnc_emu::Worker*>(worker));
+}
+
+// The first failure of the launch, or nullptr.
+CNNC_EMU_API const char* cnnc_emu_launch_error(void* launch) {
+  auto* L = static_cast<cnnc_emu::Launch*>(launch);
+  return L->failed.load() ? L->error : nullptr;
+}
+
+CNNC_EMU_API void cnnc_emu_launch_free(void* launch) { delete static_cast<cnnc_emu::Launch*>(launch); }
+
+namespace cnnc_emu {
+struct SyncJob {
+  Launch* launch;
+  Worker* worker;
+};
+inline void* sync_job_main(void* arg) {
+  auto* job = static_cast<SyncJob*>(arg);
+  launch_work(job->launch, job->worker);
+  return nullptr;
+}
+}  // namespace cnnc_emu
+
+// Standalone convenience: a whole synchronous launch on `workers` OS threads (<= 0: one per CPU).
+// Returns 0, or -1 with the reason in err.
+CNNC_EMU_API int cnnc_emu_launch_sync(void (*entry)(void**), void** params, const uint32_t* grid,
+                                      const uint32_t* block, uint64_t shared_bytes, int workers, char* err,
+                                      size_t errlen) {
+  using namespace cnnc_emu;
+  auto fail_with = [&](const char* msg) {
+    if (err && errlen) snprintf(err, errlen, "%s", msg);
+    return -1;
+  };
+  void* lp = cnnc_emu_launch_new(entry, params, grid, block, shared_bytes, 0);
+  if (!lp) return fail_with("invalid launch configuration");
+  auto* L = static_cast<Launch*>(lp);
+  if (workers <= 0) workers = int(sysconf(_SC_NPROCESSORS_ONLN));
+  if (workers < 1) workers = 1;
+  if (uint64_t(workers) > L->nblocks) workers = int(L->nblocks);
+  SyncJob* jobs = new SyncJob[size_t(workers)];
+  pthread_t* tids = new pthread_t[size_t(workers)];
+  bool* started = new bool[size_t(workers)]();
+  for (int i = 0; i < workers; ++i) {
+    jobs[i] = SyncJob{L, static_cast<Worker*>(cnnc_emu_worker_new())};
+    if (!jobs[i].worker) continue;
+    if (i > 0) started[i] = pthread_create(&tids[i], nullptr, sync_job_main, &jobs[i]) == 0;
+  }
+  if (jobs[0].worker) launch_work(L, jobs[0].worker);
+  for (int i = 1; i < workers; ++i)
+    if (started[i]) pthread_join(tids[i], nullptr);
+  // Blocks a worker could not be given to are run by the ones that could.
+  for (int i = 0; i < workers; ++i)
+    if (jobs[i].worker) {
+      launch_work(L, jobs[i].worker);
+      break;
+    }
+  int rc = 0;
+  if (const char* e = cnnc_emu_launch_error(L)) rc = fail_with(e);
+  else if (L->next_block.load() < L->nblocks) rc = fail_with("out of memory");
+  for (int i = 0; i < workers; ++i) cnnc_emu_worker_free(jobs[i].worker);
+  delete[] started;
+  delete[] tids;
+  delete[] jobs;
+  cnnc_emu_launch_free(L);
+  return rc;
+}
+
+namespace cnnc_emu {
+// Standalone C++ launch: cnnc_emu::launch<my_kernel>(grid, block, sharedBytes, args...).
+template <auto Kernel, class... P, class... Args>
+int launch_as(void (*)(P...), dim3 grid, dim3 block, size_t shared_bytes, Args... args) {
+  static_assert(sizeof...(P) == sizeof...(Args), "wrong number of kernel arguments");
+  uint64_t values[sizeof...(P) + 1] = {};
+  void* ptrs[sizeof...(P) + 1] = {};
+  size_t i = 0;
+  auto put = [&](auto v) {
+    memcpy(&values[i], &v, sizeof v);
+    ptrs[i] = &values[i];
+    ++i;
+  };
+  (put(P(args)), ...);
+  const uint32_t g[3] = {grid.x, grid.y, grid.z}, b[3] = {block.x, block.y, block.z};
+  char err[768];
+  int rc = cnnc_emu_launch_sync(&entry_for<Kernel>, ptrs, g, b, shared_bytes, 0, err, sizeof err);
+  if (rc) fprintf(stderr, "cnnc emu: launch failed: %s\n", err);
+  return rc;
+}
+template <auto Kernel, class... Args>
+int launch(dim3 grid, dim3 block, size_t shared_bytes, Args... args) {
+  return launch_as<Kernel>(Kernel, grid, block, shared_bytes, args...);
+}
+}  // namespace cnnc_emu
+
+// ---------------------------------------------------------------------------------------------
+// CUDA device functions
+// ---------------------------------------------------------------------------------------------
+#define threadIdx (::cnnc_emu::t_thread->idx)
+#define blockIdx (::cnnc_emu::t_block->blockIdx)
+#define blockDim (::cnnc_emu::t_block->blockDim)
+#define gridDim (::cnnc_emu::t_block->gridDim)
+
+// The compiler must not move memory accesses across a synchronisation point: other "threads"
+// run inside the call, invisibly to it.
+#define CNNC_EMU_CLOBBER() asm volatile("" ::: "memory")
+
+inline void __syncthreads() {
+  CNNC_EMU_CLOBBER();
+  ::cnnc_emu::barrier_wait(0);
+  CNNC_EMU_CLOBBER();
+}
+inline int __syncthreads_count(int pred) {
+  CNNC_EMU_CLOBBER();
+  int r = ::cnnc_emu::barrier_wait(pred);
+  CNNC_EMU_CLOBBER();
+  return r;
+}
+inline int __syncthreads_and(int pred) {
+  CNNC_EMU_CLOBBER();
+  int r = ::cnnc_emu::barrier_wait(pred != 0) == int(blockDim.x * blockDim.y * blockDim.z);
+  CNNC_EMU_CLOBBER();
+  return r;
+}
+inline int __syncthreads_or(int pred) {
+  CNNC_EMU_CLOBBER();
+  int r = ::cnnc_emu::barrier_wait(pred) != 0;
+  CNNC_EMU_CLOBBER();
+  return r;
+}
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) {
+  CNNC_EMU_CLOBBER();
+  ::cnnc_emu::warp_op(::cnnc_emu::kOpSyncWarp, mask, 0, 0, 32);
+  CNNC_EMU_CLOBBER();
+}
+
+template <class T>
+inline T __shfl_sync(unsigned mask, T var, int srcLane, int width = warpSize) {
+  return ::cnnc_emu::warp_shuffle(::cnnc_emu::kOpShflIdx, mask, var, srcLane, width);
+}
+template <class T>
+inline T __shfl_up_sync(unsigned mask, T var, unsigned int delta, int width = warpSize) {
+  return ::cnnc_emu::warp_shuffle(::cnnc_emu::kOpShflUp, mask, var, int(delta), width);
+}
+template <class T>
+inline T __shfl_down_sync(unsigned mask, T var, unsigned int delta, int width = warpSize) {
+  return ::cnnc_emu::warp_shuffle(::cnnc_emu::kOpShflDown, mask, var, int(delta), width);
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = warpSize) {
+  return ::cnnc_emu::warp_shuffle(::cnnc_emu::kOpShflXor, mask, var, laneMask, width);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  return unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpBallot, mask, pred != 0, 0, 32));
+}
+inline int __any_sync(unsigned mask, int pred) {
+  return int(::cnnc_emu::warp_op(::cnnc_emu::kOpAny, mask, pred != 0, 0, 32));
+}
+inline int __all_sync(unsigned mask, int pred) {
+  return int(::cnnc_emu::warp_op(::cnnc_emu::kOpAll, mask, pred != 0, 0, 32));
+}
+inline unsigned __activemask() { return ::cnnc_emu::active_mask(); }
+inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
+  return unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpRedAdd, mask, v, 0, 32));
+}
+inline int __reduce_add_sync(unsigned mask, int v) {
+  return int(unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpRedAdd, mask, unsigned(v), 0, 32)));
+}
+inline unsigned __reduce_min_sync(unsigned mask, unsigned v) {
+  return unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpRedMinU, mask, v, 0, 32));
+}
+inline int __reduce_min_sync(unsigned mask, int v) {
+  return int(unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpRedMinS, mask, unsigned(v), 0, 32)));
+}
+inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+  return unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpRedMaxU, mask, v, 0, 32));
+}
+inline int __reduce_max_sync(unsigned mask, int v) {
+  return int(unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpRedMaxS, mask, unsigned(v), 0, 32)));
+}
+inline unsigned __reduce_and_sync(unsigned mask, unsigned v) {
+  return unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpRedAnd, mask, v, 0, 32));
+}
+inline unsigned __reduce_or_sync(unsigned mask, unsigned v) {
+  return unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpRedOr, mask, v, 0, 32));
+}
+inline unsigned __reduce_xor_sync(unsigned mask, unsigned v) {
+  return unsigned(::cnnc_emu::warp_op(::cnnc_emu::kOpRedXor, mask, v, 0, 32));
+}
+
+[[noreturn]] inline void __trap() { ::cnnc_emu::trap_with("__trap()"); }
+[[noreturn]] inline void __brkpt() { ::cnnc_emu::trap_with("__brkpt()"); }
+
+// Device assert(): g++'s assert() calls __assert_fail; this module's own (hidden) definition
+// turns a failed assertion into a launch error instead of aborting the process.
+extern "C" [[noreturn]] inline void __assert_fail(const char* expr, const char* file, unsigned int line,
+                                                  const char* func) noexcept {
+  char what[384];
+  snprintf(what, sizeof what, "assertion `%s' failed at %s:%u in %s", expr, file, line, func);
+  ::cnnc_emu::trap_with(what);
+}
+
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+
+inline long long clock64() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// --- loads/stores with cache hints: plain accesses here ---
+template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
+template <class T> inline T __ldca(const T* p) { return *p; }
+template <class T> inline T __ldcs(const T* p) { return *p; }
+template <class T> inline T __ldlu(const T* p) { return *p; }
+template <class T> inline T __ldcv(const T* p) { return *p; }
+template <class T> inline void __stcg(T* p, T v) { *p = v; }
+template <class T> inline void __stcs(T* p, T v) { *p = v; }
+template <class T> inline void __stwb(T* p, T v) { *p = v; }
+template <class T> inline void __stwt(T* p, T v) { *p = v; }
+
+// --- atomics: relaxed read-modify-write, atomic across OS threads ---
+namespace cnnc_emu {
+template <class T>
+inline std::atomic_ref<T> aref(T* p) {
+  return std::atomic_ref<T>(*p);
+}
+template <class T, class F>
+inline T atomic_update(T* p, F f) {  // CAS loop for operations std::atomic_ref lacks
+  std::atomic_ref<T> a(*p);
+  T old = a.load(std::memory_order_relaxed);
+  while (!a.compare_exchange_weak(old, f(old), std::memory_order_relaxed)) {
+  }
+  return old;
+}
+}  // namespace cnnc_emu
+
+#define CNNC_EMU_ATOMIC_ADD_SUB(T)                                                                   \
+  inline T atomicAdd(T* p, T v) { return ::cnnc_emu::aref(p).fetch_add(v, std::memory_order_relaxed); } \
+  inline T atomicSub(T* p, T v) { return ::cnnc_emu::aref(p).fetch_sub(v, std::memory_order_relaxed); }
+CNNC_EMU_ATOMIC_ADD_SUB(int)
+CNNC_EMU_ATOMIC_ADD_SUB(unsigned int)
+CNNC_EMU_ATOMIC_ADD_SUB(unsigned long long)
+CNNC_EMU_ATOMIC_ADD_SUB(float)
+CNNC_EMU_ATOMIC_ADD_SUB(double)
+#undef CNNC_EMU_ATOMIC_ADD_SUB
+
+#define CNNC_EMU_ATOMIC_INT(T)                                                                        \
+  inline T atomicExch(T* p, T v) { return ::cnnc_emu::aref(p).exchange(v, std::memory_order_relaxed); } \
+  inline T atomicCAS(T* p, T compare, T v) {                                                          \
+    ::cnnc_emu::aref(p).compare_exchange_strong(compare, v, std::memory_order_relaxed);              \
+    return compare;                                                                                    \
+  }                                                                                                    \
+  inline T atomicMin(T* p, T v) {                                                                     \
+    return ::cnnc_emu::atomic_update(p, [v](T o) { return v < o ? v : o; });                           \
+  }                                                                                                    \
+  inline T atomicMax(T* p, T v) {                                                                     \
+    return ::cnnc_emu::atomic_update(p, [v](T o) { return v > o ? v : o; });                           \
+  }                                                                                                    \
+  inline T atomicAnd(T* p, T v) { return ::cnnc_emu::aref(p).fetch_and(v, std::memory_order_relaxed); } \
+  inline T atomicOr(T* p, T v) { return ::cnnc_emu::aref(p).fetch_or(v, std::memory_order_relaxed); }   \
+  inline T atomicXor(T* p, T v) { return ::cnnc_emu::aref(p).fetch_xor(v, std::memory_order_relaxed); }
+CNNC_EMU_ATOMIC_INT(int)
+CNNC_EMU_ATOMIC_INT(unsigned int)
+CNNC_EMU_ATOMIC_INT(long long)
+CNNC_EMU_ATOMIC_INT(unsigned long long)
+#undef CNNC_EMU_ATOMIC_INT
+
+inline float atomicExch(float* p, float v) { return ::cnnc_emu::aref(p).exchange(v, std::memory_order_relaxed); }
+inline unsigned int atomicInc(unsigned int* p, unsigned int limit) {
+  return ::cnnc_emu::atomic_update(p, [limit](unsigned int o) { return o >= limit ? 0u : o + 1u; });
+}
+inline unsigned int atomicDec(unsigned int* p, unsigned int limit) {
+  return ::cnnc_emu::atomic_update(p, [limit](unsigned int o) { return (o == 0 || o > limit) ? limit : o - 1u; });
+}
+
+// --- math intrinsics (CUDA's fast versions are the accurate ones here) ---
+inline float __expf(float x) { return expf(x); }
+inline float __exp10f(float x) { return exp10f(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __log2f(float x) { return log2f(x); }
+inline float __log10f(float x) { return log10f(x); }
+inline float __sinf(float x) { return sinf(x); }
+inline float __cosf(float x) { return cosf(x); }
+inline float __tanf(float x) { return tanf(x); }
+inline void __sincosf(float x, float* s, float* c) { sincosf(x, s, c); }
+inline float __powf(float x, float y) { return powf(x, y); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return sqrtf(x); }
+inline float __frsqrt_rn(float x) { return 1.0f / sqrtf(x); }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+inline float rcbrtf(float x) { return 1.0f / cbrtf(x); }
+inline float __saturatef(float x) { return x >= 1.0f ? 1.0f : (x > 0.0f ? x : 0.0f); }  // NaN → 0
+inline int __float_as_int(float x) { return std::bit_cast<int>(x); }
+inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
+inline unsigned int __float_as_uint(float x) { return std::bit_cast<unsigned int>(x); }
+inline float __uint_as_float(unsigned int x) { return std::bit_cast<float>(x); }
+inline long long __double_as_longlong(double x) { return std::bit_cast<long long>(x); }
+inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x); }
+
+namespace cnnc_emu {
+// float → integer as the GPU does it: NaN → 0, out of range saturates.
+template <class I>
+inline I float_to_int(double r) {
+  if (r != r) return 0;
+  if (r <= double(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
+  if (r >= double(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+  return I(r);
+}
+}  // namespace cnnc_emu
+inline int __float2int_rn(float x) { return ::cnnc_emu::float_to_int<int>(nearbyint(double(x))); }
+inline int __float2int_rz(float x) { return ::cnnc_emu::float_to_int<int>(trunc(double(x))); }
+inline int __float2int_rd(float x) { return ::cnnc_emu::float_to_int<int>(floor(double(x))); }
+inline int __float2int_ru(float x) { return ::cnnc_emu::float_to_int<int>(ceil(double(x))); }
+inline unsigned int __float2uint_rn(float x) { return ::cnnc_emu::float_to_int<unsigned int>(nearbyint(double(x))); }
+inline unsigned int __float2uint_rz(float x) { return ::cnnc_emu::float_to_int<unsigned int>(trunc(double(x))); }
+inline long long __float2ll_rn(float x) { return ::cnnc_emu::float_to_int<long long>(nearbyint(double(x))); }
+inline long long __float2ll_rz(float x) { return ::cnnc_emu::float_to_int<long long>(trunc(double(x))); }
+inline float __int2float_rn(int x) { return float(x); }
+inline float __uint2float_rn(unsigned int x) { return float(x); }
+inline float __ll2float_rn(long long x) { return float(x); }
+
+// --- integer intrinsics ---
+inline int __popc(unsigned int x) { return std::popcount(x); }
+inline int __popcll(unsigned long long x) { return std::popcount(x); }
+inline int __clz(int x) { return std::countl_zero(unsigned(x)); }
+inline int __clzll(long long x) { return std::countl_zero((unsigned long long)x); }
+inline int __ffs(int x) { return x ? std::countr_zero(unsigned(x)) + 1 : 0; }
+inline int __ffsll(long long x) { return x ? std::countr_zero((unsigned long long)x) + 1 : 0; }
+inline unsigned int __brev(unsigned int x) {
+  x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+  x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+  x = ((x >> 4) & 0x0F0F0F0Fu) | ((x & 0x0F0F0F0Fu) << 4);
+  x = ((x >> 8) & 0x00FF00FFu) | ((x & 0x00FF00FFu) << 8);
+  return (x >> 16) | (x << 16);
+}
+inline int __mulhi(int a, int b) { return int((long long)a * b >> 32); }
+inline unsigned int __umulhi(unsigned int a, unsigned int b) { return unsigned((unsigned long long)a * b >> 32); }
+inline int __mul24(int a, int b) { return int(unsigned(a << 8 >> 8) * unsigned(b << 8 >> 8)); }
+inline unsigned int __umul24(unsigned int a, unsigned int b) { return (a & 0xFFFFFFu) * (b & 0xFFFFFFu); }
+
+// min/max: CUDA's overload set, so that a call nvcc finds ambiguous (max(int, float)) fails here
+// too. Floating-point versions follow fminf/fmaxf (a NaN operand yields the other one).
+#define CNNC_EMU_MINMAX(R, A, B)                                  \
+  inline R min(A a, B b) {                                        \
+    R x = static_cast<R>(a), y = static_cast<R>(b);               \
+    return y < x ? y : x;                                         \
+  }                                                               \
+  inline R max(A a, B b) {                                        \
+    R x = static_cast<R>(a), y = static_cast<R>(b);               \
+    return x < y ? y : x;                                         \
+  }
+CNNC_EMU_MINMAX(int, int, int)
+CNNC_EMU_MINMAX(unsigned int, unsigned int, unsigned int)
+CNNC_EMU_MINMAX(unsigned int, int, unsigned int)
+CNNC_EMU_MINMAX(unsigned int, unsigned int, int)
+CNNC_EMU_MINMAX(long, long, long)
+CNNC_EMU_MINMAX(unsigned long, unsigned long, unsigned long)
+CNNC_EMU_MINMAX(unsigned long, long, unsigned long)
+CNNC_EMU_MINMAX(unsigned long, unsigned long, long)
+CNNC_EMU_MINMAX(long long, long long, long long)
+CNNC_EMU_MINMAX(unsigned long long, unsigned long long, unsigned long long)
+CNNC_EMU_MINMAX(unsigned long long, long long, unsigned long long)
+CNNC_EMU_MINMAX(unsigned long long, unsigned long long, long long)
+#undef CNNC_EMU_MINMAX
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline double min(double a, double b) { return fmin(a, b); }
+inline double max(double a, double b) { return fmax(a, b); }
+inline double min(float a, double b) { return fmin(a, b); }
+inline double max(float a, double b) { return fmax(a, b); }
+inline double min(double a, float b) { return fmin(a, b); }
+inline double max(double a, float b) { return fmax(a, b); }
+
+#pragma GCC visibility pop
+
+#endif  // CPU emulation
+#endif  // CNNC_CUDA_EMU_H
