@@ -231,3 +231,28 @@ func (e *Executor) Clone() *Executor {
 	}
 	return c
 }
+
+// NodeOptions are the run-time state one node's kernel may read.
+type NodeOptions struct {
+	Step     int64  // 0-based training step (Adam, dropout RNG)
+	Seed     uint64 // dropout RNG
+	Training bool   // dropout on
+	Update   bool   // fused updates apply (else they return nothing)
+}
+
+// RunNode runs one node's reference kernel on the given inputs (one slice
+// per input, float64 per element; argmax as window indices, labels as
+// class numbers, u8 images as raw 0..255 values) and returns its outputs.
+// Update kernels change their parameter and state inputs in place.
+func RunNode(n *ir.Node, ins [][]float64, batch int, o NodeOptions) ([][]float64, error) {
+	k := kernels[n.Op]
+	if k == nil {
+		return nil, fmt.Errorf("reference: no kernel for %s", n.Op)
+	}
+	if len(ins) != len(n.Ins) {
+		return nil, fmt.Errorf("reference: %s takes %d inputs, got %d", n.Op, len(n.Ins), len(ins))
+	}
+	e := &Executor{Seed: o.Seed, Step: o.Step}
+	r := &Result{Values: map[*ir.Value][]float64{}, FusedGrads: map[*ir.Param][]float64{}}
+	return k(&env{e: e, r: r, batch: batch, training: o.Training, update: o.Update}, n, ins), nil
+}

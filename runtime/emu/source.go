@@ -18,8 +18,10 @@ var unsupported = []struct {
 }
 
 // checkSource reports the first unsupported construct, with its line.
+// Preprocessor lines are skipped: a generated file may define the
+// real-CUDA CNNC_DYNAMIC_SHARED under #ifndef for nvcc.
 func checkSource(src, name string) error {
-	code := blankCommentsAndLiterals(src)
+	code := blankDirectives(blankCommentsAndLiterals(src))
 	for _, u := range unsupported {
 		if loc := u.re.FindStringIndex(code); loc != nil {
 			line := 1 + strings.Count(src[:loc[0]], "\n")
@@ -155,4 +157,23 @@ func withTrampolines(src string, kernels []string) string {
 			paramsSymbol(k), k)
 	}
 	return b.String()
+}
+
+// blankDirectives replaces preprocessor lines with spaces, keeping offsets.
+func blankDirectives(code string) string {
+	b := []byte(code)
+	start := 0
+	for start < len(b) {
+		end := start
+		for end < len(b) && b[end] != '\n' {
+			end++
+		}
+		if strings.HasPrefix(strings.TrimLeft(string(b[start:end]), " \t"), "#") {
+			for i := start; i < end; i++ {
+				b[i] = ' '
+			}
+		}
+		start = end + 1
+	}
+	return string(b)
 }

@@ -1,0 +1,247 @@
+// Package codegen turns a fused training graph into CUDA C kernels and the
+// list of launches that runs one training step.
+//
+// In:  the compiler's fused *ir.Graph and a batch size.
+// Out: a Program — one .cu source (every kernel extern "C", shapes compiled
+// in), the kernels by name, and the launches in schedule order, each with
+// grid, block, dynamic shared bytes, arguments (IR values standing for
+// device buffers, or runtime scalars such as the learning rate and step),
+// and the FLOPs and minimum bytes it must move (for profiling and roofline
+// checks).
+//
+// Why it is shaped so: kernels come from text templates (templates/), one
+// per family, chosen by a table keyed by IR op (kernelRules) — so adding an
+// op is one template and one rule. Buffers are named by IR value, not
+// address: the memory plan decides where each lives, and the same Program
+// drives the CPU emulator and the GPU through runtime.Device.
+package codegen
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strings"
+	"text/template"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/templates"
+)
+
+// ArgKind says what a kernel argument is.
+type ArgKind uint8
+
+const (
+	ArgBuffer ArgKind = iota // device pointer to an IR value's buffer
+	ArgInt                   // compile-time integer passed at run time
+	ArgFloat                 // compile-time float passed at run time
+	ArgLR                    // the learning rate (trainers may override it)
+	ArgStep                  // the 0-based training step (Adam bias correction, dropout RNG)
+	ArgSeed                  // the run's seed (dropout RNG)
+)
+
+// Arg is one kernel argument.
+type Arg struct {
+	Kind  ArgKind
+	Value *ir.Value // for ArgBuffer
+	Int   int64
+	Float float32
+}
+
+func (a Arg) String() string {
+	switch a.Kind {
+	case ArgBuffer:
+		return a.Value.String()
+	case ArgInt:
+		return fmt.Sprint(a.Int)
+	case ArgFloat:
+		return fmt.Sprint(a.Float)
+	case ArgLR:
+		return "lr"
+	case ArgStep:
+		return "step"
+	}
+	return "seed"
+}
+
+// Kernel is one generated kernel.
+type Kernel struct {
+	Name   string
+	Family string // the template it came from
+	Text   string
+}
+
+// Launch is one kernel launch of the step.
+type Launch struct {
+	Node        *ir.Node
+	Kernel      string
+	Grid, Block [3]uint32
+	SharedBytes int
+	Args        []Arg
+	FLOPs       int64 // floating-point operations of this launch
+	MinBytes    int64 // bytes it must read and write at least (each input and output once)
+}
+
+// Program is the generated code of one training step.
+type Program struct {
+	Model    string
+	Batch    int64
+	Source   []byte
+	Kernels  []*Kernel
+	Launches []*Launch
+	// Views are values that share another value's buffer (flatten,
+	// reshape): no kernel runs for them.
+	Views map[*ir.Value]*ir.Value
+}
+
+// Options tune Generate.
+type Options struct {
+	Batch int64
+	// SourceName is the model file named in the generated header.
+	SourceName string
+}
+
+// rule generates the kernels and launches of one node.
+type rule func(e *emitter, n *ir.Node) error
+
+// kernelRules: one entry per op that runs a kernel. Views (flatten,
+// reshape) are handled by Generate.
+var kernelRules = map[ir.Op]rule{}
+
+// register adds rules; each family's file registers its ops in init.
+func register(op ir.Op, r rule) {
+	if _, dup := kernelRules[op]; dup {
+		panic(fmt.Sprintf("codegen: two rules for %s", op))
+	}
+	kernelRules[op] = r
+}
+
+var tmpl = template.Must(template.New("cu").Funcs(template.FuncMap{
+	"join": strings.Join,
+}).ParseFS(templates.FS, "*.cu.tmpl"))
+
+// emitter collects kernels and launches.
+type emitter struct {
+	prog    *Program
+	batch   int64
+	kernels map[string]*Kernel
+}
+
+// kernel renders template family with data (which must have a Name field
+// equal to name) unless a kernel of that name exists: equal names mean
+// equal specialisations, so each is emitted once.
+func (e *emitter) kernel(family, name string, data any) error {
+	if _, ok := e.kernels[name]; ok {
+		return nil
+	}
+	var b bytes.Buffer
+	if err := tmpl.ExecuteTemplate(&b, family, data); err != nil {
+		return fmt.Errorf("codegen: template %s for %s: %v", family, name, err)
+	}
+	k := &Kernel{Name: name, Family: family, Text: strings.TrimLeft(b.String(), "\n")}
+	e.kernels[name] = k
+	e.prog.Kernels = append(e.prog.Kernels, k)
+	return nil
+}
+
+func (e *emitter) launch(l *Launch) { e.prog.Launches = append(e.prog.Launches, l) }
+
+// Generate produces the Program of a fused graph.
+func Generate(g *ir.Graph, opts Options) (*Program, error) {
+	return GenerateNodes(g.Name, g.Nodes, opts)
+}
+
+// GenerateNodes produces the Program of some nodes of a graph (kernel
+// tests generate one node at a time).
+func GenerateNodes(model string, nodes []*ir.Node, opts Options) (*Program, error) {
+	if opts.Batch < 1 {
+		return nil, fmt.Errorf("codegen: batch must be positive, got %d", opts.Batch)
+	}
+	p := &Program{Model: model, Batch: opts.Batch, Views: map[*ir.Value]*ir.Value{}}
+	e := &emitter{prog: p, batch: opts.Batch, kernels: map[string]*Kernel{}}
+	for _, n := range nodes {
+		switch n.Op {
+		case ir.OpFlatten, ir.OpReshape:
+			src := n.Ins[0]
+			if s, ok := p.Views[src]; ok {
+				src = s
+			}
+			p.Views[n.Out()] = src
+			continue
+		}
+		r, ok := kernelRules[n.Op]
+		if !ok {
+			return nil, fmt.Errorf("codegen: no kernel for %s (%s)", n.Op, n.Text())
+		}
+		if err := r(e, n); err != nil {
+			return nil, err
+		}
+	}
+	var src bytes.Buffer
+	name := opts.SourceName
+	if name == "" {
+		name = model
+	}
+	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": name, "Model": model, "Batch": opts.Batch}); err != nil {
+		return nil, err
+	}
+	for _, k := range p.Kernels {
+		src.WriteString("\n")
+		src.WriteString(k.Text)
+	}
+	p.Source = src.Bytes()
+	return p, nil
+}
+
+// KernelNames lists the program's kernels, sorted.
+func (p *Program) KernelNames() []string {
+	var names []string
+	for _, k := range p.Kernels {
+		names = append(names, k.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Buffer returns the value whose buffer v uses (v itself unless a view).
+func (p *Program) Buffer(v *ir.Value) *ir.Value {
+	if s, ok := p.Views[v]; ok {
+		return s
+	}
+	return v
+}
+
+// minBytes is the traffic of reading every input and writing every output
+// once, at the batch size.
+func minBytes(n *ir.Node, batch int64) int64 {
+	var b int64
+	for _, v := range n.Ins {
+		b += v.Type.Bytes(batch)
+	}
+	for _, v := range n.Outs {
+		b += v.Type.Bytes(batch)
+	}
+	return b
+}
+
+// shapeName is a compact name part for per-sample dims: 16x63x63.
+func shapeName(dims []int64) string {
+	parts := make([]string, len(dims))
+	for i, d := range dims {
+		parts[i] = fmt.Sprint(d)
+	}
+	return strings.Join(parts, "x")
+}
+
+// gridFor sizes a 1-D grid-stride launch over n elements.
+func gridFor(n int64, block uint32) [3]uint32 {
+	blocks := (n + int64(block) - 1) / int64(block)
+	if blocks > 65535*8 {
+		blocks = 65535 * 8
+	}
+	if blocks < 1 {
+		blocks = 1
+	}
+	return [3]uint32{uint32(blocks), 1, 1}
+}
+
+func buf(v *ir.Value) Arg { return Arg{Kind: ArgBuffer, Value: v} }

@@ -1,0 +1,48 @@
+package codegen
+
+import (
+	"fmt"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// Elementwise families: one thread per element in a grid-stride loop.
+
+const elementwiseBlock = 256
+
+func init() {
+	register(ir.OpToTensor, elementwise("to_tensor", func(n *ir.Node) map[string]any {
+		u8 := n.Ins[0].Type // [H,W,C]
+		return map[string]any{"H": u8.Dims[0], "W": u8.Dims[1], "C": u8.Dims[2]}
+	}))
+	register(ir.OpAdd, elementwise("add", nil))
+	register(ir.OpReLU, elementwise("relu", nil))
+	register(ir.OpReLUGrad, elementwise("relu_grad", nil))
+}
+
+// elementwise makes the rule of a kernel whose arguments are the node's
+// inputs then its output, over the output's elements.
+func elementwise(family string, extra func(n *ir.Node) map[string]any) rule {
+	return func(e *emitter, n *ir.Node) error {
+		out := n.Out()
+		elems := out.Type.Elems(e.batch)
+		name := fmt.Sprintf("%s_%s_b%d", family, shapeName(out.Type.Dims), e.batch)
+		data := map[string]any{"Name": name, "Elems": elems}
+		if extra != nil {
+			for k, v := range extra(n) {
+				data[k] = v
+			}
+		}
+		if err := e.kernel(family, name, data); err != nil {
+			return err
+		}
+		var args []Arg
+		for _, v := range n.Ins {
+			args = append(args, buf(v))
+		}
+		args = append(args, buf(out))
+		e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
+			Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+		return nil
+	}
+}

@@ -1,0 +1,313 @@
+// Package kernelcheck runs generated kernels on a runtime.Device and
+// compares them with the float64 reference.
+//
+// In:  IR nodes (one at a time, with random inputs) or a whole fused
+// training step, and a device (the CPU emulator in tests, the GPU in the
+// GPU bundle).
+// Out: a Report per kernel launch: the worst error relative to the
+// reference tensor's scale, and any element left unwritten.
+//
+// Every output buffer is poisoned with NaN before the launch, so a kernel
+// that skips an element fails.
+package kernelcheck
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/runtime"
+)
+
+// Tolerance is the largest accepted error of an fp32 kernel, relative to
+// the largest magnitude of the reference tensor.
+const Tolerance = 1e-4
+
+// Report is the outcome of checking one launch's outputs.
+type Report struct {
+	Kernel string
+	Node   string
+	// Worst is the largest |kernel - reference| / max|reference| over every
+	// checked tensor; WorstTensor names where.
+	Worst       float64
+	WorstTensor string
+	// ArgmaxMismatches counts argmax elements that differ (ties broken
+	// differently by fp32 rounding).
+	ArgmaxMismatches int
+	Elements         int
+}
+
+func (r Report) String() string {
+	return fmt.Sprintf("%-60s worst rel err %.2e (%s) over %d elements, argmax mismatches %d", r.Kernel, r.Worst, r.WorstTensor, r.Elements, r.ArgmaxMismatches)
+}
+
+// Encode converts reference values (float64 per element) to the bytes the
+// kernels use for type t at the given batch.
+func Encode(t ir.Type, vals []float64, batch int64) []byte {
+	switch t.DType {
+	case ir.U8:
+		out := make([]byte, len(vals))
+		for i, v := range vals {
+			out[i] = byte(v)
+		}
+		return out
+	case ir.Class:
+		out := make([]byte, 4*len(vals))
+		for i, v := range vals {
+			binary.LittleEndian.PutUint32(out[4*i:], uint32(int32(v)))
+		}
+		return out
+	case ir.Argmax:
+		words := codegen.PackArgmax(vals, t.Bits)
+		out := make([]byte, t.Bytes(batch))
+		for i, w := range words {
+			binary.LittleEndian.PutUint32(out[4*i:], w)
+		}
+		return out
+	}
+	out := make([]byte, 4*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(float32(v)))
+	}
+	return out
+}
+
+// Decode reverses Encode.
+func Decode(t ir.Type, b []byte, batch int64) []float64 {
+	n := int(t.Elems(batch))
+	switch t.DType {
+	case ir.U8:
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = float64(b[i])
+		}
+		return out
+	case ir.Class:
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = float64(int32(binary.LittleEndian.Uint32(b[4*i:])))
+		}
+		return out
+	case ir.Argmax:
+		words := make([]uint32, len(b)/4)
+		for i := range words {
+			words[i] = binary.LittleEndian.Uint32(b[4*i:])
+		}
+		return codegen.UnpackArgmax(words, t.Bits, n)
+	}
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
+	}
+	return out
+}
+
+// poison is NaN for floats; all ones for other types.
+func poison(t ir.Type, batch int64) []byte {
+	b := make([]byte, t.Bytes(batch))
+	if t.DType == ir.F32 {
+		for i := 0; i+4 <= len(b); i += 4 {
+			binary.LittleEndian.PutUint32(b[i:], 0x7fc00000)
+		}
+		return b
+	}
+	for i := range b {
+		b[i] = 0xff
+	}
+	return b
+}
+
+// compare folds kernel output got against want into r.
+func compare(r *Report, name string, t ir.Type, got, want []float64) error {
+	r.Elements += len(want)
+	if t.DType == ir.Argmax {
+		for i := range want {
+			if got[i] != want[i] {
+				r.ArgmaxMismatches++
+			}
+		}
+		return nil
+	}
+	scale := 0.0
+	for _, w := range want {
+		scale = math.Max(scale, math.Abs(w))
+	}
+	if scale == 0 {
+		scale = 1
+	}
+	for i := range want {
+		if math.IsNaN(got[i]) || math.IsInf(got[i], 0) {
+			return fmt.Errorf("%s: %s[%d] = %v: element not written (or overflowed); reference %g", r.Kernel, name, i, got[i], want[i])
+		}
+		if e := math.Abs(got[i]-want[i]) / scale; e > r.Worst {
+			r.Worst, r.WorstTensor = e, fmt.Sprintf("%s[%d]: %g vs %g", name, i, got[i], want[i])
+		}
+	}
+	return nil
+}
+
+// RandomInputs makes inputs for node n: f32 values in [-1, 1), u8 pixels,
+// class labels, argmax window indices; parameters and state small.
+func RandomInputs(n *ir.Node, batch int64, rng *rand.Rand) [][]float64 {
+	ins := make([][]float64, len(n.Ins))
+	for i, v := range n.Ins {
+		t := v.Type
+		vals := make([]float64, t.Elems(batch))
+		for j := range vals {
+			switch t.DType {
+			case ir.U8:
+				vals[j] = float64(rng.IntN(256))
+			case ir.Class:
+				vals[j] = float64(rng.Int64N(t.Classes))
+			case ir.Argmax:
+				vals[j] = float64(rng.Int64N(windowElems(n)))
+			default:
+				vals[j] = float64(float32(2*rng.Float64() - 1))
+				if v.Role == ir.RoleOptState {
+					vals[j] = math.Abs(vals[j]) // Adam's second moment is non-negative
+				}
+			}
+		}
+		ins[i] = vals
+	}
+	return ins
+}
+
+func windowElems(n *ir.Node) int64 {
+	if p := n.Attrs.Pool; p != nil {
+		return p.Kernel[0] * p.Kernel[1]
+	}
+	return n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
+}
+
+// Scalars gives the run-time scalar arguments of a launch.
+type Scalars struct {
+	LR   float32
+	Step int64
+	Seed uint64
+}
+
+func scalarArg(a codegen.Arg, s Scalars) uint64 {
+	switch a.Kind {
+	case codegen.ArgInt:
+		return uint64(a.Int)
+	case codegen.ArgFloat:
+		return uint64(math.Float32bits(a.Float))
+	case codegen.ArgLR:
+		return uint64(math.Float32bits(s.LR))
+	case codegen.ArgStep:
+		return uint64(s.Step)
+	}
+	return s.Seed
+}
+
+// Node checks node n's generated kernels on dev (whose module must hold
+// prog's source) against reference.RunNode, with the given inputs.
+func Node(dev runtime.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, s Scalars, o reference.NodeOptions) (Report, error) {
+	batch := prog.Batch
+	r := Report{Node: n.Name}
+	// the reference, on copies (updates work in place)
+	refIns := make([][]float64, len(ins))
+	for i := range ins {
+		refIns[i] = append([]float64(nil), ins[i]...)
+	}
+	want, err := reference.RunNode(n, refIns, int(batch), o)
+	if err != nil {
+		return r, err
+	}
+	updated := map[*ir.Value]bool{}
+	if o.Update {
+		for _, p := range n.UpdatedParams() {
+			updated[p.Value] = true
+			for _, s := range p.State {
+				updated[s] = true
+			}
+		}
+	}
+	ptrs := map[*ir.Value]runtime.Ptr{}
+	defer func() {
+		for _, p := range ptrs {
+			dev.Free(p)
+		}
+	}()
+	alloc := func(v *ir.Value, data []byte) error {
+		p, err := dev.Alloc(int64(len(data)))
+		if err != nil {
+			return err
+		}
+		ptrs[v] = p
+		return dev.CopyIn(p, data)
+	}
+	for i, v := range n.Ins {
+		if _, ok := ptrs[v]; !ok {
+			if err := alloc(v, Encode(v.Type, ins[i], batch)); err != nil {
+				return r, err
+			}
+		}
+	}
+	for _, v := range n.Outs {
+		if err := alloc(v, poison(v.Type, batch)); err != nil {
+			return r, err
+		}
+	}
+	for _, l := range prog.Launches {
+		if l.Node != n {
+			continue
+		}
+		r.Kernel = l.Kernel
+		var params []uint64
+		for _, a := range l.Args {
+			if a.Kind == codegen.ArgBuffer {
+				p, ok := ptrs[a.Value]
+				if !ok {
+					// an intermediate buffer of a multi-kernel node
+					if err := alloc(a.Value, poison(a.Value.Type, batch)); err != nil {
+						return r, err
+					}
+					p = ptrs[a.Value]
+				}
+				params = append(params, uint64(p))
+			} else {
+				params = append(params, scalarArg(a, s))
+			}
+		}
+		if err := dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params); err != nil {
+			return r, err
+		}
+	}
+	if err := dev.Sync(); err != nil {
+		return r, err
+	}
+	read := func(v *ir.Value) ([]float64, error) {
+		b := make([]byte, v.Type.Bytes(batch))
+		if err := dev.CopyOut(b, ptrs[v]); err != nil {
+			return nil, err
+		}
+		return Decode(v.Type, b, batch), nil
+	}
+	for i, v := range n.Outs {
+		got, err := read(v)
+		if err != nil {
+			return r, err
+		}
+		if err := compare(&r, v.Name, v.Type, got, want[i]); err != nil {
+			return r, err
+		}
+	}
+	for i, v := range n.Ins {
+		if updated[v] {
+			got, err := read(v)
+			if err != nil {
+				return r, err
+			}
+			if err := compare(&r, v.Name+" (updated)", v.Type, got, refIns[i]); err != nil {
+				return r, err
+			}
+		}
+	}
+	return r, nil
+}

@@ -1,0 +1,36 @@
+package runtime
+
+import "fmt"
+
+// Ptr is a device address: a CUDA device pointer, or the address of the
+// CPU emulator's memory.
+type Ptr uint64
+
+// Dim3 is a grid or block shape.
+type Dim3 [3]uint32
+
+// Device is what generated code runs on. Both backends launch identically:
+// a kernel by name with grid, block, dynamic shared bytes and one 8-byte
+// value per kernel parameter (a pointer, an int64, or float32 bits in the
+// low 32 bits) — exactly cuLaunchKernel's kernelParams.
+type Device interface {
+	// Name says which device this is, for messages.
+	Name() string
+	Alloc(bytes int64) (Ptr, error)
+	Free(Ptr) error
+	CopyIn(dst Ptr, src []byte) error
+	CopyOut(dst []byte, src Ptr) error
+	Launch(kernel string, grid, block Dim3, sharedBytes int, params []uint64) error
+	// Sync waits for every launch issued so far.
+	Sync() error
+	Close() error
+}
+
+// LaunchError names the kernel a failed launch ran.
+type LaunchError struct {
+	Kernel string
+	Err    error
+}
+
+func (e *LaunchError) Error() string { return fmt.Sprintf("kernel %s: %v", e.Kernel, e.Err) }
+func (e *LaunchError) Unwrap() error { return e.Err }
