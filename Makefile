@@ -4,13 +4,14 @@ BIN     := bin
 CNNC    := $(BIN)/cnnc
 EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
 
-.PHONY: help build test test-asan demo lint cuda-toolkit clean
+.PHONY: help build test test-asan fuzz-short demo lint cuda-toolkit clean
 
 help:
 	@echo "make build         build bin/cnnc"
 	@echo "make test          run every test (CI runs this)"
 	@echo "make demo          the main job: check the examples, show the OOM guide's bug"
 	@echo "make test-asan     the CUDA emulator and kernel suites under AddressSanitizer"
+	@echo "make fuzz-short    30 s of fuzzing the DSL front end (CI runs it)"
 	@echo "make lint          gofmt -l and go vet"
 	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
 
@@ -25,6 +26,10 @@ test: lint
 ASAN_PKGS := ./runtime/emu/... ./codegen/...
 test-asan:
 	CGO_CFLAGS=-fsanitize=address CGO_LDFLAGS=-fsanitize=address $(GO) test -asan $(ASAN_PKGS)
+
+FUZZTIME ?= 30s
+fuzz-short:
+	$(GO) test ./compiler -run='^$$' -fuzz=FuzzCompile -fuzztime=$(FUZZTIME)
 
 demo: build
 	@for f in $(EXAMPLES); do echo "\$$ cnnc check $$f"; ./$(CNNC) check $$f || exit 1; echo; done

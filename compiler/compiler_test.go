@@ -87,59 +87,62 @@ const header = "model M(image: f32[3,32,32], label: class[10]) {\n"
 
 // TestErrors: every rejection is a positioned diagnostic with the message
 // a user needs.
+// errorCases are the front end's rejections with the messages users see;
+// they also seed the fuzzer.
+var errorCases = []struct {
+	name, src string
+	want      []string // substrings of the rendered diagnostics
+}{
+	{"lexical", header + "  a = relu(image) $\n}\n", []string{"m.cnn:2:19: syntax error: invalid character \"$\""}},
+	{"syntax", header + "  a = relu(image\n  b = relu(a)\n}\n", []string{"m.cnn:3:3: syntax error: unexpected \"b\""}},
+	{"unknown op", header + "  c = convv2d(image, out=4, kernel=3)\n}\n", []string{"m.cnn:2:7: unknown op convv2d", "did you mean conv2d?"}},
+	{"unknown name", header + "  conv1 = conv2d(image, out=4, kernel=3)\n  r = relu(conv)\n}\n", []string{"m.cnn:3:12: unknown name conv", "did you mean conv1?"}},
+	{"duplicate", header + "  a = relu(image)\n  a = relu(image)\n}\n", []string{"m.cnn:3:3: a is already defined at line 2"}},
+	{"input name reused", header + "  image = relu(image)\n}\n", []string{"m.cnn:2:3: image is already the name of a model input"}},
+	{"bad argument value", header + "  c = conv2d(image, out=4, kernel=0)\n}\n", []string{"m.cnn:2:35: conv2d: kernel must be at least 1, got 0"}},
+	{"bad argument type", header + "  c = conv2d(image, out=4, kernel=\"3\")\n}\n", []string{"m.cnn:2:35: conv2d: kernel=must be an integer, got a string"}},
+	{"unknown argument", header + "  c = conv2d(image, out=4, kernal=3)\n}\n", []string{"m.cnn:2:28: conv2d has no argument \"kernal\"", "did you mean kernel=?", "m.cnn:2:7: conv2d needs kernel=..."}},
+	{"missing argument", header + "  c = linear(flatten(image))\n}\n", []string{"m.cnn:2:7: linear needs out=... (output features)"}},
+	{"tensor count", header + "  c = add(image)\n}\n", []string{"m.cnn:2:7: add takes 2 tensor arguments, got 1"}},
+	{"shape mismatch", header + "  c = conv2d(image, out=4, kernel=3)\n  s = add(c, image)\n  f = linear(flatten(s), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:3:7: s: add needs two float tensors of one shape, but c is f32[B,4,30,30] and image is f32[B,3,32,32]"}},
+	{"kernel larger than input", header + "  c = conv2d(image, out=4, kernel=40)\n  f = linear(flatten(c), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:2:7: c: conv2d kernel 40x40 (padding 0x0) is larger than its 32x32 input image"}},
+	{"pool larger than input", header + "  p = maxpool(image, kernel=[2, 64])\n  f = linear(flatten(p), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:2:7: p: maxpool2d kernel 2x64 (padding 0x0) is larger than its 32x32 input image"}},
+	{"class count", header + "  f = linear(flatten(image), out=12)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:3:10: loss: cross_entropy: f has 12 outputs but label has 10 classes"}},
+	{"label type", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, f)\n}\n",
+		[]string{"m.cnn:3:10: loss: cross_entropy's second argument must be class labels (class[N]), but f is f32[B,10]"}},
+	{"linear without flatten", header + "  f = linear(image, out=10)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:2:7: f: linear needs [B,features], but image is f32[B,3,32,32]: flatten it first"}},
+	{"missing loss", header + "  f = linear(flatten(image), out=10)\n}\n", []string{"m.cnn:1:1: model M has no loss", "loss = cross_entropy(logits, label)"}},
+	{"two losses", header + "  f = linear(flatten(image), out=10)\n  l1 = cross_entropy(f, label)\n  l2 = cross_entropy(f, label)\n}\n", []string{"m.cnn:4:8: model M has a second loss"}},
+	{"cycle", header + "  a = relu(b)\n  b = relu(a)\n  f = linear(flatten(b), out=10)\n  loss = cross_entropy(f, label)\n}\n", []string{"m.cnn:2:3: a depends on itself: a -> b -> a"}},
+	{"integer overflow", header + "  f = linear(flatten(image), out=99999999999999999999)\n}\n", []string{"m.cnn:2:34: integer 99999999999999999999 does not fit in 64 bits"}},
+	{"absurd shape", "model M(image: f32[3,2000000,2000000], label: class[10]) {\n  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:1:16: input image: [3 2000000 2000000] has more elements than any GPU can hold"}},
+	{"absurd weight", header + "  f = linear(flatten(image), out=1000000000)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:2:7: f: its weight [1000000000,3072] would have more than 2^40 elements"}},
+	{"bad input type", "model M(image: f16[3,8,8], label: class[10]) {\n}\n", []string{"m.cnn:1:16: input image: unknown type \"f16\""}},
+	{"unknown optimizer", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  optimizer = sdg(lr=0.1)\n}\n",
+		[]string{"m.cnn:6:15: unknown optimizer sdg", "did you mean sgd?"}},
+	{"unknown setting", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  bach = 3\n}\n",
+		[]string{"m.cnn:6:3: train block has no argument \"bach\"", "did you mean batch=?"}},
+	{"bad budget", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  memory_budget = 64\n  batch = 0\n}\n",
+		[]string{"m.cnn:7:11: train block: batch must be at least 1, got 0"}},
+	{"budget type", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  memory_budget = \"lots\"\n}\n",
+		[]string{"m.cnn:6:19: train block: memory_budget=must be a memory size such as 64MiB or 40MB, got a string"}},
+	{"nesterov without momentum", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  optimizer = sgd(lr=0.1, nesterov=true)\n}\n",
+		[]string{"m.cnn:6:15: sgd: nesterov=true needs a momentum above 0"}},
+	{"resize mismatch", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ndata {\n  train = imagefolder(\"d\", resize=[64,64])\n}\n",
+		[]string{"m.cnn:6:35: imagefolder resizes to 64x64 but the model's input is 32x32"}},
+	{"dropout p", header + "  d = dropout(image, p=1)\n  f = linear(flatten(d), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:2:24: dropout: p must be in [0, 1), got 1"}},
+}
+
 func TestErrors(t *testing.T) {
-	cases := []struct {
-		name, src string
-		want      []string // substrings of the rendered diagnostics
-	}{
-		{"lexical", header + "  a = relu(image) $\n}\n", []string{"m.cnn:2:19: syntax error: invalid character \"$\""}},
-		{"syntax", header + "  a = relu(image\n  b = relu(a)\n}\n", []string{"m.cnn:3:3: syntax error: unexpected \"b\""}},
-		{"unknown op", header + "  c = convv2d(image, out=4, kernel=3)\n}\n", []string{"m.cnn:2:7: unknown op convv2d", "did you mean conv2d?"}},
-		{"unknown name", header + "  conv1 = conv2d(image, out=4, kernel=3)\n  r = relu(conv)\n}\n", []string{"m.cnn:3:12: unknown name conv", "did you mean conv1?"}},
-		{"duplicate", header + "  a = relu(image)\n  a = relu(image)\n}\n", []string{"m.cnn:3:3: a is already defined at line 2"}},
-		{"input name reused", header + "  image = relu(image)\n}\n", []string{"m.cnn:2:3: image is already the name of a model input"}},
-		{"bad argument value", header + "  c = conv2d(image, out=4, kernel=0)\n}\n", []string{"m.cnn:2:35: conv2d: kernel must be at least 1, got 0"}},
-		{"bad argument type", header + "  c = conv2d(image, out=4, kernel=\"3\")\n}\n", []string{"m.cnn:2:35: conv2d: kernel=must be an integer, got a string"}},
-		{"unknown argument", header + "  c = conv2d(image, out=4, kernal=3)\n}\n", []string{"m.cnn:2:28: conv2d has no argument \"kernal\"", "did you mean kernel=?", "m.cnn:2:7: conv2d needs kernel=..."}},
-		{"missing argument", header + "  c = linear(flatten(image))\n}\n", []string{"m.cnn:2:7: linear needs out=... (output features)"}},
-		{"tensor count", header + "  c = add(image)\n}\n", []string{"m.cnn:2:7: add takes 2 tensor arguments, got 1"}},
-		{"shape mismatch", header + "  c = conv2d(image, out=4, kernel=3)\n  s = add(c, image)\n  f = linear(flatten(s), out=10)\n  loss = cross_entropy(f, label)\n}\n",
-			[]string{"m.cnn:3:7: s: add needs two float tensors of one shape, but c is f32[B,4,30,30] and image is f32[B,3,32,32]"}},
-		{"kernel larger than input", header + "  c = conv2d(image, out=4, kernel=40)\n  f = linear(flatten(c), out=10)\n  loss = cross_entropy(f, label)\n}\n",
-			[]string{"m.cnn:2:7: c: conv2d kernel 40x40 (padding 0x0) is larger than its 32x32 input image"}},
-		{"pool larger than input", header + "  p = maxpool(image, kernel=[2, 64])\n  f = linear(flatten(p), out=10)\n  loss = cross_entropy(f, label)\n}\n",
-			[]string{"m.cnn:2:7: p: maxpool2d kernel 2x64 (padding 0x0) is larger than its 32x32 input image"}},
-		{"class count", header + "  f = linear(flatten(image), out=12)\n  loss = cross_entropy(f, label)\n}\n",
-			[]string{"m.cnn:3:10: loss: cross_entropy: f has 12 outputs but label has 10 classes"}},
-		{"label type", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, f)\n}\n",
-			[]string{"m.cnn:3:10: loss: cross_entropy's second argument must be class labels (class[N]), but f is f32[B,10]"}},
-		{"linear without flatten", header + "  f = linear(image, out=10)\n  loss = cross_entropy(f, label)\n}\n",
-			[]string{"m.cnn:2:7: f: linear needs [B,features], but image is f32[B,3,32,32]: flatten it first"}},
-		{"missing loss", header + "  f = linear(flatten(image), out=10)\n}\n", []string{"m.cnn:1:1: model M has no loss", "loss = cross_entropy(logits, label)"}},
-		{"two losses", header + "  f = linear(flatten(image), out=10)\n  l1 = cross_entropy(f, label)\n  l2 = cross_entropy(f, label)\n}\n", []string{"m.cnn:4:8: model M has a second loss"}},
-		{"cycle", header + "  a = relu(b)\n  b = relu(a)\n  f = linear(flatten(b), out=10)\n  loss = cross_entropy(f, label)\n}\n", []string{"m.cnn:2:3: a depends on itself: a -> b -> a"}},
-		{"integer overflow", header + "  f = linear(flatten(image), out=99999999999999999999)\n}\n", []string{"m.cnn:2:34: integer 99999999999999999999 does not fit in 64 bits"}},
-		{"absurd shape", "model M(image: f32[3,2000000,2000000], label: class[10]) {\n  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\n",
-			[]string{"m.cnn:1:16: input image: [3 2000000 2000000] has more elements than any GPU can hold"}},
-		{"absurd weight", header + "  f = linear(flatten(image), out=1000000000)\n  loss = cross_entropy(f, label)\n}\n",
-			[]string{"m.cnn:2:7: f: its weight [1000000000,3072] would have more than 2^40 elements"}},
-		{"bad input type", "model M(image: f16[3,8,8], label: class[10]) {\n}\n", []string{"m.cnn:1:16: input image: unknown type \"f16\""}},
-		{"unknown optimizer", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  optimizer = sdg(lr=0.1)\n}\n",
-			[]string{"m.cnn:6:15: unknown optimizer sdg", "did you mean sgd?"}},
-		{"unknown setting", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  bach = 3\n}\n",
-			[]string{"m.cnn:6:3: train block has no argument \"bach\"", "did you mean batch=?"}},
-		{"bad budget", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  memory_budget = 64\n  batch = 0\n}\n",
-			[]string{"m.cnn:7:11: train block: batch must be at least 1, got 0"}},
-		{"budget type", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  memory_budget = \"lots\"\n}\n",
-			[]string{"m.cnn:6:19: train block: memory_budget=must be a memory size such as 64MiB or 40MB, got a string"}},
-		{"nesterov without momentum", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  optimizer = sgd(lr=0.1, nesterov=true)\n}\n",
-			[]string{"m.cnn:6:15: sgd: nesterov=true needs a momentum above 0"}},
-		{"resize mismatch", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ndata {\n  train = imagefolder(\"d\", resize=[64,64])\n}\n",
-			[]string{"m.cnn:6:35: imagefolder resizes to 64x64 but the model's input is 32x32"}},
-		{"dropout p", header + "  d = dropout(image, p=1)\n  f = linear(flatten(d), out=10)\n  loss = cross_entropy(f, label)\n}\n",
-			[]string{"m.cnn:2:24: dropout: p must be in [0, 1), got 1"}},
-	}
-	for _, c := range cases {
+	for _, c := range errorCases {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := CompileSource("m.cnn", []byte(c.src), Options{})
 			require.Error(t, err)

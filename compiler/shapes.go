@@ -2,6 +2,7 @@ package compiler
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
@@ -116,9 +117,16 @@ func linearInHints(ctx *Context, n *ir.Node, d *dsl.Diagnostic) {
 		got, src.Type.DimsString(), n.Name, commas(got*n.Attrs.Out+n.Attrs.Out))
 }
 
+// isqrt is floor(sqrt(n)) for n >= 0, exact for every int64.
 func isqrt(n int64) int64 {
-	r := int64(0)
-	for (r+1)*(r+1) <= n {
+	if n <= 0 {
+		return 0
+	}
+	r := int64(math.Sqrt(float64(n)))
+	for r > 0 && r > n/r { // r*r > n, without overflow
+		r--
+	}
+	for r+1 <= n/(r+1) { // (r+1)^2 <= n
 		r++
 	}
 	return r
