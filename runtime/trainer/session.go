@@ -1,0 +1,311 @@
+package trainer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/cnnc/cnnc/runtime"
+	"github.com/cnnc/cnnc/runtime/checkpoint"
+	"github.com/cnnc/cnnc/runtime/initparam"
+)
+
+// Batch is one step's input. Pixels hold Valid images (uint8 HWC); a
+// partial last batch is padded to the compiled batch size and the loss
+// kernel ignores the padding.
+type Batch struct {
+	Pixels []uint8
+	Labels []int32
+	Valid  int
+}
+
+// Session is a model on a device: its arena, parameters and step counter.
+type Session struct {
+	Spec *Spec
+	Dev  runtime.Device
+	// Step counts completed training steps (Adam's bias correction and the
+	// dropout RNG read it).
+	Step int64
+	LR   float32
+	Seed uint64
+
+	arenas [2]runtime.Ptr
+	// scratch is reused for uploads and argument arrays.
+	params []uint64
+}
+
+// NewSession allocates exactly the planned arena on dev and initialises
+// the parameters from seed (optimizer state zero).
+func NewSession(spec *Spec, dev runtime.Device, seed uint64) (*Session, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Session{Spec: spec, Dev: dev, LR: spec.LR, Seed: seed}
+	p, err := dev.Alloc(spec.ArenaBytes)
+	if err != nil {
+		return nil, fmt.Errorf("allocating the planned arena of %d bytes on %s: %w", spec.ArenaBytes, dev.Name(), err)
+	}
+	s.arenas[TrainArena] = p
+	if err := s.InitParams(seed); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close frees the arenas.
+func (s *Session) Close() error {
+	var errs []error
+	for i, p := range s.arenas {
+		if p != 0 {
+			errs = append(errs, s.Dev.Free(p))
+			s.arenas[i] = 0
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Session) addr(a Arena, off int64) runtime.Ptr { return s.arenas[a] + runtime.Ptr(off) }
+
+func f32bytes(vals []float32) []byte {
+	b := make([]byte, 4*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}
+
+func bytesf32(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
+
+// InitParams sets every parameter to its initial values for seed and
+// zeroes the optimizer state, as the float64 reference does.
+func (s *Session) InitParams(seed uint64) error {
+	for _, p := range s.Spec.Params {
+		vals := initparam.Uniform(p.Name, seed, p.InitBound, int(p.Elems()))
+		if err := s.Dev.CopyIn(s.addr(p.Arena, p.Offset), f32bytes(vals)); err != nil {
+			return err
+		}
+	}
+	for _, t := range s.Spec.State {
+		if err := s.Dev.CopyIn(s.addr(t.Arena, t.Offset), make([]byte, 4*t.Elems())); err != nil {
+			return err
+		}
+	}
+	s.Step = 0
+	return nil
+}
+
+// ReadTensor returns a tensor's values from the device.
+func (s *Session) ReadTensor(t Tensor) ([]float32, error) {
+	b := make([]byte, 4*t.Elems())
+	if err := s.Dev.CopyOut(b, s.addr(t.Arena, t.Offset)); err != nil {
+		return nil, err
+	}
+	return bytesf32(b), nil
+}
+
+// WriteTensor sets a tensor's values on the device.
+func (s *Session) WriteTensor(t Tensor, vals []float32) error {
+	if int64(len(vals)) != t.Elems() {
+		return fmt.Errorf("trainer: %s needs %d values, got %d", t.Name, t.Elems(), len(vals))
+	}
+	return s.Dev.CopyIn(s.addr(t.Arena, t.Offset), f32bytes(vals))
+}
+
+// Param finds a parameter by name.
+func (s *Session) Param(name string) (Tensor, bool) {
+	for _, p := range s.Spec.Params {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Tensor{}, false
+}
+
+func (s *Session) upload(st Step, b Batch) error {
+	sp := s.Spec
+	n := sp.H * sp.W * sp.C
+	if b.Valid < 1 || b.Valid > sp.Batch || len(b.Pixels) != b.Valid*n || len(b.Labels) != b.Valid {
+		return fmt.Errorf("trainer: a batch of %d valid samples needs %d pixels and %d labels, got %d and %d (compiled batch %d)",
+			b.Valid, b.Valid*n, b.Valid, len(b.Pixels), len(b.Labels), sp.Batch)
+	}
+	px := make([]byte, sp.Batch*n)
+	copy(px, b.Pixels)
+	if err := s.Dev.CopyIn(s.addr(st.Images.Arena, st.Images.Offset), px); err != nil {
+		return err
+	}
+	lb := make([]byte, 4*sp.Batch)
+	for i, l := range b.Labels {
+		if l < 0 || int(l) >= sp.Classes {
+			return fmt.Errorf("trainer: label %d of sample %d is outside [0,%d)", l, i, sp.Classes)
+		}
+		binary.LittleEndian.PutUint32(lb[4*i:], uint32(l))
+	}
+	return s.Dev.CopyIn(s.addr(st.Labels.Arena, st.Labels.Offset), lb)
+}
+
+func (s *Session) run(st Step, valid int) error {
+	for _, l := range st.Launches {
+		s.params = s.params[:0]
+		for _, a := range l.Args {
+			var v uint64
+			switch a.Kind {
+			case ArgBuffer:
+				v = uint64(s.addr(a.Arena, a.Offset))
+			case ArgInt:
+				v = uint64(a.Int)
+			case ArgFloat:
+				v = uint64(math.Float32bits(a.Float))
+			case ArgLR:
+				v = uint64(math.Float32bits(s.LR))
+			case ArgStep:
+				v = uint64(s.Step)
+			case ArgSeed:
+				v = s.Seed
+			case ArgValid:
+				v = uint64(valid)
+			}
+			s.params = append(s.params, v)
+		}
+		if err := s.Dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, s.params); err != nil {
+			return err
+		}
+	}
+	return s.Dev.Sync()
+}
+
+func (s *Session) readScalars(st Step) (float32, int, error) {
+	loss, err := s.ReadTensor(st.Loss)
+	if err != nil {
+		return 0, 0, err
+	}
+	correct, err := s.ReadTensor(st.Correct)
+	if err != nil {
+		return 0, 0, err
+	}
+	return loss[0], int(correct[0]), nil
+}
+
+// TrainStep runs one training step (forward, backward, update) and
+// returns the batch's mean loss and correct predictions.
+func (s *Session) TrainStep(b Batch) (float32, int, error) {
+	if err := s.upload(s.Spec.Train, b); err != nil {
+		return 0, 0, err
+	}
+	if err := s.run(s.Spec.Train, b.Valid); err != nil {
+		return 0, 0, fmt.Errorf("step %d: %w", s.Step, err)
+	}
+	s.Step++
+	return s.readScalars(s.Spec.Train)
+}
+
+// EvalBatch runs the forward pass (dropout off) and returns the loss and
+// correct predictions.
+func (s *Session) EvalBatch(b Batch) (float32, int, error) {
+	if s.arenas[EvalArena] == 0 && s.Spec.EvalArenaBytes > 0 {
+		p, err := s.Dev.Alloc(s.Spec.EvalArenaBytes)
+		if err != nil {
+			return 0, 0, fmt.Errorf("allocating the evaluation arena of %d bytes: %w", s.Spec.EvalArenaBytes, err)
+		}
+		s.arenas[EvalArena] = p
+	}
+	if err := s.upload(s.Spec.Eval, b); err != nil {
+		return 0, 0, err
+	}
+	if err := s.run(s.Spec.Eval, b.Valid); err != nil {
+		return 0, 0, fmt.Errorf("evaluation: %w", err)
+	}
+	return s.readScalars(s.Spec.Eval)
+}
+
+// Metadata keys in checkpoints.
+const (
+	MetaFormat    = "format"
+	MetaModel     = "model"
+	MetaStep      = "step"
+	MetaSeed      = "seed"
+	MetaLR        = "lr"
+	MetaOptimizer = "optimizer"
+	formatVersion = "cnnc-checkpoint-1"
+)
+
+// Save writes the parameters (PyTorch state_dict names and layouts), the
+// optimizer state (as "optimizer.<param>.<state>") and the step, seed and
+// any extra metadata, atomically.
+func (s *Session) Save(path string, extra map[string]string) error {
+	var ts []checkpoint.Tensor
+	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
+		vals, err := s.ReadTensor(t)
+		if err != nil {
+			return err
+		}
+		ts = append(ts, checkpoint.F32Tensor(t.Name, t.Shape, vals))
+	}
+	meta := map[string]string{
+		MetaFormat: formatVersion, MetaModel: s.Spec.Model, MetaStep: strconv.FormatInt(s.Step, 10),
+		MetaSeed: strconv.FormatUint(s.Seed, 10), MetaLR: strconv.FormatFloat(float64(s.LR), 'g', -1, 32),
+		MetaOptimizer: s.Spec.Optimizer,
+	}
+	for k, v := range extra {
+		meta[k] = v
+	}
+	return checkpoint.Write(path, ts, meta)
+}
+
+// Load reads a checkpoint. Parameters always load; with state, the
+// optimizer state and the step too (for --resume; --init loads only
+// parameters). Everything is checked before anything is written to the
+// device, so a checkpoint of another model or a corrupt file changes
+// nothing and the error names the tensor.
+func (s *Session) Load(path string, withState bool) (map[string]string, error) {
+	f, err := checkpoint.Read(path)
+	if err != nil {
+		return nil, err
+	}
+	type write struct {
+		t    Tensor
+		vals []float32
+	}
+	var writes []write
+	want := s.Spec.Params
+	if withState {
+		want = append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...)
+	}
+	for _, t := range want {
+		ct, err := f.Expect(t.Name, checkpoint.F32, t.Shape)
+		if err != nil {
+			return nil, err
+		}
+		vals := ct.Float32s()
+		for i, v := range vals {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return nil, fmt.Errorf("%s: tensor %q holds %v at element %d", path, t.Name, v, i)
+			}
+		}
+		writes = append(writes, write{t, vals})
+	}
+	var step int64
+	if withState {
+		step, err = strconv.ParseInt(f.Metadata[MetaStep], 10, 64)
+		if err != nil || step < 0 {
+			return nil, fmt.Errorf("%s: metadata %q = %q is not a step count", path, MetaStep, f.Metadata[MetaStep])
+		}
+	}
+	for _, w := range writes {
+		if err := s.WriteTensor(w.t, w.vals); err != nil {
+			return nil, err
+		}
+	}
+	if withState {
+		s.Step = step
+	}
+	return f.Metadata, nil
+}
