@@ -1,0 +1,196 @@
+// Package trainergen turns a compiled model into what a generated trainer
+// links: a trainer.Spec (arena offsets of every tensor, the launches of a
+// training step and of evaluation) and the Go source that declares it.
+//
+// In:  the compiler's Result, the codegen Programs of the training step and
+// of evaluation, and their memory layouts (the planner's, or NaiveLayout).
+// Out: a *trainer.Spec, and Go files rendered with jennifer.
+package trainergen
+
+import (
+	"fmt"
+
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/runtime/trainer"
+)
+
+// Layout places IR values in an arena.
+type Layout interface {
+	// Offset is where v's buffer starts.
+	Offset(v *ir.Value) (int64, bool)
+	// Bytes is the arena size.
+	Bytes() int64
+}
+
+// NaiveLayout gives every buffer of a program its own 256-byte aligned
+// place: no reuse at all. It is the baseline the memory planner improves
+// on, and what evaluation (forward only) uses.
+type NaiveLayout struct {
+	offsets map[*ir.Value]int64
+	size    int64
+}
+
+// NewNaiveLayout lays out the given values (views resolved by prog) and
+// every buffer prog's launches use, at the given batch; skip says which
+// values live elsewhere (e.g. parameters in the training arena).
+func NewNaiveLayout(prog *codegen.Program, values []*ir.Value, skip func(*ir.Value) bool) *NaiveLayout {
+	l := &NaiveLayout{offsets: map[*ir.Value]int64{}}
+	add := func(v *ir.Value) {
+		v = prog.Buffer(v)
+		if _, ok := l.offsets[v]; ok || (skip != nil && skip(v)) {
+			return
+		}
+		l.offsets[v] = l.size
+		l.size += (v.Type.Bytes(prog.Batch) + 255) / 256 * 256
+	}
+	for _, v := range values {
+		add(v)
+	}
+	for _, ln := range prog.Launches {
+		for _, a := range ln.Args {
+			if a.Kind == codegen.ArgBuffer {
+				add(a.Value)
+			}
+		}
+	}
+	return l
+}
+
+func (l *NaiveLayout) Offset(v *ir.Value) (int64, bool) {
+	o, ok := l.offsets[v]
+	return o, ok
+}
+
+func (l *NaiveLayout) Bytes() int64 { return l.size }
+
+// Programs are the inputs of BuildSpec.
+type Programs struct {
+	Result     *compiler.Result
+	Train      *codegen.Program
+	TrainPlace Layout
+	Eval       *codegen.Program
+	EvalPlace  Layout
+}
+
+// BuildSpec assembles the trainer.Spec of a compiled model.
+func BuildSpec(p Programs) (*trainer.Spec, error) {
+	g := p.Result.Graph
+	if len(g.Inputs) != 2 || g.Inputs[0].Type.DType != ir.U8 || g.Inputs[1].Type.DType != ir.Class {
+		return nil, fmt.Errorf("trainergen: %s is not a fused image classifier (inputs %v)", g.Name, g.Inputs)
+	}
+	img := g.Inputs[0].Type // [H,W,C]
+	spec := &trainer.Spec{
+		Model: g.Name, Source: p.Result.File.Name, Batch: int(p.Train.Batch),
+		H: int(img.Dims[0]), W: int(img.Dims[1]), C: int(img.Dims[2]),
+		Classes: int(g.Inputs[1].Type.Classes),
+		Epochs:  int(p.Result.Train.Epochs), LR: float32(p.Result.Train.Optimizer.LR), Seed: p.Result.Train.Seed,
+		Optimizer:  p.Result.Train.Optimizer.String(),
+		ArenaBytes: p.TrainPlace.Bytes(),
+	}
+	if p.EvalPlace != nil {
+		spec.EvalArenaBytes = p.EvalPlace.Bytes()
+	}
+	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
+	place := func(prog *codegen.Program, v *ir.Value, eval bool) (trainer.Arena, int64, error) {
+		v = prog.Buffer(v)
+		if !eval || isParam(v) {
+			o, ok := p.TrainPlace.Offset(v)
+			if !ok {
+				return 0, 0, fmt.Errorf("trainergen: %s has no place in the training arena", v)
+			}
+			return trainer.TrainArena, o, nil
+		}
+		o, ok := p.EvalPlace.Offset(v)
+		if !ok {
+			return 0, 0, fmt.Errorf("trainergen: %s has no place in the evaluation arena", v)
+		}
+		return trainer.EvalArena, o, nil
+	}
+	tensor := func(prog *codegen.Program, v *ir.Value, name string, eval bool) (trainer.Tensor, error) {
+		a, o, err := place(prog, v, eval)
+		shape := v.Type.Dims
+		if v.Type.Batched {
+			shape = append([]int64{prog.Batch}, shape...)
+		}
+		return trainer.Tensor{Name: name, Shape: shape, Arena: a, Offset: o}, err
+	}
+	for _, par := range g.Params {
+		t, err := tensor(p.Train, par.Value, par.Name, false)
+		if err != nil {
+			return nil, err
+		}
+		t.InitBound = reference.InitBound(par.Init)
+		spec.Params = append(spec.Params, t)
+	}
+	for _, s := range g.State {
+		t, err := tensor(p.Train, s, "optimizer."+s.Name, false)
+		if err != nil {
+			return nil, err
+		}
+		spec.State = append(spec.State, t)
+	}
+	var err error
+	if spec.Train, err = buildStep(p.Train, g, false, tensor, place); err != nil {
+		return nil, err
+	}
+	if p.Eval != nil {
+		if spec.Eval, err = buildStep(p.Eval, g, true, tensor, place); err != nil {
+			return nil, err
+		}
+	}
+	return spec, spec.Validate()
+}
+
+func buildStep(prog *codegen.Program, g *ir.Graph, eval bool,
+	tensor func(*codegen.Program, *ir.Value, string, bool) (trainer.Tensor, error),
+	place func(*codegen.Program, *ir.Value, bool) (trainer.Arena, int64, error)) (trainer.Step, error) {
+	var st trainer.Step
+	var err error
+	if st.Images, err = tensor(prog, g.Inputs[0], "images", eval); err != nil {
+		return st, err
+	}
+	if st.Labels, err = tensor(prog, g.Inputs[1], "labels", eval); err != nil {
+		return st, err
+	}
+	ce := g.Loss.Def
+	if ce == nil || ce.Op != ir.OpSoftmaxCrossEntropy {
+		return st, fmt.Errorf("trainergen: the loss is not computed by softmax_cross_entropy")
+	}
+	if st.Loss, err = tensor(prog, ce.Outs[0], "loss", eval); err != nil {
+		return st, err
+	}
+	if st.Correct, err = tensor(prog, ce.Outs[2], "correct", eval); err != nil {
+		return st, err
+	}
+	for _, l := range prog.Launches {
+		tl := trainer.Launch{Kernel: l.Kernel, Grid: l.Grid, Block: l.Block, SharedBytes: l.SharedBytes, FLOPs: l.FLOPs, MinBytes: l.MinBytes}
+		for _, a := range l.Args {
+			ta := trainer.Arg{Int: a.Int, Float: a.Float}
+			switch a.Kind {
+			case codegen.ArgBuffer:
+				ta.Kind = trainer.ArgBuffer
+				if ta.Arena, ta.Offset, err = place(prog, a.Value, eval); err != nil {
+					return st, err
+				}
+			case codegen.ArgInt:
+				ta.Kind = trainer.ArgInt
+			case codegen.ArgFloat:
+				ta.Kind = trainer.ArgFloat
+			case codegen.ArgLR:
+				ta.Kind = trainer.ArgLR
+			case codegen.ArgStep:
+				ta.Kind = trainer.ArgStep
+			case codegen.ArgSeed:
+				ta.Kind = trainer.ArgSeed
+			default:
+				return st, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
+			}
+			tl.Args = append(tl.Args, ta)
+		}
+		st.Launches = append(st.Launches, tl)
+	}
+	return st, nil
+}
