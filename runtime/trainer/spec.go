@@ -86,6 +86,11 @@ type Step struct {
 	Correct  Tensor // f32 scalar: correct predictions
 }
 
+// DataSource is a dataset: kind "mnist" or "imagefolder", and its path.
+type DataSource struct {
+	Kind, Path string
+}
+
 // Spec is a compiled model.
 type Spec struct {
 	Model  string
@@ -101,6 +106,11 @@ type Spec struct {
 	Seed   uint64
 	// Optimizer describes the update (for checkpoints and messages).
 	Optimizer string
+	// TrainData and TestData are the data block's sources (defaults for
+	// --data and --test).
+	TrainData, TestData DataSource
+	// PlanSummary is the memory plan's report, printed at start.
+	PlanSummary string
 	// ArenaBytes is the planned peak: the trainer allocates exactly this.
 	ArenaBytes     int64
 	EvalArenaBytes int64

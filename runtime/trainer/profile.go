@@ -1,0 +1,75 @@
+package trainer
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"time"
+)
+
+// Profile runs the training step's launches one by one on b, timing each
+// with the wall clock after a device sync (on CUDA, events would be
+// finer; the CPU emulator's launches are synchronous), and prints a table
+// per kernel: calls, total and mean time, achieved GB/s and GFLOP/s from
+// codegen's minimum bytes and FLOPs. The parameters are restored after, so
+// profiling does not change training.
+func Profile(s *Session, b Batch, w io.Writer) error {
+	saved := map[string][]float32{}
+	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
+		v, err := s.ReadTensor(t)
+		if err != nil {
+			return err
+		}
+		saved[t.Name] = v
+	}
+	if err := s.upload(s.Spec.Train, b); err != nil {
+		return err
+	}
+	type row struct {
+		kernel       string
+		calls        int
+		total        time.Duration
+		flops, bytes int64
+	}
+	rows := map[string]*row{}
+	var order []string
+	for _, l := range s.Spec.Train.Launches {
+		one := Step{Launches: []Launch{l}}
+		t0 := time.Now()
+		if err := s.run(one, b.Valid); err != nil {
+			return err
+		}
+		d := time.Since(t0)
+		r, ok := rows[l.Kernel]
+		if !ok {
+			r = &row{kernel: l.Kernel}
+			rows[l.Kernel] = r
+			order = append(order, l.Kernel)
+		}
+		r.calls++
+		r.total += d
+		r.flops += l.FLOPs
+		r.bytes += l.MinBytes
+	}
+	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
+		if err := s.WriteTensor(t, saved[t.Name]); err != nil {
+			return err
+		}
+	}
+	sort.SliceStable(order, func(i, j int) bool { return rows[order[i]].total > rows[order[j]].total })
+	var all time.Duration
+	for _, r := range rows {
+		all += r.total
+	}
+	fmt.Fprintf(w, "\nprofile of one step on %s (%d launches, %.3f ms):\n", s.Dev.Name(), len(s.Spec.Train.Launches), ms(all))
+	fmt.Fprintf(w, "%-64s %5s %10s %10s %6s %9s %9s\n", "kernel", "calls", "total ms", "mean ms", "share", "GB/s", "GFLOP/s")
+	for _, k := range order {
+		r := rows[k]
+		sec := r.total.Seconds()
+		fmt.Fprintf(w, "%-64s %5d %10.3f %10.3f %5.1f%% %9.2f %9.2f\n", k, r.calls, ms(r.total), ms(r.total)/float64(r.calls),
+			100*r.total.Seconds()/all.Seconds(), float64(r.bytes)/sec/1e9, float64(r.flops)/sec/1e9)
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
