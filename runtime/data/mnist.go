@@ -1,7 +1,6 @@
-// Package data loads training data for cnnc trainers: MNIST IDX files
-// (optionally gzipped) and, later, ImageFolder trees. Every error names the
-// file it is about.
 package data
+
+// MNIST IDX files (optionally gzipped). See doc.go for the package design.
 
 import (
 	"bufio"
