@@ -33,6 +33,9 @@ type Pass struct {
 //   - fuse after autodiff: it re-derives the backward over fused blocks
 //     (and so needs the optimizer state autodiff created); memory planning
 //     works on its result.
+//   - memory planning (package compiler/plan) follows the whole table: it
+//     reads the fused graph and produces a Plan, not IR, leaving
+//     Result.Graph untouched — plan.Build(res.Graph, ...).
 var Passes = []Pass{
 	{Name: "shapes", Fn: shapesPass, Required: true, Doc: "infer every tensor's type, fill in parameter shapes, check each op's constraints"},
 	{Name: "dce", Fn: dcePass, Doc: "warn about layers the loss does not depend on, and remove them"},

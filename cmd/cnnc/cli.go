@@ -58,6 +58,7 @@ statically and emits CUDA kernels plus a standalone Go trainer.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newCheckCmd(stdout, stderr), newPassesCmd(stdout))
+	root.AddCommand(newPlanCmd(stdout, stderr))
 	return root
 }
 

@@ -13,6 +13,21 @@ type env struct {
 	batch    int
 	training bool // dropout on
 	update   bool // apply optimizer updates (fused ones included)
+	// A memory plan may run part of the step on micro-batches: the call
+	// then covers samples [firstSample, firstSample+batch) of a batch of
+	// fullBatch (0: the call's own batch).
+	firstSample int
+	fullBatch   int
+}
+
+// lossBatch is the batch the loss averages over: the whole batch, also
+// when a call sees one micro-batch of it, so that the micro-batches'
+// gradients add up to the full batch's.
+func (env *env) lossBatch() float64 {
+	if env.fullBatch > 0 {
+		return float64(env.fullBatch)
+	}
+	return float64(env.batch)
 }
 
 // kernel computes a node's outputs from its inputs (update kernels write
@@ -383,8 +398,11 @@ func dropout(env *env, n *ir.Node, ins [][]float64) [][]float64 {
 	}
 	p := n.Attrs.P
 	scale := 1 / (1 - p)
+	// masks are keyed by the element's index in the whole batch, so a
+	// micro-batch draws the same mask as the full batch did
+	first := int64(env.firstSample) * n.Ins[0].Type.SampleElems()
 	for i := range y {
-		if DropoutKeep(env.e.Seed, n.Attrs.Stream, env.e.Step, int64(i), p) {
+		if DropoutKeep(env.e.Seed, n.Attrs.Stream, env.e.Step, first+int64(i), p) {
 			y[i] *= scale
 		} else {
 			y[i] = 0
@@ -422,14 +440,14 @@ func crossEntropy(env *env, n *ir.Node, ins [][]float64) [][]float64 {
 		row := logits[b*c : (b+1)*c]
 		loss += logSumExp(row) - row[int(labels[b])]
 	}
-	return [][]float64{{loss / float64(env.batch)}}
+	return [][]float64{{loss / env.lossBatch()}}
 }
 
 func crossEntropyGrad(env *env, n *ir.Node, ins [][]float64) [][]float64 {
 	logits, labels := ins[0], ins[1]
 	c := int(n.Ins[0].Type.Dims[0])
 	d := make([]float64, len(logits))
-	inv := 1 / float64(env.batch)
+	inv := 1 / env.lossBatch()
 	for b := 0; b < env.batch; b++ {
 		row := logits[b*c : (b+1)*c]
 		lse := logSumExp(row)

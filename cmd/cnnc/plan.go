@@ -1,0 +1,212 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/compiler/plan/timeline"
+	"github.com/cnnc/cnnc/dsl"
+)
+
+// planFlags are the plan command's own flags (compileFlags add --batch,
+// --dump-after and --disable).
+type planFlags struct {
+	budget     string
+	plot       string
+	json       bool
+	maxBatch   bool
+	microBatch int64
+	trunk      string
+}
+
+func newPlanCmd(stdout, stderr io.Writer) *cobra.Command {
+	var f compileFlags
+	var pf planFlags
+	cmd := &cobra.Command{
+		Use:   "plan FILE",
+		Short: "plan the training step's memory before running it: peak, what is live there, recomputation, micro-batching",
+		Long: `plan compiles FILE and plans every buffer of one training step in one
+arena, at fixed offsets: the arena's size is the peak, exactly, and it is
+what the generated trainer allocates — once. The report shows the peak and
+what is live at it, bytes by category (parameters, optimizer state,
+gradients, saved activations, argmax bits, transient, workspace, input),
+every kernel with the bytes live during it, and every buffer with its
+offset and the DSL line it comes from.
+
+With a memory budget (the train block's memory_budget, or --memory-budget)
+the plan recomputes activations in the backward pass (fewest extra FLOPs)
+and, if that is not enough, runs the activation-heavy trunk (or the whole
+step) in micro-batches with gradient accumulation — the same update as the
+full batch. A budget no plan meets is an error naming the smallest budget
+that works. --max-batch answers the other question: the largest batch that
+fits the budget, without recomputation, with it, and with micro-batching.`,
+		Example: `  cnnc plan examples/simplecnn.cnn
+  cnnc plan --memory-budget 40MB --plot timeline.svg examples/simplecnn.cnn
+  cnnc plan examples/simplecnn.cnn --batch 256 --json
+  cnnc plan --max-batch --memory-budget 40MB examples/simplecnn.cnn`,
+		Args: exactlyOneFile,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runPlan(args[0], &f, &pf, stdout, stderr)
+		},
+	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&pf.budget, "memory-budget", "", "device memory the step may use, e.g. 40MB or 64MiB (overrides the train block's memory_budget; \"none\" ignores it)")
+	fl.StringVar(&pf.plot, "plot", "", "also draw the memory timeline into this file (.svg, .png or .pdf)")
+	fl.BoolVar(&pf.json, "json", false, "print the plan (or with --max-batch, the answer) as JSON; the peak is peak_bytes")
+	fl.BoolVar(&pf.maxBatch, "max-batch", false, "find the largest batch within the budget, without recomputation, with it, and with micro-batching")
+	fl.Int64Var(&pf.microBatch, "micro-batch", 0, "skip the search: run in micro-batches of this many samples (the whole step, or the trunk up to --trunk)")
+	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last layer of the micro-batched trunk")
+	return cmd
+}
+
+func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writer) error {
+	usage := func(format string, args ...any) error {
+		fmt.Fprintf(stderr, "cnnc: "+format+"\n", args...)
+		return exitError{exitUsage}
+	}
+	if pf.plot != "" {
+		switch strings.ToLower(filepath.Ext(pf.plot)) {
+		case ".svg", ".png", ".pdf":
+		default:
+			return usage("--plot %s: the file must end in .svg, .png or .pdf", pf.plot)
+		}
+	}
+	if pf.trunk != "" && pf.microBatch == 0 {
+		return usage("--trunk needs --micro-batch")
+	}
+	if pf.microBatch < 0 {
+		return usage("--micro-batch must be positive, got %d", pf.microBatch)
+	}
+	res, err := loadModel(path, f, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	if f.dumpAfter != "" {
+		return nil
+	}
+	cfg := plan.Config{Batch: res.Train.Batch, Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
+		MicroBatch: pf.microBatch, Trunk: pf.trunk}
+	switch pf.budget {
+	case "":
+	case "none":
+		cfg.Budget, cfg.BudgetPos = 0, dsl.Pos{}
+	default:
+		n, err := dsl.ParseSize(pf.budget)
+		if err != nil || n <= 0 {
+			return usage("--memory-budget %q: want a size such as 40MB or 64MiB", pf.budget)
+		}
+		cfg.Budget, cfg.BudgetPos, cfg.BudgetSource = n, dsl.Pos{}, "--memory-budget"
+	}
+	if pf.maxBatch {
+		return runMaxBatch(res, cfg, pf, stdout, stderr)
+	}
+	p, err := plan.Build(res.Graph, cfg)
+	if err != nil {
+		return planError(path, err, stderr)
+	}
+	if pf.plot != "" {
+		if err := timeline.Write(p, pf.plot); err != nil {
+			fmt.Fprintf(stderr, "cnnc: %v\n", err)
+			return exitError{exitModel}
+		}
+	}
+	if pf.json {
+		return writeJSON(stdout, p)
+	}
+	from := cfg.BudgetSource
+	if cfg.BudgetPos.IsValid() {
+		from = "memory_budget at " + cfg.BudgetPos.String()
+	}
+	p.WriteReport(stdout, plan.ReportOptions{Optimizer: res.Train.Optimizer.String(), Plot: pf.plot, BudgetFrom: from})
+	return nil
+}
+
+// planError prints a budget no plan meets at the memory_budget line (or
+// as a plain message when the budget came from the command line).
+func planError(path string, err error, stderr io.Writer) error {
+	var be *plan.BudgetError
+	if errors.As(err, &be) {
+		d := be.Diagnostic()
+		if d.Pos.IsValid() {
+			src, _ := os.ReadFile(path)
+			d.Span(tokenLen(src, d.Pos.Offset))
+			printDiagnostics(stderr, dsl.Diagnostics{d}, map[string][]byte{path: src})
+		} else {
+			fmt.Fprintf(stderr, "cnnc: %s\n", d.Message)
+			for _, h := range d.Hints {
+				fmt.Fprintf(stderr, "    %s\n", h)
+			}
+		}
+		return exitError{exitModel}
+	}
+	fmt.Fprintf(stderr, "cnnc: %v\n", err)
+	return exitError{exitModel}
+}
+
+// tokenLen is the length of the token at offset (the budget's size, to
+// underline it whole).
+func tokenLen(src []byte, offset int) int {
+	n := 0
+	for offset+n < len(src) && !strings.ContainsRune(" \t\r\n#;,)", rune(src[offset+n])) {
+		n++
+	}
+	return max(n, 1)
+}
+
+func runMaxBatch(res *compiler.Result, cfg plan.Config, pf *planFlags, stdout, stderr io.Writer) error {
+	if cfg.Budget <= 0 {
+		fmt.Fprintf(stderr, "cnnc: --max-batch needs a budget: --memory-budget SIZE or memory_budget in the train block\n")
+		return exitError{exitUsage}
+	}
+	if pf.microBatch > 0 {
+		fmt.Fprintf(stderr, "cnnc: --max-batch chooses micro-batches itself; drop --micro-batch\n")
+		return exitError{exitUsage}
+	}
+	m, err := plan.FindMaxBatch(res.Graph, cfg.Budget, 0)
+	if err != nil {
+		fmt.Fprintf(stderr, "cnnc: %v\n", err)
+		return exitError{exitModel}
+	}
+	if pf.json {
+		return writeJSON(stdout, m)
+	}
+	fmt.Fprintf(stdout, "largest batch of %s within %.2f MB (%d bytes):\n", res.Graph.Name, float64(cfg.Budget)/1e6, cfg.Budget)
+	for _, e := range []struct {
+		what string
+		e    plan.MaxBatchEntry
+	}{
+		{"without recomputation", m.Plain},
+		{"with recomputation", m.Recompute},
+		{"with micro-batching", m.MicroBatch},
+	} {
+		if e.e.Batch == 0 {
+			fmt.Fprintf(stdout, "  %-24s none: not even one sample fits\n", e.what)
+			continue
+		}
+		more := ""
+		if e.e.Batch >= m.Limit {
+			more = " (the search's limit)"
+		}
+		fmt.Fprintf(stdout, "  %-24s %8d%s   peak %.2f MB   %s\n", e.what, e.e.Batch, more, float64(e.e.PeakBytes)/1e6, e.e.How)
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", data)
+	return err
+}

@@ -1,0 +1,713 @@
+package plan
+
+import (
+	"fmt"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// loopKind says what part of the step runs in micro-batches.
+type loopKind uint8
+
+const (
+	noLoop    loopKind = iota
+	stepLoop           // the whole forward and backward pass, one loop
+	trunkLoop          // forward nodes fwd[0..cut]: a forward loop, then a backward loop that recomputes them
+)
+
+// decisions are what distinguishes one candidate plan from another.
+type decisions struct {
+	// split holds fused weight-gradient node IDs whose update is split
+	// off (the layer's weight gradient then runs before its input
+	// gradient, into a gradient buffer, and a separate update follows).
+	split map[int]bool
+	// drop holds forward node IDs whose outputs are freed after the
+	// forward pass and recomputed before their first backward use.
+	drop  map[int]bool
+	loop  loopKind
+	cut   int   // trunkLoop: index in fwd of the last trunk node
+	micro int64 // loop micro-batch
+}
+
+func (d decisions) clone() decisions {
+	c := d
+	c.split = copySet(d.split)
+	c.drop = copySet(d.drop)
+	return c
+}
+
+func copySet(s map[int]bool) map[int]bool {
+	c := map[int]bool{}
+	for k, v := range s {
+		if v {
+			c[k] = true
+		}
+	}
+	return c
+}
+
+// candidate is a scheduled, placed plan before it becomes a Plan.
+type candidate struct {
+	d     decisions
+	g     *ir.Graph
+	steps []*pstep
+	loops []*ploop
+	insts []*inst
+	bufs  []*buffer
+	live  []int64 // bytes live per step
+	arena int64
+	// maxLive is the largest live; extra and flops count FLOPs.
+	maxLive, extra, flops int64
+	split                 []*ir.Node // weight-gradient nodes split (in the clone)
+}
+
+// pstep is a step of a candidate's schedule.
+type pstep struct {
+	node       *ir.Node
+	recompute  bool
+	loop       int
+	ins, outs  []*inst
+	accumulate bool
+}
+
+// ploop is a micro-batch loop over steps first..last.
+type ploop struct {
+	first, last int
+	micro       int64
+	count       int64
+	what        string
+}
+
+// inst is one value instance: a value computed by one step (a recomputed
+// value is a second instance of the same IR value), or a graph input,
+// parameter or state value (def -1).
+type inst struct {
+	v          *ir.Value
+	def        int
+	reads      []int
+	lastRead   int
+	loop       int   // the loop it is local to (every read in its defining loop), or -1
+	samples    int64 // batched: the batch or the micro-batch; 0 unbatched
+	recomputed bool
+	accum      bool // an accumulator of a loop
+	keep       bool // read by the host after the step (loss, correct count)
+	persistent bool
+	cat        Category
+	next, prev *inst // in-place chain: next overwrites this one
+	buf        *buffer
+}
+
+// buffer is a candidate's arena region: one instance, or an in-place chain.
+type buffer struct {
+	id          int
+	insts       []*inst
+	bytes       int64
+	first, last int
+	loop        int
+	offset      int64
+}
+
+func (i *inst) bytes() int64 {
+	if i.v.Type.Batched {
+		return i.v.Type.Bytes(i.samples)
+	}
+	return i.v.Type.Bytes(1)
+}
+
+// placeEffort is how many orders the placement's local search tries when
+// the quick placement misses a budget the live bytes meet, and for the
+// final plan.
+const placeEffort = 300
+
+// evaluate schedules and places a candidate; an error means the decisions
+// do not give a valid schedule (the search then skips them).
+func (a *analysis) evaluate(d decisions) (*candidate, error) {
+	c := &candidate{d: d, g: a.g.Clone()}
+	if err := c.schedule(a); err != nil {
+		return nil, err
+	}
+	if err := c.walk(a); err != nil {
+		return nil, err
+	}
+	c.inPlace()
+	c.buffers(a)
+	c.arena = place(c.bufs, a.align, 0)
+	if a.budget > 0 && c.arena > a.budget && c.maxLive <= a.budget {
+		// close to the budget: worth a harder look at the placement
+		c.arena = place(c.bufs, a.align, placeEffort)
+	}
+	return c, nil
+}
+
+// splitUpdate turns a weight-gradient kernel with a fused update into one
+// that writes the gradients, plus one update node per parameter appended
+// in the update phase.
+func splitUpdate(g *ir.Graph, w *ir.Node) error {
+	p, err := w.Parts()
+	if err != nil {
+		return err
+	}
+	opt := w.Attrs.Opt
+	op := ir.OpSGDUpdate
+	if opt.Kind != ir.SGD {
+		op = ir.OpAdamUpdate
+	}
+	w.Attrs.Opt = nil
+	w.Ins = w.Ins[:len(w.Ins)-len(p.Params)-len(p.State)]
+	per := len(opt.StateNames())
+	for i, pv := range p.Params {
+		gv := g.NewValue(pv.Name+".grad", pv.Type, ir.RoleGrad, w.Pos)
+		gv.Param, gv.Def = pv.Param, w
+		w.Outs = append(w.Outs, gv)
+		ins := append([]*ir.Value{pv, gv}, p.State[i*per:(i+1)*per]...)
+		u := g.NewNode(op, w.Name, ir.Update, w.Pos, ins, nil, 0)
+		u.Attrs.Opt = opt
+		g.Append(u)
+	}
+	return nil
+}
+
+// schedule applies the splits to the clone and orders the steps:
+// forward, then backward (a split layer's weight gradient before its input
+// gradient), recomputations just before their first backward use, loops
+// as the decisions say, and each separate update as early as its gradient
+// and the last read of its parameter allow.
+func (c *candidate) schedule(a *analysis) error {
+	g, d := c.g, c.d
+	byID := map[int]*ir.Node{}
+	for _, n := range g.Nodes {
+		byID[n.ID] = n
+	}
+	inLoop := func(n *ir.Node) bool {
+		switch d.loop {
+		case stepLoop:
+			return true
+		case trunkLoop:
+			o := a.ownerOf(n)
+			return o >= 0 && o <= d.cut
+		}
+		return false
+	}
+	splitIDs := map[int]bool{}
+	for _, w := range a.fusedUpdates {
+		if d.split[w.ID] || inLoop(w) {
+			splitIDs[w.ID] = true
+		}
+	}
+	for _, w := range a.fusedUpdates {
+		if splitIDs[w.ID] {
+			n := byID[w.ID]
+			if err := splitUpdate(g, n); err != nil {
+				return err
+			}
+			c.split = append(c.split, n)
+		}
+	}
+	var fwd, bwd, upd []*ir.Node
+	for _, n := range g.Nodes {
+		switch {
+		case isView(n):
+		case n.Phase == ir.Forward:
+			fwd = append(fwd, n)
+		case n.Phase == ir.Update:
+			upd = append(upd, n)
+		default:
+			bwd = append(bwd, n)
+		}
+	}
+	// a split layer's weight gradient moves before its input gradient
+	moved := map[int]int{} // grad_input ID -> grad_weight ID
+	for id := range splitIDs {
+		if gi, ok := a.partner[id]; ok {
+			moved[gi] = id
+		}
+	}
+	var ordered []*ir.Node
+	for _, n := range bwd {
+		if _, ok := a.partner[n.ID]; ok && splitIDs[n.ID] {
+			continue
+		}
+		if w, ok := moved[n.ID]; ok {
+			ordered = append(ordered, byID[w])
+		}
+		ordered = append(ordered, n)
+	}
+	bwd = ordered
+
+	var seq []*pstep
+	add := func(ns []*ir.Node, loop int) {
+		for _, n := range ns {
+			seq = append(seq, &pstep{node: n, loop: loop})
+		}
+	}
+	switch d.loop {
+	case noLoop:
+		add(fwd, -1)
+		seq = append(seq, withRecomputes(bwd, d.drop, fwd, -1)...)
+		c.loops = nil
+	case stepLoop:
+		add(fwd, 0)
+		add(bwd, 0)
+		c.loops = []*ploop{{micro: d.micro, what: "the whole step"}}
+	case trunkLoop:
+		var trunkF, headF, trunkB, headB []*ir.Node
+		for _, n := range fwd {
+			if inLoop(n) {
+				trunkF = append(trunkF, n)
+			} else {
+				headF = append(headF, n)
+			}
+		}
+		for _, n := range bwd {
+			if inLoop(n) {
+				trunkB = append(trunkB, n)
+			} else {
+				headB = append(headB, n)
+			}
+		}
+		if len(trunkF) == 0 || len(headF) == 0 {
+			return fmt.Errorf("empty trunk or head")
+		}
+		// recompute in the backward loop the trunk nodes it needs whose
+		// outputs the head does not read (those are kept whole-batch)
+		headReads := map[*ir.Value]bool{}
+		for _, n := range append(append([]*ir.Node{}, headF...), headB...) {
+			for _, v := range n.Ins {
+				headReads[root(v)] = true
+			}
+		}
+		need := map[*ir.Value]bool{}
+		for _, n := range trunkB {
+			for _, v := range n.Ins {
+				need[root(v)] = true
+			}
+		}
+		rec := map[int]bool{}
+		for i := len(trunkF) - 1; i >= 0; i-- {
+			n := trunkF[i]
+			needed, shared := false, false
+			for _, o := range n.Outs {
+				needed = needed || need[o]
+				shared = shared || headReads[o]
+			}
+			if needed && !shared {
+				rec[n.ID] = true
+				for _, v := range n.Ins {
+					need[root(v)] = true
+				}
+			}
+		}
+		add(trunkF, 0)
+		add(headF, -1)
+		add(headB, -1)
+		seq = append(seq, withRecomputes(trunkB, rec, trunkF, 1)...)
+		names := []string{layerName(trunkF[0]), layerName(trunkF[len(trunkF)-1])}
+		c.loops = []*ploop{
+			{micro: d.micro, what: fmt.Sprintf("forward of %s..%s", names[0], names[1])},
+			{micro: d.micro, what: fmt.Sprintf("backward of %s..%s, recomputing its forward", names[0], names[1])},
+		}
+	}
+	seq = insertUpdates(seq, upd)
+	c.steps = seq
+	// loop extents and iteration counts
+	for li, l := range c.loops {
+		l.first, l.last = -1, -1
+		for i, s := range seq {
+			if s.loop == li {
+				if l.first < 0 {
+					l.first = i
+				}
+				if l.last >= 0 && l.last != i-1 {
+					return fmt.Errorf("loop %d is not contiguous", li)
+				}
+				l.last = i
+			}
+		}
+		if l.first < 0 {
+			return fmt.Errorf("loop %d is empty", li)
+		}
+		l.count = (a.batch + l.micro - 1) / l.micro
+	}
+	// the planned graph lists nodes in step order (updates in their phase)
+	var nodes []*ir.Node
+	seen := map[*ir.Node]bool{}
+	for _, s := range seq {
+		if !s.recompute && s.node.Phase != ir.Update && !seen[s.node] {
+			seen[s.node] = true
+			nodes = append(nodes, s.node)
+		}
+	}
+	var views []*ir.Node
+	for _, n := range g.Nodes {
+		if isView(n) {
+			views = append(views, n)
+		}
+	}
+	// views go right after the node defining their input (their readers
+	// come later), keeping the graph in SSA order
+	nodes = placeViews(nodes, views)
+	for _, s := range seq {
+		if s.node.Phase == ir.Update {
+			nodes = append(nodes, s.node)
+		}
+	}
+	g.Nodes = nodes
+	return nil
+}
+
+// placeViews inserts each view node right after the node defining its
+// input (views of graph inputs go first).
+func placeViews(nodes, views []*ir.Node) []*ir.Node {
+	after := map[*ir.Node][]*ir.Node{}
+	var first []*ir.Node
+	for _, v := range views {
+		if d := v.Ins[0].Def; d != nil {
+			after[d] = append(after[d], v)
+		} else {
+			first = append(first, v)
+		}
+	}
+	out := append([]*ir.Node{}, first...)
+	var emit func(n *ir.Node)
+	emit = func(n *ir.Node) {
+		out = append(out, n)
+		for _, v := range after[n] {
+			emit(v)
+		}
+	}
+	for _, v := range first {
+		for _, w := range after[v] {
+			emit(w)
+		}
+	}
+	for _, n := range nodes {
+		emit(n)
+	}
+	return out
+}
+
+// withRecomputes returns the steps of list with a recomputation of each
+// dropped forward node (in forward order fwd) inserted before the first
+// step that reads its outputs, directly or through another recomputation.
+func withRecomputes(list []*ir.Node, drop map[int]bool, fwd []*ir.Node, loop int) []*pstep {
+	first := map[*ir.Value]int{}
+	for i, n := range list {
+		for _, v := range n.Ins {
+			r := root(v)
+			if _, ok := first[r]; !ok {
+				first[r] = i
+			}
+		}
+	}
+	const never = 1 << 30
+	anchor := map[*ir.Node]int{}
+	for i := len(fwd) - 1; i >= 0; i-- {
+		f := fwd[i]
+		if !drop[f.ID] {
+			continue
+		}
+		at := never
+		for _, o := range f.Outs {
+			if j, ok := first[o]; ok {
+				at = min(at, j)
+			}
+		}
+		for g, j := range anchor {
+			for _, v := range g.Ins {
+				for _, o := range f.Outs {
+					if root(v) == o {
+						at = min(at, j)
+					}
+				}
+			}
+		}
+		if at < never {
+			anchor[f] = at
+		}
+	}
+	var out []*pstep
+	for i, n := range list {
+		for _, f := range fwd {
+			if j, ok := anchor[f]; ok && j == i {
+				out = append(out, &pstep{node: f, recompute: true, loop: loop})
+			}
+		}
+		out = append(out, &pstep{node: n, loop: loop})
+	}
+	return out
+}
+
+// insertUpdates places each separate update right after the later of its
+// gradient's definition and the last other step reading its parameter, or
+// after the loop those fall in.
+func insertUpdates(seq []*pstep, upd []*ir.Node) []*pstep {
+	def := map[*ir.Value]int{}
+	lastRead := map[*ir.Value]int{}
+	for i, s := range seq {
+		for _, v := range s.node.Ins {
+			lastRead[root(v)] = i
+		}
+		if !s.recompute {
+			for _, v := range s.node.Outs {
+				def[v] = i
+			}
+		}
+	}
+	after := map[int][]*ir.Node{}
+	var front []*ir.Node
+	for _, u := range upd {
+		at := -1
+		for _, v := range u.Ins {
+			if v.Role == ir.RoleGrad || v.Role == ir.RoleActGrad {
+				if i, ok := def[root(v)]; ok {
+					at = max(at, i)
+				}
+			}
+		}
+		if i, ok := lastRead[u.Ins[0]]; ok {
+			at = max(at, i)
+		}
+		if at >= 0 && seq[at].loop >= 0 {
+			l := seq[at].loop
+			for at+1 < len(seq) && seq[at+1].loop == l {
+				at++
+			}
+		}
+		if at < 0 {
+			front = append(front, u)
+		} else {
+			after[at] = append(after[at], u)
+		}
+	}
+	var out []*pstep
+	for _, u := range front {
+		out = append(out, &pstep{node: u, loop: -1})
+	}
+	for i, s := range seq {
+		out = append(out, s)
+		for _, u := range after[i] {
+			out = append(out, &pstep{node: u, loop: -1})
+		}
+	}
+	return out
+}
+
+// walk resolves every operand to a value instance and checks the order:
+// each value is defined before it is read, no parameter is read after its
+// update, nothing in a loop updates a parameter or reads an accumulator.
+func (c *candidate) walk(a *analysis) error {
+	g := c.g
+	cur := map[*ir.Value]*inst{}
+	newInst := func(v *ir.Value, def int) *inst {
+		i := &inst{v: v, def: def, lastRead: def, loop: -1}
+		c.insts = append(c.insts, i)
+		cur[v] = i
+		return i
+	}
+	for _, v := range g.Inputs {
+		newInst(v, -1)
+	}
+	for _, p := range g.Params {
+		newInst(p.Value, -1).persistent = true
+		for _, s := range p.State {
+			newInst(s, -1).persistent = true
+		}
+	}
+	updated := map[*ir.Value]bool{}
+	for i, s := range c.steps {
+		n := s.node
+		for _, v := range n.Ins {
+			r := root(v)
+			in := cur[r]
+			if in == nil {
+				return fmt.Errorf("%s reads %s before it is defined", n.Op, v)
+			}
+			if updated[r] {
+				return fmt.Errorf("%s reads %s after its update", n.Op, v)
+			}
+			if s.loop >= 0 && in.accum {
+				return fmt.Errorf("%s in a loop reads the accumulator %s", n.Op, v)
+			}
+			in.reads = append(in.reads, i)
+			in.lastRead = i
+			s.ins = append(s.ins, in)
+		}
+		if s.loop >= 0 && len(n.UpdatedParams()) > 0 {
+			return fmt.Errorf("%s updates parameters inside a micro-batch loop", n.Op)
+		}
+		for _, p := range n.UpdatedParams() {
+			updated[p.Value] = true
+		}
+		for _, v := range n.Outs {
+			o := newInst(v, i)
+			o.recomputed = s.recompute
+			if s.loop >= 0 && !v.Type.Batched {
+				o.accum = true
+				s.accumulate = true
+			}
+			s.outs = append(s.outs, o)
+		}
+	}
+	// the host reads the loss and the correct count after the step (or
+	// the logits, when no kernel counts)
+	lossNode := g.Loss.Def
+	for _, in := range c.insts {
+		if in.def < 0 {
+			continue
+		}
+		if in.v == g.Loss || (in.v.Def == lossNode && in.v.Role != ir.RoleActGrad) {
+			in.keep = true
+		}
+		if len(lossNode.Outs) == 1 && in.v == g.Logits {
+			in.keep = true
+		}
+	}
+	// batch extent: a batched instance defined in a loop and read only
+	// there lives one micro-batch at a time
+	for _, in := range c.insts {
+		if !in.v.Type.Batched {
+			continue
+		}
+		in.samples = a.batch
+		if in.def >= 0 && !in.keep {
+			if l := c.steps[in.def].loop; l >= 0 {
+				local := true
+				for _, r := range in.reads {
+					local = local && c.steps[r].loop == l
+				}
+				if local {
+					in.loop, in.samples = l, c.loops[l].micro
+				}
+			}
+		}
+	}
+	for _, in := range c.insts {
+		in.cat = c.category(in)
+	}
+	return nil
+}
+
+func (c *candidate) category(in *inst) Category {
+	switch in.v.Role {
+	case ir.RoleParam:
+		return CatParam
+	case ir.RoleOptState:
+		return CatState
+	case ir.RoleGrad:
+		return CatGrad
+	case ir.RoleInput, ir.RoleLabel:
+		return CatInput
+	case ir.RoleActivation:
+		if in.v.Type.DType == ir.Argmax {
+			return CatArgmax
+		}
+		if in.recomputed || (in.lastRead >= 0 && phaseOf(c.steps[in.lastRead]) != ir.Forward) {
+			return CatSaved
+		}
+	}
+	return CatTransient
+}
+
+func phaseOf(s *pstep) ir.Phase {
+	if s.recompute {
+		return ir.Backward
+	}
+	return s.node.Phase
+}
+
+// inPlace lets a kernel's output take over an input's buffer where the op
+// allows it (ir.Node.InPlaceInputs) and the input dies at that kernel.
+func (c *candidate) inPlace() {
+	for i, s := range c.steps {
+		if len(s.outs) == 0 {
+			continue
+		}
+		out := s.outs[0]
+		for _, j := range s.node.InPlaceInputs() {
+			in := s.ins[j]
+			if in.def < 0 || in.persistent || in.keep || in.accum || out.accum || out.keep ||
+				in.lastRead != i || in.next != nil || in.loop != out.loop || in.samples != out.samples ||
+				in.bytes() != out.bytes() || in.v.Type.DType != out.v.Type.DType {
+				continue
+			}
+			if s.loop >= 0 && in.loop != s.loop {
+				continue // a whole-batch input read by every iteration
+			}
+			in.next, out.prev = out, in
+			break
+		}
+	}
+}
+
+// buffers groups instances into buffers (an in-place chain shares one) and
+// computes live ranges, extended over loops: a buffer read inside a loop
+// but defined before it lives to the loop's end; one defined inside and
+// read after it lives from the loop's start (every iteration writes its
+// slice); accumulators live from the start (zeroed there).
+func (c *candidate) buffers(a *analysis) {
+	last := len(c.steps) - 1
+	for _, in := range c.insts {
+		if in.prev != nil {
+			continue
+		}
+		b := &buffer{id: len(c.bufs), loop: in.loop, first: max(in.def, 0)}
+		b.bytes = in.bytes()
+		for x := in; x != nil; x = x.next {
+			x.buf = b
+			b.insts = append(b.insts, x)
+			b.last = max(b.last, x.lastRead, x.def)
+			if x.keep || x.persistent {
+				b.last = last
+			}
+			if x.loop != b.loop {
+				b.loop = -1
+			}
+		}
+		if in.persistent {
+			b.first = 0
+		}
+		for li, l := range c.loops {
+			if b.loop == li {
+				continue
+			}
+			if b.first < l.first && b.last >= l.first && b.last < l.last {
+				b.last = l.last
+			}
+			if b.first >= l.first && b.first <= l.last {
+				b.first = l.first
+				b.last = max(b.last, l.last)
+			}
+		}
+		c.bufs = append(c.bufs, b)
+	}
+	c.live = make([]int64, len(c.steps))
+	for _, b := range c.bufs {
+		for s := b.first; s <= b.last; s++ {
+			c.live[s] += b.bytes
+		}
+	}
+	c.maxLive = 0
+	for _, l := range c.live {
+		c.maxLive = max(c.maxLive, l)
+	}
+	c.flops, c.extra = 0, 0
+	for _, s := range c.steps {
+		f := c.stepFLOPs(a, s)
+		c.flops += f
+		if s.recompute {
+			c.extra += f
+		}
+	}
+}
+
+// stepFLOPs counts a step over all its loop iterations.
+func (c *candidate) stepFLOPs(a *analysis, s *pstep) int64 {
+	batched := false
+	for _, v := range s.node.Ins {
+		batched = batched || v.Type.Batched
+	}
+	if s.loop >= 0 && !batched {
+		return s.node.FLOPs(1) * c.loops[s.loop].count
+	}
+	return s.node.FLOPs(a.batch)
+}
