@@ -11,6 +11,7 @@ help:
 	@echo "make test          run every test (CI runs this)"
 	@echo "make demo          the main job: check the examples, show the OOM guide's bug"
 	@echo "make test-asan     the CUDA emulator and kernel suites under AddressSanitizer"
+	@echo "make kernels-report  ptxas registers, shared memory and spills of the examples' kernels (needs nvcc)"
 	@echo "make fuzz-short    30 s of fuzzing the DSL front end (CI runs it)"
 	@echo "make lint          gofmt -l and go vet"
 	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
@@ -30,6 +31,11 @@ test-asan:
 FUZZTIME ?= 30s
 fuzz-short:
 	$(GO) test ./compiler -run='^$$' -fuzz=FuzzCompile -fuzztime=$(FUZZTIME)
+
+# Every kernel of the examples compiled for sm_80 and sm_90; fails on a
+# spill or a local-memory stack frame.
+kernels-report:
+	$(GO) run codegen/ptxas_report.go $(EXAMPLES)
 
 demo: build
 	@for f in $(EXAMPLES); do echo "\$$ cnnc check $$f"; ./$(CNNC) check $$f || exit 1; echo; done

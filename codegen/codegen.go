@@ -91,6 +91,21 @@ type Program struct {
 	// Views are values that share another value's buffer (flatten,
 	// reshape): no kernel runs for them.
 	Views map[*ir.Value]*ir.Value
+	// Scratch lists temporary buffers that one node's launches pass
+	// between them (split-K partial sums). They are not values of the
+	// graph: each is live only while its node runs, is allocated like a
+	// value (Type.Bytes(Batch)), and needs no initial contents.
+	Scratch []*ir.Value
+}
+
+// NoRuleError is Generate's error for an op that has no kernel rule.
+type NoRuleError struct {
+	Op   ir.Op
+	Node string // the node's text
+}
+
+func (e *NoRuleError) Error() string {
+	return fmt.Sprintf("codegen: no kernel for %s (%s)", e.Op, e.Node)
 }
 
 // Options tune Generate.
@@ -145,6 +160,14 @@ func (e *emitter) kernel(family, name string, data any) error {
 
 func (e *emitter) launch(l *Launch) { e.prog.Launches = append(e.prog.Launches, l) }
 
+// scratch makes a temporary buffer for node n's launches (see
+// Program.Scratch), named after the node.
+func (e *emitter) scratch(n *ir.Node, suffix string, t ir.Type) *ir.Value {
+	v := &ir.Value{ID: -1, Name: n.Name + "." + suffix, Type: t}
+	e.prog.Scratch = append(e.prog.Scratch, v)
+	return v
+}
+
 // Generate produces the Program of a fused graph.
 func Generate(g *ir.Graph, opts Options) (*Program, error) {
 	return GenerateNodes(g.Name, g.Nodes, opts)
@@ -170,7 +193,7 @@ func GenerateNodes(model string, nodes []*ir.Node, opts Options) (*Program, erro
 		}
 		r, ok := kernelRules[n.Op]
 		if !ok {
-			return nil, fmt.Errorf("codegen: no kernel for %s (%s)", n.Op, n.Text())
+			return nil, &NoRuleError{Op: n.Op, Node: n.Text()}
 		}
 		if err := r(e, n); err != nil {
 			return nil, err

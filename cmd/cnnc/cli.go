@@ -59,6 +59,7 @@ statically and emits CUDA kernels plus a standalone Go trainer.`,
 	root.SetErr(stderr)
 	root.AddCommand(newCheckCmd(stdout, stderr), newPassesCmd(stdout))
 	root.AddCommand(newPlanCmd(stdout, stderr))
+	root.AddCommand(newBuildCmd(stdout, stderr))
 	return root
 }
 

@@ -27,22 +27,22 @@ type Backends map[string]func(spec *Spec) (runtime.Device, error)
 
 // Options are the trainer's command-line settings.
 type Options struct {
-	Data, Test    string
-	Epochs        int
-	Batch         int
-	LR            float64
-	Seed          uint64
-	Device        string
-	Checkpoint    string
-	Init, Resume  string
-	EvalOnly      bool
-	NoShuffle     bool
-	SkipBad       bool
-	Log           string
-	Plot          string
-	Profile       int
-	MaxSteps      int // stop after this many steps in total (0: no limit)
-	Quiet         bool
+	Data, Test     string
+	Epochs         int
+	Batch          int
+	LR             float64
+	Seed           uint64
+	Device         string
+	Checkpoint     string
+	Init, Resume   string
+	EvalOnly       bool
+	NoShuffle      bool
+	SkipBad        bool
+	Log            string
+	Plot           string
+	Profile        int
+	MaxSteps       int // stop after this many steps in total (0: no limit)
+	Quiet          bool
 	stdout, stderr io.Writer
 }
 
@@ -149,9 +149,9 @@ func openData(spec *Spec, path string, train bool, skipBad bool, warn func(strin
 
 // progress state written to checkpoints so that --resume continues exactly.
 const (
-	metaEpoch = "epoch"       // epoch in progress
-	metaBatch = "epoch_batch" // batches of it already done
-	metaShuf  = "no_shuffle"
+	metaEpoch     = "epoch"       // epoch in progress
+	metaBatch     = "epoch_batch" // batches of it already done
+	metaShuf      = "no_shuffle"
 	metaBatchSize = "batch_size"
 )
 

@@ -1,0 +1,563 @@
+package codegen
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// Convolution blocks (ir/fused.go): conv + bias + ReLU + max-pool forward,
+// the input gradient and the weight gradient with the optimizer update
+// fused, all as tiled implicit GEMMs (templates/conv.cu.tmpl).
+//
+//   - conv_block_fwd: y(o, p) = sum over r = (c, ky, kx) of w(o, r)·x(c, p·s - pad + (ky, kx)).
+//     A block computes a BM (output channels) x BN (conv outputs) tile from
+//     K slices of w and of the im2col view of x staged in shared memory
+//     (the im2col view is never stored: each thread gathers one column, u8
+//     HWC images converted as they load). With a pool epilogue the BN
+//     columns are the conv outputs under a tile of pooled outputs (with the
+//     overlap of overlapping windows), kept in shared memory; only the pooled
+//     values and their packed argmax reach global memory.
+//   - conv_block_dgrad: dx(c, i) = sum over r = (o, ky, kx) of w(o, c, ky, kx)·dy(o, (i + pad - k)/s).
+//     Pixels are split into stride phases (iy mod SH, ix mod SW), whose
+//     pixels all use the same taps, so a block — BM input channels x a
+//     TH x TW tile of one phase — runs a dense stride-1 conv (no per-tap
+//     tests, no zero products). Per chunk of output channels it gathers the
+//     dy region the tile needs into shared memory — from the pooled gradient
+//     through the argmax bits and the ReLU mask, so the full-resolution
+//     gradient never exists in global memory.
+//   - conv_block_wgrad + conv_block_wgrad_reduce: dw(o, r) = sum over
+//     positions q = (b, oy, ox) of dy(o, q)·x(r, q), a GEMM whose reduction
+//     runs over batch x space. The reduction is split over blockIdx.z into
+//     a scratch buffer of partial sums (Program.Scratch), then the reduce
+//     kernel adds the splits in a fixed order and writes dw (and db) or
+//     applies the optimizer step. No float atomics: every run is bit-exact.
+
+func init() {
+	register(ir.OpConvBlock, convBlockForwardRule)
+	register(ir.OpConvBlockGradInput, convBlockGradInputRule)
+	register(ir.OpConvBlockGradWeight, convBlockGradWeightRule)
+}
+
+// convGeom is the compile-time geometry of a conv block.
+type convGeom struct {
+	B                            int64
+	C, H, W                      int64 // block input as f32 [C,H,W]
+	U8                           bool  // the input is the u8 [H,W,C] image, converted in the loads
+	O, KH, KW, SH, SW, PH, PW    int64
+	HO, WO                       int64 // conv output
+	Pool                         bool
+	PKH, PKW, PSH, PSW, PPH, PPW int64
+	PHO, PWO                     int64 // pooled output
+	Bits, Per, BitMask           int64 // argmax bits per element, elements per 32-bit word, (1<<Bits)-1
+	Bias, ReLU, HasY, MaskOut    bool
+	// derived sizes
+	HW, HWO, KHKW, K, PHWO int64
+	WElems, PooledTotal    int64  // O·K weights; B·O·PHO·PWO pooled outputs
+	Idx                    string // C index type of flat offsets
+}
+
+// newConvGeom reads a block's geometry; x is the block input's type (u8
+// HWC or f32 CHW).
+func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
+	a := n.Attrs
+	g := &convGeom{B: batch, O: a.Out, KH: a.Kernel[0], KW: a.Kernel[1], SH: a.Stride[0], SW: a.Stride[1], PH: a.Pad[0], PW: a.Pad[1],
+		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut}
+	switch {
+	case x.DType == ir.U8 && len(x.Dims) == 3:
+		g.U8, g.H, g.W, g.C = true, x.Dims[0], x.Dims[1], x.Dims[2]
+	case x.DType == ir.F32 && len(x.Dims) == 3:
+		g.C, g.H, g.W = x.Dims[0], x.Dims[1], x.Dims[2]
+	default:
+		return nil, fmt.Errorf("codegen: %s: block input %s is neither f32 [C,H,W] nor u8 [H,W,C]", n.Text(), x)
+	}
+	var ok1, ok2 bool
+	g.HO, ok1 = ir.ConvOut(g.H, g.KH, g.SH, g.PH)
+	g.WO, ok2 = ir.ConvOut(g.W, g.KW, g.SW, g.PW)
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("codegen: %s: the kernel does not fit the input", n.Text())
+	}
+	if g.KH > 32 || g.KW > 32 {
+		return nil, fmt.Errorf("codegen: %s: kernels larger than 32x32 are not supported", n.Text())
+	}
+	if p := a.Pool; p != nil {
+		g.Pool = true
+		g.PKH, g.PKW, g.PSH, g.PSW, g.PPH, g.PPW = p.Kernel[0], p.Kernel[1], p.Stride[0], p.Stride[1], p.Pad[0], p.Pad[1]
+		g.PHO, ok1 = ir.ConvOut(g.HO, g.PKH, g.PSH, g.PPH)
+		g.PWO, ok2 = ir.ConvOut(g.WO, g.PKW, g.PSW, g.PPW)
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("codegen: %s: the pool window does not fit the conv output", n.Text())
+		}
+		g.Bits = ir.ArgmaxType(g.PKH * g.PKW).Bits
+		if g.Bits > 16 {
+			return nil, fmt.Errorf("codegen: %s: pool windows over 65536 elements are not supported", n.Text())
+		}
+		g.Per, g.BitMask = 32/g.Bits, 1<<g.Bits-1
+		g.PHWO = g.PHO * g.PWO
+		g.PooledTotal = batch * g.O * g.PHWO
+	}
+	g.HW, g.HWO, g.KHKW = g.H*g.W, g.HO*g.WO, g.KH*g.KW
+	g.K = g.C * g.KHKW
+	g.WElems = g.O * g.K
+	g.Idx = indexType(batch*g.C*g.HW, batch*g.O*g.HWO, g.O*g.K)
+	if forceLongIndex {
+		g.Idx = "long"
+	}
+	return g, nil
+}
+
+// forceLongIndex makes conv and pool kernels index with 64-bit integers
+// whatever their size, so that tests run that variant on shapes small
+// enough for the emulator (conv_export_test.go).
+var forceLongIndex = false
+
+// name describes every compile-time property of the geometry.
+func (g *convGeom) name() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "x%dx%dx%d", g.C, g.H, g.W)
+	if g.U8 {
+		b.WriteString("u8")
+	}
+	fmt.Fprintf(&b, "_o%d_k%dx%ds%dx%dp%dx%d", g.O, g.KH, g.KW, g.SH, g.SW, g.PH, g.PW)
+	if g.Bias {
+		b.WriteString("_bias")
+	}
+	if g.ReLU {
+		b.WriteString("_relu")
+	}
+	if g.Pool {
+		fmt.Fprintf(&b, "_pool%dx%ds%dx%dp%dx%d", g.PKH, g.PKW, g.PSH, g.PSW, g.PPH, g.PPW)
+	}
+	if g.Idx == "long" {
+		b.WriteString("_i64")
+	}
+	return b.String()
+}
+
+// doc is the geometry in words, for kernel comments.
+func (g *convGeom) doc() string {
+	in := fmt.Sprintf("f32 [B,%d,%d,%d]", g.C, g.H, g.W)
+	if g.U8 {
+		in = fmt.Sprintf("u8 [B,%d,%d,%d] (HWC, /255 in the loads)", g.H, g.W, g.C)
+	}
+	s := fmt.Sprintf("conv %dx%d stride %dx%d pad %dx%d of %s to [B,%d,%d,%d]", g.KH, g.KW, g.SH, g.SW, g.PH, g.PW, in, g.O, g.HO, g.WO)
+	if g.Bias {
+		s += " + bias"
+	}
+	if g.ReLU {
+		s += ", ReLU"
+	}
+	if g.Pool {
+		s += fmt.Sprintf(", max-pool %dx%d stride %dx%d pad %dx%d to [B,%d,%d,%d]", g.PKH, g.PKW, g.PSH, g.PSW, g.PPH, g.PPW, g.O, g.PHO, g.PWO)
+	}
+	return s
+}
+
+// gemmTile: a block of T = MT·NT threads computes a BM x BN output tile,
+// each thread TM x TN of it in registers.
+type gemmTile struct{ BM, TM, MT, BN, TN, NT, T int64 }
+
+// tileFor picks the tile by the GEMM's M (channels) so that small layers
+// do not waste most of a 64-row tile. Every tile has 64 threads and 64
+// columns, so in the forward kernel each thread gathers one im2col column.
+func tileFor(m int64) gemmTile {
+	switch {
+	case m <= 8:
+		return gemmTile{BM: 8, TM: 2, MT: 4, BN: 64, TN: 4, NT: 16, T: 64}
+	case m <= 16:
+		return gemmTile{BM: 16, TM: 4, MT: 4, BN: 64, TN: 4, NT: 16, T: 64}
+	case m <= 32:
+		return gemmTile{BM: 32, TM: 8, MT: 4, BN: 64, TN: 4, NT: 16, T: 64}
+	}
+	return gemmTile{BM: 64, TM: 8, MT: 8, BN: 64, TN: 8, NT: 8, T: 64}
+}
+
+// fragLoad is C code that loads n consecutive floats of shared array arr
+// at offset off (a multiple of n's vector width) into dst[0..n), with
+// 16-byte (8-byte for n = 2) loads.
+func fragLoad(dst, arr, off string, n int64) string {
+	var b strings.Builder
+	if n%4 != 0 {
+		for i := int64(0); i < n; i += 2 {
+			fmt.Fprintf(&b, "{ const float2 v = *reinterpret_cast<const float2*>(&%s[%s + %d]); %s[%d] = v.x; %s[%d] = v.y; } ", arr, off, i, dst, i, dst, i+1)
+		}
+		return b.String()
+	}
+	for i := int64(0); i < n; i += 4 {
+		fmt.Fprintf(&b, "{ const float4 v = *reinterpret_cast<const float4*>(&%s[%s + %d]); %s[%d] = v.x; %s[%d] = v.y; %s[%d] = v.z; %s[%d] = v.w; } ",
+			arr, off, i, dst, i, dst, i+1, dst, i+2, dst, i+3)
+	}
+	return b.String()
+}
+
+const maxStaticShared = 40 << 10 // bytes of shared memory a conv kernel may use (48 KiB without opt-in)
+
+// convData is what the conv templates read.
+type convData struct {
+	*convGeom
+	gemmTile
+	Name, Doc, Params string
+	// forward: K chunks of CB channels x KHC kernel rows (BK rows of the GEMM)
+	// and WG threads per weight row loading WPT weights each
+	BK, CB, KHC, KYChunks, NCH, WG, WPT, WS int64
+	NTotal                                  int64 // unpooled: B·HO·WO columns
+	// forward pool epilogue: a tile of TPH x TPW pooled outputs over a
+	// region of RH x RW conv outputs
+	TPH, TPW, RH, RW, TilesW, TilesPerSample int64
+	FullRows                                 bool
+	Segs, MaxWords                           int64
+	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
+	// per phase, OC output channels per chunk, an RH x RW dy region
+	TH, TW, OC, KHP, KWP, TilesPerPhase int64
+	// wgrad: BQ positions per chunk, Splits of QPerSplit positions
+	BQ, G, XPT, DPT, XS, DS, Splits, QPerSplit, Q, WE int64
+	// conv_mma: Rows staged rows per chunk; RowSum: also sum A's rows (the bias gradient)
+	Rows           int64
+	RowSum         bool
+	LoadA, LoadB   string
+	SharedFloats   int64
+	Site, BiasSite *optSite
+}
+
+func convBlockForwardRule(e *emitter, n *ir.Node) error {
+	p, err := n.Parts()
+	if err != nil {
+		return err
+	}
+	g, err := newConvGeom(n, p.X.Type, e.batch)
+	if err != nil {
+		return err
+	}
+	d := &convData{convGeom: g, gemmTile: tileFor(g.O)}
+	if d.T != d.BN || d.T%d.BM != 0 {
+		return fmt.Errorf("codegen: %s: tile %+v: the forward kernel needs one thread per column and whole weight rows", n.Text(), d.gemmTile)
+	}
+	maxBK := int64(32)
+	if d.BM == 64 {
+		maxBK = 18 // the 8x8 register tile plus a prefetch of 2x18 values stays clear of spills
+	}
+	if g.KHKW <= maxBK {
+		d.KHC, d.CB = g.KH, min(g.C, max(1, maxBK/g.KHKW))
+	} else {
+		d.KHC, d.CB = max(1, maxBK/g.KW), 1
+	}
+	d.BK = d.CB * d.KHC * g.KW
+	d.KYChunks = (g.KH + d.KHC - 1) / d.KHC
+	d.NCH = (g.C + d.CB - 1) / d.CB * d.KYChunks
+	d.WG = d.T / d.BM
+	d.WPT = (d.BK + d.WG - 1) / d.WG
+	d.Rows = d.BK
+	d.WS = d.BM + 4
+	d.SharedFloats = d.BK * (d.WS + d.BN)
+	grid := [3]uint32{0, uint32((g.O + d.BM - 1) / d.BM), 1}
+	if g.Pool {
+		if err := d.poolTile(); err != nil {
+			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
+		}
+		d.SharedFloats = max(d.SharedFloats, d.BM*d.BN)
+		grid[0] = uint32(g.B * d.TilesPerSample)
+	} else {
+		d.NTotal = g.B * g.HWO
+		grid[0] = uint32((d.NTotal + d.BN - 1) / d.BN)
+	}
+	if d.SharedFloats*4 > maxStaticShared {
+		return fmt.Errorf("codegen: %s: the conv tile needs %d bytes of shared memory", n.Text(), d.SharedFloats*4)
+	}
+	d.LoadA = fragLoad("a", "Ws", fmt.Sprintf("r * %d + tm * %d", d.WS, d.TM), d.TM)
+	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.BN, d.TN), d.TN)
+	d.Name = fmt.Sprintf("conv_block_fwd_%s_b%d", g.name(), g.B)
+	d.Doc = g.doc()
+	xt := "float"
+	if g.U8 {
+		xt = "unsigned char"
+	}
+	params := []string{"const " + xt + "* __restrict__ x", "const float* __restrict__ w"}
+	args := []Arg{buf(p.X), buf(p.W)}
+	if g.Bias {
+		params = append(params, "const float* __restrict__ bias")
+		args = append(args, buf(p.B))
+	}
+	params = append(params, "float* __restrict__ y")
+	args = append(args, buf(n.Outs[0]))
+	if g.Pool {
+		params = append(params, "unsigned int* __restrict__ argmax")
+		args = append(args, buf(n.Outs[1]))
+	}
+	d.Params = strings.Join(params, ", ")
+	if err := e.kernel("conv_block_fwd", d.Name, d); err != nil {
+		return err
+	}
+	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(d.SharedFloats * 4),
+		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+	return nil
+}
+
+// poolTile picks the pooled tile of a forward block: as many pooled
+// outputs as possible whose conv region fits the BN columns, whole pooled
+// rows when they fit (then a plane's outputs of the tile are one run of
+// argmax words).
+func (d *convData) poolTile() error {
+	g := d.convGeom
+	best := int64(0)
+	for tpw := g.PWO; tpw >= 1; tpw-- {
+		rw := (tpw-1)*g.PSW + g.PKW
+		if rw*g.PKH > d.BN {
+			continue
+		}
+		tph := min(g.PHO, (d.BN/rw-g.PKH)/g.PSH+1)
+		if tph*tpw > best {
+			best, d.TPH, d.TPW = tph*tpw, tph, tpw
+		}
+	}
+	if best == 0 {
+		return fmt.Errorf("pool window %dx%d is larger than a conv tile of %d", g.PKH, g.PKW, d.BN)
+	}
+	d.RH, d.RW = (d.TPH-1)*g.PSH+g.PKH, (d.TPW-1)*g.PSW+g.PKW
+	d.TilesW = (g.PWO + d.TPW - 1) / d.TPW
+	d.TilesPerSample = (g.PHO + d.TPH - 1) / d.TPH * d.TilesW
+	d.FullRows = d.TPW == g.PWO
+	segLen := d.TPW
+	d.Segs = d.TPH
+	if d.FullRows {
+		segLen, d.Segs = d.TPH*g.PWO, 1
+	}
+	d.MaxWords = (segLen + 2*g.Per - 2) / g.Per
+	return nil
+}
+
+func convBlockGradInputRule(e *emitter, n *ir.Node) error {
+	p, err := n.Parts()
+	if err != nil {
+		return err
+	}
+	g, err := newConvGeom(n, ir.F32Batched(n.Attrs.Dims...), e.batch)
+	if err != nil {
+		return err
+	}
+	d := &convData{convGeom: g, gemmTile: tileFor(g.C)}
+	// stride phases: pixels (phy + SH·u, phx + SW·v) use taps (ky0 + SH·a, kx0 + SW·b), KHP x KWP of them
+	d.KHP, d.KWP = (g.KH+g.SH-1)/g.SH, (g.KW+g.SW-1)/g.SW
+	hu, wu := (g.H+g.SH-1)/g.SH, (g.W+g.SW-1)/g.SW // the largest phase
+	d.TW = min(wu, 8)
+	d.TH = min(hu, d.BN/d.TW)
+	d.RH, d.RW = d.TH+d.KHP-1, d.TW+d.KWP-1
+	d.WS = d.BM + 4
+	d.OC = min(g.O, max(1, 64/(d.KHP*d.KWP)))
+	shared := func() int64 { return d.OC * (d.KHP*d.KWP*d.WS + d.RH*d.RW) }
+	for d.OC > 1 && shared()*4 > maxStaticShared {
+		d.OC /= 2
+	}
+	d.SharedFloats = shared()
+	if d.SharedFloats*4 > maxStaticShared {
+		return fmt.Errorf("codegen: %s: the input-gradient tile needs %d bytes of shared memory", n.Text(), d.SharedFloats*4)
+	}
+	d.TilesW = (wu + d.TW - 1) / d.TW
+	d.TilesPerPhase = (hu + d.TH - 1) / d.TH * d.TilesW
+	d.TilesPerSample = g.SH * g.SW * d.TilesPerPhase
+	d.LoadA = fragLoad("a", "Ws", fmt.Sprintf("((oc * %d + ta) * %d + tb) * %d + tm * %d", d.KHP, d.KWP, d.WS, d.TM), d.TM)
+	d.Name = fmt.Sprintf("conv_block_dgrad_%s%s_b%d", g.name(), gradName(g), g.B)
+	d.Doc = "input gradient of " + g.doc() + gradDoc(g)
+	params := []string{"const float* __restrict__ dout", "const float* __restrict__ w"}
+	args := []Arg{buf(p.DOut), buf(p.W)}
+	params, args = appendDYArgs(g, p, params, args)
+	if g.MaskOut {
+		params = append(params, "const float* __restrict__ xmask")
+		args = append(args, buf(p.XMask))
+	}
+	params = append(params, "float* __restrict__ dx")
+	args = append(args, buf(n.Out()))
+	d.Params = strings.Join(params, ", ")
+	if err := e.kernel("conv_block_dgrad", d.Name, d); err != nil {
+		return err
+	}
+	grid := [3]uint32{uint32(g.B * d.TilesPerSample), uint32((g.C + d.BM - 1) / d.BM), 1}
+	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(d.SharedFloats * 4),
+		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+	return nil
+}
+
+// gradName and gradDoc describe how a backward kernel forms dy.
+func gradName(g *convGeom) string {
+	s := ""
+	if g.HasY {
+		s += "_ymask"
+	}
+	if g.MaskOut {
+		s += "_maskout"
+	}
+	return s
+}
+
+func gradDoc(g *convGeom) string {
+	s := "; dy from the output gradient"
+	if g.HasY {
+		s += " masked by y > 0"
+	}
+	if g.Pool {
+		s += " routed through the packed argmax"
+	}
+	if g.MaskOut {
+		s += "; dx masked by the input's x > 0 (the producer's ReLU)"
+	}
+	return s
+}
+
+// appendDYArgs adds the argmax and saved output a backward kernel reads.
+func appendDYArgs(g *convGeom, p ir.BlockParts, params []string, args []Arg) ([]string, []Arg) {
+	if g.Pool {
+		params = append(params, "const unsigned int* __restrict__ argmax")
+		args = append(args, buf(p.Argmax))
+	}
+	if g.HasY {
+		params = append(params, "const float* __restrict__ yout")
+		args = append(args, buf(p.Y))
+	}
+	return params, args
+}
+
+// wgradTargetBlocks is how many blocks the split reduction aims for: a few
+// per SM of an A100/H100, enough to hide latency.
+const wgradTargetBlocks = 512
+
+func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
+	p, err := n.Parts()
+	if err != nil {
+		return err
+	}
+	g, err := newConvGeom(n, p.X.Type, e.batch)
+	if err != nil {
+		return err
+	}
+	d := &convData{convGeom: g, gemmTile: tileFor(g.O)}
+	d.BQ = 16
+	d.G = d.T / d.BQ
+	d.XPT, d.DPT = d.BN/d.G, d.BM/d.G
+	d.XS, d.DS = d.BN+4, d.BM+4
+	d.Rows, d.RowSum = d.BQ, g.Bias
+	d.SharedFloats = d.BQ*(d.XS+d.DS) + 2*d.BN // + the column table (two ints per column)
+	d.LoadA = fragLoad("a", "Ds", fmt.Sprintf("r * %d + tm * %d", d.DS, d.TM), d.TM)
+	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.XS, d.TN), d.TN)
+	// split the reduction over positions so that the grid fills the GPU,
+	// with at least 4 chunks per split
+	d.Q = g.B * g.HWO
+	chunks := (d.Q + d.BQ - 1) / d.BQ
+	tiles := (g.O + d.BM - 1) / d.BM * ((g.K + d.BN - 1) / d.BN)
+	splits := min((wgradTargetBlocks+tiles-1)/tiles, max(1, chunks/4), 65535)
+	perSplit := (chunks + splits - 1) / splits
+	d.Splits = (chunks + perSplit - 1) / perSplit
+	d.QPerSplit = perSplit * d.BQ
+	d.WE = g.O * g.K
+	if g.Bias {
+		d.WE += g.O
+	}
+	if indexType(d.Splits*d.WE) == "long" {
+		g.Idx = "long"
+	}
+	d.Name = fmt.Sprintf("conv_block_wgrad_%s%s_b%d_split%d", g.name(), gradName(g), g.B, d.Splits)
+	d.Doc = "weight gradient of " + g.doc() + gradDoc(g)
+	xt := "float"
+	if g.U8 {
+		xt = "unsigned char"
+	}
+	params := []string{"const float* __restrict__ dout", "const " + xt + "* __restrict__ x"}
+	args := []Arg{buf(p.DOut), buf(p.X)}
+	params, args = appendDYArgs(g, p, params, args)
+	partial := e.scratch(n, "dw_partials", ir.F32Fixed(d.Splits, d.WE))
+	params = append(params, "float* __restrict__ partial")
+	args = append(args, buf(partial))
+	d.Params = strings.Join(params, ", ")
+	if err := e.kernel("conv_block_wgrad", d.Name, d); err != nil {
+		return err
+	}
+	partialBytes := partial.Type.Bytes(e.batch)
+	inBytes := partialBytes
+	for _, v := range []*ir.Value{p.DOut, p.X, p.Argmax, p.Y} {
+		if v != nil {
+			inBytes += v.Type.Bytes(e.batch)
+		}
+	}
+	grid := [3]uint32{uint32((g.K + d.BN - 1) / d.BN), uint32((g.O + d.BM - 1) / d.BM), uint32(d.Splits)}
+	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(d.SharedFloats * 4),
+		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: inBytes})
+	return convWeightReduce(e, n, p, d, partial)
+}
+
+// convWeightReduce emits the kernel that adds the splits' partial sums in
+// order and writes dw (and db) or applies the optimizer step to the
+// weight (and bias) and their state.
+func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, partial *ir.Value) error {
+	g := wd.convGeom
+	d := &convData{convGeom: g, Splits: wd.Splits, WE: wd.WE}
+	params := []string{"const float* __restrict__ partial"}
+	args := []Arg{buf(partial)}
+	opt := n.Attrs.Opt
+	what := "grads"
+	moved := partial.Type.Bytes(e.batch)
+	var flops int64 = (d.Splits - 1) * d.WE
+	if opt == nil {
+		params = append(params, "float* __restrict__ dw")
+		args = append(args, buf(n.Outs[0]))
+		if g.Bias {
+			params = append(params, "float* __restrict__ db")
+			args = append(args, buf(n.Outs[1]))
+		}
+		for _, v := range n.Outs {
+			moved += v.Type.Bytes(e.batch)
+		}
+	} else {
+		what = optName(opt)
+		// the node's layout: the parameters, then each one's state in order
+		wStates, bStates := stateParams("w", opt), stateParams("bias", opt)
+		names := []string{"w"}
+		if g.Bias {
+			names = append(names, "bias")
+		}
+		names = append(names, wStates...)
+		if g.Bias {
+			names = append(names, bStates...)
+		}
+		for _, s := range names {
+			params = append(params, "float* __restrict__ "+s)
+		}
+		for _, v := range append(append([]*ir.Value{}, p.Params...), p.State...) {
+			args = append(args, buf(v))
+			moved += 2 * v.Type.Bytes(e.batch) // read and written
+		}
+		params = append(params, "float lr", "long long step")
+		args = append(args, Arg{Kind: ArgLR}, Arg{Kind: ArgStep})
+		d.Site = newOptSite(opt, "gradSum", "w", wStates, "at")
+		if g.Bias {
+			d.BiasSite = newOptSite(opt, "gradSum", "bias", bStates, "at")
+		}
+		perElem := int64(4)
+		if opt.Kind != ir.SGD {
+			perElem = 12
+		}
+		flops += perElem * d.WE
+	}
+	d.Idx = indexType(d.Splits * d.WE)
+	if forceLongIndex {
+		d.Idx = "long"
+		what += "_i64"
+	}
+	d.Params = strings.Join(params, ", ")
+	bias := ""
+	d.Doc = fmt.Sprintf("sums %d split partials of the %dx%d weight gradient", d.Splits, g.O, g.K)
+	if g.Bias {
+		bias = "_bias"
+		d.Doc += " and the bias gradient"
+	}
+	d.Name = fmt.Sprintf("conv_block_wgrad_reduce_o%d_k%d%s_split%d_%s", g.O, g.K, bias, d.Splits, what)
+	if opt != nil {
+		d.Doc += ", then " + optDoc(opt)
+	} else {
+		d.Doc += " into the gradient outputs"
+	}
+	if err := e.kernel("conv_block_wgrad_reduce", d.Name, d); err != nil {
+		return err
+	}
+	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: gridFor(d.WE, updateBlock), Block: [3]uint32{updateBlock, 1, 1},
+		Args: args, FLOPs: flops, MinBytes: moved})
+	return nil
+}

@@ -1,0 +1,305 @@
+package codegen
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// Linear blocks (ir/fused.go): three tiled GEMMs sharing one template
+// (templates/linear.cu.tmpl), W being [out,in]:
+//
+//	linear_block             y  = x·Wᵀ (+ b) (ReLU)        M=B   N=out K=in
+//	linear_block_grad_input  dX = dY'·W (· [xmask > 0])    M=B   N=in  K=out
+//	linear_block_grad_weight dW = dY'ᵀ·x, dB = Σ_b dY'     M=out N=in  K=B
+//
+// where dY' is dOut with the block's ReLU mask (y > 0) applied while it is
+// loaded, unless the gradient arrives already masked. The weight gradient
+// is parallel over weight tiles (fc1 of SimpleCNN is 128x28800 at batches
+// of 32..256) and sums over the batch inside each thread in batch order;
+// its epilogue applies the optimizer update in place when the update is
+// fused. No floating-point atomics anywhere: a step recomputed or resumed
+// gives the same bits.
+
+// GEMM tiling.
+const (
+	gemmThreads = 256 // a 16x16 grid of threads; each computes TMxTN outputs
+	gemmBK      = 16  // k depth of the shared-memory tiles
+	// Split-K (forward and input gradient only): when the output has fewer
+	// tiles than gemmTargetBlocks (two waves of a 132-SM H100/H200), the k
+	// range is split into slices of at least gemmMinSliceTiles tiles, at
+	// most gemmMaxSplits of them, summed by a reduce kernel in slice order.
+	gemmTargetBlocks  = 264
+	gemmMinSliceTiles = 8
+	gemmMaxSplits     = 128
+)
+
+func init() {
+	register(ir.OpLinearBlock, linearBlockRule)
+	register(ir.OpLinearBlockGradInput, linearGradInputRule)
+	register(ir.OpLinearBlockGradWeight, linearGradWeightRule)
+}
+
+// gemmKernel is the data of the linear templates.
+type gemmKernel struct {
+	Name, Doc, Params string
+	Idx               string // index type: int or long
+	M, N, K, MN       int64
+	BM, BN, BK        int64 // block tile
+	TM, TN            int64 // per-thread tile
+	Splits, KPerSplit int64 // split-K slices (1: none) and their k length
+	AKM               bool  // A is stored [K][M] (else [M][K])
+	BNK               bool  // B is stored [N][K] (else [K][N])
+	A, B, AMask       string
+	// Epilogue: forward (bias, ReLU), grad_input (maskout) or grad_weight
+	// (write dW or update W, and the bias gradient with BiasGrad).
+	Epilogue                      string
+	Bias, ReLU, MaskOut, BiasGrad bool
+	Site, BiasSite                *optSite // fused updates of W and b
+}
+
+// linearTileEdge picks a block tile edge for a dimension: the smallest of 16, 32,
+// 64 that covers it (so small batches and layers waste few threads), else 64.
+func linearTileEdge(d int64) int64 {
+	switch {
+	case d <= 16:
+		return 16
+	case d <= 32:
+		return 32
+	}
+	return 64
+}
+
+// divUp is a/b rounded up, for positive sizes.
+func divUp(a, b int64) int64 { return (a + b - 1) / b }
+
+// plan fills the tiling and, if split, the split-K slices.
+func (k *gemmKernel) plan(split bool) {
+	k.MN = k.M * k.N
+	k.BM, k.BN, k.BK = linearTileEdge(k.M), linearTileEdge(k.N), gemmBK
+	k.TM, k.TN = k.BM/16, k.BN/16
+	kTiles := divUp(k.K, gemmBK)
+	k.Splits, k.KPerSplit = 1, kTiles*gemmBK
+	blocks := divUp(k.M, k.BM) * divUp(k.N, k.BN)
+	if split && blocks < gemmTargetBlocks && kTiles >= 2*gemmMinSliceTiles {
+		s := min(divUp(gemmTargetBlocks, blocks), kTiles/gemmMinSliceTiles, gemmMaxSplits)
+		k.KPerSplit = divUp(kTiles, s) * gemmBK
+		k.Splits = divUp(k.K, k.KPerSplit) // no empty slice
+	}
+	k.Idx = indexType(k.M*k.K, k.K*k.N, k.Splits*k.MN+k.MN)
+}
+
+func (k *gemmKernel) grid() ([3]uint32, error) {
+	gx, gy := divUp(k.N, k.BN), divUp(k.M, k.BM)
+	if gx > 1<<31-1 || gy > 65535 || k.Splits > 65535 {
+		return [3]uint32{}, fmt.Errorf("codegen: %s: a %dx%d GEMM needs a %dx%dx%d grid, more than CUDA allows", k.Name, k.M, k.N, gx, gy, k.Splits)
+	}
+	return [3]uint32{uint32(gx), uint32(gy), uint32(k.Splits)}, nil
+}
+
+func (k *gemmKernel) sharedBytes() int {
+	return int(k.BK*(k.BM+1+k.BN+1)) * 4
+}
+
+// flags is a kernel-name suffix of the set flags: _bias_relu.
+func flags(pairs ...any) string {
+	var b strings.Builder
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i+1].(bool) {
+			b.WriteString("_" + pairs[i].(string))
+		}
+	}
+	return b.String()
+}
+
+func inParam(name string) string  { return "const float* __restrict__ " + name }
+func outParam(name string) string { return "float* __restrict__ " + name }
+
+// emitGemm renders and launches k. Without split-K that is one kernel
+// with args; with split-K a partial-sum kernel (mainArgs + the scratch
+// buffer) then the reduce kernel (the scratch buffer + reduceArgs),
+// reduceParams being the reduce kernel's parameters after the partial sums.
+func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, mainParams []string, mainArgs []Arg,
+	epilogueParams []string, epilogueArgs []Arg, mainBytes, epilogueBytes int64) error {
+	grid, err := k.grid()
+	if err != nil {
+		return err
+	}
+	flops := n.FLOPs(e.batch)
+	if k.Splits == 1 {
+		k.Name = name
+		k.Params = strings.Join(append(mainParams, epilogueParams...), ", ")
+		if err := e.kernel("linear_gemm", k.Name, k); err != nil {
+			return err
+		}
+		e.launch(&Launch{Node: n, Kernel: k.Name, Grid: grid, Block: [3]uint32{gemmThreads, 1, 1}, SharedBytes: k.sharedBytes(),
+			Args: append(mainArgs, epilogueArgs...), FLOPs: flops, MinBytes: mainBytes + epilogueBytes})
+		return nil
+	}
+	scratch := e.scratch(n, k.Epilogue+"_splitk", ir.F32Fixed(k.Splits, k.M, k.N))
+	partial := *k
+	partial.Name = partialName
+	partial.Doc = "the partial sums of " + name + " per k slice."
+	partial.Params = strings.Join(append(mainParams, outParam("partial")), ", ")
+	if err := e.kernel("linear_gemm", partial.Name, &partial); err != nil {
+		return err
+	}
+	scratchBytes := scratch.Type.Bytes(e.batch)
+	e.launch(&Launch{Node: n, Kernel: partial.Name, Grid: grid, Block: [3]uint32{gemmThreads, 1, 1}, SharedBytes: k.sharedBytes(),
+		Args: append(mainArgs, buf(scratch)), FLOPs: 2 * k.M * k.N * k.K, MinBytes: mainBytes + scratchBytes})
+	reduce := *k
+	reduce.Name = name
+	reduce.Params = strings.Join(append([]string{inParam("partial")}, epilogueParams...), ", ")
+	if err := e.kernel("linear_splitk_reduce", reduce.Name, &reduce); err != nil {
+		return err
+	}
+	e.launch(&Launch{Node: n, Kernel: reduce.Name, Grid: gridFor(k.MN, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
+		Args: append([]Arg{buf(scratch)}, epilogueArgs...), FLOPs: max(flops-2*k.M*k.N*k.K, 0) + (k.Splits-1)*k.MN,
+		MinBytes: scratchBytes + epilogueBytes})
+	return nil
+}
+
+func splitName(name string, k *gemmKernel) string {
+	if k.Splits == 1 {
+		return name
+	}
+	return fmt.Sprintf("%s_splitk%d", name, k.Splits)
+}
+
+// linear_block(x, w, b?) -> y
+func linearBlockRule(e *emitter, n *ir.Node) error {
+	p, err := n.Parts()
+	if err != nil {
+		return err
+	}
+	a := n.Attrs
+	in, outF, b := p.W.Type.Dims[1], p.W.Type.Dims[0], e.batch
+	k := &gemmKernel{M: b, N: outF, K: in, A: "x", B: "w", BNK: true, Epilogue: "forward", Bias: a.Bias, ReLU: a.ReLU}
+	k.plan(true)
+	shape := fmt.Sprintf("b%d_in%d_out%d", b, in, outF)
+	k.Doc = fmt.Sprintf("linear block forward: y[%d,%d] = x[%d,%d]·Wᵀ", b, outF, b, in)
+	if a.Bias {
+		k.Doc += " + bias"
+	}
+	if a.ReLU {
+		k.Doc += ", then ReLU"
+	}
+	k.Doc += "."
+	mainParams, mainArgs := []string{inParam("x"), inParam("w")}, []Arg{buf(p.X), buf(p.W)}
+	var epiParams []string
+	var epiArgs []Arg
+	if p.B != nil {
+		epiParams, epiArgs = append(epiParams, inParam("bias")), append(epiArgs, buf(p.B))
+	}
+	epiParams, epiArgs = append(epiParams, outParam("y")), append(epiArgs, buf(n.Out()))
+	name := splitName("linear_block_"+shape, k)
+	if k.Splits > 1 {
+		name = fmt.Sprintf("linear_block_reduce_b%d_out%d_splitk%d", b, outF, k.Splits)
+	}
+	name += flags("bias", a.Bias, "relu", a.ReLU)
+	return e.emitGemm(n, k, name, splitName("linear_block_partial_"+shape, k), mainParams, mainArgs, epiParams, epiArgs,
+		p.X.Type.Bytes(b)+p.W.Type.Bytes(b), bytesOf(b, p.B)+n.Out().Type.Bytes(b))
+}
+
+// linear_block_grad_input(dOut, w, y?, xmask?) -> dX
+func linearGradInputRule(e *emitter, n *ir.Node) error {
+	p, err := n.Parts()
+	if err != nil {
+		return err
+	}
+	in, outF, b := p.W.Type.Dims[1], p.W.Type.Dims[0], e.batch
+	k := &gemmKernel{M: b, N: in, K: outF, A: "dy", B: "w", Epilogue: "grad_input", MaskOut: p.XMask != nil}
+	mainParams, mainArgs := []string{inParam("dy"), inParam("w")}, []Arg{buf(p.DOut), buf(p.W)}
+	if p.Y != nil {
+		k.AMask = "y"
+		mainParams, mainArgs = append(mainParams, inParam("y")), append(mainArgs, buf(p.Y))
+	}
+	k.plan(true)
+	k.Doc = fmt.Sprintf("linear block input gradient: dX[%d,%d] = dY[%d,%d]·W", b, in, b, outF)
+	if p.Y != nil {
+		k.Doc += ", dY masked by the block's ReLU (y > 0)"
+	}
+	if p.XMask != nil {
+		k.Doc += ", then masked by the producer's ReLU (x > 0)"
+	}
+	k.Doc += "."
+	var epiParams []string
+	var epiArgs []Arg
+	if p.XMask != nil {
+		epiParams, epiArgs = append(epiParams, inParam("xmask")), append(epiArgs, buf(p.XMask))
+	}
+	epiParams, epiArgs = append(epiParams, outParam("dx")), append(epiArgs, buf(n.Out()))
+	shape := fmt.Sprintf("b%d_out%d_in%d", b, outF, in)
+	mask := flags("relumask", p.Y != nil)
+	name := "linear_block_grad_input_" + shape + mask
+	if k.Splits > 1 {
+		name = fmt.Sprintf("linear_block_grad_input_reduce_b%d_in%d_splitk%d", b, in, k.Splits)
+	}
+	name += flags("maskout", p.XMask != nil)
+	return e.emitGemm(n, k, name, splitName("linear_block_grad_input_partial_"+shape+mask, k), mainParams, mainArgs, epiParams, epiArgs,
+		p.DOut.Type.Bytes(b)+p.W.Type.Bytes(b)+bytesOf(b, p.Y), bytesOf(b, p.XMask)+n.Out().Type.Bytes(b))
+}
+
+// linear_block_grad_weight(dOut, x, y?, [w, b?, state...]) -> dW, dB? (nothing when the update is fused)
+func linearGradWeightRule(e *emitter, n *ir.Node) error {
+	p, err := n.Parts()
+	if err != nil {
+		return err
+	}
+	a := n.Attrs
+	in, outF, b := p.X.Type.Dims[0], a.Out, e.batch
+	k := &gemmKernel{M: outF, N: in, K: b, A: "dy", AKM: true, B: "x", Epilogue: "grad_weight", BiasGrad: a.Bias}
+	params, args := []string{inParam("dy"), inParam("x")}, []Arg{buf(p.DOut), buf(p.X)}
+	if p.Y != nil {
+		k.AMask = "y"
+		params, args = append(params, inParam("y")), append(args, buf(p.Y))
+	}
+	k.plan(false)
+	k.Doc = fmt.Sprintf("linear block weight gradient: dW[%d,%d] = dYᵀ·x over a batch of %d", outF, in, b)
+	if p.Y != nil {
+		k.Doc += ", dY masked by the block's ReLU (y > 0)"
+	}
+	if a.Bias {
+		k.Doc += "; dB = the batch sum of dY"
+	}
+	bytes := minBytes(n, b)
+	name := fmt.Sprintf("linear_block_grad_weight_b%d_out%d_in%d", b, outF, in) + flags("relumask", p.Y != nil, "bias", a.Bias)
+	if opt := a.Opt; opt != nil {
+		k.Doc += "; then " + optDoc(opt) + ", updating W" + map[bool]string{true: " and b", false: ""}[a.Bias] + " in place."
+		names := []string{"w", "b"}
+		per := len(opt.StateNames())
+		for i, v := range p.Params {
+			params, args = append(params, outParam(names[i])), append(args, buf(v))
+			bytes += v.Type.Bytes(b)
+		}
+		for i, v := range p.State {
+			params, args = append(params, outParam(stateParams(names[i/per], opt)[i%per])), append(args, buf(v))
+			bytes += v.Type.Bytes(b)
+		}
+		params, args = append(params, "float lr", "long long step"), append(args, Arg{Kind: ArgLR}, Arg{Kind: ArgStep})
+		k.Site = newOptSite(opt, "v", "w", stateParams("w", opt), "at")
+		if a.Bias {
+			k.BiasSite = newOptSite(opt, "v", "b", stateParams("b", opt), "m")
+		}
+		name += "_" + optName(opt)
+	} else {
+		k.Doc += "."
+		params, args = append(params, outParam("dw")), append(args, buf(n.Outs[0]))
+		if a.Bias {
+			params, args = append(params, outParam("db")), append(args, buf(n.Outs[1]))
+		}
+	}
+	return e.emitGemm(n, k, name, "", params, args, nil, nil, bytes, 0)
+}
+
+// bytesOf sums the sizes of the values that are present.
+func bytesOf(batch int64, vs ...*ir.Value) int64 {
+	var s int64
+	for _, v := range vs {
+		if v != nil {
+			s += v.Type.Bytes(batch)
+		}
+	}
+	return s
+}

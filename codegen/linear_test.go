@@ -1,0 +1,313 @@
+package codegen_test
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/codegen/kernelcheck"
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime"
+	"github.com/cnnc/cnnc/runtime/cpu"
+)
+
+// nodeCase is one node to check, with the run-time state its reference needs.
+type nodeCase struct {
+	n *ir.Node
+	o reference.NodeOptions
+}
+
+// checkNodes generates ONE program for all cases (compiling a .cu costs
+// far more than running it), runs each node's kernels on the CPU emulator
+// with random inputs and NaN-poisoned outputs, compares with the reference
+// and returns the worst relative error.
+func checkNodes(t *testing.T, batch int64, seed uint64, cases []nodeCase) float64 {
+	t.Helper()
+	var nodes []*ir.Node
+	for _, c := range cases {
+		nodes = append(nodes, c.n)
+	}
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+	require.NoError(t, err)
+	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+	require.NoError(t, err, string(prog.Source))
+	defer dev.Close()
+	rng := rand.New(rand.NewPCG(seed, uint64(batch)))
+	worst := kernelcheck.Report{}
+	for _, c := range cases {
+		ins := kernelcheck.RandomInputs(c.n, batch, rng)
+		r, err := kernelcheck.Node(dev, prog, c.n, ins, kernelcheck.Scalars{LR: testLR, Step: c.o.Step, Seed: c.o.Seed}, c.o)
+		require.NoError(t, err, c.n.Text())
+		require.NotEmpty(t, r.Kernel, "no launch for %s", c.n.Text())
+		require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s\n%s", c.n.Text(), r)
+		if r.Worst >= worst.Worst {
+			worst = r
+		}
+	}
+	t.Logf("batch %d: %d nodes, %d kernels; worst %s", batch, len(cases), len(prog.Kernels), worst)
+	return worst.Worst
+}
+
+// linearLayer is a linear block's values in a test graph.
+type linearLayer struct {
+	g             *ir.Graph
+	name          string
+	in, out       int64
+	x, y, dy, xm  *ir.Value
+	w, b          *ir.Param
+	bias, relu    bool
+	masked, xmask bool
+}
+
+func newLinearLayer(g *ir.Graph, name string, in, out int64, bias, relu bool) *linearLayer {
+	l := &linearLayer{g: g, name: name, in: in, out: out, bias: bias, relu: relu}
+	l.x = g.NewValue(name+".x", ir.F32Batched(in), ir.RoleActivation, dsl.Pos{})
+	l.y = g.NewValue(name+".y", ir.F32Batched(out), ir.RoleActivation, dsl.Pos{})
+	l.dy = g.NewValue(name+".dy", ir.F32Batched(out), ir.RoleActGrad, dsl.Pos{})
+	l.xm = g.NewValue(name+".xmask", ir.F32Batched(in), ir.RoleActivation, dsl.Pos{})
+	l.w = g.AddParam(name, "weight", ir.Init{}, dsl.Pos{})
+	l.w.Value.Type = ir.F32Fixed(out, in)
+	if bias {
+		l.b = g.AddParam(name, "bias", ir.Init{}, dsl.Pos{})
+		l.b.Value.Type = ir.F32Fixed(out)
+	}
+	return l
+}
+
+func (l *linearLayer) params() []*ir.Param {
+	if l.b != nil {
+		return []*ir.Param{l.w, l.b}
+	}
+	return []*ir.Param{l.w}
+}
+
+func (l *linearLayer) attrs() ir.Attrs {
+	return ir.Attrs{Out: l.out, Bias: l.bias, ReLU: l.relu, DOutMasked: l.masked, MaskOut: l.xmask}
+}
+
+// typed creates node op over ins and types its outputs with the op's rule.
+func typed(t *testing.T, g *ir.Graph, op ir.Op, name string, attrs ir.Attrs, ins []*ir.Value, outs ...string) *ir.Node {
+	t.Helper()
+	n := g.NewNode(op, name, ir.Backward, dsl.Pos{}, ins, outs, ir.RoleActivation)
+	n.Attrs = attrs
+	types, err := op.Info().Infer(n)
+	require.NoError(t, err, n.Text())
+	require.Len(t, types, len(outs))
+	for i, ty := range types {
+		n.Outs[i].Type = ty
+	}
+	return n
+}
+
+func (l *linearLayer) forward(t *testing.T) *ir.Node {
+	ins := []*ir.Value{l.x, l.w.Value}
+	if l.bias {
+		ins = append(ins, l.b.Value)
+	}
+	return typed(t, l.g, ir.OpLinearBlock, l.name, l.attrs(), ins, l.name+".out")
+}
+
+func (l *linearLayer) gradInput(t *testing.T) *ir.Node {
+	ins := []*ir.Value{l.dy, l.w.Value}
+	if l.relu && !l.masked {
+		ins = append(ins, l.y)
+	}
+	if l.xmask {
+		ins = append(ins, l.xm)
+	}
+	return typed(t, l.g, ir.OpLinearBlockGradInput, l.name, l.attrs(), ins, l.name+".dx")
+}
+
+// gradWeight is the weight-gradient node, its update fused when opt != nil
+// (each parameter then gets fresh optimizer state).
+func (l *linearLayer) gradWeight(t *testing.T, opt *ir.Optimizer) *ir.Node {
+	ins := []*ir.Value{l.dy, l.x}
+	if l.relu && !l.masked {
+		ins = append(ins, l.y)
+	}
+	a := l.attrs()
+	a.MaskOut = false
+	var outs []string
+	if opt == nil {
+		outs = []string{l.name + ".dw"}
+		if l.bias {
+			outs = append(outs, l.name+".db")
+		}
+	} else {
+		a.Opt = opt
+		for _, p := range l.params() {
+			ins = append(ins, p.Value)
+		}
+		for _, p := range l.params() {
+			ins = append(ins, newState(l.g, p, opt)...)
+		}
+	}
+	return typed(t, l.g, ir.OpLinearBlockGradWeight, l.name, a, ins, outs...)
+}
+
+// newState gives p fresh optimizer state values (replacing any earlier).
+func newState(g *ir.Graph, p *ir.Param, opt *ir.Optimizer) []*ir.Value {
+	p.State = nil
+	for _, s := range opt.StateNames() {
+		v := g.NewValue(p.Name+"."+s, p.Value.Type, ir.RoleOptState, dsl.Pos{})
+		v.Param = p
+		p.State = append(p.State, v)
+	}
+	return p.State
+}
+
+// The optimizers every fused and standalone update is checked with.
+var testOptimizers = []*ir.Optimizer{
+	{Kind: ir.SGD, LR: 0.05},
+	{Kind: ir.SGD, LR: 0.05, Momentum: 0.9},
+	{Kind: ir.SGD, LR: 0.05, Momentum: 0.8, Nesterov: true, WeightDecay: 0.01},
+	{Kind: ir.Adam, LR: 0.05, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1},
+	{Kind: ir.AdamW, LR: 0.05, Beta1: 0.85, Beta2: 0.99, Eps: 1e-6, WeightDecay: 0.01},
+}
+
+// LR in kernelcheck.Scalars must equal the optimizers' (the reference reads Opt.LR).
+const testLR = 0.05
+
+func TestLinearBlockKernels(t *testing.T) {
+	type shape struct{ in, out int64 }
+	// edge shapes (single features, tile boundaries, split-K over in for the
+	// forward and over out for the input gradient), then random ones
+	edges := []shape{{1, 1}, {3, 17}, {17, 3}, {130, 130}, {700, 3}, {5, 300}, {64, 64}}
+	for bi, batch := range []int64{1, 5, 67} {
+		rng := rand.New(rand.NewPCG(uint64(bi), 7))
+		shapes := append(edges[:len(edges):len(edges)], shape{1 + rng.Int64N(200), 1 + rng.Int64N(200)}, shape{1 + rng.Int64N(200), 1 + rng.Int64N(200)})
+		g := ir.NewGraph("T")
+		var cases []nodeCase
+		for si, s := range shapes {
+			// every combination of bias, relu, masked and maskout over the shapes
+			for v := 0; v < 8; v++ {
+				bias, relu, masked := v&1 != 0, v&2 != 0, v&4 != 0
+				if masked && !relu {
+					continue // masked only means something for a ReLU block
+				}
+				l := newLinearLayer(g, fmt.Sprintf("fc%d_%d", si, v), s.in, s.out, bias, relu)
+				l.masked = masked
+				l.xmask = (v+si+bi)%2 == 0
+				if v == 0 || v == 3 || si%2 == 0 {
+					cases = append(cases, nodeCase{n: l.forward(t)})
+				}
+				cases = append(cases, nodeCase{n: l.gradInput(t)})
+				// unfused, then with each optimizer at step 0 and a later step
+				k := (v + si + bi) % (len(testOptimizers) + 1)
+				if k == len(testOptimizers) {
+					cases = append(cases, nodeCase{n: l.gradWeight(t, nil)})
+				} else {
+					step := int64(0)
+					if (v+si)%2 == 1 {
+						step = 4
+					}
+					cases = append(cases, nodeCase{n: l.gradWeight(t, testOptimizers[k]), o: reference.NodeOptions{Step: step, Update: true}})
+				}
+			}
+		}
+		// each optimizer fused at both steps with a bias, on a tile-crossing shape
+		for k, opt := range testOptimizers {
+			for _, step := range []int64{0, 7} {
+				l := newLinearLayer(g, fmt.Sprintf("opt%d_%d", k, step), 37, 19, true, true)
+				cases = append(cases, nodeCase{n: l.gradWeight(t, opt), o: reference.NodeOptions{Step: step, Update: true}})
+			}
+		}
+		checkNodes(t, batch, 11+uint64(bi), cases)
+	}
+}
+
+// The tiling and split-K choices the examples' layers get.
+func TestGemmPlans(t *testing.T) {
+	g := ir.NewGraph("T")
+	fc1 := newLinearLayer(g, "fc1", 28800, 128, true, false)
+	prog, err := codegen.GenerateNodes("T", []*ir.Node{fc1.forward(t), fc1.gradInput(t), fc1.gradWeight(t, testOptimizers[1])}, codegen.Options{Batch: 32})
+	require.NoError(t, err)
+	var names []string
+	for _, l := range prog.Launches {
+		names = append(names, fmt.Sprintf("%s grid=%v block=%v shared=%d", l.Kernel, l.Grid, l.Block, l.SharedBytes))
+	}
+	require.Equal(t, []string{
+		"linear_block_partial_b32_in28800_out128_splitk120 grid=[2 1 120] block=[256 1 1] shared=6272",
+		"linear_block_reduce_b32_out128_splitk120_bias grid=[16 1 1] block=[256 1 1] shared=0",
+		"linear_block_grad_input_b32_out128_in28800 grid=[450 1 1] block=[256 1 1] shared=6272",
+		"linear_block_grad_weight_b32_out128_in28800_bias_sgd_mom0p9 grid=[450 2 1] block=[256 1 1] shared=8320",
+	}, names)
+	require.Len(t, prog.Scratch, 1)
+	require.Equal(t, "f32[120,32,128]", prog.Scratch[0].Type.String())
+}
+
+// Two runs of the same launches give the same bits, whatever order the
+// emulator's two workers run the blocks in: no atomics, and every sum
+// (split-K slices, the batch reduction of the weight gradient, the loss)
+// runs in a fixed order.
+func TestLinearAndLossDeterministic(t *testing.T) {
+	g := ir.NewGraph("T")
+	l := newLinearLayer(g, "fc", 2000, 70, true, true)
+	logits := g.NewValue("logits", ir.F32Batched(70), ir.RoleActivation, dsl.Pos{})
+	label := g.NewValue("label", ir.Type{DType: ir.Class, Batched: true, Classes: 70}, ir.RoleLabel, dsl.Pos{})
+	nodes := []*ir.Node{l.forward(t), l.gradInput(t), l.gradWeight(t, testOptimizers[3]),
+		typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")}
+	const batch = 45
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+	require.NoError(t, err)
+	require.NotEmpty(t, prog.Scratch, "the forward is split over k")
+	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{Workers: 2})
+	require.NoError(t, err)
+	defer dev.Close()
+	run := func() map[string][]byte {
+		rng := rand.New(rand.NewPCG(1, 2))
+		ptrs := map[*ir.Value]runtime.Ptr{}
+		for _, n := range nodes {
+			ins := kernelcheck.RandomInputs(n, batch, rng)
+			for i, v := range n.Ins {
+				if _, ok := ptrs[v]; !ok {
+					p, err := dev.Alloc(v.Type.Bytes(batch))
+					require.NoError(t, err)
+					require.NoError(t, dev.CopyIn(p, kernelcheck.Encode(v.Type, ins[i], batch)))
+					ptrs[v] = p
+				}
+			}
+		}
+		for _, l := range prog.Launches {
+			var params []uint64
+			for _, a := range l.Args {
+				switch a.Kind {
+				case codegen.ArgBuffer:
+					if _, ok := ptrs[a.Value]; !ok {
+						p, err := dev.Alloc(a.Value.Type.Bytes(batch))
+						require.NoError(t, err)
+						ptrs[a.Value] = p
+					}
+					params = append(params, uint64(ptrs[a.Value]))
+				case codegen.ArgLR:
+					params = append(params, uint64(math.Float32bits(testLR)))
+				default:
+					params = append(params, 3)
+				}
+			}
+			require.NoError(t, dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params))
+		}
+		out := map[string][]byte{}
+		for v, p := range ptrs {
+			b := make([]byte, v.Type.Bytes(batch))
+			require.NoError(t, dev.CopyOut(b, p))
+			out[v.Name] = b
+			require.NoError(t, dev.Free(p))
+		}
+		return out
+	}
+	first := run()
+	for i := 0; i < 2; i++ {
+		again := run()
+		for name, b := range first {
+			require.True(t, bytes.Equal(b, again[name]), "%s differs between runs", name)
+		}
+	}
+}

@@ -1,0 +1,168 @@
+package codegen
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// Optimizer updates: the standalone sgd_update / adam_update kernels (for
+// parameters whose gradient is accumulated before the update, e.g. over
+// micro-batches) and the update fused into weight-gradient epilogues share
+// the "opt_step" template. Hyper-parameters are compiled in; the learning
+// rate (trainers may schedule it) and the step are run-time arguments.
+
+const updateBlock = 256
+
+func init() {
+	register(ir.OpSGDUpdate, updateRule)
+	register(ir.OpAdamUpdate, updateRule)
+}
+
+// optSite is one parameter's update: the optimizer's constants as C
+// literals, and the C expressions of the gradient (G), the parameter (P)
+// and its state (S0, S1) for the element being updated.
+type optSite struct {
+	Kind                                 string // sgd, adam, adamw
+	IsAdam, HasWD, HasMomentum, Nesterov bool
+	WD, Momentum                         string
+	Beta1, Beta2, OneMinusBeta1          string
+	OneMinusBeta2, Eps                   string
+	Beta1D, Beta2D                       string // double literals for the bias corrections
+	G, P, S0, S1                         string
+}
+
+// newOptSite fills the constants of opt; param is the parameter's pointer
+// name, states its state pointers' names, at the element index expression.
+func newOptSite(opt *ir.Optimizer, g, param string, states []string, at string) *optSite {
+	s := &optSite{
+		Kind: opt.Kind.String(), IsAdam: opt.Kind != ir.SGD,
+		HasWD: opt.WeightDecay != 0, WD: cFloat(opt.WeightDecay),
+		HasMomentum: opt.Kind == ir.SGD && opt.Momentum != 0, Momentum: cFloat(opt.Momentum), Nesterov: opt.Nesterov,
+		Beta1: cFloat(opt.Beta1), Beta2: cFloat(opt.Beta2),
+		OneMinusBeta1: cFloat(1 - opt.Beta1), OneMinusBeta2: cFloat(1 - opt.Beta2),
+		Eps: cFloat(opt.Eps), Beta1D: cDouble(opt.Beta1), Beta2D: cDouble(opt.Beta2),
+		G: g, P: param + "[" + at + "]",
+	}
+	if len(states) > 0 {
+		s.S0 = states[0] + "[" + at + "]"
+	}
+	if len(states) > 1 {
+		s.S1 = states[1] + "[" + at + "]"
+	}
+	return s
+}
+
+// cFloat is v as a C float literal (rounded to float32 as the kernel uses it).
+func cFloat(v float64) string {
+	s := strconv.FormatFloat(float64(float32(v)), 'g', -1, 32)
+	if !strings.ContainsAny(s, ".eEn") {
+		s += ".0"
+	}
+	return s + "f"
+}
+
+// cDouble is v as a C double literal.
+func cDouble(v float64) string {
+	s := strconv.FormatFloat(v, 'g', -1, 64)
+	if !strings.ContainsAny(s, ".eEn") {
+		s += ".0"
+	}
+	return s
+}
+
+// nameNumber writes a number for a kernel name: 0.9 -> 0p9, 1e-08 -> 1em08.
+func nameNumber(v float64) string {
+	s := strconv.FormatFloat(v, 'g', -1, 64)
+	return strings.NewReplacer(".", "p", "-", "m", "+", "").Replace(s)
+}
+
+// optName describes an optimizer's compiled-in constants for kernel names:
+// sgd, sgd_mom0p9_nesterov_wd0p01, adam_b0p9_0p999_eps1em08, adamw_..._wd0p01.
+func optName(o *ir.Optimizer) string {
+	var parts []string
+	switch o.Kind {
+	case ir.SGD:
+		parts = append(parts, "sgd")
+		if o.Momentum != 0 {
+			parts = append(parts, "mom"+nameNumber(o.Momentum))
+			if o.Nesterov {
+				parts = append(parts, "nesterov")
+			}
+		}
+	default:
+		parts = append(parts, o.Kind.String(), "b"+nameNumber(o.Beta1)+"_"+nameNumber(o.Beta2), "eps"+nameNumber(o.Eps))
+	}
+	if o.WeightDecay != 0 {
+		parts = append(parts, "wd"+nameNumber(o.WeightDecay))
+	}
+	return strings.Join(parts, "_")
+}
+
+// optDoc describes the update for a kernel's comment.
+func optDoc(o *ir.Optimizer) string {
+	switch o.Kind {
+	case ir.SGD:
+		return fmt.Sprintf("sgd(momentum=%g, nesterov=%t, weight_decay=%g), learning rate and step at run time", o.Momentum, o.Nesterov, o.WeightDecay)
+	}
+	return fmt.Sprintf("%s(betas=[%g,%g], eps=%g, weight_decay=%g), learning rate and step at run time", o.Kind, o.Beta1, o.Beta2, o.Eps, o.WeightDecay)
+}
+
+// indexType is the C type that holds every index below maxIndex: int
+// where it fits (cheaper address arithmetic), else long.
+func indexType(maxIndex ...int64) string {
+	for _, m := range maxIndex {
+		if m >= 1<<31-1 {
+			return "long"
+		}
+	}
+	return "int"
+}
+
+// stateParams names a parameter's optimizer state pointers: w_momentum_buffer, w_exp_avg, ...
+func stateParams(param string, opt *ir.Optimizer) []string {
+	var out []string
+	for _, s := range opt.StateNames() {
+		out = append(out, param+"_"+s)
+	}
+	return out
+}
+
+// updateRule: sgd_update / adam_update(param, grad, state...) in place.
+func updateRule(e *emitter, n *ir.Node) error {
+	opt := n.Attrs.Opt
+	if opt == nil {
+		return fmt.Errorf("codegen: %s has no optimizer", n.Text())
+	}
+	p := n.Ins[0]
+	elems := p.Type.SampleElems()
+	states := stateParams("param", opt)
+	if len(n.Ins) != 2+len(states) {
+		return fmt.Errorf("codegen: %s: %d inputs, want %d", n.Text(), len(n.Ins), 2+len(states))
+	}
+	name := fmt.Sprintf("%s_%d_%s", n.Op, elems, optName(opt))
+	params := []string{"float* __restrict__ param", "const float* __restrict__ grad"}
+	for _, s := range states {
+		params = append(params, "float* __restrict__ "+s)
+	}
+	params = append(params, "float lr", "long long step")
+	data := map[string]any{
+		"Name": name, "Elems": elems, "Idx": indexType(elems),
+		"Doc":    fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, optDoc(opt)),
+		"Params": strings.Join(params, ", "),
+		"Site":   newOptSite(opt, "grad[at]", "param", states, "at"),
+	}
+	if err := e.kernel("update", name, data); err != nil {
+		return err
+	}
+	var args []Arg
+	for _, v := range n.Ins {
+		args = append(args, buf(v))
+	}
+	args = append(args, Arg{Kind: ArgLR}, Arg{Kind: ArgStep})
+	e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, updateBlock), Block: [3]uint32{updateBlock, 1, 1},
+		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch) + int64(len(n.Ins)-1)*p.Type.Bytes(e.batch)})
+	return nil
+}
