@@ -37,6 +37,7 @@ const (
 	ArgLR                    // the learning rate (trainers may override it)
 	ArgStep                  // the 0-based training step (Adam bias correction, dropout RNG)
 	ArgSeed                  // the run's seed (dropout RNG)
+	ArgValid                 // samples of the batch that are real (a partial last batch is padded)
 )
 
 // Arg is one kernel argument.
@@ -59,6 +60,8 @@ func (a Arg) String() string {
 		return "lr"
 	case ArgStep:
 		return "step"
+	case ArgValid:
+		return "valid"
 	}
 	return "seed"
 }

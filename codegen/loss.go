@@ -30,6 +30,8 @@ func softmaxCrossEntropyRule(e *emitter, n *ir.Node) error {
 	for _, v := range n.Outs {
 		args = append(args, buf(v))
 	}
+	// the rows that are real: a padded last batch contributes nothing
+	args = append(args, Arg{Kind: ArgValid})
 	e.launch(&Launch{Node: n, Kernel: name, Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{lossThreads, 1, 1}, SharedBytes: 16 * 4,
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 	return nil

@@ -189,9 +189,11 @@ type Scalars struct {
 	LR   float32
 	Step int64
 	Seed uint64
+	// Valid is the number of real samples (0: the whole batch).
+	Valid int64
 }
 
-func scalarArg(a codegen.Arg, s Scalars) uint64 {
+func scalarArg(a codegen.Arg, s Scalars, batch int64) uint64 {
 	switch a.Kind {
 	case codegen.ArgInt:
 		return uint64(a.Int)
@@ -201,6 +203,11 @@ func scalarArg(a codegen.Arg, s Scalars) uint64 {
 		return uint64(math.Float32bits(s.LR))
 	case codegen.ArgStep:
 		return uint64(s.Step)
+	case codegen.ArgValid:
+		if s.Valid == 0 {
+			return uint64(batch)
+		}
+		return uint64(s.Valid)
 	}
 	return s.Seed
 }
@@ -272,7 +279,7 @@ func Node(dev runtime.Device, prog *codegen.Program, n *ir.Node, ins [][]float64
 				}
 				params = append(params, uint64(p))
 			} else {
-				params = append(params, scalarArg(a, s))
+				params = append(params, scalarArg(a, s, batch))
 			}
 		}
 		if err := dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params); err != nil {

@@ -149,7 +149,7 @@ func Step(dev runtime.Device, prog *codegen.Program, g *ir.Graph, seed uint64, b
 				if a.Kind == codegen.ArgBuffer {
 					params[i] = uint64(s.ptrs[prog.Buffer(a.Value)])
 				} else {
-					params[i] = scalarArg(a, scalars)
+					params[i] = scalarArg(a, scalars, prog.Batch)
 				}
 			}
 			if err := dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params); err != nil {

@@ -509,18 +509,24 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_b32_in128_out10_b
 }
 
 // softmax_cross_entropy_b32_c10: softmax cross-entropy of 32 rows of 10 logits against int32 labels.
-// Writes the mean loss, dlogits = (softmax - onehot(label)) / 32, and the number of rows
-// whose first maximal logit is the label (as a float). One block: warp w handles rows w, w+8, ...
+// Only the first `valid` rows are real (a partial last batch is padded to 32): it writes
+// their mean loss, dlogits = (softmax - onehot(label)) / valid for them and 0 for the padding (so
+// the padding adds nothing to any gradient), and the number of real rows whose first maximal logit
+// is the label (as a float). One block: warp w handles rows w, w+8, ...
 // (warp-shuffle reductions in a fixed butterfly order), then thread 0 adds the 8 warps' sums in
 // order — no atomics, so the result is the same bit for bit on every run.
 extern "C" __global__ void __launch_bounds__(256) softmax_cross_entropy_b32_c10(const float* __restrict__ logits, const int* __restrict__ label,
-        float* __restrict__ loss, float* __restrict__ dlogits, float* __restrict__ correct) {
+        float* __restrict__ loss, float* __restrict__ dlogits, float* __restrict__ correct, long long valid) {
     CNNC_DYNAMIC_SHARED(float, smem);  // [8] loss sums, then [8] correct counts
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const float invBatch = 1.0f / 32;
+    if (valid < 1 || valid > 32) valid = 32;
+    const int rows = (int)valid;
+    const float invBatch = 1.0f / rows;
     float lossSum = 0.0f;
     int hits = 0;
-    for (int r = warp; r < 32; r += 8) {
+    for (int r = rows + warp; r < 32; r += 8)
+        for (int c = lane; c < 10; c += 32) dlogits[(int)r * 10 + c] = 0.0f;
+    for (int r = warp; r < rows; r += 8) {
         const float* row = logits + (int)r * 10;
         // the maximum and its first index (the lowest index among equal maxima)
         float best = 0.0f;

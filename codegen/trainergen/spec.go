@@ -185,6 +185,8 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool,
 				ta.Kind = trainer.ArgStep
 			case codegen.ArgSeed:
 				ta.Kind = trainer.ArgSeed
+			case codegen.ArgValid:
+				ta.Kind = trainer.ArgValid
 			default:
 				return st, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
 			}

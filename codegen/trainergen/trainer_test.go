@@ -1,0 +1,163 @@
+package trainergen_test
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/datasets"
+	"github.com/cnnc/cnnc/runtime/cpu"
+	"github.com/cnnc/cnnc/runtime/data"
+	"github.com/cnnc/cnnc/runtime/trainer"
+)
+
+func compileExample(t *testing.T, path string, batch int64) *trainergen.Compiled {
+	t.Helper()
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	res, err := compiler.CompileSource(path, src, compiler.Options{Batch: batch})
+	require.NoError(t, err)
+	c, err := trainergen.Compile(res, 0, "")
+	require.NoError(t, err)
+	return c
+}
+
+func mnistBatches(t *testing.T, n, batch int) []trainer.Batch {
+	dir, err := datasets.MNISTDir()
+	require.NoError(t, err)
+	ds, err := data.LoadMNIST(dir, "train")
+	require.NoError(t, err)
+	var out []trainer.Batch
+	for s := 0; s < n; s++ {
+		b := trainer.Batch{Valid: batch}
+		for i := 0; i < batch; i++ {
+			k := s*batch + i
+			b.Pixels = append(b.Pixels, ds.Images.Image(k)...)
+			b.Labels = append(b.Labels, int32(ds.Labels[k]))
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+func newSession(t *testing.T, c *trainergen.Compiled, seed uint64) *trainer.Session {
+	t.Helper()
+	dev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	s, err := trainer.NewSession(c.Spec, dev, seed)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func maxRel(got []float32, want []float64) float64 {
+	scale := 0.0
+	for _, w := range want {
+		scale = math.Max(scale, math.Abs(w))
+	}
+	worst := 0.0
+	for i := range want {
+		worst = math.Max(worst, math.Abs(float64(got[i])-want[i])/math.Max(scale, 1e-30))
+	}
+	return worst
+}
+
+// The CPU trainer for examples/mnist.cnn follows the float64 reference step
+// by step: loss, correct count and every parameter, from the same init.
+func TestCPUTrainerMatchesTheReference(t *testing.T) {
+	const batch = 16
+	c := compileExample(t, "../../examples/mnist.cnn", batch)
+	// the trainer allocates exactly the planned arena plus the kernels' workspace
+	assert.Equal(t, c.Plan.ArenaBytes+c.Workspace, c.Spec.ArenaBytes)
+	sess := newSession(t, c, 1)
+	ref := reference.New(c.Plan.Graph, 1)
+	for step, b := range mnistBatches(t, 4, batch) {
+		loss, correct, err := sess.TrainStep(b)
+		require.NoError(t, err)
+		r, err := ref.Run(reference.Batch{N: batch, Pixels: b.Pixels, Labels: b.Labels}, reference.Train)
+		require.NoError(t, err)
+		assert.InDelta(t, r.Loss, float64(loss), 1e-5*math.Max(1, r.Loss), "step %d loss", step)
+		assert.Equal(t, r.Correct, correct, "step %d correct", step)
+		for _, p := range c.Spec.Params {
+			got, err := sess.ReadTensor(p)
+			require.NoError(t, err)
+			e := maxRel(got, ref.ParamByName(p.Name))
+			assert.Less(t, e, 1e-4, "step %d %s", step, p.Name)
+		}
+	}
+}
+
+// Save -> load round-trips exactly, and a run interrupted and resumed from
+// its checkpoint ends with the same parameters, bit for bit, as one that
+// was not.
+func TestSaveLoadAndResumeAreExact(t *testing.T) {
+	const batch = 8
+	c := compileExample(t, "../../examples/mnist.cnn", batch)
+	batches := mnistBatches(t, 4, batch)
+	ckpt := filepath.Join(t.TempDir(), "ckpt.safetensors")
+
+	whole := newSession(t, c, 3)
+	for _, b := range batches {
+		_, _, err := whole.TrainStep(b)
+		require.NoError(t, err)
+	}
+
+	first := newSession(t, c, 3)
+	for _, b := range batches[:2] {
+		_, _, err := first.TrainStep(b)
+		require.NoError(t, err)
+	}
+	require.NoError(t, first.Save(ckpt, nil))
+	resumed := newSession(t, c, 99) // another init: the checkpoint must replace it all
+	_, err := resumed.Load(ckpt, true)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), resumed.Step)
+	for _, tn := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.State...) {
+		a, err := first.ReadTensor(tn)
+		require.NoError(t, err)
+		b, err := resumed.ReadTensor(tn)
+		require.NoError(t, err)
+		assert.Equal(t, a, b, "round trip of %s", tn.Name)
+	}
+	for _, b := range batches[2:] {
+		_, _, err := resumed.TrainStep(b)
+		require.NoError(t, err)
+	}
+	for _, tn := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.State...) {
+		a, err := whole.ReadTensor(tn)
+		require.NoError(t, err)
+		b, err := resumed.ReadTensor(tn)
+		require.NoError(t, err)
+		assert.Equal(t, a, b, "resumed %s differs from the uninterrupted run", tn.Name)
+	}
+}
+
+// A checkpoint of another model is refused naming the tensor, and nothing
+// is loaded.
+func TestLoadingAnotherModelsCheckpointFails(t *testing.T) {
+	c := compileExample(t, "../../examples/mnist.cnn", 4)
+	sess := newSession(t, c, 1)
+	before, err := sess.ReadTensor(c.Spec.Params[0])
+	require.NoError(t, err)
+	other := compileExample(t, "../../examples/simplecnn.cnn", 1)
+	otherSess := newSession(t, other, 1)
+	ckpt := filepath.Join(t.TempDir(), "other.safetensors")
+	require.NoError(t, otherSess.Save(ckpt, nil))
+	_, err = sess.Load(ckpt, true)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `tensor "conv1.weight" has shape [16 3 3 3], the model needs [8 1 3 3]`)
+	after, err := sess.ReadTensor(c.Spec.Params[0])
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "nothing loaded")
+	require.NoError(t, os.WriteFile(ckpt, []byte("garbage"), 0o644))
+	_, err = sess.Load(ckpt, true)
+	assert.ErrorContains(t, err, ckpt)
+}
