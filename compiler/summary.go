@@ -66,11 +66,11 @@ func (s *Summary) Print(w io.Writer) {
 	fmt.Fprintf(w, "model %s, batch %d\n\n", s.Model, s.Batch)
 	rows := [][]string{{"layer", "op", "output shape", "params", "FLOPs", "line"}}
 	for _, r := range s.Rows {
-		rows = append(rows, []string{r.Layer, r.Op, r.Output, commas(r.Params), humanFLOPs(r.FLOPs), fmt.Sprint(r.Pos.Line)})
+		rows = append(rows, []string{r.Layer, r.Op, r.Output, Commas(r.Params), humanFLOPs(r.FLOPs), fmt.Sprint(r.Pos.Line)})
 	}
 	printTable(w, rows, []bool{false, false, false, true, true, true})
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "total params:        %s (%s as f32)\n", commas(s.Params), dsl.FormatSize(s.ParamBytes))
+	fmt.Fprintf(w, "total params:        %s (%s as f32)\n", Commas(s.Params), dsl.FormatSize(s.ParamBytes))
 	fmt.Fprintf(w, "forward FLOPs:       %s per step\n", humanFLOPs(s.ForwardFLOPs))
 	fmt.Fprintf(w, "training FLOPs:      %s per step (forward, backward, update)\n", humanFLOPs(s.TrainFLOPs))
 	fmt.Fprintf(w, "input batch:         %s as f32\n", dsl.FormatSize(s.InputBytes))

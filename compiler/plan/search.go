@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
 )
@@ -642,20 +643,5 @@ func (a *analysis) microBatch(base decisions, budget int64) (*candidate, []*cand
 // mb prints bytes as decimal megabytes, the unit PyTorch and nvidia-smi use.
 func mb(n int64) string { return fmt.Sprintf("%.2f MB", float64(n)/1e6) }
 
-// commas prints n with thousands separators and a unit: "14,771,624 B".
-func commas(n int64) string {
-	s := fmt.Sprint(n)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, r := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(r)
-	}
-	if neg {
-		return "-" + b.String() + " B"
-	}
-	return b.String() + " B"
-}
+// commas prints bytes with thousands separators and a unit: "14,771,624 B".
+func commas(n int64) string { return compiler.Commas(n) + " B" }

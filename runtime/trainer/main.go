@@ -64,8 +64,10 @@ func Main(spec *Spec, backends Backends, args []string, stdout, stderr io.Writer
 	fs.StringVar(&o.Data, "data", spec.TrainData.Path, "training data: an ImageFolder root (one folder per class) or a folder with MNIST's IDX files")
 	fs.StringVar(&o.Test, "test", spec.TestData.Path, "test data, evaluated after each epoch (\"\" to skip)")
 	fs.IntVar(&o.Epochs, "epochs", spec.Epochs, "passes over the training data")
-	fs.IntVar(&o.Batch, "batch", spec.Batch, fmt.Sprintf("samples per step; at most %d, the batch the kernels and memory plan were compiled for (rebuild with `cnnc build --batch N` for more)", spec.Batch))
-	fs.Float64Var(&o.LR, "lr", float64(spec.LR), "learning rate")
+	fs.IntVar(&o.Batch, "batch", spec.Batch, fmt.Sprintf("samples per step; at most %d, the batch the kernels and memory plan were compiled for (rebuild with cnnc build --batch for more)", spec.Batch))
+	// the float32 default printed as written in the model, not as float64
+	lr, _ := strconv.ParseFloat(strconv.FormatFloat(float64(spec.LR), 'g', -1, 32), 64)
+	fs.Float64Var(&o.LR, "lr", lr, "learning rate")
 	fs.Uint64Var(&o.Seed, "seed", spec.Seed, "seed for initialisation, shuffling and dropout")
 	fs.StringVar(&o.Device, "device", "auto", "auto, cpu or cuda")
 	fs.StringVar(&o.Checkpoint, "checkpoint", "", "write a safetensors checkpoint here after each epoch and on interrupt (atomically)")

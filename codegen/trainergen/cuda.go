@@ -1,0 +1,86 @@
+package trainergen
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/dave/jennifer/jen"
+
+	"github.com/cnnc/cnnc/runtime/trainer"
+)
+
+const (
+	cudaPkg    = "github.com/cnnc/cnnc/runtime/cuda"
+	runtimePkg = "github.com/cnnc/cnnc/runtime"
+)
+
+// CUDATags are the build tags of a CUDA trainer module (GoBuild's tags).
+var CUDATags = []string{"cuda"}
+
+// MainFileCUDA renders a trainer's main for the CUDA target: it embeds the
+// kernels twice, as the fatbin runtime/cuda loads (kernels.fatbin, from
+// CompileFatbin) and as CUDA C for the CPU emulator (kernels.cu), and
+// registers both backends, "cuda" and "cpu". The file itself has no build
+// constraint, but the module builds only with -tags cuda (runtime/cuda's
+// files carry it); the binary links the CUDA driver and so exits at start
+// on a machine without a GPU, as its -h says.
+func MainFileCUDA(spec *trainer.Spec) ([]byte, error) {
+	f := jen.NewFile("main")
+	f.HeaderComment(header(spec.Source))
+	for _, line := range []string{
+		fmt.Sprintf("Command %s trains model %s on an NVIDIA GPU (or the CPU emulator).", strings.ToLower(spec.Model), spec.Model),
+		"",
+		"Build with `go build -tags cuda`: the binary links the CUDA driver",
+		"(gorgonia.org/cu), whose initialisation exits the process on a machine",
+		"without an NVIDIA GPU; build the CPU trainer there instead.",
+	} {
+		f.PackageComment(line)
+	}
+	f.ImportName(trainerPkg, "trainer")
+	f.ImportName(cpuPkg, "cpu")
+	f.ImportName(cudaPkg, "cuda")
+	f.ImportName(runtimePkg, "runtime")
+	f.Anon("embed")
+	f.Comment("//go:embed kernels.cu")
+	f.Var().Id("kernels").Index().Byte()
+	f.Line()
+	f.Comment("//go:embed kernels.fatbin")
+	f.Var().Id("fatbin").Index().Byte()
+	f.Line()
+	open := func(body jen.Code) jen.Code {
+		return jen.Func().Params(jen.Id("spec").Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual(runtimePkg, "Device"), jen.Error()).Block(body)
+	}
+	f.Func().Id("main").Params().Block(
+		jen.Id("backends").Op(":=").Qual(trainerPkg, "Backends").Values(jen.Dict{
+			jen.Lit("cuda"): open(jen.Return(jen.Qual(cudaPkg, "New").Call(jen.Id("fatbin")))),
+			jen.Lit("cpu"):  open(jen.Return(jen.Qual(cpuPkg, "New").Call(jen.Id("kernels"), jen.Lit("kernels.cu"), jen.Qual(cpuPkg, "Options").Values()))),
+		}),
+		jen.Qual(cudaPkg, "PrintHelpNote").Call(jen.Qual("os", "Args").Index(jen.Lit(1).Op(":")), jen.Qual("os", "Stderr")),
+		jen.Qual("os", "Exit").Call(jen.Qual(trainerPkg, "Main").Call(jen.Id("Spec"), jen.Id("backends"), jen.Qual("os", "Args").Index(jen.Lit(1).Op(":")), jen.Qual("os", "Stdout"), jen.Qual("os", "Stderr"))),
+	)
+	return render(f)
+}
+
+// WriteModuleCUDA writes a trainer module for the CUDA target into dir:
+// what WriteModule writes (spec.go, kernels.cu, go.mod, go.sum and the
+// runtime's source), with main.go from MainFileCUDA and the kernels'
+// fatbin (CompileFatbin of the same kernels) as kernels.fatbin. Build it
+// with GoBuild(dir, output, CUDATags, log).
+func WriteModuleCUDA(dir string, spec *trainer.Spec, kernels, fatbin []byte) error {
+	if len(fatbin) == 0 {
+		return fmt.Errorf("trainergen: a CUDA trainer needs the kernels' fatbin (CompileFatbin)")
+	}
+	mainSrc, err := MainFileCUDA(spec)
+	if err != nil {
+		return err
+	}
+	if err := WriteModule(dir, spec, kernels); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), mainSrc, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "kernels.fatbin"), fatbin, 0o644)
+}
