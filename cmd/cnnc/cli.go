@@ -29,7 +29,7 @@ func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 // run executes the CLI; it never panics on user input and returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
 	root := newRoot(stdout, stderr)
-	root.SetArgs(args)
+	root.SetArgs(goStyleFlags(args))
 	err := root.Execute()
 	var ee exitError
 	switch {
@@ -60,6 +60,7 @@ statically and emits CUDA kernels plus a standalone Go trainer.`,
 	root.AddCommand(newCheckCmd(stdout, stderr), newPassesCmd(stdout))
 	root.AddCommand(newPlanCmd(stdout, stderr))
 	root.AddCommand(newBuildCmd(stdout, stderr))
+	root.AddCommand(newGenCmd(stdout, stderr))
 	return root
 }
 
@@ -185,4 +186,17 @@ func exactlyOneFile(cmd *cobra.Command, args []string) error {
 		return fmt.Errorf("%s takes one model file, got %d arguments (%s)\nusage: %s", cmd.Name(), len(args), strings.Join(args, " "), cmd.UseLine())
 	}
 	return nil
+}
+
+// goStyleFlags accepts Go-style single-dash long flags (-pkg NAME, as in
+// `cnnc gen FILE -o DIR -pkg NAME`) by rewriting them to --pkg.
+func goStyleFlags(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a == "-pkg" || strings.HasPrefix(a, "-pkg=") {
+			a = "-" + a
+		}
+		out[i] = a
+	}
+	return out
 }
