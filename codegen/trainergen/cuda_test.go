@@ -3,6 +3,7 @@ package trainergen_test
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,10 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/trainergen"
-	"github.com/cnnc/cnnc/compiler"
-	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -31,52 +29,20 @@ func moduleRoot(t *testing.T) string {
 	return filepath.Dir(gomod)
 }
 
-// goCmd runs go with args in dir and returns its combined output.
+// goCmd runs go with args in dir and returns its standard output; an
+// error carries the standard error.
 func goCmd(t *testing.T, dir string, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command("go", args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOWORK=off")
-	out, err := cmd.CombinedOutput()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		err = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
 	return string(out), err
-}
-
-// compileModel builds a trainer.Spec for a .cnn file the way a trainer is
-// built: the fused graph's program at the train block's batch, evaluation
-// as the forward nodes up to the loss, both with naive layouts.
-func compileModel(t *testing.T, path string) (*trainer.Spec, *codegen.Program) {
-	t.Helper()
-	src, err := os.ReadFile(path)
-	require.NoError(t, err)
-	name := filepath.Base(path)
-	res, err := compiler.CompileSource(name, src, compiler.Options{})
-	require.NoError(t, err)
-	g := res.Graph
-	opts := codegen.Options{Batch: res.Train.Batch, SourceName: name}
-	train, err := codegen.Generate(g, opts)
-	require.NoError(t, err)
-	var forward []*ir.Node
-	for _, n := range g.Nodes {
-		forward = append(forward, n)
-		if n == g.Loss.Def {
-			break
-		}
-	}
-	eval, err := codegen.GenerateNodes(g.Name, forward, opts)
-	require.NoError(t, err)
-	persistent := append([]*ir.Value{}, g.Inputs...)
-	for _, p := range g.Params {
-		persistent = append(persistent, p.Value)
-	}
-	persistent = append(persistent, g.State...)
-	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
-	spec, err := trainergen.BuildSpec(trainergen.Programs{
-		Result: res,
-		Train:  train, TrainPlace: trainergen.NewNaiveLayout(train, persistent, nil),
-		Eval: eval, EvalPlace: trainergen.NewNaiveLayout(eval, g.Inputs, isParam),
-	})
-	require.NoError(t, err)
-	return spec, train
 }
 
 func TestFatbinArgs(t *testing.T) {
@@ -147,14 +113,19 @@ func TestNoCUDADriverWithoutTag(t *testing.T) {
 		t.Skip("go list of the whole module")
 	}
 	root := moduleRoot(t)
-	out, err := goCmd(t, root, "list", "-deps", "-test", "./...")
+	out, err := goCmd(t, root, "list", "-e", "-deps", "-test", "./...")
 	require.NoError(t, err, out)
 	for _, line := range strings.Split(out, "\n") {
 		assert.False(t, strings.HasPrefix(line, "gorgonia.org/cu"), "%s is linked without -tags cuda", line)
 	}
 	assert.NotContains(t, out, "github.com/cnnc/cnnc/runtime/cuda\n")
 
-	out, err = goCmd(t, root, "list", "-tags", "cuda", "-f", `{{.ImportPath}}:{{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, "./...")
+	// the same listing sees cu where it is linked: the guard can fail
+	out, err = goCmd(t, root, "list", "-deps", "-tags", "cuda", "./runtime/cuda")
+	require.NoError(t, err, out)
+	assert.Contains(t, strings.Split(out, "\n"), "gorgonia.org/cu")
+
+	out, err = goCmd(t, root, "list", "-e", "-tags", "cuda", "-f", `{{.ImportPath}}:{{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, "./...")
 	require.NoError(t, err, out)
 	var importers []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
@@ -177,7 +148,8 @@ func TestVetCUDABackend(t *testing.T) {
 	require.NoError(t, err, out)
 }
 
-// The whole CUDA target for examples/mnist.cnn: spec, kernels, fatbin, the
+// The whole CUDA target for examples/mnist.cnn: trainergen.Compile (memory
+// plan, training and evaluation kernels, spec), the kernels' fatbin, the
 // trainer module with the runtime's copy, `go build -tags cuda`. Without a
 // GPU the binary must stop at start with cu's message; with one, -h shows
 // the flags and the CUDA note.
@@ -187,12 +159,12 @@ func TestBuildCUDATrainer(t *testing.T) {
 		t.Skip("nvcc and a go build of a trainer module")
 	}
 	root := moduleRoot(t)
-	spec, prog := compileModel(t, filepath.Join(root, "examples/mnist.cnn"))
-	fatbin, err := trainergen.CompileFatbin(prog.Source)
+	c := compileExample(t, filepath.Join(root, "examples/mnist.cnn"), 0)
+	fatbin, err := trainergen.CompileFatbin(c.Kernels)
 	require.NoError(t, err)
 
 	dir := t.TempDir()
-	require.NoError(t, trainergen.WriteModuleCUDA(dir, spec, prog.Source, fatbin))
+	require.NoError(t, trainergen.WriteModuleCUDA(dir, c.Spec, c.Kernels, fatbin))
 	for _, f := range []string{"main.go", "spec.go", "kernels.cu", "kernels.fatbin", "go.mod", "go.sum",
 		"cnnc-runtime/runtime/cuda/device.go", "cnnc-runtime/runtime/cuda/shim.go"} {
 		assert.FileExists(t, filepath.Join(dir, f))
