@@ -107,10 +107,6 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			if output == "" {
 				return nil
 			}
-			if target == "cuda" {
-				fmt.Fprintf(stderr, "cnnc build: --target cuda trainers are not built by this version yet; use --target cpu (the kernels for the GPU are in --emit-cuda)\n")
-				return exitError{exitUsage}
-			}
 			dir := workDir
 			if dir == "" {
 				if dir, err = os.MkdirTemp("", "cnnc-build-*"); err != nil {
@@ -119,7 +115,20 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				}
 				defer os.RemoveAll(dir)
 			}
-			if err := trainergen.WriteModule(dir, c.Spec, c.Kernels); err != nil {
+			var tags []string
+			if target == "cuda" {
+				fatbin, err := trainergen.CompileFatbin(c.Kernels)
+				if err != nil {
+					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					return exitError{exitModel}
+				}
+				step("nvcc: %d-byte fatbin for sm_80 and sm_90 (with PTX)", len(fatbin))
+				if err := trainergen.WriteModuleCUDA(dir, c.Spec, c.Kernels, fatbin); err != nil {
+					fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
+					return exitError{exitModel}
+				}
+				tags = trainergen.CUDATags
+			} else if err := trainergen.WriteModule(dir, c.Spec, c.Kernels); err != nil {
 				fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
 				return exitError{exitModel}
 			}
@@ -128,11 +137,14 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				fmt.Fprintf(stderr, "cnnc build: building a trainer needs the Go toolchain on PATH\n")
 				return exitError{exitModel}
 			}
-			if err := trainergen.GoBuild(dir, output, nil, func(s string) { step("%s", s) }); err != nil {
+			if err := trainergen.GoBuild(dir, output, tags, func(s string) { step("%s", s) }); err != nil {
 				fmt.Fprintf(stderr, "cnnc: %v\n", err)
 				return exitError{exitModel}
 			}
 			step("built %s (target %s); run it with -h for its flags", output, target)
+			if target == "cuda" {
+				fmt.Fprintf(stdout, "note: a cuda trainer links gorgonia.org/cu and exits at start on a machine without a GPU\n")
+			}
 			return nil
 		},
 	}
