@@ -4,7 +4,7 @@ BIN     := bin
 CNNC    := $(BIN)/cnnc
 EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
 
-.PHONY: help build test test-asan fuzz-short demo lint cuda-toolkit clean
+.PHONY: help build test test-asan fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
 
 help:
 	@echo "make build         build bin/cnnc"
@@ -13,6 +13,8 @@ help:
 	@echo "make test-asan     the CUDA emulator and kernel suites under AddressSanitizer"
 	@echo "make kernels-report  ptxas registers, shared memory and spills of the examples' kernels (needs nvcc)"
 	@echo "make fuzz-short    30 s of fuzzing the DSL front end (CI runs it)"
+	@echo "make bench         CPU benchmarks side by side with PyTorch -> bench-results.md"
+	@echo "make gpu-bundle    build gpu-bundle/ for the GPU machine (see README, Running on a GPU)"
 	@echo "make lint          gofmt -l and go vet"
 	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
 
@@ -56,6 +58,12 @@ demo: build
 	@echo
 	@echo "\$$ $(BIN)/mnist-trainer --data MNIST --test MNIST --epochs 1"
 	@./$(BIN)/mnist-trainer --data "$(MNIST_DIR)" --test "$(MNIST_DIR)" --epochs 1 --checkpoint $(BIN)/mnist.safetensors --quiet
+
+bench:
+	$(GO) run scripts/bench/bench.go | tee bench-results.md
+
+gpu-bundle:
+	bash scripts/make-gpu-bundle.sh
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -13,7 +13,13 @@ import (
 // per kernel: calls, total and mean time, achieved GB/s and GFLOP/s from
 // codegen's minimum bytes and FLOPs. The parameters are restored after, so
 // profiling does not change training.
-func Profile(s *Session, b Batch, w io.Writer) error {
+func Profile(s *Session, b Batch, w io.Writer, roofline string) error {
+	var peakGBs, peakGFLOPs float64
+	if roofline != "" {
+		if _, err := fmt.Sscanf(roofline, "%g,%g", &peakGBs, &peakGFLOPs); err != nil || peakGBs <= 0 || peakGFLOPs <= 0 {
+			return fmt.Errorf("--roofline %q: want GB/s,GFLOP/s, e.g. 4800,67000", roofline)
+		}
+	}
 	saved := map[string][]float32{}
 	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
 		v, err := s.ReadTensor(t)
@@ -62,12 +68,19 @@ func Profile(s *Session, b Batch, w io.Writer) error {
 		all += r.total
 	}
 	fmt.Fprintf(w, "\nprofile of one step on %s (%d launches, %.3f ms):\n", s.Dev.Name(), len(s.Spec.Train.Launches), ms(all))
-	fmt.Fprintf(w, "%-64s %5s %10s %10s %6s %9s %9s\n", "kernel", "calls", "total ms", "mean ms", "share", "GB/s", "GFLOP/s")
+	fmt.Fprintf(w, "%-90s %5s %10s %10s %6s %9s %9s %9s\n", "kernel", "calls", "total ms", "mean ms", "share", "GB/s", "GFLOP/s", "roofline")
 	for _, k := range order {
 		r := rows[k]
 		sec := r.total.Seconds()
-		fmt.Fprintf(w, "%-64s %5d %10.3f %10.3f %5.1f%% %9.2f %9.2f\n", k, r.calls, ms(r.total), ms(r.total)/float64(r.calls),
-			100*r.total.Seconds()/all.Seconds(), float64(r.bytes)/sec/1e9, float64(r.flops)/sec/1e9)
+		roof := "-"
+		if peakGBs > 0 {
+			// the time the kernel must take at least: its bytes at peak
+			// bandwidth or its FLOPs at peak compute, whichever is longer
+			bound := max(float64(r.bytes)/(peakGBs*1e9), float64(r.flops)/(peakGFLOPs*1e9))
+			roof = fmt.Sprintf("%.1f%%", 100*bound/sec)
+		}
+		fmt.Fprintf(w, "%-90s %5d %10.3f %10.3f %5.1f%% %9.2f %9.2f %9s\n", k, r.calls, ms(r.total), ms(r.total)/float64(r.calls),
+			100*r.total.Seconds()/all.Seconds(), float64(r.bytes)/sec/1e9, float64(r.flops)/sec/1e9, roof)
 	}
 	return nil
 }

@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""PyTorch (CPU) counterparts of cnnc's CPU benchmarks, same models, batch,
+precision and cores: training step time for examples/simplecnn.cnn (B=32)
+and examples/mnist.cnn (B=64), and ImageFolder + DataLoader images/s.
+
+Usage: torch_train.py train [--threads 2] [--steps 20]
+       torch_train.py data ROOT [--workers 2]
+Prints one JSON object.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+
+
+class SimpleCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3)
+        self.conv2 = nn.Conv2d(16, 32, 3)
+        self.fc1 = nn.Linear(32 * 30 * 30, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(self.fc1(x.flatten(1)))
+
+
+class MNISTNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc1 = nn.Linear(16 * 7 * 7, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def step_times(model, shape, batch, lr, steps):
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    # uint8 images converted like ToTensor, inside the step as cnnc does
+    x8 = torch.randint(0, 256, (batch,) + shape, dtype=torch.uint8)
+    y = torch.randint(0, 10, (batch,))
+    times = []
+    for i in range(steps + 3):
+        t0 = time.perf_counter()
+        x = x8.float().div_(255)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def train(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    out = {"torch": torch.__version__, "threads": args.threads}
+    t = step_times(SimpleCNN(), (3, 128, 128), 32, 0.01, args.steps)
+    out["simplecnn_b32_step_s"] = t
+    out["simplecnn_b32_images_per_s"] = 32 / t
+    t = step_times(MNISTNet(), (1, 28, 28), 64, 0.05, args.steps * 5)
+    out["mnist_b64_step_s"] = t
+    out["mnist_b64_images_per_s"] = 64 / t
+    print(json.dumps(out))
+
+
+def data(args):
+    import torchvision
+    from torchvision import transforms
+    torch.set_num_threads(1)
+    tf = transforms.Compose([transforms.Resize((128, 128)), transforms.ToTensor()])
+    ds = torchvision.datasets.ImageFolder(args.root, transform=tf)
+    loader = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True, num_workers=args.workers)
+    t0 = time.perf_counter()
+    n = 0
+    for x, _ in loader:
+        n += x.shape[0]
+    dt = time.perf_counter() - t0
+    print(json.dumps({"torch": torch.__version__, "workers": args.workers, "images": n, "seconds": dt, "images_per_s": n / dt}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--steps", type=int, default=10)
+    d = sub.add_parser("data")
+    d.add_argument("root")
+    d.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    {"train": train, "data": data}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""One command that validates and times cnnc on a GPU machine, in order:
+
+1. kernel tests: every generated kernel family on the GPU against the CPU
+   emulator and the float64 reference (bin/cuda.test, go test -tags cuda);
+2. trainer parity: 20 steps of examples/mnist.cnn on the GPU from the same
+   init and batches as the CPU run made when the bundle was built;
+3. step time (warm-up, median of many steps) of examples/simplecnn.cnn at
+   B=32 and B=256 and of examples/mnist.cnn, against PyTorch eager and
+   torch.compile (max-autotune, reduce-overhead), same model, batch and
+   precision, on the same GPU, in this same call;
+4. peak memory: cnnc's arena against torch.cuda.max_memory_allocated;
+5. per-kernel achieved GB/s and GFLOP/s against the roofline (--profile);
+6. compute-sanitizer memcheck over a few trainer steps.
+
+It prints one short table last and writes the whole log to OUT/gpu-check.log
+(OUT: $OUT, else ./out). `--cpu` runs the trainer steps on the CPU emulator
+instead (for testing the script on a machine without a GPU; GPU-only steps
+are skipped). Every step has a time limit; the whole run is sized for about
+8 minutes on an H200.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOFLINE = {"H200": "4800,67000", "H100": "3350,67000", "A100": "2039,19500"}
+
+
+class Run:
+    def __init__(self, out, dev):
+        self.out, self.dev = out, dev
+        os.makedirs(out, exist_ok=True)
+        self.log = open(os.path.join(out, "gpu-check.log"), "w")
+        self.rows = []
+
+    def sh(self, name, cmd, timeout, env=None):
+        """Runs cmd, logs everything, returns (exit code, output)."""
+        self.log.write(f"\n===== {name}: {' '.join(cmd)}\n")
+        self.log.flush()
+        print(f"== {name}", flush=True)
+        t0 = time.time()
+        try:
+            p = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout,
+                               env=dict(os.environ, **(env or {})))
+            code, out = p.returncode, p.stdout + p.stderr
+        except subprocess.TimeoutExpired as e:
+            code, out = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            out += f"\n(timed out after {timeout} s)"
+        except FileNotFoundError as e:
+            code, out = 127, str(e)
+        self.log.write(out)
+        self.log.write(f"\n(exit {code}, {time.time() - t0:.1f} s)\n")
+        self.log.flush()
+        return code, out
+
+    def row(self, what, result):
+        self.rows.append((what, result))
+        print(f"   {what}: {result}", flush=True)
+
+
+def unpack(run):
+    """The bundle's binaries travel gzipped (the transfer limit): unpack them once."""
+    import gzip
+    bindir = os.path.join(HERE, "bin")
+    for name in sorted(os.listdir(bindir)):
+        if name.endswith(".gz"):
+            target = os.path.join(bindir, name[:-3])
+            with gzip.open(os.path.join(bindir, name)) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.chmod(target, 0o755)
+            os.remove(os.path.join(bindir, name))
+            run.log.write(f"unpacked {target}\n")
+
+
+def bench(run, binary, steps, extra=()):
+    code, out = run.sh(f"bench {binary}", [f"bin/{binary}", "--bench", str(steps), "--device", run.dev, *extra], 240)
+    m = re.search(r"median step ([\d.]+) ms .* ([\d]+) images/s, arena (\d+) bytes", out)
+    if code != 0 or not m:
+        return None, None, out
+    return float(m.group(1)), int(m.group(3)), out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu", action="store_true", help="run trainers on the CPU emulator (no GPU needed)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(os.getcwd(), "out"))
+    ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: kernels parity timing torch profile memcheck")
+    args = ap.parse_args()
+    gpu = not args.cpu
+    if gpu and shutil.which("nvidia-smi") is None:
+        sys.exit("gpu_check: no nvidia-smi here: run it on the GPU machine, or pass --cpu")
+    run = Run(args.out, "cuda" if gpu else "cpu")
+    unpack(run)
+    gpu_name = "cpu (emulator)"
+    if gpu:
+        _, out = run.sh("nvidia-smi", ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"], 30)
+        gpu_name = out.strip().splitlines()[0] if out.strip() else "?"
+    run.row("device", gpu_name)
+
+    # 1. kernels on the GPU against the emulator and the reference
+    if gpu and "kernels" not in args.skip:
+        code, out = run.sh("kernel tests", ["bin/cuda.test", "-test.v", "-test.timeout", "200s"], 240)
+        passed, failed = out.count("--- PASS"), out.count("--- FAIL")
+        run.row("kernel tests (GPU vs emulator/reference)", f"{'PASS' if code == 0 else 'FAIL'}: {passed} passed, {failed} failed")
+
+    # 2. parity with the CPU run made at bundle time
+    if "parity" not in args.skip:
+        ck = os.path.join(args.out, f"mnist-{run.dev}.safetensors")
+        code, out = run.sh("parity run", ["bin/mnist-cuda" if gpu else "bin/mnist-cpu", "--device", run.dev, "--data", "data/mnist-small",
+                                          "--test", "", "--no-shuffle", "--seed", "1", "--max-steps", "20", "--checkpoint", ck, "--quiet"], 180)
+        if code == 0:
+            code2, out2 = run.sh("parity compare", [sys.executable, "compare_safetensors.py", "expected/mnist-cpu.safetensors", ck], 60)
+            run.row("parity: 20 mnist steps vs CPU backend", out2.strip().splitlines()[-1] if out2.strip() else f"exit {code2}")
+        else:
+            run.row("parity: 20 mnist steps vs CPU backend", f"FAIL (exit {code})")
+
+    # 3 + 4. step time and memory against PyTorch
+    cnnc = {}
+    if "timing" not in args.skip:
+        for name, binary, steps in [("simplecnn B=32", "simplecnn-b32", 100), ("simplecnn B=256", "simplecnn-b256", 30), ("mnist B=64", "mnist", 100)]:
+            b = binary + ("-cuda" if gpu else "-cpu")
+            if not os.path.exists(os.path.join(HERE, "bin", b)):
+                continue
+            ms, arena, _ = bench(run, b, steps if gpu else 3)
+            cnnc[name] = (ms, arena)
+            run.row(f"cnnc {name}", f"{ms:.3f} ms/step, arena {arena / 1e6:.2f} MB" if ms else "FAIL")
+    torch_rows = {}
+    if gpu and "torch" not in args.skip:
+        code, out = run.sh("pytorch", [sys.executable, "torch_gpu.py", "--batch", "32", "256", "--steps", "50"], 420)
+        for line in out.splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            torch_rows[(r["batch"], r["mode"])] = r
+        for batch in (32, 256):
+            mine = cnnc.get(f"simplecnn B={batch}", (None, None))
+            for mode in ("eager", "max-autotune", "reduce-overhead"):
+                r = torch_rows.get((batch, mode))
+                if not r or "step_ms" not in r:
+                    run.row(f"torch {mode} B={batch}", (r or {}).get("error", "no result"))
+                    continue
+                speed = f", cnnc is {r['step_ms'] / mine[0]:.2f}x faster" if mine[0] else ""
+                run.row(f"torch {mode} B={batch}", f"{r['step_ms']:.3f} ms/step{speed}")
+                if mode == "eager" and mine[1]:
+                    run.row(f"memory B={batch}", f"cnnc arena {mine[1] / 1e6:.1f} MB vs torch max_memory_allocated {r['max_memory_allocated'] / 1e6:.1f} MB "
+                                                 f"({100 * mine[1] / r['max_memory_allocated']:.1f}%)")
+
+    # 5. per-kernel roofline
+    if "profile" not in args.skip:
+        roof = next((v for k, v in ROOFLINE.items() if k in gpu_name), "4800,67000")
+        b = "simplecnn-b32" + ("-cuda" if gpu else "-cpu")
+        code, out = run.sh("profile", [f"bin/{b}", "--bench", "3", "--profile", "1", "--roofline", roof, "--device", run.dev], 240)
+        lines = [l for l in out.splitlines() if "%" in l and not l.startswith("kernel")]
+        run.row("profile (top kernel)", lines[0].split()[0] + " " + lines[0].split()[-1] if lines else f"exit {code}")
+
+    # 6. compute-sanitizer
+    if gpu and "memcheck" not in args.skip:
+        if shutil.which("compute-sanitizer"):
+            code, out = run.sh("memcheck", ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9", "bin/mnist-cuda", "--bench", "2", "--device", "cuda"], 300)
+            m = re.search(r"ERROR SUMMARY: (\d+) error", out)
+            run.row("compute-sanitizer memcheck (5 steps)", f"{m.group(1) if m else '?'} errors (exit {code})")
+        else:
+            run.row("compute-sanitizer memcheck", "not installed")
+
+    print("\n| check | result |\n|---|---|")
+    for what, result in run.rows:
+        print(f"| {what} | {result} |")
+    print(f"\nfull log: {os.path.join(args.out, 'gpu-check.log')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds everything the GPU machine needs into one folder (default
+# gpu-bundle/): CUDA trainers, the CUDA kernel test binary, small MNIST data,
+# the CPU run the parity check compares with, and the scripts. The GPU
+# machine has no Go and no network, so all of it is built here.
+# With --cpu it also builds CPU trainers, so `python3 BUNDLE/gpu_check.py
+# --cpu` exercises the whole script on a machine without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=gpu-bundle
+CPU=0
+for a in "$@"; do
+  case "$a" in
+    --cpu) CPU=1 ;;
+    *) B=$a ;;
+  esac
+done
+rm -rf "$B"
+mkdir -p "$B/bin" "$B/data/mnist-small" "$B/expected"
+go build -o bin/cnnc ./cmd/cnnc
+build() { ./bin/cnnc build "$@" | tail -n 1; }
+build examples/simplecnn.cnn -o "$B/bin/simplecnn-b32-cuda" --target cuda --batch 32
+build examples/simplecnn.cnn -o "$B/bin/simplecnn-b256-cuda" --target cuda --batch 256 --memory-budget none
+build examples/mnist.cnn -o "$B/bin/mnist-cuda" --target cuda
+build examples/mnist.cnn -o "bin/mnist-cpu" --target cpu
+if [ "$CPU" = 1 ]; then
+  cp bin/mnist-cpu "$B/bin/mnist-cpu"
+  build examples/simplecnn.cnn -o "$B/bin/simplecnn-b32-cpu" --target cpu --batch 32
+fi
+./bin/cnnc build --emit-cuda "$B/kernels" examples/simplecnn.cnn >/dev/null
+go test -tags cuda -c -ldflags="-s -w" -o "$B/bin/cuda.test" ./runtime/cuda
+go run ./scripts/mnistsmall "$B/data/mnist-small"
+# the CPU backend's 20 steps: what the GPU must reproduce
+bin/mnist-cpu --device cpu --data "$B/data/mnist-small" --test "" --no-shuffle --seed 1 \
+  --max-steps 20 --checkpoint "$B/expected/mnist-cpu.safetensors" --quiet >/dev/null
+# the device tool carries at most 64 MiB: binaries travel gzipped and
+# gpu_check.py unpacks them
+gzip -9 "$B"/bin/*
+cp scripts/gpu_check.py scripts/compare_safetensors.py scripts/bench/torch_gpu.py scripts/bench/torch_train.py "$B/"
+du -sh "$B"
+echo "bundle ready: run   python3 $B/gpu_check.py   on the GPU machine"
