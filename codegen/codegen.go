@@ -82,6 +82,11 @@ type Launch struct {
 	Args        []Arg
 	FLOPs       int64 // floating-point operations of this launch
 	MinBytes    int64 // bytes it must read and write at least (each input and output once)
+	// Seq is the index, in the node list given to GenerateNodes, of the
+	// node this launch belongs to.
+	Seq int
+	// Step is the memory plan's step index (GenerateFromPlan), or 0.
+	Step int
 }
 
 // Program is the generated code of one training step.
@@ -184,7 +189,8 @@ func GenerateNodes(model string, nodes []*ir.Node, opts Options) (*Program, erro
 	}
 	p := &Program{Model: model, Batch: opts.Batch, Views: map[*ir.Value]*ir.Value{}}
 	e := &emitter{prog: p, batch: opts.Batch, kernels: map[string]*Kernel{}}
-	for _, n := range nodes {
+	for seq, n := range nodes {
+		first := len(p.Launches)
 		switch n.Op {
 		case ir.OpFlatten, ir.OpReshape:
 			src := n.Ins[0]
@@ -201,6 +207,9 @@ func GenerateNodes(model string, nodes []*ir.Node, opts Options) (*Program, erro
 		if err := r(e, n); err != nil {
 			return nil, err
 		}
+		for _, l := range p.Launches[first:] {
+			l.Seq = seq
+		}
 	}
 	var src bytes.Buffer
 	name := opts.SourceName
@@ -216,6 +225,30 @@ func GenerateNodes(model string, nodes []*ir.Node, opts Options) (*Program, erro
 	}
 	p.Source = src.Bytes()
 	return p, nil
+}
+
+// Workspace is the scratch memory node n's kernels need over samples
+// samples: its scratch buffers, each 256-byte aligned, one after another.
+// The memory planner places it (plan.Config.Workspace).
+func Workspace(n *ir.Node, samples int64) int64 {
+	if _, ok := kernelRules[n.Op]; !ok {
+		return 0
+	}
+	p, err := GenerateNodes("workspace", []*ir.Node{n}, Options{Batch: samples})
+	if err != nil {
+		return 0
+	}
+	return p.ScratchBytes(p.Scratch)
+}
+
+// ScratchBytes is the size of the given scratch buffers laid out one after
+// another at 256-byte alignment.
+func (p *Program) ScratchBytes(vs []*ir.Value) int64 {
+	var total int64
+	for _, v := range vs {
+		total += (v.Type.Bytes(p.Batch) + 255) / 256 * 256
+	}
+	return total
 }
 
 // KernelNames lists the program's kernels, sorted.

@@ -27,6 +27,7 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 		}
 	}
 	var nodes []*ir.Node
+	stepOf := map[int]int{} // index in nodes -> plan step
 	placed := map[*ir.Node]bool{}
 	var addViews func(v *ir.Value)
 	addViews = func(v *ir.Value) {
@@ -46,9 +47,17 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 		for _, v := range s.Node.Ins {
 			addViews(v)
 		}
+		stepOf[len(nodes)] = s.Index
 		nodes = append(nodes, s.Node)
 	}
-	return GenerateNodes(p.Graph.Name, nodes, opts)
+	prog, err := GenerateNodes(p.Graph.Name, nodes, opts)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range prog.Launches {
+		l.Step = stepOf[l.Seq]
+	}
+	return prog, nil
 }
 
 // GenerateEval produces the Program of evaluation: the forward nodes of a

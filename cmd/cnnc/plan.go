@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/plan/timeline"
 	"github.com/cnnc/cnnc/dsl"
@@ -94,7 +95,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if f.dumpAfter != "" {
 		return nil
 	}
-	cfg := plan.Config{Batch: res.Train.Batch, Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
+	cfg := plan.Config{Batch: res.Train.Batch, Workspace: codegen.Workspace, Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
 		MicroBatch: pf.microBatch, Trunk: pf.trunk}
 	switch pf.budget {
 	case "":

@@ -11,42 +11,44 @@ import (
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
-// PlanLayout places values where the memory plan put them, and the
-// kernels' scratch buffers (split-K partial sums, live only while their
-// node runs) in one workspace region after the plan's arena, shared by
-// every node.
+// PlanLayout places values where the memory plan put them, including the
+// kernels' scratch buffers (split-K partial sums): each in its step's
+// workspace buffer, which the plan keeps live during that step only.
 type PlanLayout struct {
-	Plan      *plan.Plan
-	Workspace int64
-	scratch   map[*ir.Value]int64
+	Plan    *plan.Plan
+	scratch map[*ir.Value]int64
 }
 
-// NewPlanLayout lays out prog's scratch buffers after the plan's arena.
-func NewPlanLayout(p *plan.Plan, prog *codegen.Program) *PlanLayout {
+// NewPlanLayout maps prog's scratch buffers (prog from
+// codegen.GenerateFromPlan) into the plan's workspace buffers.
+func NewPlanLayout(p *plan.Plan, prog *codegen.Program) (*PlanLayout, error) {
 	l := &PlanLayout{Plan: p, scratch: map[*ir.Value]int64{}}
-	isScratch := map[*ir.Value]bool{}
-	for _, v := range prog.Scratch {
-		isScratch[v] = true
-	}
-	base := (p.ArenaBytes + 255) / 256 * 256
-	perNode := map[*ir.Node]int64{}
+	stepOf := map[*ir.Value]int{}
 	for _, ln := range prog.Launches {
 		for _, a := range ln.Args {
-			if a.Kind != codegen.ArgBuffer || !isScratch[a.Value] {
-				continue
+			if a.Kind == codegen.ArgBuffer {
+				stepOf[a.Value] = ln.Step
 			}
-			if _, ok := l.scratch[a.Value]; ok {
-				continue
-			}
-			l.scratch[a.Value] = base + perNode[ln.Node]
-			perNode[ln.Node] += (a.Value.Type.Bytes(prog.Batch) + 255) / 256 * 256
-			l.Workspace = max(l.Workspace, perNode[ln.Node])
 		}
 	}
-	if l.Workspace > 0 {
-		l.Workspace += base - p.ArenaBytes
+	used := map[int]int64{}
+	for _, v := range prog.Scratch { // creation order, as codegen.Workspace sizes them
+		st, ok := stepOf[v]
+		if !ok {
+			continue
+		}
+		ws := p.Steps[st].Workspace
+		if ws < 0 {
+			return nil, fmt.Errorf("trainergen: step %d (%s) uses scratch %s but the plan gave it no workspace", st, p.Steps[st].Text, v.Name)
+		}
+		b := p.Buffers[ws]
+		l.scratch[v] = b.Offset + used[st]
+		used[st] += (v.Type.Bytes(prog.Batch) + 255) / 256 * 256
+		if used[st] > b.Bytes {
+			return nil, fmt.Errorf("trainergen: step %d's scratch needs %d bytes, its workspace holds %d", st, used[st], b.Bytes)
+		}
 	}
-	return l
+	return l, nil
 }
 
 func (l *PlanLayout) Offset(v *ir.Value) (int64, bool) {
@@ -56,8 +58,8 @@ func (l *PlanLayout) Offset(v *ir.Value) (int64, bool) {
 	return l.Plan.Offset(v)
 }
 
-// Bytes is the plan's arena plus the kernels' workspace.
-func (l *PlanLayout) Bytes() int64 { return l.Plan.ArenaBytes + l.Workspace }
+// Bytes is the plan's arena: the trainer allocates exactly this.
+func (l *PlanLayout) Bytes() int64 { return l.Plan.ArenaBytes }
 
 // Compiled is a model ready to become a trainer.
 type Compiled struct {
@@ -67,15 +69,13 @@ type Compiled struct {
 	Eval  *codegen.Program
 	// Kernels is the CUDA C of training and evaluation in one file.
 	Kernels []byte
-	// Workspace is the kernels' scratch region after the plan's arena.
-	Workspace int64
 }
 
 // Compile plans memory for res at its batch size (under budget, if any),
 // generates the training and evaluation kernels and assembles the Spec.
 func Compile(res *compiler.Result, budget int64, budgetSource string) (*Compiled, error) {
 	batch := res.Train.Batch
-	cfg := plan.Config{Batch: batch, Budget: budget, BudgetSource: budgetSource}
+	cfg := plan.Config{Batch: batch, Budget: budget, BudgetSource: budgetSource, Workspace: codegen.Workspace}
 	if budgetSource == "" && budget > 0 {
 		cfg.BudgetPos = res.Train.Pos["memory_budget"]
 	}
@@ -92,7 +92,10 @@ func Compile(res *compiler.Result, budget int64, budgetSource string) (*Compiled
 	if err != nil {
 		return nil, err
 	}
-	place := NewPlanLayout(p, train)
+	place, err := NewPlanLayout(p, train)
+	if err != nil {
+		return nil, err
+	}
 	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
 	evalPlace := NewNaiveLayout(eval, []*ir.Value{res.Graph.Inputs[0], res.Graph.Inputs[1]}, isParam)
 	spec, err := BuildSpec(Programs{Result: res, Train: train, TrainPlace: place, Eval: eval, EvalPlace: evalPlace})
@@ -105,20 +108,17 @@ func Compile(res *compiler.Result, budget int64, budgetSource string) (*Compiled
 	if d := res.Data.Test; d != nil {
 		spec.TestData = trainer.DataSource{Kind: d.Kind, Path: d.Path}
 	}
-	spec.PlanSummary = planSummary(p, place)
+	spec.PlanSummary = planSummary(p)
 	kernels, err := mergeSources(train, eval)
 	if err != nil {
 		return nil, err
 	}
-	return &Compiled{Spec: spec, Plan: p, Train: train, Eval: eval, Kernels: kernels, Workspace: place.Workspace}, nil
+	return &Compiled{Spec: spec, Plan: p, Train: train, Eval: eval, Kernels: kernels}, nil
 }
 
-func planSummary(p *plan.Plan, l *PlanLayout) string {
+func planSummary(p *plan.Plan) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "memory plan: peak %d bytes (%.2f MB)", p.PeakBytes, float64(p.PeakBytes)/1e6)
-	if l.Workspace > 0 {
-		fmt.Fprintf(&b, " + %d bytes of kernel workspace", l.Workspace)
-	}
+	fmt.Fprintf(&b, "memory plan: peak %d bytes (%.2f MB), kernel workspace included", p.PeakBytes, float64(p.PeakBytes)/1e6)
 	fmt.Fprintf(&b, "; strategy %s; in place: %s; recomputed: %s\n", p.Choices.Strategy, orNone(p.Choices.InPlace), orNone(p.Choices.Recompute))
 	return b.String()
 }

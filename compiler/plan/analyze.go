@@ -14,6 +14,8 @@ type analysis struct {
 	batch  int64
 	align  int64
 	budget int64 // 0: none
+	// workspace sizes a step's kernel scratch (Config.Workspace), or nil.
+	workspace func(n *ir.Node, samples int64) int64
 
 	fwd    []*ir.Node  // forward kernels in order (views excluded)
 	fwdIdx map[int]int // forward node ID -> index in fwd

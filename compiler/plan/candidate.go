@@ -680,6 +680,7 @@ func (c *candidate) buffers(a *analysis) {
 		}
 		c.bufs = append(c.bufs, b)
 	}
+	c.workspaceBuffers(a)
 	c.live = make([]int64, len(c.steps))
 	for _, b := range c.bufs {
 		for s := b.first; s <= b.last; s++ {
@@ -697,6 +698,29 @@ func (c *candidate) buffers(a *analysis) {
 		if s.recompute {
 			c.extra += f
 		}
+	}
+}
+
+// workspaceBuffers adds, for each step whose kernels need scratch memory,
+// a buffer live during that step alone: placement can put it in any gap.
+func (c *candidate) workspaceBuffers(a *analysis) {
+	if a.workspace == nil {
+		return
+	}
+	for i, s := range c.steps {
+		samples := a.batch
+		if s.loop >= 0 {
+			samples = c.loops[s.loop].micro
+		}
+		bytes := a.workspace(s.node, samples)
+		if bytes <= 0 {
+			continue
+		}
+		v := &ir.Value{Name: fmt.Sprintf("workspace of step %d (%s %s)", i, s.node.Op, s.node.Name), Type: ir.F32Fixed((bytes + 3) / 4), Pos: s.node.Pos}
+		in := &inst{v: v, def: i, lastRead: i, loop: s.loop, cat: CatWorkspace}
+		b := &buffer{id: len(c.bufs), insts: []*inst{in}, bytes: in.bytes(), first: i, last: i, loop: s.loop}
+		in.buf = b
+		c.bufs = append(c.bufs, b)
 	}
 }
 

@@ -54,7 +54,12 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 		n := s.node
 		ps := &Step{Index: i, Kernel: n.Op.String(), Layer: n.Name, NodeID: n.ID, Phase: phaseOf(s).String(),
 			Recompute: s.recompute, Loop: s.loop, Samples: a.batch, Accumulate: s.accumulate,
-			FLOPs: c.stepFLOPs(a, s), LiveBytes: c.live[i], Pos: source(n.Pos), Text: n.Text(), Node: n}
+			FLOPs: c.stepFLOPs(a, s), LiveBytes: c.live[i], Pos: source(n.Pos), Text: n.Text(), Node: n, Workspace: -1}
+		for _, b := range c.bufs {
+			if b.insts[0].cat == CatWorkspace && b.first == i {
+				ps.Workspace = b.id
+			}
+		}
 		if s.loop >= 0 {
 			ps.Samples = c.loops[s.loop].micro
 		}

@@ -190,6 +190,9 @@ type Step struct {
 	Accumulate bool `json:"accumulate,omitempty"`
 	// FLOPs over the whole step (all iterations of a loop).
 	FLOPs int64 `json:"flops"`
+	// Workspace is the buffer holding the step's kernel scratch memory, or
+	// -1 when its kernels need none.
+	Workspace int `json:"workspace"`
 	// LiveBytes is the sum of the buffers live during the step.
 	LiveBytes int64  `json:"live_bytes"`
 	Pos       Source `json:"pos"`

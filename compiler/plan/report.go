@@ -132,8 +132,11 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 	rows = append(rows, []string{"total live", commas(total), mb(total), "", ""})
 	rows = append(rows, []string{"arena", commas(p.ArenaBytes), mb(p.ArenaBytes), "", ""})
 	table(w, rows, []bool{false, true, true, true, true}, "  ")
-	fmt.Fprintf(w, "  (arena - most live at once = %s of alignment and gaps; workspace: no kernel of this plan needs scratch memory)\n",
-		commas(p.ArenaBytes-p.MaxLiveBytes))
+	ws := "no kernel of this plan needs scratch memory"
+	if n := p.workspaceSteps(); n > 0 {
+		ws = fmt.Sprintf("%d steps' kernels use scratch memory, each buffer live during its step only", n)
+	}
+	fmt.Fprintf(w, "  (arena - most live at once = %s of alignment and gaps; workspace: %s)\n", commas(p.ArenaBytes-p.MaxLiveBytes), ws)
 
 	fmt.Fprintf(w, "\nLive at the peak (step %d: %s %s)\n", p.PeakStep, peak.Kernel, peak.Layer)
 	var live []*Buffer
@@ -259,4 +262,15 @@ func table(w io.Writer, rows [][]string, right []bool, indent string) {
 		}
 		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
 	}
+}
+
+// workspaceSteps counts the steps with a workspace buffer.
+func (p *Plan) workspaceSteps() int {
+	n := 0
+	for _, s := range p.Steps {
+		if s.Workspace >= 0 {
+			n++
+		}
+	}
+	return n
 }

@@ -37,6 +37,11 @@ type Config struct {
 	Trunk      string
 	// Alignment of buffer offsets (0: DefaultAlignment).
 	Alignment int64
+	// Workspace gives the scratch bytes a node's kernels need while it runs
+	// (split-K partial sums) for a launch over samples; the plan places a
+	// workspace buffer live only during that step. Nil: no kernel needs any
+	// (codegen.Workspace is the real one).
+	Workspace func(n *ir.Node, samples int64) int64
 }
 
 // BudgetError says that no plan meets the budget, and what budget would.
@@ -99,6 +104,7 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 		return nil, nil, "", err
 	}
 	a.budget = max(cfg.Budget, 0)
+	a.workspace = cfg.Workspace
 	base, err := a.bestSplits(decisions{split: map[int]bool{}, drop: map[int]bool{}})
 	if err != nil {
 		return nil, nil, "", err
