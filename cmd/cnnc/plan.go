@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/plan/timeline"
 	"github.com/cnnc/cnnc/dsl"
