@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
@@ -92,7 +93,7 @@ func memory(haveTorch bool) {
 		budget int64
 	}{{32, 0}, {32, 40e6}, {256, 0}} {
 		res := compile("examples/simplecnn.cnn", c.batch)
-		p := must(plan.Build(res.Graph, plan.Config{Batch: c.batch, Budget: c.budget, BudgetSource: "--memory-budget"}))
+		p := must(plan.Build(res.Graph, plan.Config{Batch: c.batch, Budget: c.budget, BudgetSource: "--memory-budget", Workspace: codegen.Workspace}))
 		budget, ratio := "none", "—"
 		if c.budget > 0 {
 			budget = fmt.Sprintf("%.0f MB", float64(c.budget)/1e6)
