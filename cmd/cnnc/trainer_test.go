@@ -125,3 +125,17 @@ func TestBuiltTrainer(t *testing.T) {
 		assert.Contains(t, out, "missing.safetensors")
 	})
 }
+
+func TestBuiltTrainerMemoryBudget(t *testing.T) {
+	bin, _ := trainerBinary(t)
+	code, out := runTrainer(t, bin, "--memory-budget", "1MB", "--bench", "1")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, out, "--memory-budget 1MB: this trainer's memory plan needs")
+	assert.Contains(t, out, "rebuild it to fit: cnnc build --memory-budget 1MB")
+	code, out = runTrainer(t, bin, "--memory-budget", "64MiB", "--bench", "2", "--device", "cpu")
+	assert.Equal(t, 0, code, out)
+	assert.Contains(t, out, "bench: MNISTNet on cpu")
+	code, out = runTrainer(t, bin, "--memory-budget", "lots", "--bench", "1")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, out, `bad size "lots"`)
+}

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -45,6 +46,7 @@ type Options struct {
 	Profile        int
 	MaxSteps       int // stop after this many steps in total (0: no limit)
 	Bench          int // time this many steps on one random batch, print, exit
+	MemoryBudget   string
 	Roofline       string
 	Quiet          bool
 	stdout, stderr io.Writer
@@ -74,6 +76,7 @@ func Main(spec *Spec, backends Backends, args []string, stdout, stderr io.Writer
 	fs.Float64Var(&o.LR, "lr", lr, "learning rate")
 	fs.Uint64Var(&o.Seed, "seed", spec.Seed, "seed for initialisation, shuffling and dropout")
 	fs.StringVar(&o.Device, "device", "auto", "auto, cpu or cuda")
+	fs.StringVar(&o.MemoryBudget, "memory-budget", "", "refuse to start if the compiled memory plan needs more than this (e.g. 40MB, 2GiB); the plan is fixed at build time: rebuild with cnnc build --memory-budget to fit another")
 	fs.StringVar(&o.Checkpoint, "checkpoint", "", "write a safetensors checkpoint here after each epoch and on interrupt (atomically)")
 	fs.StringVar(&o.Init, "init", "", "start from the parameters of this checkpoint (optimizer state fresh)")
 	fs.StringVar(&o.Resume, "resume", "", "continue exactly from this checkpoint: parameters, optimizer state, epoch, step, data order")
@@ -122,12 +125,14 @@ func (o *Options) check(spec *Spec) error {
 	return nil
 }
 
-func openDevice(spec *Spec, backends Backends, name string) (runtime.Device, error) {
+func openDevice(spec *Spec, backends Backends, name string, warn func(string)) (runtime.Device, error) {
 	if name == "auto" {
 		if open, ok := backends["cuda"]; ok {
-			if d, err := open(spec); err == nil {
+			d, err := open(spec)
+			if err == nil {
 				return d, nil
 			}
+			warn(fmt.Sprintf("no CUDA device (%v); using the CPU emulator", err))
 		}
 		name = "cpu"
 	}
@@ -168,12 +173,26 @@ func train(spec *Spec, backends Backends, o Options) (int, error) {
 		return ExitUsage, err
 	}
 	out := o.stdout
-	dev, err := openDevice(spec, backends, o.Device)
+	if o.MemoryBudget != "" {
+		budget, err := parseSize(o.MemoryBudget)
+		if err != nil {
+			return ExitUsage, fmt.Errorf("--memory-budget: %v", err)
+		}
+		if spec.ArenaBytes > budget {
+			return ExitUsage, fmt.Errorf("--memory-budget %s: this trainer's memory plan needs %s; rebuild it to fit: cnnc build --memory-budget %s %s", o.MemoryBudget, formatBytes(spec.ArenaBytes), o.MemoryBudget, spec.Source)
+		}
+	}
+	dev, err := openDevice(spec, backends, o.Device, func(msg string) { fmt.Fprintf(o.stderr, "warning: %s\n", msg) })
 	if err != nil {
 		return ExitError, err
 	}
 	defer dev.Close()
 	fmt.Fprintf(out, "%s on %s: batch %d, arena %s (the planned peak, allocated once)\n", spec.Model, dev.Name(), o.Batch, formatBytes(spec.ArenaBytes))
+	if mi, ok := dev.(interface{ MemInfo() (int64, int64, error) }); ok {
+		if free, total, err := mi.MemInfo(); err == nil {
+			fmt.Fprintf(out, "device memory: %s free of %s\n", formatBytes(free), formatBytes(total))
+		}
+	}
 	if spec.PlanSummary != "" {
 		fmt.Fprint(out, spec.PlanSummary)
 	}
@@ -428,6 +447,27 @@ func evaluate(sess *Session, ds data.Dataset, batch int) (float64, float64, erro
 		return 0, 0, fmt.Errorf("the evaluation set is empty")
 	}
 	return sumLoss / float64(seen), float64(correct) / float64(seen), nil
+}
+
+// parseSize reads sizes like 40MB (10^6), 64MiB (2^20) or a byte count —
+// dsl.ParseSize's units; trainers carry only runtime/, so not that package.
+func parseSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	num, mult := s, 1.0
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if err != nil || f < 0 {
+		return 0, fmt.Errorf("bad size %q (write e.g. 40MB, 64MiB, 2GB)", s)
+	}
+	return int64(f * mult), nil
 }
 
 func formatBytes(n int64) string {
