@@ -4,9 +4,9 @@ package mnistnet
 
 import "github.com/cnnc/cnnc/runtime/trainer"
 
-// Spec is model MNISTNet compiled for batch 32: its memory plan (arena of 1330944 bytes) and kernel launches.
+// Spec is model MNISTNet compiled for batch 32: its memory plan (arena of 1227012 bytes) and kernel launches.
 var Spec = &trainer.Spec{
-	ArenaBytes: 1330944,
+	ArenaBytes: 1227012,
 	Batch:      32,
 	C:          1,
 	Classes:    10,
@@ -175,7 +175,7 @@ var Spec = &trainer.Spec{
 		Offset:    418304,
 		Shape:     []int64{10},
 	}},
-	PlanSummary: "memory plan: peak 872708 bytes (0.87 MB) + 458236 bytes of kernel workspace; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
+	PlanSummary: "memory plan: peak 1227012 bytes (1.23 MB), kernel workspace included; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
 	Seed:        1,
 	Source:      "../mnist.cnn",
 	State: []trainer.Tensor{{
@@ -218,20 +218,20 @@ var Spec = &trainer.Spec{
 	Train: trainer.Step{
 		Correct: trainer.Tensor{
 			Name:   "correct",
-			Offset: 872704,
+			Offset: 1227008,
 		},
 		Images: trainer.Tensor{
 			Name:   "images",
-			Offset: 820224,
+			Offset: 1177856,
 			Shape:  []int64{32, 28, 28, 1},
 		},
 		Labels: trainer.Tensor{
 			Name:   "labels",
-			Offset: 859136,
+			Offset: 1088256,
 			Shape:  []int64{32},
 		},
 		Launches: []trainer.Launch{{
-			Args:        []trainer.Arg{{Offset: 820224}, {}, {Offset: 1024}, {Offset: 418816}, {Offset: 845312}},
+			Args:        []trainer.Arg{{Offset: 1177856}, {}, {Offset: 1024}, {Offset: 876800}, {Offset: 1202944}},
 			Block:       [3]uint32{64, 1, 1},
 			FLOPs:       4214784,
 			Grid:        [3]uint32{448, 1, 1},
@@ -239,7 +239,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    238656,
 			SharedBytes: 2736,
 		}, {
-			Args:        []trainer.Arg{{Offset: 418816}, {Offset: 1536}, {Offset: 10752}, {Offset: 619520}, {Offset: 866048}},
+			Args:        []trainer.Arg{{Offset: 876800}, {Offset: 1536}, {Offset: 10752}, {Offset: 418816}, {Offset: 1215488}},
 			Block:       [3]uint32{64, 1, 1},
 			FLOPs:       14751744,
 			Grid:        [3]uint32{128, 1, 1},
@@ -247,7 +247,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    312000,
 			SharedBytes: 9072,
 		}, {
-			Args:        []trainer.Arg{{Offset: 619520}, {Offset: 11264}, {Offset: 872960}},
+			Args:        []trainer.Arg{{Offset: 418816}, {Offset: 11264}, {Offset: 519168}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       3211264,
 			Grid:        [3]uint32{1, 1, 6},
@@ -255,14 +255,14 @@ var Spec = &trainer.Spec{
 			MinBytes:    350208,
 			SharedBytes: 6272,
 		}, {
-			Args:     []trainer.Arg{{Offset: 872960}, {Offset: 412672}, {Offset: 719872}},
+			Args:     []trainer.Arg{{Offset: 519168}, {Offset: 412672}, {Offset: 1077504}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    14336,
 			Grid:     [3]uint32{8, 1, 1},
 			Kernel:   "linear_block_reduce_b32_out64_splitk6_bias_relu",
 			MinBytes: 57600,
 		}, {
-			Args:        []trainer.Arg{{Offset: 719872}, {Offset: 413184}, {Offset: 418304}, {Offset: 857856}},
+			Args:        []trainer.Arg{{Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 1085696}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       41280,
 			Grid:        [3]uint32{1, 1, 1},
@@ -270,7 +270,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    12072,
 			SharedBytes: 3200,
 		}, {
-			Args:        []trainer.Arg{{Offset: 857856}, {Offset: 859136}, {Offset: 872448}, {Offset: 728064}, {Offset: 872704}, {Kind: trainer.ArgValid}},
+			Args:        []trainer.Arg{{Offset: 1085696}, {Offset: 1088256}, {Offset: 1226752}, {Offset: 1086976}, {Offset: 1227008}, {Kind: trainer.ArgValid}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       1280,
 			Grid:        [3]uint32{1, 1, 1},
@@ -278,7 +278,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    2696,
 			SharedBytes: 64,
 		}, {
-			Args:        []trainer.Arg{{Offset: 728064}, {Offset: 413184}, {Offset: 719872}, {Offset: 857856}},
+			Args:        []trainer.Arg{{Offset: 1086976}, {Offset: 413184}, {Offset: 1077504}, {Offset: 519168}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       40960,
 			Grid:        [3]uint32{1, 1, 1},
@@ -286,7 +286,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    20224,
 			SharedBytes: 6272,
 		}, {
-			Args:        []trainer.Arg{{Offset: 728064}, {Offset: 719872}, {Offset: 413184}, {Offset: 418304}, {Offset: 415744}, {Offset: 418560}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:        []trainer.Arg{{Offset: 1086976}, {Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 415744}, {Offset: 418560}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       40960,
 			Grid:        [3]uint32{1, 1, 1},
@@ -294,7 +294,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    19872,
 			SharedBytes: 5248,
 		}, {
-			Args:        []trainer.Arg{{Offset: 857856}, {Offset: 11264}, {Offset: 619520}, {Offset: 719872}},
+			Args:        []trainer.Arg{{Offset: 519168}, {Offset: 11264}, {Offset: 418816}, {Offset: 1077504}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       3211264,
 			Grid:        [3]uint32{13, 1, 1},
@@ -302,7 +302,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    409600,
 			SharedBytes: 6272,
 		}, {
-			Args:        []trainer.Arg{{Offset: 857856}, {Offset: 619520}, {Offset: 11264}, {Offset: 412672}, {Offset: 211968}, {Offset: 412928}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:        []trainer.Arg{{Offset: 519168}, {Offset: 418816}, {Offset: 11264}, {Offset: 412672}, {Offset: 211968}, {Offset: 412928}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       3211264,
 			Grid:        [3]uint32{13, 1, 1},
@@ -310,7 +310,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    912384,
 			SharedBytes: 8320,
 		}, {
-			Args:        []trainer.Arg{{Offset: 719872}, {Offset: 418816}, {Offset: 866048}, {Offset: 872960}},
+			Args:        []trainer.Arg{{Offset: 1077504}, {Offset: 876800}, {Offset: 1215488}, {Offset: 418816}},
 			Block:       [3]uint32{64, 1, 1},
 			FLOPs:       14551040,
 			Grid:        [3]uint32{2, 1, 98},
@@ -318,21 +318,21 @@ var Spec = &trainer.Spec{
 			MinBytes:    765184,
 			SharedBytes: 6144,
 		}, {
-			Args:     []trainer.Arg{{Offset: 872960}, {Offset: 857856}, {Offset: 862464}},
+			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1221888}, {Offset: 1226496}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    113296,
 			Grid:     [3]uint32{5, 1, 1},
 			Kernel:   "conv_block_wgrad_reduce_o16_k72_bias_split98_grads",
 			MinBytes: 462528,
 		}, {
-			Args:     []trainer.Arg{{Offset: 10752}, {Offset: 862464}, {Offset: 11008}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:     []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    64,
 			Grid:     [3]uint32{1, 1, 1},
 			Kernel:   "sgd_update_16_sgd_mom0p9",
 			MinBytes: 320,
 		}, {
-			Args:        []trainer.Arg{{Offset: 719872}, {Offset: 1536}, {Offset: 866048}, {Offset: 418816}, {Offset: 418816}},
+			Args:        []trainer.Arg{{Offset: 1077504}, {Offset: 1536}, {Offset: 1215488}, {Offset: 876800}, {Offset: 876800}},
 			Block:       [3]uint32{64, 1, 1},
 			FLOPs:       14450688,
 			Grid:        [3]uint32{128, 1, 1},
@@ -340,14 +340,14 @@ var Spec = &trainer.Spec{
 			MinBytes:    512640,
 			SharedBytes: 5824,
 		}, {
-			Args:     []trainer.Arg{{Offset: 1536}, {Offset: 857856}, {Offset: 6144}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:     []trainer.Arg{{Offset: 1536}, {Offset: 1221888}, {Offset: 6144}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    4608,
 			Grid:     [3]uint32{5, 1, 1},
 			Kernel:   "sgd_update_1152_sgd_mom0p9",
 			MinBytes: 23040,
 		}, {
-			Args:        []trainer.Arg{{Offset: 418816}, {Offset: 820224}, {Offset: 845312}, {Offset: 872960}},
+			Args:        []trainer.Arg{{Offset: 876800}, {Offset: 1177856}, {Offset: 1202944}, {Offset: 418816}},
 			Block:       [3]uint32{64, 1, 1},
 			FLOPs:       3813376,
 			Grid:        [3]uint32{1, 1, 392},
@@ -355,7 +355,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    363776,
 			SharedBytes: 5632,
 		}, {
-			Args:     []trainer.Arg{{Offset: 872960}, {}, {Offset: 1024}, {Offset: 512}, {Offset: 1280}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:     []trainer.Arg{{Offset: 418816}, {}, {Offset: 1024}, {Offset: 512}, {Offset: 1280}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    31600,
 			Grid:     [3]uint32{1, 1, 1},
@@ -364,7 +364,7 @@ var Spec = &trainer.Spec{
 		}},
 		Loss: trainer.Tensor{
 			Name:   "loss",
-			Offset: 872448,
+			Offset: 1226752,
 		},
 	},
 	TrainData: trainer.DataSource{
