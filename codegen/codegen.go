@@ -44,8 +44,11 @@ const (
 type Arg struct {
 	Kind  ArgKind
 	Value *ir.Value // for ArgBuffer
-	Int   int64
-	Float float32
+	// Offset is added to the buffer's address, in bytes: a micro-batch's
+	// slice of a whole-batch buffer.
+	Offset int64
+	Int    int64
+	Float  float32
 }
 
 func (a Arg) String() string {
@@ -85,8 +88,9 @@ type Launch struct {
 	// Seq is the index, in the node list given to GenerateNodes, of the
 	// node this launch belongs to.
 	Seq int
-	// Step is the memory plan's step index (GenerateFromPlan), or 0.
-	Step int
+	// Step is the memory plan's step index (GenerateFromPlan), or 0, and
+	// Iter the micro-batch loop iteration it runs in (0 outside loops).
+	Step, Iter int
 }
 
 // Program is the generated code of one training step.
@@ -184,13 +188,37 @@ func Generate(g *ir.Graph, opts Options) (*Program, error) {
 // GenerateNodes produces the Program of some nodes of a graph (kernel
 // tests generate one node at a time).
 func GenerateNodes(model string, nodes []*ir.Node, opts Options) (*Program, error) {
+	items := make([]genItem, len(nodes))
+	for i, n := range nodes {
+		items[i] = genItem{node: n, batch: opts.Batch}
+	}
+	return generate(model, items, opts)
+}
+
+// genItem is a node to generate and the samples its kernels process (a
+// micro-batch inside a loop, else the batch); zero lists accumulators to
+// clear before it.
+type genItem struct {
+	node  *ir.Node
+	batch int64
+	zero  []*ir.Value
+}
+
+func generate(model string, items []genItem, opts Options) (*Program, error) {
 	if opts.Batch < 1 {
 		return nil, fmt.Errorf("codegen: batch must be positive, got %d", opts.Batch)
 	}
 	p := &Program{Model: model, Batch: opts.Batch, Views: map[*ir.Value]*ir.Value{}}
 	e := &emitter{prog: p, batch: opts.Batch, kernels: map[string]*Kernel{}}
-	for seq, n := range nodes {
+	for seq, it := range items {
+		n := it.node
+		e.batch = it.batch
 		first := len(p.Launches)
+		for _, z := range it.zero {
+			if err := e.zeroFill(n, z); err != nil {
+				return nil, err
+			}
+		}
 		switch n.Op {
 		case ir.OpFlatten, ir.OpReshape:
 			src := n.Ins[0]

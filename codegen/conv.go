@@ -212,6 +212,7 @@ type convData struct {
 	TH, TW, OC, KHP, KWP, TilesPerPhase int64
 	// wgrad: BQ positions per chunk, Splits of QPerSplit positions
 	BQ, G, XPT, DPT, XS, DS, Splits, QPerSplit, Q, WE int64
+	Accumulate                                        bool // the reduce adds to dw/db
 	// conv_mma: Rows staged rows per chunk; RowSum: also sum A's rows (the bias gradient)
 	Rows           int64
 	RowSum         bool
@@ -496,6 +497,10 @@ func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, par
 	moved := partial.Type.Bytes(e.batch)
 	var flops int64 = (d.Splits - 1) * d.WE
 	if opt == nil {
+		if n.Attrs.Accumulate {
+			d.Accumulate = true
+			what = "grads_acc" // added to dw/db: a micro-batch's share
+		}
 		params = append(params, "float* __restrict__ dw")
 		args = append(args, buf(n.Outs[0]))
 		if g.Bias {

@@ -46,3 +46,16 @@ func elementwise(family string, extra func(n *ir.Node) map[string]any) rule {
 		return nil
 	}
 }
+
+// zeroFill clears v's buffer (a micro-batch loop's gradient accumulator)
+// before node n runs; the launch belongs to n.
+func (e *emitter) zeroFill(n *ir.Node, v *ir.Value) error {
+	words := (v.Type.Bytes(e.prog.Batch) + 3) / 4
+	name := fmt.Sprintf("fill_zero_%d", words)
+	if err := e.kernel("fill_zero", name, map[string]any{"Name": name, "Elems": words}); err != nil {
+		return err
+	}
+	e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(words, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
+		Args: []Arg{buf(v)}, MinBytes: 4 * words})
+	return nil
+}

@@ -10,52 +10,132 @@ import (
 // GenerateFromPlan produces the Program of a memory plan: the plan's steps
 // in its order (recomputations included), on the plan's rewritten graph,
 // so that each launch's buffers are those the plan placed (Plan.Offset).
-// Micro-batch loops need kernels that address slices and accumulate, which
-// codegen does not emit yet: such plans are refused with a message saying
-// so.
+// A micro-batch loop is unrolled: its steps run once per micro-batch, with
+// kernels specialised for the micro-batch's samples, operands that the plan
+// slices offset to the micro-batch's first sample, weight-gradient kernels
+// adding into accumulators that are zeroed before the loop.
 func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
-	if len(p.Loops) > 0 {
-		return nil, fmt.Errorf("codegen: the memory plan micro-batches (%s); trainers for micro-batched plans are not generated yet — raise the budget or lower the batch (cnnc plan --max-batch shows what fits)", p.Loops[0].What)
-	}
 	if opts.Batch != p.Batch {
 		return nil, fmt.Errorf("codegen: plan is for batch %d, asked for %d", p.Batch, opts.Batch)
 	}
 	views := map[*ir.Value]*ir.Node{} // view output -> flatten/reshape node
+	values := map[string]*ir.Value{}
+	for _, v := range p.Graph.Inputs {
+		values[v.Name] = v
+	}
 	for _, n := range p.Graph.Nodes {
 		if n.Op == ir.OpFlatten || n.Op == ir.OpReshape {
 			views[n.Out()] = n
 		}
+		for _, v := range n.Outs {
+			values[v.Name] = v
+		}
 	}
-	var nodes []*ir.Node
-	stepOf := map[int]int{} // index in nodes -> plan step
+	type where struct {
+		step, iter int
+		first      int64 // the micro-batch's first sample
+	}
+	var items []genItem
+	var at []where // per item
 	placed := map[*ir.Node]bool{}
 	var addViews func(v *ir.Value)
 	addViews = func(v *ir.Value) {
 		if vn, ok := views[v]; ok && !placed[vn] {
 			addViews(vn.Ins[0])
 			placed[vn] = true
-			nodes = append(nodes, vn)
+			items = append(items, genItem{node: vn, batch: p.Batch})
+			at = append(at, where{step: -1})
 		}
 	}
-	for _, s := range p.Steps {
-		if s.Node == nil {
-			return nil, fmt.Errorf("codegen: plan step %d (%s) has no IR node", s.Index, s.Text)
+	add := func(s *plan.Step, iter int, first, samples int64, zero []*ir.Value) error {
+		n := s.Node
+		if n == nil {
+			return fmt.Errorf("codegen: plan step %d (%s) has no IR node", s.Index, s.Text)
 		}
-		if s.Samples != p.Batch {
-			return nil, fmt.Errorf("codegen: plan step %d runs %d of %d samples", s.Index, s.Samples, p.Batch)
+		if s.Loop >= 0 {
+			switch n.Op {
+			case ir.OpDropout, ir.OpDropoutGrad:
+				return fmt.Errorf("codegen: dropout inside a micro-batch loop is not generated yet (its mask is keyed by the element's index in the whole batch)")
+			case ir.OpSoftmaxCrossEntropy:
+				return fmt.Errorf("codegen: the plan micro-batches the whole step, loss included; only trunk loops are generated yet — raise the budget")
+			}
+			if s.Accumulate {
+				if n.Attrs.Opt != nil {
+					return fmt.Errorf("codegen: step %d accumulates into a fused update", s.Index)
+				}
+				n.Attrs.Accumulate = true
+			}
 		}
-		for _, v := range s.Node.Ins {
+		for _, v := range n.Ins {
 			addViews(v)
 		}
-		stepOf[len(nodes)] = s.Index
-		nodes = append(nodes, s.Node)
+		items = append(items, genItem{node: n, batch: samples, zero: zero})
+		at = append(at, where{step: s.Index, iter: iter, first: first})
+		return nil
 	}
-	prog, err := GenerateNodes(p.Graph.Name, nodes, opts)
+	for i := 0; i < len(p.Steps); {
+		s := p.Steps[i]
+		if s.Loop < 0 {
+			if err := add(s, 0, 0, p.Batch, nil); err != nil {
+				return nil, err
+			}
+			i++
+			continue
+		}
+		l := p.Loops[s.Loop]
+		var zero []*ir.Value
+		for _, id := range l.Zero {
+			v := values[p.Buffers[id].Holds[0].Value]
+			if v == nil {
+				return nil, fmt.Errorf("codegen: loop accumulator %s is no value of the graph", p.Buffers[id].Name)
+			}
+			zero = append(zero, v)
+		}
+		for it := int64(0); it < l.Count; it++ {
+			first := it * l.MicroBatch
+			samples := min(l.MicroBatch, p.Batch-first)
+			for k := l.FirstStep; k <= l.LastStep; k++ {
+				z := zero
+				if it > 0 || k > l.FirstStep {
+					z = nil
+				}
+				if err := add(p.Steps[k], int(it), first, samples, z); err != nil {
+					return nil, err
+				}
+			}
+		}
+		i = l.LastStep + 1
+	}
+	prog, err := generate(p.Graph.Name, items, opts)
 	if err != nil {
 		return nil, err
 	}
 	for _, l := range prog.Launches {
-		l.Step = stepOf[l.Seq]
+		w := at[l.Seq]
+		l.Step, l.Iter = max(w.step, 0), w.iter
+		if w.step < 0 || w.first == 0 {
+			continue
+		}
+		sliced := map[string]bool{}
+		for _, o := range append(append([]plan.Operand{}, p.Steps[w.step].Ins...), p.Steps[w.step].Outs...) {
+			if o.Slice {
+				sliced[o.Value] = true
+			}
+		}
+		for i, a := range l.Args {
+			if a.Kind != ArgBuffer || !sliced[a.Value.Name] {
+				continue
+			}
+			t := a.Value.Type
+			if t.DType == ir.Argmax && (t.SampleElems()*t.Bits)%32 != 0 {
+				return nil, fmt.Errorf("codegen: %s: a micro-batch slice of %s does not start on a 32-bit word", p.Steps[w.step].Text, a.Value)
+			}
+			per := t.Bytes(1)
+			if t.DType == ir.Argmax {
+				per = t.SampleElems() * t.Bits / 8
+			}
+			l.Args[i].Offset = w.first * per
+		}
 	}
 	return prog, nil
 }

@@ -56,6 +56,7 @@ type gemmKernel struct {
 	// (write dW or update W, and the bias gradient with BiasGrad).
 	Epilogue                      string
 	Bias, ReLU, MaskOut, BiasGrad bool
+	Accumulate                    bool     // grad_weight adds to dW/dB (micro-batch loops)
 	Site, BiasSite                *optSite // fused updates of W and b
 }
 
@@ -284,6 +285,11 @@ func linearGradWeightRule(e *emitter, n *ir.Node) error {
 		}
 		name += "_" + optName(opt)
 	} else {
+		if a.Accumulate {
+			k.Accumulate = true
+			k.Doc += ", added to dW" + map[bool]string{true: " and dB", false: ""}[a.Bias] + " (a micro-batch's share)"
+			name += "_acc"
+		}
 		k.Doc += "."
 		params, args = append(params, outParam("dw")), append(args, buf(n.Outs[0]))
 		if a.Bias {

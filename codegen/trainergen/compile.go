@@ -23,29 +23,31 @@ type PlanLayout struct {
 // codegen.GenerateFromPlan) into the plan's workspace buffers.
 func NewPlanLayout(p *plan.Plan, prog *codegen.Program) (*PlanLayout, error) {
 	l := &PlanLayout{Plan: p, scratch: map[*ir.Value]int64{}}
-	stepOf := map[*ir.Value]int{}
+	type run struct{ step, iter int } // a step's launches in one loop iteration
+	stepOf := map[*ir.Value]run{}
 	for _, ln := range prog.Launches {
 		for _, a := range ln.Args {
 			if a.Kind == codegen.ArgBuffer {
-				stepOf[a.Value] = ln.Step
+				stepOf[a.Value] = run{ln.Step, ln.Iter}
 			}
 		}
 	}
-	used := map[int]int64{}
+	used := map[run]int64{}
 	for _, v := range prog.Scratch { // creation order, as codegen.Workspace sizes them
-		st, ok := stepOf[v]
+		r, ok := stepOf[v]
 		if !ok {
 			continue
 		}
+		st := r.step
 		ws := p.Steps[st].Workspace
 		if ws < 0 {
 			return nil, fmt.Errorf("trainergen: step %d (%s) uses scratch %s but the plan gave it no workspace", st, p.Steps[st].Text, v.Name)
 		}
 		b := p.Buffers[ws]
-		l.scratch[v] = b.Offset + used[st]
-		used[st] += (v.Type.Bytes(prog.Batch) + 255) / 256 * 256
-		if used[st] > b.Bytes {
-			return nil, fmt.Errorf("trainergen: step %d's scratch needs %d bytes, its workspace holds %d", st, used[st], b.Bytes)
+		l.scratch[v] = b.Offset + used[r]
+		used[r] += (v.Type.Bytes(prog.Batch) + 255) / 256 * 256
+		if used[r] > b.Bytes {
+			return nil, fmt.Errorf("trainergen: step %d's scratch needs %d bytes, its workspace holds %d", st, used[r], b.Bytes)
 		}
 	}
 	return l, nil
@@ -54,6 +56,24 @@ func NewPlanLayout(p *plan.Plan, prog *codegen.Program) (*PlanLayout, error) {
 func (l *PlanLayout) Offset(v *ir.Value) (int64, bool) {
 	if o, ok := l.scratch[v]; ok {
 		return o, true
+	}
+	return l.Plan.Offset(v)
+}
+
+// OffsetIn is where v lives for launch l: by the operands of l's plan step
+// (a value recomputed, or local to a micro-batch loop, has more than one
+// buffer over the step), else by name.
+func (l *PlanLayout) OffsetIn(v *ir.Value, ln *codegen.Launch) (int64, bool) {
+	if o, ok := l.scratch[v]; ok {
+		return o, true
+	}
+	s := l.Plan.Steps[ln.Step]
+	for _, ops := range [][]plan.Operand{s.Ins, s.Outs} {
+		for _, o := range ops {
+			if o.Value == v.Name {
+				return l.Plan.Buffers[o.Buffer].Offset, true
+			}
+		}
 	}
 	return l.Plan.Offset(v)
 }

@@ -133,18 +133,33 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		spec.State = append(spec.State, t)
 	}
 	var err error
-	if spec.Train, err = buildStep(p.Train, g, false, tensor, place); err != nil {
+	launchPlace := func(prog *codegen.Program, v *ir.Value, l *codegen.Launch, eval bool) (int64, bool) {
+		sl, ok := p.TrainPlace.(stepLayout)
+		if eval || !ok {
+			return 0, false
+		}
+		if o, ok := sl.OffsetIn(v, l); ok {
+			return o, true
+		}
+		return sl.OffsetIn(prog.Buffer(v), l)
+	}
+	if spec.Train, err = buildStep(p.Train, g, false, launchPlace, tensor, place); err != nil {
 		return nil, err
 	}
 	if p.Eval != nil {
-		if spec.Eval, err = buildStep(p.Eval, g, true, tensor, place); err != nil {
+		if spec.Eval, err = buildStep(p.Eval, g, true, launchPlace, tensor, place); err != nil {
 			return nil, err
 		}
 	}
 	return spec, spec.Validate()
 }
 
-func buildStep(prog *codegen.Program, g *ir.Graph, eval bool,
+// stepLayout places a value for one launch (PlanLayout does).
+type stepLayout interface {
+	OffsetIn(v *ir.Value, l *codegen.Launch) (int64, bool)
+}
+
+func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*codegen.Program, *ir.Value, *codegen.Launch, bool) (int64, bool),
 	tensor func(*codegen.Program, *ir.Value, string, bool) (trainer.Tensor, error),
 	place func(*codegen.Program, *ir.Value, bool) (trainer.Arena, int64, error)) (trainer.Step, error) {
 	var st trainer.Step
@@ -172,9 +187,12 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool,
 			switch a.Kind {
 			case codegen.ArgBuffer:
 				ta.Kind = trainer.ArgBuffer
-				if ta.Arena, ta.Offset, err = place(prog, a.Value, eval); err != nil {
+				if ll, ok := launchPlace(prog, a.Value, l, eval); ok {
+					ta.Arena, ta.Offset = trainer.TrainArena, ll
+				} else if ta.Arena, ta.Offset, err = place(prog, a.Value, eval); err != nil {
 					return st, err
 				}
+				ta.Offset += a.Offset // a micro-batch's slice
 			case codegen.ArgInt:
 				ta.Kind = trainer.ArgInt
 			case codegen.ArgFloat:

@@ -1,0 +1,70 @@
+package trainergen_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/runtime/trainer"
+)
+
+// A trainer built for a 40 MB budget runs SimpleCNN's conv trunk in
+// micro-batches (recomputing it in the backward loop, accumulating the conv
+// gradients) and the head on the whole batch — within exactly its planned
+// arena — and its steps give what the unbudgeted trainer's give.
+func TestMicroBatchedTrainerEqualsFullBatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two SimpleCNN trainers at batch 32 on the emulator")
+	}
+	src, err := os.ReadFile("../../examples/simplecnn.cnn")
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("simplecnn.cnn", src, compiler.Options{})
+	require.NoError(t, err)
+	full, err := trainergen.Compile(res, 0, "")
+	require.NoError(t, err)
+	res2, err := compiler.CompileSource("simplecnn.cnn", src, compiler.Options{})
+	require.NoError(t, err)
+	micro, err := trainergen.Compile(res2, 40e6, "--memory-budget")
+	require.NoError(t, err)
+	require.NotEmpty(t, micro.Plan.Loops, "the 40 MB plan micro-batches")
+	assert.LessOrEqual(t, micro.Spec.ArenaBytes, int64(40e6))
+	assert.Equal(t, micro.Plan.PeakBytes, micro.Spec.ArenaBytes)
+	t.Logf("40 MB plan: %s, arena %d", micro.Plan.Loops[0].What, micro.Spec.ArenaBytes)
+
+	a, b := newSession(t, full, 5), newSession(t, micro, 5)
+	rng := rand.New(rand.NewPCG(9, 9))
+	for step := 0; step < 2; step++ {
+		batch := trainer.Batch{Valid: 32, Pixels: make([]uint8, 32*128*128*3), Labels: make([]int32, 32)}
+		for i := range batch.Pixels {
+			batch.Pixels[i] = uint8(rng.IntN(256))
+		}
+		for i := range batch.Labels {
+			batch.Labels[i] = int32(rng.IntN(10))
+		}
+		la, ca, err := a.TrainStep(batch)
+		require.NoError(t, err)
+		lb, cb, err := b.TrainStep(batch)
+		require.NoError(t, err)
+		assert.InDelta(t, la, lb, 1e-5*math.Max(1, float64(la)), "step %d loss", step)
+		assert.Equal(t, ca, cb)
+	}
+	for _, p := range full.Spec.Params {
+		q, ok := b.Param(p.Name)
+		require.True(t, ok)
+		x, err := a.ReadTensor(p)
+		require.NoError(t, err)
+		y, err := b.ReadTensor(q)
+		require.NoError(t, err)
+		want := make([]float64, len(x))
+		for i, v := range x {
+			want[i] = float64(v)
+		}
+		assert.Less(t, maxRel(y, want), 1e-4, p.Name)
+	}
+}
