@@ -1,6 +1,9 @@
 package runtime
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Ptr is a device address: a CUDA device pointer, or the address of the
 // CPU emulator's memory.
@@ -34,3 +37,10 @@ type LaunchError struct {
 
 func (e *LaunchError) Error() string { return fmt.Sprintf("kernel %s: %v", e.Kernel, e.Err) }
 func (e *LaunchError) Unwrap() error { return e.Err }
+
+// Timer is what a device offers when it can time device work more finely
+// than the wall clock: the CUDA backend records CUDA events around run's
+// launches. Profiles use it when present.
+type Timer interface {
+	TimeLaunches(run func() error) (time.Duration, error)
+}

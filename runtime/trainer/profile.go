@@ -2,6 +2,8 @@ package trainer
 
 import (
 	"fmt"
+
+	"github.com/cnnc/cnnc/runtime"
 	"io"
 	"sort"
 	"time"
@@ -39,13 +41,23 @@ func Profile(s *Session, b Batch, w io.Writer, roofline string) error {
 	}
 	rows := map[string]*row{}
 	var order []string
+	timer, events := s.Dev.(runtime.Timer)
 	for _, l := range s.Spec.Train.Launches {
 		one := Step{Launches: []Launch{l}}
-		t0 := time.Now()
-		if err := s.run(one, b.Valid); err != nil {
-			return err
+		var d time.Duration
+		if events {
+			// CUDA events around the launch: device time only
+			var err error
+			if d, err = timer.TimeLaunches(func() error { return s.run(one, b.Valid) }); err != nil {
+				return err
+			}
+		} else {
+			t0 := time.Now()
+			if err := s.run(one, b.Valid); err != nil {
+				return err
+			}
+			d = time.Since(t0)
 		}
-		d := time.Since(t0)
 		r, ok := rows[l.Kernel]
 		if !ok {
 			r = &row{kernel: l.Kernel}
@@ -67,7 +79,11 @@ func Profile(s *Session, b Batch, w io.Writer, roofline string) error {
 	for _, r := range rows {
 		all += r.total
 	}
-	fmt.Fprintf(w, "\nprofile of one step on %s (%d launches, %.3f ms):\n", s.Dev.Name(), len(s.Spec.Train.Launches), ms(all))
+	clock := "wall clock after each launch"
+	if events {
+		clock = "CUDA events"
+	}
+	fmt.Fprintf(w, "\nprofile of one step on %s (%d launches, %.3f ms, timed with %s):\n", s.Dev.Name(), len(s.Spec.Train.Launches), ms(all), clock)
 	fmt.Fprintf(w, "%-90s %5s %10s %10s %6s %9s %9s %9s\n", "kernel", "calls", "total ms", "mean ms", "share", "GB/s", "GFLOP/s", "roofline")
 	for _, k := range order {
 		r := rows[k]
