@@ -68,7 +68,7 @@ func (s *Summary) Print(w io.Writer) {
 	for _, r := range s.Rows {
 		rows = append(rows, []string{r.Layer, r.Op, r.Output, Commas(r.Params), humanFLOPs(r.FLOPs), fmt.Sprint(r.Pos.Line)})
 	}
-	printTable(w, rows, []bool{false, false, false, true, true, true})
+	PrintTable(w, rows, []bool{false, false, false, true, true, true}, "")
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "total params:        %s (%s as f32)\n", Commas(s.Params), dsl.FormatSize(s.ParamBytes))
 	fmt.Fprintf(w, "forward FLOPs:       %s per step\n", humanFLOPs(s.ForwardFLOPs))
@@ -92,8 +92,9 @@ func humanFLOPs(f int64) string {
 	return fmt.Sprint(f)
 }
 
-// printTable prints rows as aligned columns; right[i] right-aligns column i.
-func printTable(w io.Writer, rows [][]string, right []bool) {
+// PrintTable prints rows as aligned columns, each line after indent;
+// right[i] right-aligns column i.
+func PrintTable(w io.Writer, rows [][]string, right []bool, indent string) {
 	width := make([]int, len(rows[0]))
 	for _, r := range rows {
 		for i, c := range r {
@@ -102,6 +103,7 @@ func printTable(w io.Writer, rows [][]string, right []bool) {
 	}
 	for _, r := range rows {
 		var b strings.Builder
+		b.WriteString(indent)
 		for i, c := range r {
 			if i > 0 {
 				b.WriteString("  ")

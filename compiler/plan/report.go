@@ -5,6 +5,8 @@ import (
 	"io"
 	"sort"
 	"strings"
+
+	"github.com/cnnc/cnnc/compiler"
 )
 
 // CategoryBytes returns the bytes live at step s by category: a buffer
@@ -237,31 +239,9 @@ func gflops(f int64) string { return fmt.Sprintf("%.3f GFLOP", float64(f)/1e9) }
 
 func mbNum(n int64) string { return fmt.Sprintf("%.2f", float64(n)/1e6) }
 
-// table prints aligned columns (right-aligned where right[i]), trimming
-// trailing blanks.
+// table prints aligned columns (compiler.PrintTable).
 func table(w io.Writer, rows [][]string, right []bool, indent string) {
-	width := make([]int, len(right))
-	for _, r := range rows {
-		for i, c := range r {
-			width[i] = max(width[i], len(c))
-		}
-	}
-	for _, r := range rows {
-		var b strings.Builder
-		b.WriteString(indent)
-		for i, c := range r {
-			if i > 0 {
-				b.WriteString("  ")
-			}
-			pad := strings.Repeat(" ", width[i]-len(c))
-			if right[i] {
-				b.WriteString(pad + c)
-			} else {
-				b.WriteString(c + pad)
-			}
-		}
-		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
-	}
+	compiler.PrintTable(w, rows, right, indent)
 }
 
 // workspaceSteps counts the steps with a workspace buffer.
