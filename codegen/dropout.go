@@ -49,7 +49,9 @@ func dropoutRule(family, what string) rule {
 			return err
 		}
 		e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
-			Args: []Arg{buf(n.Ins[0]), buf(out), {Kind: ArgSeed}, {Kind: ArgStep}}, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+			// the last argument: the slice's first element in the whole batch
+			// (set by GenerateFromPlan inside micro-batch loops)
+			Args: []Arg{buf(n.Ins[0]), buf(out), {Kind: ArgSeed}, {Kind: ArgStep}, {Kind: ArgInt, Int: 0}}, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 		return nil
 	}
 }

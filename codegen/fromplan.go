@@ -53,11 +53,8 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 			return fmt.Errorf("codegen: plan step %d (%s) has no IR node", s.Index, s.Text)
 		}
 		if s.Loop >= 0 {
-			switch n.Op {
-			case ir.OpDropout, ir.OpDropoutGrad:
-				return fmt.Errorf("codegen: dropout inside a micro-batch loop is not generated yet (its mask is keyed by the element's index in the whole batch)")
-			case ir.OpSoftmaxCrossEntropy:
-				return fmt.Errorf("codegen: the plan micro-batches the whole step, loss included; only trunk loops are generated yet — raise the budget")
+			if n.Op == ir.OpSoftmaxCrossEntropy {
+				n.Attrs.Accumulate = true // loss and correct count summed over micro-batches
 			}
 			if s.Accumulate {
 				if n.Attrs.Opt != nil {
@@ -135,6 +132,14 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 				per = t.SampleElems() * t.Bits / 8
 			}
 			l.Args[i].Offset = w.first * per
+		}
+		// the micro-batch's place in the whole batch: dropout counts
+		// elements, the loss rows
+		switch l.Node.Op {
+		case ir.OpDropout, ir.OpDropoutGrad:
+			l.Args[len(l.Args)-1].Int = w.first * l.Node.Out().Type.SampleElems()
+		case ir.OpSoftmaxCrossEntropy:
+			l.Args[len(l.Args)-1].Int = w.first
 		}
 	}
 	return prog, nil

@@ -53,9 +53,12 @@ func TestSoftmaxCrossEntropyPartialBatch(t *testing.T) {
 	l := prog.Launches[0]
 	var params []uint64
 	for i, a := range l.Args {
-		if a.Kind == codegen.ArgValid {
+		switch a.Kind {
+		case codegen.ArgValid:
 			params = append(params, valid)
-		} else {
+		case codegen.ArgInt:
+			params = append(params, uint64(a.Int))
+		default:
 			params = append(params, uint64(bufs[i]))
 		}
 	}

@@ -516,7 +516,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_b32_in128_out10_b
 // (warp-shuffle reductions in a fixed butterfly order), then thread 0 adds the 8 warps' sums in
 // order — no atomics, so the result is the same bit for bit on every run.
 extern "C" __global__ void __launch_bounds__(256) softmax_cross_entropy_b32_c10(const float* __restrict__ logits, const int* __restrict__ label,
-        float* __restrict__ loss, float* __restrict__ dlogits, float* __restrict__ correct, long long valid) {
+        float* __restrict__ loss, float* __restrict__ dlogits, float* __restrict__ correct, long long valid, long long first) {
     CNNC_DYNAMIC_SHARED(float, smem);  // [8] loss sums, then [8] correct counts
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (valid < 1 || valid > 32) valid = 32;

@@ -94,11 +94,18 @@ type Compiled struct {
 // Compile plans memory for res at its batch size (under budget, if any),
 // generates the training and evaluation kernels and assembles the Spec.
 func Compile(res *compiler.Result, budget int64, budgetSource string) (*Compiled, error) {
-	batch := res.Train.Batch
-	cfg := plan.Config{Batch: batch, Budget: budget, BudgetSource: budgetSource, Workspace: codegen.Workspace}
+	cfg := plan.Config{Budget: budget, BudgetSource: budgetSource}
 	if budgetSource == "" && budget > 0 {
 		cfg.BudgetPos = res.Train.Pos["memory_budget"]
 	}
+	return CompilePlan(res, cfg)
+}
+
+// CompilePlan is Compile with the planner's configuration given (e.g. a
+// forced micro-batch); the batch and the workspace sizes are filled in.
+func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
+	batch := res.Train.Batch
+	cfg.Batch, cfg.Workspace = batch, codegen.Workspace
 	p, err := plan.Build(res.Graph, cfg)
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -57,6 +58,67 @@ func TestMicroBatchedTrainerEqualsFullBatch(t *testing.T) {
 	for _, p := range full.Spec.Params {
 		q, ok := b.Param(p.Name)
 		require.True(t, ok)
+		x, err := a.ReadTensor(p)
+		require.NoError(t, err)
+		y, err := b.ReadTensor(q)
+		require.NoError(t, err)
+		want := make([]float64, len(x))
+		for i, v := range x {
+			want[i] = float64(v)
+		}
+		assert.Less(t, maxRel(y, want), 1e-4, p.Name)
+	}
+}
+
+// A plan that micro-batches the whole step — loss and dropout included —
+// trains exactly like the whole batch: the loss is scaled by the batch and
+// summed over micro-batches, and dropout keys its mask by the element's
+// index in the whole batch.
+func TestWholeStepMicroBatchesWithDropoutEqualFullBatch(t *testing.T) {
+	src := []byte(`model D(image: f32[1,9,8], label: class[5]) {
+    c    = conv2d(image, out=4, kernel=3, padding=1)
+    p    = maxpool(relu(c), kernel=2)
+    h    = linear(flatten(p), out=12)
+    d    = dropout(relu(h), p=0.3)
+    out  = linear(d, out=5)
+    loss = cross_entropy(out, label)
+}
+train { optimizer = adam(lr=0.01) batch = 10 }
+`)
+	compile := func(cfg plan.Config) *trainergen.Compiled {
+		res, err := compiler.CompileSource("d.cnn", src, compiler.Options{})
+		require.NoError(t, err)
+		c, err := trainergen.CompilePlan(res, cfg)
+		require.NoError(t, err)
+		return c
+	}
+	full := compile(plan.Config{})
+	micro := compile(plan.Config{MicroBatch: 4}) // 4 + 4 + 2
+	require.NotEmpty(t, micro.Plan.Loops)
+	require.Equal(t, "step", micro.Plan.Choices.MicroBatched)
+	a, b := newSession(t, full, 3), newSession(t, micro, 3)
+	rng := rand.New(rand.NewPCG(4, 4))
+	for step := 0; step < 3; step++ {
+		valid := 10
+		if step == 2 {
+			valid = 7 // a partial last batch: padded, then micro-batched
+		}
+		batch := trainer.Batch{Valid: valid, Pixels: make([]uint8, valid*72), Labels: make([]int32, valid)}
+		for i := range batch.Pixels {
+			batch.Pixels[i] = uint8(rng.IntN(256))
+		}
+		for i := range batch.Labels {
+			batch.Labels[i] = int32(rng.IntN(5))
+		}
+		la, ca, err := a.TrainStep(batch)
+		require.NoError(t, err)
+		lb, cb, err := b.TrainStep(batch)
+		require.NoError(t, err)
+		assert.InDelta(t, la, lb, 1e-5*math.Max(1, float64(la)), "step %d loss", step)
+		assert.Equal(t, ca, cb, "step %d correct", step)
+	}
+	for _, p := range full.Spec.Params {
+		q, _ := b.Param(p.Name)
 		x, err := a.ReadTensor(p)
 		require.NoError(t, err)
 		y, err := b.ReadTensor(q)

@@ -116,7 +116,7 @@ var Spec = &trainer.Spec{
 			}, {
 				Arena:  trainer.EvalArena,
 				Offset: 405504,
-			}, {Kind: trainer.ArgValid}},
+			}, {Kind: trainer.ArgValid}, {Kind: trainer.ArgInt}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       1280,
 			Grid:        [3]uint32{1, 1, 1},
@@ -270,7 +270,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    12072,
 			SharedBytes: 3200,
 		}, {
-			Args:        []trainer.Arg{{Offset: 1085696}, {Offset: 1088256}, {Offset: 1226752}, {Offset: 1086976}, {Offset: 1227008}, {Kind: trainer.ArgValid}},
+			Args:        []trainer.Arg{{Offset: 1085696}, {Offset: 1088256}, {Offset: 1226752}, {Offset: 1086976}, {Offset: 1227008}, {Kind: trainer.ArgValid}, {Kind: trainer.ArgInt}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       1280,
 			Grid:        [3]uint32{1, 1, 1},
