@@ -449,7 +449,7 @@ func (l *lowerer) visit(s *dsl.Assign) *ir.Value {
 	}
 	l.state[s.Name] = 1
 	l.path = append(l.path, s.Name)
-	v := l.tensor(s.Value, s.Name, true, l.layerNames(s))
+	v := l.tensor(s.Value, s.Name, l.layerNames(s))
 	l.path = l.path[:len(l.path)-1]
 	l.state[s.Name] = 2
 	if v != nil {
@@ -488,7 +488,7 @@ func (l *lowerer) layerNames(s *dsl.Assign) map[*dsl.Call]string {
 }
 
 // tensor lowers an expression that must produce a tensor.
-func (l *lowerer) tensor(e *dsl.Expr, name string, top bool, layers map[*dsl.Call]string) *ir.Value {
+func (l *lowerer) tensor(e *dsl.Expr, name string, layers map[*dsl.Call]string) *ir.Value {
 	switch e.Kind {
 	case dsl.ExprIdent:
 		if v, ok := l.values[e.Ident]; ok {
@@ -504,7 +504,7 @@ func (l *lowerer) tensor(e *dsl.Expr, name string, top bool, layers map[*dsl.Cal
 		l.diags = append(l.diags, d)
 		return nil
 	case dsl.ExprCall:
-		return l.call(e.Call, name, top, layers)
+		return l.call(e.Call, name, layers)
 	}
 	l.diags = append(l.diags, dsl.Errorf(e.Pos, "expected a tensor (a layer or input name, or an op call), got %s", describe(e)).Span(exprSpan(e)))
 	return nil
@@ -522,7 +522,7 @@ func (l *lowerer) knownNames() []string {
 	return names
 }
 
-func (l *lowerer) call(c *dsl.Call, name string, top bool, layers map[*dsl.Call]string) *ir.Value {
+func (l *lowerer) call(c *dsl.Call, name string, layers map[*dsl.Call]string) *ir.Value {
 	o := findDSLOp(c.Name)
 	if o == nil {
 		d := dsl.Errorf(c.Pos, "unknown op %s", c.Name).Span(len(c.Name))
@@ -545,7 +545,7 @@ func (l *lowerer) call(c *dsl.Call, name string, top bool, layers map[*dsl.Call]
 	ok := len(l.diags) == before
 	for _, p := range pos {
 		// a nested call is named after its statement: fc1.flatten
-		v := l.tensor(p.Value, nestedName(name, p.Value), false, layers)
+		v := l.tensor(p.Value, nestedName(name, p.Value), layers)
 		if v == nil {
 			ok = false
 		}
