@@ -44,3 +44,15 @@ func (e *LaunchError) Unwrap() error { return e.Err }
 type Timer interface {
 	TimeLaunches(run func() error) (time.Duration, error)
 }
+
+// Grapher is what a device offers when it can capture a sequence of
+// launches once and replay it with one call (CUDA graphs).
+type Grapher interface {
+	CaptureGraph(run func() error) (Replayer, error)
+}
+
+// Replayer is a captured sequence of launches.
+type Replayer interface {
+	Replay() error
+	Close() error
+}

@@ -130,6 +130,14 @@ def main():
             ms, arena, _ = bench(run, b, steps if gpu else 3)
             cnnc[name] = (ms, arena)
             run.row(f"cnnc {name}", f"{ms:.3f} ms/step, arena {arena / 1e6:.2f} MB" if ms else "FAIL")
+            if gpu:
+                # the same step replayed as one CUDA graph (experimental)
+                gms, _, _ = bench(run, b, steps, ("--cuda-graph",))
+                if gms:
+                    cnnc[name + " graph"] = (gms, arena)
+                    if gms < ms:
+                        cnnc[name] = (gms, arena)
+                run.row(f"cnnc {name}, CUDA graph", f"{gms:.3f} ms/step" if gms else "FAIL")
     torch_rows = {}
     if gpu and "torch" not in args.skip:
         code, out = run.sh("pytorch", [sys.executable, "torch_gpu.py", "--batch", "32", "256", "--steps", "50"], 420)

@@ -46,6 +46,7 @@ type Options struct {
 	Profile        int
 	MaxSteps       int // stop after this many steps in total (0: no limit)
 	Bench          int // time this many steps on one random batch, print, exit
+	CUDAGraph      bool
 	MemoryBudget   string
 	Roofline       string
 	Quiet          bool
@@ -88,6 +89,7 @@ func Main(spec *Spec, backends Backends, args []string, stdout, stderr io.Writer
 	fs.IntVar(&o.Profile, "profile", 0, "after N steps print a per-kernel time table, then go on")
 	fs.IntVar(&o.MaxSteps, "max-steps", 0, "stop after this many training steps in total (0: train every epoch)")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress bar")
+	fs.BoolVar(&o.CUDAGraph, "cuda-graph", false, "replay the training step as one CUDA graph (SGD without dropout: no kernel argument changes between steps); experimental")
 	fs.IntVar(&o.Bench, "bench", 0, "time N training steps on one random batch (after 3 warm-up steps), print the median step time and images/s, and exit (needs no data)")
 	fs.StringVar(&o.Roofline, "roofline", "", "GB/s,GFLOP/s peaks of the device: --profile then shows each kernel's fraction of its roofline bound")
 	fs.Usage = func() {
@@ -202,6 +204,17 @@ func train(spec *Spec, backends Backends, o Options) (int, error) {
 	}
 	defer sess.Close()
 	sess.LR = float32(o.LR)
+	if o.CUDAGraph {
+		_, can := dev.(runtime.Grapher)
+		switch {
+		case !can:
+			fmt.Fprintf(o.stderr, "warning: --cuda-graph: %s cannot replay graphs; launching kernels one by one\n", dev.Name())
+		case !sess.GraphsApply():
+			fmt.Fprintf(o.stderr, "warning: --cuda-graph: this model's kernels need the step number (Adam or dropout); launching them one by one\n")
+		default:
+			sess.UseGraphs = true
+		}
+	}
 
 	if o.Bench > 0 {
 		return bench(sess, o)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
@@ -30,6 +31,14 @@ type Session struct {
 	Step int64
 	LR   float32
 	Seed uint64
+
+	// UseGraphs replays the training step as one captured graph on devices
+	// that can (runtime.Grapher) when GraphsApply; the graph is captured
+	// again when the learning rate, seed or valid count changes, and after
+	// the first step.
+	UseGraphs bool
+	graph     runtime.Replayer
+	graphKey  [4]uint64
 
 	arenas [2]runtime.Ptr
 	// scratch is reused for uploads and argument arrays.
@@ -58,6 +67,10 @@ func NewSession(spec *Spec, dev runtime.Device, seed uint64) (*Session, error) {
 // Close frees the arenas.
 func (s *Session) Close() error {
 	var errs []error
+	if s.graph != nil {
+		errs = append(errs, s.graph.Close())
+		s.graph = nil
+	}
 	for i, p := range s.arenas {
 		if p != 0 {
 			errs = append(errs, s.Dev.Free(p))
@@ -153,6 +166,14 @@ func (s *Session) upload(st Step, b Batch) error {
 }
 
 func (s *Session) run(st Step, valid int) error {
+	if err := s.launch(st, valid); err != nil {
+		return err
+	}
+	return s.Dev.Sync()
+}
+
+// launch queues a step's launches.
+func (s *Session) launch(st Step, valid int) error {
 	for _, l := range st.Launches {
 		s.params = s.params[:0]
 		for _, a := range l.Args {
@@ -179,7 +200,7 @@ func (s *Session) run(st Step, valid int) error {
 			return err
 		}
 	}
-	return s.Dev.Sync()
+	return nil
 }
 
 func (s *Session) readScalars(st Step) (float32, int, error) {
@@ -194,13 +215,58 @@ func (s *Session) readScalars(st Step) (float32, int, error) {
 	return loss[0], int(correct[0]), nil
 }
 
+// GraphsApply says whether the training step can be replayed as a graph,
+// whose kernel arguments are fixed at capture: SGD reads the step number
+// only to tell the first step (momentum buffer = gradient) from the others,
+// so a graph captured at step 1 serves every later step; Adam's bias
+// correction and dropout's masks change with every step, so they cannot.
+func (s *Session) GraphsApply() bool {
+	if !strings.HasPrefix(s.Spec.Optimizer, "sgd") {
+		return false
+	}
+	for _, l := range s.Spec.Train.Launches {
+		if strings.HasPrefix(l.Kernel, "dropout") {
+			return false
+		}
+	}
+	return true
+}
+
+// runGraph replays the captured step, capturing it first (again when a
+// captured argument changed).
+func (s *Session) runGraph(g runtime.Grapher, valid int) error {
+	key := [4]uint64{uint64(math.Float32bits(s.LR)), s.Seed, uint64(valid), uint64(min(s.Step, 1))}
+	if s.graph == nil || key != s.graphKey {
+		if s.graph != nil {
+			s.graph.Close()
+			s.graph = nil
+		}
+		st := s.Spec.Train
+		r, err := g.CaptureGraph(func() error { return s.launch(st, valid) })
+		if err != nil {
+			return err
+		}
+		s.graph, s.graphKey = r, key
+	}
+	if err := s.graph.Replay(); err != nil {
+		return err
+	}
+	return s.Dev.Sync()
+}
+
 // TrainStep runs one training step (forward, backward, update) and
 // returns the batch's mean loss and correct predictions.
 func (s *Session) TrainStep(b Batch) (float32, int, error) {
 	if err := s.upload(s.Spec.Train, b); err != nil {
 		return 0, 0, err
 	}
-	if err := s.run(s.Spec.Train, b.Valid); err != nil {
+	var err error
+	if g, ok := s.Dev.(runtime.Grapher); ok && s.UseGraphs && s.GraphsApply() {
+		err = s.runGraph(g, b.Valid)
+	} else {
+		err = s.run(s.Spec.Train, b.Valid)
+	}
+	if err != nil {
 		return 0, 0, fmt.Errorf("step %d: %w", s.Step, err)
 	}
 	s.Step++
