@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -79,15 +78,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			}
 			c, err := trainergen.Compile(res, budgetBytes, source)
 			if err != nil {
-				var ds dsl.Diagnostics
-				var d *dsl.Diagnostic
-				if errors.As(err, &ds) || errors.As(err, &d) {
-					src, _ := os.ReadFile(args[0])
-					printDiagnostics(stderr, err, map[string][]byte{args[0]: src})
-				} else {
-					fmt.Fprintf(stderr, "cnnc: %s: %v\n", args[0], err)
-				}
-				return exitError{exitModel}
+				return planError(args[0], err, stderr)
 			}
 			step("planned memory: arena %s bytes (%s)", compiler.Commas(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
 			step("generated %d kernels, %d launches per training step", len(c.Train.Kernels), len(c.Train.Launches))
