@@ -124,6 +124,8 @@ var errorCases = []struct {
 		[]string{"m.cnn:1:16: input image: [3 2000000 2000000] has more elements than any GPU can hold"}},
 	{"absurd weight", header + "  f = linear(flatten(image), out=1000000000)\n  loss = cross_entropy(f, label)\n}\n",
 		[]string{"m.cnn:2:7: f: its weight [1000000000,3072] would have more than 2^40 elements"}},
+	{"parameters beyond any GPU", header + "  h = linear(flatten(image), out=100000000)\n  f = linear(h, out=10)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:2:7: the parameters need 1148.51 GiB, more than any GPU holds", "h.weight alone has 307,200,000,000 parameters (1144.41 GiB); shrink it"}},
 	{"bad input type", "model M(image: f16[3,8,8], label: class[10]) {\n}\n", []string{"m.cnn:1:16: input image: unknown type \"f16\""}},
 	{"unknown optimizer", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  optimizer = sdg(lr=0.1)\n}\n",
 		[]string{"m.cnn:6:15: unknown optimizer sdg", "did you mean sgd?"}},

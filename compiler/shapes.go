@@ -13,6 +13,7 @@ import (
 // modules); then its op's type rule gives the output type or a reason,
 // which becomes an error at the node's DSL position.
 func shapesPass(ctx *Context, g *ir.Graph) error {
+	defer checkParamBytes(ctx, g)
 	failed := map[*ir.Value]bool{}
 	for _, n := range g.Nodes {
 		skip := false
@@ -35,6 +36,32 @@ func shapesPass(ctx *Context, g *ir.Graph) error {
 		}
 	}
 	return nil
+}
+
+// MaxDeviceBytes bounds what a model's parameters may need: more than
+// twice the largest GPU's memory (H200: 141 GB) cannot train anywhere.
+const MaxDeviceBytes = 256 << 30
+
+// checkParamBytes rejects models whose parameters alone cannot fit any GPU,
+// at the largest layer.
+func checkParamBytes(ctx *Context, g *ir.Graph) {
+	if ctx.Diags.HasErrors() {
+		return
+	}
+	var total int64
+	var largest *ir.Param
+	for _, p := range g.Params {
+		b := p.Value.Type.Bytes(1)
+		total += b
+		if largest == nil || b > largest.Value.Type.Bytes(1) {
+			largest = p
+		}
+	}
+	if total > MaxDeviceBytes {
+		ctx.Diags = append(ctx.Diags, dsl.Errorf(largest.Value.Pos, "the parameters need %s, more than any GPU holds", dsl.FormatSize(total)).
+			Span(len(largest.Layer)).
+			Hint("%s alone has %s parameters (%s); shrink it", largest.Name, Commas(largest.Value.Type.SampleElems()), dsl.FormatSize(largest.Value.Type.Bytes(1))))
+	}
 }
 
 func inferNode(n *ir.Node) error {
