@@ -115,7 +115,9 @@ func Main(spec *Spec, backends Backends, args []string, stdout, stderr io.Writer
 
 func (o *Options) check(spec *Spec) error {
 	switch {
-	case o.Batch < 1 || o.Batch > spec.Batch:
+	case o.Batch < 1:
+		return fmt.Errorf("--batch must be at least 1, got %d", o.Batch)
+	case o.Batch > spec.Batch:
 		return fmt.Errorf("--batch %d: this trainer was compiled for batches of at most %d (its kernels and memory plan are specialised); rebuild with `cnnc build --batch %d`", o.Batch, spec.Batch, o.Batch)
 	case o.Epochs < 0:
 		return fmt.Errorf("--epochs must not be negative")
@@ -123,6 +125,10 @@ func (o *Options) check(spec *Spec) error {
 		return fmt.Errorf("--lr must be a positive number, got %v", o.LR)
 	case o.Init != "" && o.Resume != "":
 		return fmt.Errorf("--init and --resume exclude each other: --resume continues a run, --init starts one from given weights")
+	case o.Plot != "" && !strings.HasSuffix(strings.ToLower(o.Plot), ".png") && !strings.HasSuffix(strings.ToLower(o.Plot), ".svg"):
+		return fmt.Errorf("--plot %s: write a .png or .svg file", o.Plot)
+	case o.Device != "auto" && o.Device != "cpu" && o.Device != "cuda":
+		return fmt.Errorf("--device %s: want auto, cpu or cuda", o.Device)
 	}
 	return nil
 }
@@ -315,6 +321,9 @@ func train(spec *Spec, backends Backends, o Options) (int, error) {
 	}
 	var curves []EpochLog
 	perEpoch := loader.BatchesPerEpoch()
+	if startEpoch >= o.Epochs {
+		fmt.Fprintf(out, "nothing to train: --epochs %d, and the run is at epoch %d\n", o.Epochs, startEpoch)
+	}
 	steps := 0
 	for epoch := startEpoch; epoch < o.Epochs; epoch++ {
 		first := 0
