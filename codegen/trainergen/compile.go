@@ -2,6 +2,7 @@ package trainergen
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/cnnc/cnnc/codegen"
@@ -81,6 +82,81 @@ func (l *PlanLayout) OffsetIn(v *ir.Value, ln *codegen.Launch) (int64, bool) {
 // Bytes is the plan's arena: the trainer allocates exactly this.
 func (l *PlanLayout) Bytes() int64 { return l.Plan.ArenaBytes }
 
+// gapLayout places evaluation's values in the training arena, in the space
+// that only holds the step's own temporaries: between training steps only
+// the parameters and optimizer state (persistent buffers) hold anything, so
+// evaluation can borrow the rest and needs no memory beyond the plan.
+type gapLayout struct {
+	offsets map[*ir.Value]int64
+	size    int64
+}
+
+func (l *gapLayout) Offset(v *ir.Value) (int64, bool) {
+	o, ok := l.offsets[v]
+	return o, ok
+}
+
+func (l *gapLayout) Bytes() int64 { return l.size }
+
+// newGapLayout fits evaluation's buffers (no reuse among them) into the
+// training arena's non-persistent space, largest first; ok is false when
+// they do not fit.
+func newGapLayout(p *plan.Plan, eval *NaiveLayout) (*gapLayout, bool) {
+	type gap struct{ start, end int64 }
+	gaps := []gap{{0, p.ArenaBytes}}
+	for _, b := range p.Buffers {
+		if !b.Persistent {
+			continue
+		}
+		var next []gap
+		for _, g := range gaps {
+			lo, hi := b.Offset, b.Offset+b.Bytes
+			if hi <= g.start || lo >= g.end {
+				next = append(next, g)
+				continue
+			}
+			if lo > g.start {
+				next = append(next, gap{g.start, lo})
+			}
+			if hi < g.end {
+				next = append(next, gap{hi, g.end})
+			}
+		}
+		gaps = next
+	}
+	type item struct {
+		v     *ir.Value
+		bytes int64
+	}
+	var items []item
+	for v := range eval.offsets {
+		items = append(items, item{v, eval.sizes[v]})
+	}
+	sort.Slice(items, func(i, j int) bool {
+		if items[i].bytes != items[j].bytes {
+			return items[i].bytes > items[j].bytes
+		}
+		return items[i].v.Name < items[j].v.Name
+	})
+	l := &gapLayout{offsets: map[*ir.Value]int64{}, size: p.ArenaBytes}
+	for _, it := range items {
+		placed := false
+		for i := range gaps {
+			start := (gaps[i].start + 255) / 256 * 256
+			if start+it.bytes <= gaps[i].end {
+				l.offsets[it.v] = start
+				gaps[i].start = start + it.bytes
+				placed = true
+				break
+			}
+		}
+		if !placed {
+			return nil, false
+		}
+	}
+	return l, true
+}
+
 // Compiled is a model ready to become a trainer.
 type Compiled struct {
 	Spec  *trainer.Spec
@@ -119,13 +195,31 @@ func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
 	if err != nil {
 		return nil, err
 	}
+	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
+	inputs := []*ir.Value{res.Graph.Inputs[0], res.Graph.Inputs[1]}
 	place, err := NewPlanLayout(p, train)
 	if err != nil {
 		return nil, err
 	}
-	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
-	evalPlace := NewNaiveLayout(eval, []*ir.Value{res.Graph.Inputs[0], res.Graph.Inputs[1]}, isParam)
-	spec, err := BuildSpec(Programs{Result: res, Train: train, TrainPlace: place, Eval: eval, EvalPlace: evalPlace})
+	naive := NewNaiveLayout(eval, inputs, isParam)
+	progs := Programs{Result: res, Train: train, TrainPlace: place, Eval: eval, EvalPlace: naive}
+	// evaluation borrows the training arena's temporary space, at the
+	// largest batch (halving) whose forward pass fits there
+	for m := batch; m >= 1; m /= 2 {
+		ev, nv := eval, naive
+		if m != batch {
+			if ev, err = codegen.GenerateEval(res.Graph, codegen.Options{Batch: m, SourceName: res.File.Name}); err != nil {
+				return nil, err
+			}
+			nv = NewNaiveLayout(ev, inputs, isParam)
+		}
+		if gl, ok := newGapLayout(p, nv); ok {
+			progs.Eval, progs.EvalPlace, progs.EvalInTrainArena = ev, gl, true
+			break
+		}
+	}
+	eval = progs.Eval
+	spec, err := BuildSpec(progs)
 	if err != nil {
 		return nil, err
 	}

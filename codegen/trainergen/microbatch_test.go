@@ -40,6 +40,7 @@ func TestMicroBatchedTrainerEqualsFullBatch(t *testing.T) {
 
 	a, b := newSession(t, full, 5), newSession(t, micro, 5)
 	rng := rand.New(rand.NewPCG(9, 9))
+	var last trainer.Batch
 	for step := 0; step < 2; step++ {
 		batch := trainer.Batch{Valid: 32, Pixels: make([]uint8, 32*128*128*3), Labels: make([]int32, 32)}
 		for i := range batch.Pixels {
@@ -54,7 +55,18 @@ func TestMicroBatchedTrainerEqualsFullBatch(t *testing.T) {
 		require.NoError(t, err)
 		assert.InDelta(t, la, lb, 1e-5*math.Max(1, float64(la)), "step %d loss", step)
 		assert.Equal(t, ca, cb)
+		last = batch
 	}
+	// evaluation stays inside the 40 MB arena too: in chunks that fit its
+	// temporary space
+	assert.Zero(t, micro.Spec.EvalArenaBytes)
+	assert.Less(t, micro.Spec.EvalBatch, 32)
+	ea, eca, err := a.EvalBatch(last)
+	require.NoError(t, err)
+	eb, ecb, err := b.EvalBatch(last)
+	require.NoError(t, err)
+	assert.InDelta(t, ea, eb, 1e-5*math.Max(1, float64(ea)))
+	assert.Equal(t, eca, ecb)
 	for _, p := range full.Spec.Params {
 		q, ok := b.Param(p.Name)
 		require.True(t, ok)

@@ -30,6 +30,7 @@ type Layout interface {
 // on, and what evaluation (forward only) uses.
 type NaiveLayout struct {
 	offsets map[*ir.Value]int64
+	sizes   map[*ir.Value]int64
 	size    int64
 }
 
@@ -37,14 +38,15 @@ type NaiveLayout struct {
 // every buffer prog's launches use, at the given batch; skip says which
 // values live elsewhere (e.g. parameters in the training arena).
 func NewNaiveLayout(prog *codegen.Program, values []*ir.Value, skip func(*ir.Value) bool) *NaiveLayout {
-	l := &NaiveLayout{offsets: map[*ir.Value]int64{}}
+	l := &NaiveLayout{offsets: map[*ir.Value]int64{}, sizes: map[*ir.Value]int64{}}
 	add := func(v *ir.Value) {
 		v = prog.Buffer(v)
 		if _, ok := l.offsets[v]; ok || (skip != nil && skip(v)) {
 			return
 		}
 		l.offsets[v] = l.size
-		l.size += (v.Type.Bytes(prog.Batch) + 255) / 256 * 256
+		l.sizes[v] = (v.Type.Bytes(prog.Batch) + 255) / 256 * 256
+		l.size += l.sizes[v]
 	}
 	for _, v := range values {
 		add(v)
@@ -73,6 +75,10 @@ type Programs struct {
 	TrainPlace Layout
 	Eval       *codegen.Program
 	EvalPlace  Layout
+	// EvalInTrainArena: EvalPlace's offsets are in the training arena
+	// (evaluation borrows its temporary space) rather than an arena of
+	// their own.
+	EvalInTrainArena bool
 }
 
 // BuildSpec assembles the trainer.Spec of a compiled model.
@@ -90,8 +96,15 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		Optimizer:  p.Result.Train.Optimizer.String(),
 		ArenaBytes: p.TrainPlace.Bytes(),
 	}
-	if p.EvalPlace != nil {
+	if p.Eval != nil && p.Eval.Batch != p.Train.Batch {
+		spec.EvalBatch = int(p.Eval.Batch) // evaluated in chunks
+	}
+	evalArena := trainer.EvalArena
+	if p.EvalPlace != nil && !p.EvalInTrainArena {
 		spec.EvalArenaBytes = p.EvalPlace.Bytes()
+	}
+	if p.EvalInTrainArena {
+		evalArena = trainer.TrainArena
 	}
 	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
 	place := func(prog *codegen.Program, v *ir.Value, eval bool) (trainer.Arena, int64, error) {
@@ -107,7 +120,7 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		if !ok {
 			return 0, 0, fmt.Errorf("trainergen: %s has no place in the evaluation arena", v)
 		}
-		return trainer.EvalArena, o, nil
+		return evalArena, o, nil
 	}
 	tensor := func(prog *codegen.Program, v *ir.Value, name string, eval bool) (trainer.Tensor, error) {
 		a, o, err := place(prog, v, eval)

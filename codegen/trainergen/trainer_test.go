@@ -94,6 +94,32 @@ func TestCPUTrainerMatchesTheReference(t *testing.T) {
 			assert.Less(t, e, 1e-4, "step %d %s", step, p.Name)
 		}
 	}
+	// evaluation borrows the training arena's temporary space (no second
+	// arena) and leaves the parameters alone
+	assert.Zero(t, c.Spec.EvalArenaBytes)
+	b := mnistBatches(t, 5, batch)[4]
+	before, err := sess.ReadTensor(c.Spec.Params[0])
+	require.NoError(t, err)
+	loss, correct, err := sess.EvalBatch(b)
+	require.NoError(t, err)
+	r, err := ref.Run(reference.Batch{N: batch, Pixels: b.Pixels, Labels: b.Labels}, reference.Eval)
+	require.NoError(t, err)
+	assert.InDelta(t, r.Loss, float64(loss), 1e-5*math.Max(1, r.Loss))
+	assert.Equal(t, r.Correct, correct)
+	after, err := sess.ReadTensor(c.Spec.Params[0])
+	require.NoError(t, err)
+	assert.Equal(t, before, after)
+	// and training goes on after it as if evaluation had not happened
+	lt, _, err := sess.TrainStep(b)
+	require.NoError(t, err)
+	rt, err := ref.Run(reference.Batch{N: batch, Pixels: b.Pixels, Labels: b.Labels}, reference.Train)
+	require.NoError(t, err)
+	assert.InDelta(t, rt.Loss, float64(lt), 1e-5*math.Max(1, rt.Loss))
+	for _, p := range c.Spec.Params {
+		got, err := sess.ReadTensor(p)
+		require.NoError(t, err)
+		assert.Less(t, maxRel(got, ref.ParamByName(p.Name)), 1e-4, p.Name)
+	}
 }
 
 // Save -> load round-trips exactly, and a run interrupted and resumed from

@@ -204,9 +204,9 @@ func train(spec *Spec, backends Backends, o Options) (int, error) {
 	if spec.PlanSummary != "" {
 		fmt.Fprint(out, spec.PlanSummary)
 	}
-	if o.Test != "" || o.EvalOnly {
-		// evaluation runs the forward pass in an arena of its own (not part
-		// of the training step's plan), allocated when it first runs
+	if (o.Test != "" || o.EvalOnly) && spec.EvalArenaBytes > 0 {
+		// evaluation did not fit the training arena's temporary space: it
+		// runs in an arena of its own, allocated when it first runs
 		fmt.Fprintf(out, "evaluation: a second arena of %s besides the training arena\n", formatBytes(spec.EvalArenaBytes))
 	}
 	sess, err := NewSession(spec, dev, o.Seed)

@@ -144,18 +144,23 @@ func (s *Session) Param(name string) (Tensor, bool) {
 }
 
 func (s *Session) upload(st Step, b Batch) error {
+	return s.uploadAs(st, b, s.Spec.Batch)
+}
+
+// uploadAs copies b into st's inputs, padded to batch samples.
+func (s *Session) uploadAs(st Step, b Batch, batch int) error {
 	sp := s.Spec
 	n := sp.H * sp.W * sp.C
-	if b.Valid < 1 || b.Valid > sp.Batch || len(b.Pixels) != b.Valid*n || len(b.Labels) != b.Valid {
+	if b.Valid < 1 || b.Valid > batch || len(b.Pixels) != b.Valid*n || len(b.Labels) != b.Valid {
 		return fmt.Errorf("trainer: a batch of %d valid samples needs %d pixels and %d labels, got %d and %d (compiled batch %d)",
-			b.Valid, b.Valid*n, b.Valid, len(b.Pixels), len(b.Labels), sp.Batch)
+			b.Valid, b.Valid*n, b.Valid, len(b.Pixels), len(b.Labels), batch)
 	}
-	px := make([]byte, sp.Batch*n)
+	px := make([]byte, batch*n)
 	copy(px, b.Pixels)
 	if err := s.Dev.CopyIn(s.addr(st.Images.Arena, st.Images.Offset), px); err != nil {
 		return err
 	}
-	lb := make([]byte, 4*sp.Batch)
+	lb := make([]byte, 4*batch)
 	for i, l := range b.Labels {
 		if l < 0 || int(l) >= sp.Classes {
 			return fmt.Errorf("trainer: label %d of sample %d is outside [0,%d)", l, i, sp.Classes)
@@ -283,13 +288,35 @@ func (s *Session) EvalBatch(b Batch) (float32, int, error) {
 		}
 		s.arenas[EvalArena] = p
 	}
-	if err := s.upload(s.Spec.Eval, b); err != nil {
+	if err := s.upload(s.Spec.Train, b); err != nil { // validates b against the training batch
 		return 0, 0, err
 	}
-	if err := s.run(s.Spec.Eval, b.Valid); err != nil {
-		return 0, 0, fmt.Errorf("evaluation: %w", err)
+	// evaluation may be compiled for a smaller batch (to fit the training
+	// arena's temporary space): run b in chunks and combine
+	chunk := s.Spec.EvalBatch
+	if chunk < 1 {
+		chunk = s.Spec.Batch
 	}
-	return s.readScalars(s.Spec.Eval)
+	n := s.Spec.H * s.Spec.W * s.Spec.C
+	var sum float64
+	correct := 0
+	for first := 0; first < b.Valid; first += chunk {
+		k := min(chunk, b.Valid-first)
+		part := Batch{Pixels: b.Pixels[first*n : (first+k)*n], Labels: b.Labels[first : first+k], Valid: k}
+		if err := s.uploadAs(s.Spec.Eval, part, chunk); err != nil {
+			return 0, 0, err
+		}
+		if err := s.run(s.Spec.Eval, k); err != nil {
+			return 0, 0, fmt.Errorf("evaluation: %w", err)
+		}
+		loss, c, err := s.readScalars(s.Spec.Eval)
+		if err != nil {
+			return 0, 0, err
+		}
+		sum += float64(loss) * float64(k)
+		correct += c
+	}
+	return float32(sum / float64(b.Valid)), correct, nil
 }
 
 // Metadata keys in checkpoints.

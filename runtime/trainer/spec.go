@@ -114,10 +114,14 @@ type Spec struct {
 	// ArenaBytes is the planned peak: the trainer allocates exactly this.
 	ArenaBytes     int64
 	EvalArenaBytes int64
-	Params         []Tensor
-	State          []Tensor // named optimizer.<param>.<state>
-	Train          Step
-	Eval           Step
+	// EvalBatch is the batch evaluation's kernels are compiled for (0: Batch);
+	// smaller when that lets evaluation fit the training arena's temporary
+	// space, and the session then evaluates a batch in chunks.
+	EvalBatch int
+	Params    []Tensor
+	State     []Tensor // named optimizer.<param>.<state>
+	Train     Step
+	Eval      Step
 }
 
 // Validate checks the spec's internal consistency (generated specs always
@@ -143,11 +147,15 @@ func (s *Spec) Validate() error {
 			return err
 		}
 	}
-	for _, st := range []Step{s.Train, s.Eval} {
-		if err := check("images", st.Images, int64(s.Batch*s.H*s.W*s.C)); err != nil {
+	for i, st := range []Step{s.Train, s.Eval} {
+		batch := s.Batch
+		if i == 1 && s.EvalBatch > 0 {
+			batch = s.EvalBatch
+		}
+		if err := check("images", st.Images, int64(batch*s.H*s.W*s.C)); err != nil {
 			return err
 		}
-		if err := check("labels", st.Labels, int64(4*s.Batch)); err != nil {
+		if err := check("labels", st.Labels, int64(4*batch)); err != nil {
 			return err
 		}
 		for _, l := range st.Launches {

@@ -13,29 +13,21 @@ var Spec = &trainer.Spec{
 	Epochs:     1,
 	Eval: trainer.Step{
 		Correct: trainer.Tensor{
-			Arena:  trainer.EvalArena,
 			Name:   "correct",
-			Offset: 405504,
+			Offset: 824320,
 		},
 		Images: trainer.Tensor{
-			Arena: trainer.EvalArena,
-			Name:  "images",
-			Shape: []int64{32, 28, 28, 1},
+			Name:   "images",
+			Offset: 769024,
+			Shape:  []int64{32, 28, 28, 1},
 		},
 		Labels: trainer.Tensor{
-			Arena:  trainer.EvalArena,
 			Name:   "labels",
-			Offset: 25088,
+			Offset: 823808,
 			Shape:  []int64{32},
 		},
 		Launches: []trainer.Launch{{
-			Args: []trainer.Arg{{Arena: trainer.EvalArena}, {}, {Offset: 1024}, {
-				Arena:  trainer.EvalArena,
-				Offset: 25344,
-			}, {
-				Arena:  trainer.EvalArena,
-				Offset: 226048,
-			}},
+			Args:        []trainer.Arg{{Offset: 769024}, {}, {Offset: 1024}, {Offset: 418816}, {Offset: 794112}},
 			Block:       [3]uint32{64, 1, 1},
 			FLOPs:       4214784,
 			Grid:        [3]uint32{448, 1, 1},
@@ -43,16 +35,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    238656,
 			SharedBytes: 2736,
 		}, {
-			Args: []trainer.Arg{{
-				Arena:  trainer.EvalArena,
-				Offset: 25344,
-			}, {Offset: 1536}, {Offset: 10752}, {
-				Arena:  trainer.EvalArena,
-				Offset: 238592,
-			}, {
-				Arena:  trainer.EvalArena,
-				Offset: 338944,
-			}},
+			Args:        []trainer.Arg{{Offset: 418816}, {Offset: 1536}, {Offset: 10752}, {Offset: 619520}, {Offset: 814848}},
 			Block:       [3]uint32{64, 1, 1},
 			FLOPs:       14751744,
 			Grid:        [3]uint32{128, 1, 1},
@@ -60,13 +43,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    312000,
 			SharedBytes: 9072,
 		}, {
-			Args: []trainer.Arg{{
-				Arena:  trainer.EvalArena,
-				Offset: 238592,
-			}, {Offset: 11264}, {
-				Arena:  trainer.EvalArena,
-				Offset: 345344,
-			}},
+			Args:        []trainer.Arg{{Offset: 619520}, {Offset: 11264}, {Offset: 719872}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       3211264,
 			Grid:        [3]uint32{1, 1, 6},
@@ -74,26 +51,14 @@ var Spec = &trainer.Spec{
 			MinBytes:    350208,
 			SharedBytes: 6272,
 		}, {
-			Args: []trainer.Arg{{
-				Arena:  trainer.EvalArena,
-				Offset: 345344,
-			}, {Offset: 412672}, {
-				Arena:  trainer.EvalArena,
-				Offset: 394496,
-			}},
+			Args:     []trainer.Arg{{Offset: 719872}, {Offset: 412672}, {Offset: 806656}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    14336,
 			Grid:     [3]uint32{8, 1, 1},
 			Kernel:   "linear_block_reduce_b32_out64_splitk6_bias_relu",
 			MinBytes: 57600,
 		}, {
-			Args: []trainer.Arg{{
-				Arena:  trainer.EvalArena,
-				Offset: 394496,
-			}, {Offset: 413184}, {Offset: 418304}, {
-				Arena:  trainer.EvalArena,
-				Offset: 402688,
-			}},
+			Args:        []trainer.Arg{{Offset: 806656}, {Offset: 413184}, {Offset: 418304}, {Offset: 821248}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       41280,
 			Grid:        [3]uint32{1, 1, 1},
@@ -101,22 +66,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    12072,
 			SharedBytes: 3200,
 		}, {
-			Args: []trainer.Arg{{
-				Arena:  trainer.EvalArena,
-				Offset: 402688,
-			}, {
-				Arena:  trainer.EvalArena,
-				Offset: 25088,
-			}, {
-				Arena:  trainer.EvalArena,
-				Offset: 403968,
-			}, {
-				Arena:  trainer.EvalArena,
-				Offset: 404224,
-			}, {
-				Arena:  trainer.EvalArena,
-				Offset: 405504,
-			}, {Kind: trainer.ArgValid}, {Kind: trainer.ArgInt}},
+			Args:        []trainer.Arg{{Offset: 821248}, {Offset: 823808}, {Offset: 824064}, {Offset: 822528}, {Offset: 824320}, {Kind: trainer.ArgValid}, {Kind: trainer.ArgInt}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       1280,
 			Grid:        [3]uint32{1, 1, 1},
@@ -125,16 +75,14 @@ var Spec = &trainer.Spec{
 			SharedBytes: 64,
 		}},
 		Loss: trainer.Tensor{
-			Arena:  trainer.EvalArena,
 			Name:   "loss",
-			Offset: 403968,
+			Offset: 824064,
 		},
 	},
-	EvalArenaBytes: 405760,
-	H:              28,
-	LR:             0.05,
-	Model:          "MNISTNet",
-	Optimizer:      "sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0)",
+	H:         28,
+	LR:        0.05,
+	Model:     "MNISTNet",
+	Optimizer: "sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0)",
 	Params: []trainer.Tensor{{
 		InitBound: 0.3333333333333333,
 		Name:      "conv1.weight",
