@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"text/template"
 
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -262,12 +263,22 @@ func Workspace(n *ir.Node, samples int64) int64 {
 	if _, ok := kernelRules[n.Op]; !ok {
 		return 0
 	}
-	p, err := GenerateNodes("workspace", []*ir.Node{n}, Options{Batch: samples})
-	if err != nil {
-		return 0
+	// the planner asks for every node of every candidate plan: remember
+	// the answers by what determines them (the node's text has its op,
+	// attributes and operand types)
+	key := fmt.Sprintf("%d|%s", samples, n.Text())
+	if b, ok := workspaceMemo.Load(key); ok {
+		return b.(int64)
 	}
-	return p.ScratchBytes(p.Scratch)
+	var bytes int64
+	if p, err := GenerateNodes("workspace", []*ir.Node{n}, Options{Batch: samples}); err == nil {
+		bytes = p.ScratchBytes(p.Scratch)
+	}
+	workspaceMemo.Store(key, bytes)
+	return bytes
 }
+
+var workspaceMemo sync.Map
 
 // ScratchBytes is the size of the given scratch buffers laid out one after
 // another at 256-byte alignment.

@@ -173,7 +173,7 @@ func runMaxBatch(res *compiler.Result, cfg plan.Config, pf *planFlags, stdout, s
 		fmt.Fprintf(stderr, "cnnc: --max-batch chooses micro-batches itself; drop --micro-batch\n")
 		return exitError{exitUsage}
 	}
-	m, err := plan.FindMaxBatch(res.Graph, cfg.Budget, 0)
+	m, err := plan.FindMaxBatch(res.Graph, cfg.Budget, 0, codegen.Workspace)
 	if err != nil {
 		fmt.Fprintf(stderr, "cnnc: %v\n", err)
 		return exitError{exitModel}

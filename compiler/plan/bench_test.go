@@ -29,7 +29,7 @@ func BenchmarkPlanSimpleCNN(b *testing.B) {
 	}
 	b.Run("max_batch_40MB", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
-			if _, err := plan.FindMaxBatch(g, 40e6, 0); err != nil {
+			if _, err := plan.FindMaxBatch(g, 40e6, 0, nil); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -37,7 +37,7 @@ const DefaultMaxBatchLimit = 1 << 20
 // FindMaxBatch finds, per strategy, the largest batch up to limit whose
 // plan fits the budget: doubling, then bisection (a larger batch never
 // needs less memory).
-func FindMaxBatch(g *ir.Graph, budget, limit int64) (*MaxBatch, error) {
+func FindMaxBatch(g *ir.Graph, budget, limit int64, workspace func(n *ir.Node, samples int64) int64) (*MaxBatch, error) {
 	if budget <= 0 {
 		return nil, fmt.Errorf("plan: the largest batch needs a memory budget")
 	}
@@ -56,7 +56,7 @@ func FindMaxBatch(g *ir.Graph, budget, limit int64) (*MaxBatch, error) {
 	} {
 		fits := func(b int64) (*analysis, *candidate, string, error) {
 			cfg := s.cfg
-			cfg.Batch = b
+			cfg.Batch, cfg.Workspace = b, workspace
 			a, c, strategy, err := search(g, cfg)
 			var be *BudgetError
 			if errors.As(err, &be) {

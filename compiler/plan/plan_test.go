@@ -216,7 +216,7 @@ func TestForcedMicroBatchErrors(t *testing.T) {
 func TestFindMaxBatch(t *testing.T) {
 	g := compileFile(t, "../../examples/simplecnn.cnn").Graph
 	start := time.Now()
-	m, err := plan.FindMaxBatch(g, 40e6, 0)
+	m, err := plan.FindMaxBatch(g, 40e6, 0, nil)
 	require.NoError(t, err)
 	t.Logf("max batch in 40 MB: %+v (%v)", m, time.Since(start))
 	assert.Positive(t, m.Plain.Batch)
@@ -241,9 +241,9 @@ func TestFindMaxBatch(t *testing.T) {
 		var be *plan.BudgetError
 		assert.ErrorAs(t, err, &be, "batch %d", cfg.Batch)
 	}
-	_, err = plan.FindMaxBatch(g, 0, 0)
+	_, err = plan.FindMaxBatch(g, 0, 0, nil)
 	assert.Error(t, err)
-	none, err := plan.FindMaxBatch(g, 1e6, 0)
+	none, err := plan.FindMaxBatch(g, 1e6, 0, nil)
 	require.NoError(t, err)
 	assert.Zero(t, none.MicroBatch.Batch, "1 MB holds not even the parameters")
 }
