@@ -134,7 +134,10 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 	return nil
 }
 
-func (f *fuser) convBlock(n *ir.Node) *ir.Node {
+// blockStart begins a conv or linear block at n: its attributes with the
+// bias and a ReLU reading n (absorbed) folded in, its inputs, and the last
+// node the block covers so far.
+func (f *fuser) blockStart(n *ir.Node) (ir.Attrs, []*ir.Value, *ir.Node) {
 	a := n.Attrs
 	a.Bias = len(n.Ins) > 2
 	last := n
@@ -143,14 +146,19 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 		f.absorbed[r] = true
 		last = r
 	}
+	ins := []*ir.Value{f.val(n.Ins[0]), n.Ins[1]}
+	if a.Bias {
+		ins = append(ins, n.Ins[2])
+	}
+	return a, ins, last
+}
+
+func (f *fuser) convBlock(n *ir.Node) *ir.Node {
+	a, ins, last := f.blockStart(n)
 	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil {
 		a.Pool = &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}
 		f.absorbed[p] = true
 		last = p
-	}
-	ins := []*ir.Value{f.val(n.Ins[0]), n.Ins[1]}
-	if a.Bias {
-		ins = append(ins, n.Ins[2])
 	}
 	outs := []string{last.Out().Name}
 	if a.Pool != nil {
@@ -163,18 +171,7 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 }
 
 func (f *fuser) linearBlock(n *ir.Node) *ir.Node {
-	a := n.Attrs
-	a.Bias = len(n.Ins) > 2
-	last := n
-	if r := f.only(n.Out(), ir.OpReLU); r != nil {
-		a.ReLU = true
-		f.absorbed[r] = true
-		last = r
-	}
-	ins := []*ir.Value{f.val(n.Ins[0]), n.Ins[1]}
-	if a.Bias {
-		ins = append(ins, n.Ins[2])
-	}
+	a, ins, last := f.blockStart(n)
 	b := f.g.NewNode(ir.OpLinearBlock, n.Name, ir.Forward, n.Pos, ins, []string{last.Out().Name}, ir.RoleActivation)
 	b.Attrs = a
 	f.repl[last.Out()] = b.Out()
