@@ -126,6 +126,9 @@ type Options struct {
 	Batch int64
 	// SourceName is the model file named in the generated header.
 	SourceName string
+	// Eval generates evaluation: dropout keeps every element, so its
+	// output is a view of its input and runs no kernel.
+	Eval bool
 }
 
 // rule generates the kernels and launches of one node.
@@ -220,8 +223,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 				return nil, err
 			}
 		}
-		switch n.Op {
-		case ir.OpFlatten, ir.OpReshape:
+		if n.Op == ir.OpFlatten || n.Op == ir.OpReshape || (opts.Eval && n.Op == ir.OpDropout) {
 			src := n.Ins[0]
 			if s, ok := p.Views[src]; ok {
 				src = s

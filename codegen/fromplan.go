@@ -150,17 +150,10 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 func GenerateEval(g *ir.Graph, opts Options) (*Program, error) {
 	var nodes []*ir.Node
 	for _, n := range g.Nodes {
-		if n.Phase != ir.Forward {
-			continue
+		if n.Phase == ir.Forward {
+			nodes = append(nodes, n)
 		}
-		if n.Op == ir.OpDropout {
-			// evaluation keeps every element: the output is the input
-			view := *n
-			view.Op = ir.OpReshape
-			nodes = append(nodes, &view)
-			continue
-		}
-		nodes = append(nodes, n)
 	}
+	opts.Eval = true
 	return GenerateNodes(g.Name, nodes, opts)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -110,6 +111,17 @@ train { optimizer = adam(lr=0.01) batch = 10 }
 	require.Equal(t, "step", micro.Plan.Choices.MicroBatched)
 	a, b := newSession(t, full, 3), newSession(t, micro, 3)
 	rng := rand.New(rand.NewPCG(4, 4))
+	// evaluation turns dropout off: it matches the reference's Eval
+	eb := trainer.Batch{Valid: 10, Pixels: make([]uint8, 720), Labels: make([]int32, 10)}
+	for i := range eb.Pixels {
+		eb.Pixels[i] = uint8(rng.IntN(256))
+	}
+	el, ec, err := a.EvalBatch(eb)
+	require.NoError(t, err)
+	r, err := reference.New(full.Plan.Graph, 3).Run(reference.Batch{N: 10, Pixels: eb.Pixels, Labels: eb.Labels}, reference.Eval)
+	require.NoError(t, err)
+	assert.InDelta(t, r.Loss, float64(el), 1e-5*math.Max(1, r.Loss))
+	assert.Equal(t, r.Correct, ec)
 	for step := 0; step < 3; step++ {
 		valid := 10
 		if step == 2 {
