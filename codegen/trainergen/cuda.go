@@ -42,13 +42,8 @@ func MainFileCUDA(spec *trainer.Spec) ([]byte, error) {
 	f.ImportName(cpuPkg, "cpu")
 	f.ImportName(cudaPkg, "cuda")
 	f.ImportName(runtimePkg, "runtime")
-	f.Anon("embed")
-	f.Comment("//go:embed kernels.cu")
-	f.Var().Id("kernels").Index().Byte()
-	f.Line()
-	f.Comment("//go:embed kernels.fatbin")
-	f.Var().Id("fatbin").Index().Byte()
-	f.Line()
+	embedFile(f, "kernels", "kernels.cu")
+	embedFile(f, "fatbin", "kernels.fatbin")
 	open := func(body jen.Code) jen.Code {
 		return jen.Func().Params(jen.Id("spec").Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual(runtimePkg, "Device"), jen.Error()).Block(body)
 	}

@@ -38,10 +38,7 @@ func MainFile(spec *trainer.Spec) ([]byte, error) {
 	f.HeaderComment(header(spec.Source))
 	f.ImportName(trainerPkg, "trainer")
 	f.ImportName(cpuPkg, "cpu")
-	f.Anon("embed")
-	f.Comment("//go:embed kernels.cu")
-	f.Var().Id("kernels").Index().Byte()
-	f.Line()
+	embedFile(f, "kernels", "kernels.cu")
 	f.Func().Id("main").Params().Block(
 		jen.Id("backends").Op(":=").Qual(trainerPkg, "Backends").Values(jen.Dict{
 			jen.Lit("cpu"): jen.Func().Params(jen.Id("spec").Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual("github.com/cnnc/cnnc/runtime", "Device"), jen.Error()).Block(
@@ -51,6 +48,14 @@ func MainFile(spec *trainer.Spec) ([]byte, error) {
 		jen.Qual("os", "Exit").Call(jen.Qual(trainerPkg, "Main").Call(jen.Id("Spec"), jen.Id("backends"), jen.Qual("os", "Args").Index(jen.Lit(1).Op(":")), jen.Qual("os", "Stdout"), jen.Qual("os", "Stderr"))),
 	)
 	return render(f)
+}
+
+// embedFile declares `var name []byte` holding file, embedded.
+func embedFile(f *jen.File, name, file string) {
+	f.Anon("embed")
+	f.Comment("//go:embed " + file)
+	f.Var().Id(name).Index().Byte()
+	f.Line()
 }
 
 func render(f *jen.File) ([]byte, error) {

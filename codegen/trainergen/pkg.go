@@ -27,10 +27,7 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels []byte) (map[string][]
 	f.PackageComment(fmt.Sprintf("Package %s trains model %s (compiled by cnnc from %s for batches of up to %d %dx%dx%d images, %d classes) on the CPU.", pkg, spec.Model, spec.Source, spec.Batch, spec.H, spec.W, spec.C, spec.Classes))
 	f.ImportName(trainerPkg, "trainer")
 	f.ImportName(cpuPkg, "cpu")
-	f.Anon("embed")
-	f.Comment("//go:embed kernels.cu")
-	f.Var().Id("kernels").Index().Byte()
-	f.Line()
+	embedFile(f, "kernels", "kernels.cu")
 	f.Comment("Shapes the model was compiled for.")
 	f.Const().Defs(
 		jen.Id("BatchSize").Op("=").Lit(spec.Batch).Comment("samples per step at most; a smaller last batch is padded"),
