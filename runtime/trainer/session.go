@@ -82,21 +82,11 @@ func (s *Session) Close() error {
 
 func (s *Session) addr(a Arena, off int64) runtime.Ptr { return s.arenas[a] + runtime.Ptr(off) }
 
-func f32bytes(vals []float32) []byte {
-	b := make([]byte, 4*len(vals))
-	for i, v := range vals {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
-	}
-	return b
-}
+// f32bytes and bytesf32 use the checkpoint format's little-endian float32
+// layout, the device's too.
+func f32bytes(vals []float32) []byte { return checkpoint.F32Tensor("", nil, vals).Data }
 
-func bytesf32(b []byte) []float32 {
-	out := make([]float32, len(b)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
-	return out
-}
+func bytesf32(b []byte) []float32 { return checkpoint.Tensor{Data: b}.Float32s() }
 
 // InitParams sets every parameter to its initial values for seed and
 // zeroes the optimizer state, as the float64 reference does.
