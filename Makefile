@@ -4,12 +4,13 @@ BIN     := bin
 CNNC    := $(BIN)/cnnc
 EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
 
-.PHONY: help build test test-asan fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
+.PHONY: help build test test-fakecuda test-asan fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
 
 help:
 	@echo "make build         build bin/cnnc"
 	@echo "make test          run every test (CI runs this)"
 	@echo "make demo          the main job: check, plan, build the MNIST trainer and train it (~2 min)"
+	@echo "make test-fakecuda  the CUDA backend's tests on the CPU, under a fake libcuda (part of make test)"
 	@echo "make test-asan     the CUDA emulator and kernel suites under AddressSanitizer"
 	@echo "make kernels-report  ptxas registers, shared memory and spills of the examples' kernels (needs nvcc)"
 	@echo "make fuzz-short    30 s of fuzzing the DSL front end (CI runs it)"
@@ -23,6 +24,19 @@ build:
 
 test: lint
 	$(GO) test ./...
+	$(MAKE) test-fakecuda
+
+# The CUDA backend (runtime/cuda: gorgonia.org/cu, the cgo shim, graphs) and
+# its tests, built with -tags cuda, run without a GPU: a fake libcuda.so.1
+# (internal/fakecuda) runs the kernels on the CPU emulator. It needs the CUDA
+# toolkit (cuda.h, nvcc); without it the target skips loudly, unless
+# CNNC_REQUIRE_NVCC=1 (CI).
+FAKECUDA := $(CURDIR)/out/fakecuda
+test-fakecuda:
+	@if ! command -v nvcc >/dev/null 2>&1 && [ "$$CNNC_REQUIRE_NVCC" != 1 ]; then \
+		echo "!!! SKIPPING test-fakecuda: no nvcc (make cuda-toolkit)"; exit 0; fi; \
+	set -e; $(GO) run ./internal/fakecuda/cmd/fakecuda $(FAKECUDA); \
+	CNNC_FAKECUDA=$(FAKECUDA) LD_LIBRARY_PATH=$(FAKECUDA) $(GO) test -tags cuda -count=1 ./runtime/cuda/
 
 # Generated kernels run on the CPU emulator with every buffer its own C
 # allocation, so ASan reports out-of-bounds global and shared accesses.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/nvcc"
 )
 
@@ -41,6 +42,13 @@ func CompileFatbin(cuSource []byte) ([]byte, error) {
 	}
 	if len(fatbin) == 0 {
 		return nil, fmt.Errorf("trainergen: nvcc wrote an empty fatbin")
+	}
+	if dir := fakecuda.Dir(); dir != "" {
+		// Under the fake CUDA driver (tests without a GPU), the fatbin's kernels run on the
+		// CPU emulator: give the driver their emulator library.
+		if err := fakecuda.Register(dir, fatbin, cuSource); err != nil {
+			return nil, err
+		}
 	}
 	return fatbin, nil
 }

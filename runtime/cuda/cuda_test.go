@@ -29,6 +29,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/cpu"
@@ -63,6 +64,12 @@ extern "C" __global__ void bigshared(float* out, long n) {
 // writes far outside any allocation
 extern "C" __global__ void wild(float* p) {
     p[(1L << 40) + threadIdx.x] = 1.0f;
+}
+
+// stops the kernel with an error
+extern "C" __global__ void trap(float* p) {
+    if (threadIdx.x == 3) __trap();
+    p[threadIdx.x] = 1.0f;
 }
 `
 
@@ -301,7 +308,7 @@ func TestConcurrentUse(t *testing.T) {
 	}
 }
 
-// faultChild is set in the child process that runs a faulting kernel: a
+// faultChild names the faulting kernel in the child process that runs it: a
 // fault leaves the context unusable, so it runs in its own process.
 const faultChild = "CNNC_CUDA_TEST_FAULT_CHILD"
 
@@ -313,7 +320,7 @@ func TestFaultChild(t *testing.T) {
 	require.NoError(t, err)
 	p, err := d.Alloc(1024)
 	require.NoError(t, err)
-	err = d.Launch("wild", runtime.Dim3{1, 1, 1}, runtime.Dim3{32, 1, 1}, 0, []uint64{uint64(p)})
+	err = d.Launch(os.Getenv(faultChild), runtime.Dim3{1, 1, 1}, runtime.Dim3{32, 1, 1}, 0, []uint64{uint64(p)})
 	if err == nil {
 		err = d.Sync()
 	}
@@ -322,24 +329,32 @@ func TestFaultChild(t *testing.T) {
 	fmt.Printf("LAUNCHERROR: %v\n", errors.As(err, &le))
 }
 
-// An illegal address names the kernel in debug mode, and the last kernel
-// launched at the next Sync otherwise.
+// A faulting kernel is named in debug mode, and as the last kernel launched
+// at the next Sync otherwise: an illegal address (GPU only: under the fake
+// driver a wild write crashes the process) and a __trap().
 func TestFaultNamesKernel(t *testing.T) {
 	testFatbin(t)
-	for _, debug := range []string{"1", "0"} {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestFaultChild$", "-test.v")
-		cmd.Env = append(os.Environ(), faultChild+"=1", cuda.DebugEnv+"="+debug)
-		out, _ := cmd.CombinedOutput()
-		s := string(out)
-		t.Logf("%s=%s:\n%s", cuda.DebugEnv, debug, s)
-		require.Contains(t, s, "FAULT: ")
-		assert.Contains(t, s, "IllegalAddress")
-		if debug == "1" {
-			assert.Contains(t, s, "kernel wild: failed while running")
-			assert.Contains(t, s, "LAUNCHERROR: true")
-		} else {
-			assert.Contains(t, s, "the last kernel launched was wild")
-		}
+	for _, fault := range []struct{ kernel, err string }{{"wild", "IllegalAddress"}, {"trap", "LaunchFailed"}} {
+		t.Run(fault.kernel, func(t *testing.T) {
+			if fault.kernel == "wild" && fakecuda.Dir() != "" {
+				t.Skip("under the fake driver kernels run in the process: a wild write crashes it instead of faulting")
+			}
+			for _, debug := range []string{"1", "0"} {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestFaultChild$", "-test.v")
+				cmd.Env = append(os.Environ(), faultChild+"="+fault.kernel, cuda.DebugEnv+"="+debug)
+				out, _ := cmd.CombinedOutput()
+				s := string(out)
+				t.Logf("%s=%s:\n%s", cuda.DebugEnv, debug, s)
+				require.Contains(t, s, "FAULT: ")
+				assert.Contains(t, s, fault.err)
+				if debug == "1" {
+					assert.Contains(t, s, "kernel "+fault.kernel+": failed while running")
+					assert.Contains(t, s, "LAUNCHERROR: true")
+				} else {
+					assert.Contains(t, s, "the last kernel launched was "+fault.kernel)
+				}
+			}
+		})
 	}
 }
 

@@ -75,15 +75,7 @@ type Module struct {
 // or scalars of at most 8 bytes. Compiled libraries are cached by content, so compiling the
 // same source again only loads it. A compiler failure is a *CompileError.
 func Compile(src []byte, name string, opts Options) (*Module, error) {
-	name = sourceName(name)
-	if err := checkSource(string(src), name); err != nil {
-		return nil, err
-	}
-	names := findKernels(string(src))
-	if len(names) == 0 {
-		return nil, fmt.Errorf("emu: %s: no __global__ kernel found", name)
-	}
-	path, err := build(withTrampolines(string(src), names), name, opts)
+	path, names, err := buildLibrary(src, name, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -110,6 +102,28 @@ func Compile(src []byte, name string, opts Options) (*Module, error) {
 	}
 	m.SetWorkers(opts.Workers)
 	return m, nil
+}
+
+// Build compiles src as Compile does and returns the shared library's path without loading
+// it, for a process that loads kernel libraries itself: the fake CUDA driver of
+// internal/fakecuda, which runs them through the library's C API (cnnc_emu_launch_sync and
+// the cnnc_emu_entry_<kernel> trampolines).
+func Build(src []byte, name string, opts Options) (string, error) {
+	path, _, err := buildLibrary(src, name, opts)
+	return path, err
+}
+
+func buildLibrary(src []byte, name string, opts Options) (path string, kernels []string, err error) {
+	name = sourceName(name)
+	if err := checkSource(string(src), name); err != nil {
+		return "", nil, err
+	}
+	kernels = findKernels(string(src))
+	if len(kernels) == 0 {
+		return "", nil, fmt.Errorf("emu: %s: no __global__ kernel found", name)
+	}
+	path, err = build(withTrampolines(string(src), kernels), name, opts)
+	return path, kernels, err
 }
 
 // flagFillShared must match cnnc_emu::kFlagFillShared.

@@ -1,0 +1,844 @@
+// A stand-in for the CUDA driver library (libcuda.so.1) that runs cnnc's kernels on the CPU
+// emulator, so that the CUDA backend's host code — contexts, module loading, launches with the
+// kernel-parameter ABI, streams, events, pinned memory, stream capture and graph replay — runs
+// and is tested on machines without a GPU. See ../fakecuda.go for how it is built and used.
+//
+// Kernels: cuModuleLoadData hashes the module image (a fatbin, or PTX text) and loads
+// $CNNC_FAKECUDA/modules/<hash>.so, the emulator library of the same CUDA C source, registered
+// when the image was compiled (fakecuda.Register). Functions are the library's trampolines.
+//
+// Fidelity, on purpose: launches are validated like the driver does (grid/block limits,
+// more than 48 KiB of dynamic shared memory only after cuFuncSetAttribute); driver calls
+// need a current context on the calling thread; a kernel failure is reported at the next
+// synchronisation and the context stays broken (sticky), as after a GPU fault; during a stream
+// capture launches are recorded with their parameter values copied, and synchronising,
+// copying from pageable memory, allocating or freeing fail and invalidate the capture.
+// Execution is synchronous: an "async" call has finished when it returns, so events measure
+// CPU time. Memory: device pointers are host allocations; the device's total memory is
+// $CNNC_FAKECUDA_MEMORY bytes (default 16 GiB) and allocations beyond it fail.
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAKE_NAME "cnnc fake CUDA device (CPU emulator)"
+#define MAX_DYNAMIC_DEFAULT (48 << 10)
+#define SHARED_OPTIN (227 << 10)
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int initialized;
+static CUresult sticky = CUDA_SUCCESS; // a kernel failed: the context is unusable
+static size_t total_memory, used_memory;
+static __thread CUcontext current;
+static __thread CUstream capturing; // the stream this thread captures into, if any
+
+static void note(const char* fmt, ...) {
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "cnnc fake libcuda: ");
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+// ---- bookkeeping -----------------------------------------------------------------------
+
+struct CUctx_st {
+	int device;
+};
+
+typedef struct {
+	void* p;
+	size_t n;
+} span;
+
+typedef struct {
+	span* v;
+	size_t len, cap;
+} spans;
+
+static spans device_allocs, pinned_allocs;
+
+static int spans_add(spans* s, void* p, size_t n) {
+	if (s->len == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 64;
+		span* v = realloc(s->v, cap * sizeof(span));
+		if (!v) return 0;
+		s->v = v;
+		s->cap = cap;
+	}
+	s->v[s->len++] = (span){p, n};
+	return 1;
+}
+
+// spans_find returns the index of the span starting at p, or -1.
+static long spans_find(const spans* s, const void* p) {
+	for (size_t i = 0; i < s->len; i++)
+		if (s->v[i].p == p) return (long)i;
+	return -1;
+}
+
+// spans_within reports whether [p, p+n) lies inside one span.
+static int spans_within(const spans* s, const void* p, size_t n) {
+	const char* c = p;
+	for (size_t i = 0; i < s->len; i++) {
+		const char* b = s->v[i].p;
+		if (c >= b && c + n <= b + s->v[i].n) return 1;
+	}
+	return 0;
+}
+
+static void spans_remove(spans* s, long i) { s->v[i] = s->v[--s->len]; }
+
+typedef void (*entry_fn)(void**);
+typedef int (*launch_sync_fn)(entry_fn, void**, const uint32_t*, const uint32_t*, uint64_t, int, char*, size_t);
+
+struct CUmod_st {
+	void* lib;
+	launch_sync_fn launch_sync;
+};
+
+struct CUfunc_st {
+	CUmodule mod;
+	entry_fn entry;
+	int nparams;
+	int max_dynamic;
+	char name[256];
+};
+
+enum node_kind { NODE_KERNEL, NODE_COPY };
+
+typedef struct {
+	enum node_kind kind;
+	CUfunction fn;
+	uint32_t grid[3], block[3];
+	uint32_t shared;
+	uint64_t* params; // values, copied when captured
+	void* dst;
+	const void* src;
+	size_t bytes;
+} node;
+
+struct CUgraph_st {
+	node* nodes;
+	size_t len, cap;
+};
+
+struct CUgraphExec_st {
+	struct CUgraph_st g;
+};
+
+struct CUstream_st {
+	CUgraph graph; // non-NULL while capturing
+	int invalidated;
+};
+
+struct CUevent_st {
+	int recorded;
+	double ms;
+};
+
+static double now_ms(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// ready is the check at the start of most calls: initialised, a current context, no
+// earlier kernel failure.
+static CUresult ready(void) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (sticky != CUDA_SUCCESS) return sticky;
+	if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+	return CUDA_SUCCESS;
+}
+
+// unsafe_in_capture fails calls that a thread-local capture forbids, invalidating it.
+static CUresult unsafe_in_capture(void) {
+	if (!capturing) return CUDA_SUCCESS;
+	capturing->invalidated = 1;
+	return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+static int graph_add(CUgraph g, node n) {
+	if (g->len == g->cap) {
+		size_t cap = g->cap ? 2 * g->cap : 64;
+		node* v = realloc(g->nodes, cap * sizeof(node));
+		if (!v) return 0;
+		g->nodes = v;
+		g->cap = cap;
+	}
+	g->nodes[g->len++] = n;
+	return 1;
+}
+
+static void graph_free_nodes(struct CUgraph_st* g) {
+	for (size_t i = 0; i < g->len; i++) free(g->nodes[i].params);
+	free(g->nodes);
+	g->nodes = NULL;
+	g->len = g->cap = 0;
+}
+
+// ---- initialisation and devices --------------------------------------------------------
+
+CUresult cuInit(unsigned int flags) {
+	if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	if (!initialized) {
+		const char* m = getenv("CNNC_FAKECUDA_MEMORY");
+		total_memory = m && *m ? strtoull(m, NULL, 10) : (size_t)16 << 30;
+		initialized = 1;
+	}
+	pthread_mutex_unlock(&mu);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int* v) {
+	if (!v) return CUDA_ERROR_INVALID_VALUE;
+	*v = CUDA_VERSION;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int* n) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (!n) return CUDA_ERROR_INVALID_VALUE;
+	*n = 1;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (!d) return CUDA_ERROR_INVALID_VALUE;
+	if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+	*d = 0;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+	snprintf(name, (size_t)len, "%s", FAKE_NAME);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem(size_t* bytes, CUdevice d) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	*bytes = total_memory;
+	return CUDA_SUCCESS;
+}
+
+// Attributes of an H100/H200-like device (sm_90), for the ones cnnc asks about.
+CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (!v) return CUDA_ERROR_INVALID_VALUE;
+	switch (a) {
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+	case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = 2048; break;
+	case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *v = MAX_DYNAMIC_DEFAULT; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = SHARED_OPTIN; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: *v = 228 << 10; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: *v = 65536; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: *v = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: *v = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: *v = 64; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *v = 2147483647; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: *v = 65535; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *v = 65535; break;
+	case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *v = 1980000; break;
+	case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: *v = 2619000; break;
+	case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: *v = 6144; break;
+	case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *v = 50 << 20; break;
+	default:
+		note("cuDeviceGetAttribute: attribute %d not emulated", (int)a);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	return CUDA_SUCCESS;
+}
+
+// ---- contexts ------------------------------------------------------------------------------
+
+CUresult cuCtxCreate(CUcontext* c, unsigned int flags, CUdevice d) {
+	(void)flags;
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (!c) return CUDA_ERROR_INVALID_VALUE;
+	CUcontext ctx = calloc(1, sizeof *ctx);
+	if (!ctx) return CUDA_ERROR_OUT_OF_MEMORY;
+	*c = current = ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy(CUcontext c) {
+	if (!c) return CUDA_ERROR_INVALID_VALUE;
+	if (current == c) current = NULL;
+	free(c);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext* c) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	*c = current;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext c) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	current = c;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice* d) {
+	CUresult r = ready();
+	if (r == CUDA_SUCCESS) *d = 0;
+	return r;
+}
+
+CUresult cuCtxSynchronize(void) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	return unsafe_in_capture();
+}
+
+// ---- memory --------------------------------------------------------------------------------
+
+CUresult cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	pthread_mutex_lock(&mu);
+	*free_bytes = total_memory - used_memory;
+	*total_bytes = total_memory;
+	pthread_mutex_unlock(&mu);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc(CUdeviceptr* p, size_t n) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if ((r = unsafe_in_capture()) != CUDA_SUCCESS) return r;
+	if (!p || n == 0) return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	r = CUDA_ERROR_OUT_OF_MEMORY;
+	void* m = NULL;
+	if (n <= total_memory - used_memory && posix_memalign(&m, 256, n) == 0) {
+		if (spans_add(&device_allocs, m, n)) {
+			used_memory += n;
+			*p = (CUdeviceptr)(uintptr_t)m;
+			r = CUDA_SUCCESS;
+		} else {
+			free(m);
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+CUresult cuMemFree(CUdeviceptr p) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if ((r = unsafe_in_capture()) != CUDA_SUCCESS) return r;
+	pthread_mutex_lock(&mu);
+	long i = spans_find(&device_allocs, (void*)(uintptr_t)p);
+	if (i < 0) {
+		r = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		used_memory -= device_allocs.v[i].n;
+		free(device_allocs.v[i].p);
+		spans_remove(&device_allocs, i);
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+CUresult cuMemHostAlloc(void** p, size_t n, unsigned int flags) {
+	(void)flags;
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!p || n == 0) return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	r = CUDA_ERROR_OUT_OF_MEMORY;
+	void* m = NULL;
+	if (posix_memalign(&m, 4096, n) == 0) {
+		if (spans_add(&pinned_allocs, m, n)) {
+			*p = m;
+			r = CUDA_SUCCESS;
+		} else {
+			free(m);
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+CUresult cuMemFreeHost(void* p) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	pthread_mutex_lock(&mu);
+	long i = spans_find(&pinned_allocs, p);
+	if (i < 0) {
+		r = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		free(p);
+		spans_remove(&pinned_allocs, i);
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+// copy is every memcpy: device ranges must lie inside allocations (a GPU would fault with an
+// illegal address). During a capture, only copies between device memory and pinned host
+// memory are recorded (the fake does not pretend pageable copies are capturable).
+static CUresult copy(void* dst, int dst_dev, const void* src, int src_dev, size_t n, CUstream s, int async) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	pthread_mutex_lock(&mu);
+	int ok = (!dst_dev || spans_within(&device_allocs, dst, n)) && (!src_dev || spans_within(&device_allocs, src, n));
+	int pinned = (dst_dev || spans_within(&pinned_allocs, dst, n)) && (src_dev || spans_within(&pinned_allocs, src, n));
+	pthread_mutex_unlock(&mu);
+	if (!ok) return CUDA_ERROR_INVALID_VALUE;
+	if (capturing && (!async || s != capturing || !pinned)) return unsafe_in_capture();
+	if (s && s->graph) {
+		node nd = {.kind = NODE_COPY, .dst = dst, .src = src, .bytes = n};
+		return graph_add(s->graph, nd) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	memmove(dst, src, n);
+	return CUDA_SUCCESS;
+}
+
+#define DEV(p) ((void*)(uintptr_t)(p))
+
+CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t n) { return copy(DEV(dst), 1, src, 0, n, NULL, 0); }
+CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) { return copy(dst, 0, DEV(src), 1, n, NULL, 0); }
+CUresult cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy(DEV(dst), 1, DEV(src), 1, n, NULL, 0); }
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+	return copy(DEV(dst), 1, src, 0, n, s, 1);
+}
+CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+	return copy(dst, 0, DEV(src), 1, n, s, 1);
+}
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+	return copy(DEV(dst), 1, DEV(src), 1, n, s, 1);
+}
+
+static CUresult memset_words(CUdeviceptr dst, const void* word, size_t size, size_t n, CUstream s) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (capturing || (s && s->graph)) {
+		note("cuMemset during a stream capture is not emulated");
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	pthread_mutex_lock(&mu);
+	int ok = spans_within(&device_allocs, DEV(dst), n * size);
+	pthread_mutex_unlock(&mu);
+	if (!ok) return CUDA_ERROR_INVALID_VALUE;
+	char* p = DEV(dst);
+	for (size_t i = 0; i < n; i++) memcpy(p + i * size, word, size);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) { return memset_words(dst, &v, 1, n, NULL); }
+CUresult cuMemsetD32(CUdeviceptr dst, unsigned int v, size_t n) { return memset_words(dst, &v, 4, n, NULL); }
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) { return memset_words(dst, &v, 1, n, s); }
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream s) { return memset_words(dst, &v, 4, n, s); }
+
+// ---- modules and functions -------------------------------------------------------------
+
+// image_key is the FNV-1a 64 hash of a module image (fakecuda.ImageKey computes the same):
+// a fatbin is its header plus payload, anything else NUL-terminated text (PTX).
+static int image_key(const void* image, char out[17]) {
+	const unsigned char* b = image;
+	size_t n;
+	uint32_t magic;
+	memcpy(&magic, b, 4);
+	if (magic == 0xBA55ED50u) {
+		uint16_t header;
+		uint64_t payload;
+		memcpy(&header, b + 6, 2);
+		memcpy(&payload, b + 8, 8);
+		n = header + payload;
+	} else if (b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F') {
+		return 0; // a cubin: the fake has no way to size it
+	} else {
+		n = strlen(image);
+	}
+	uint64_t h = 14695981039346656037ull;
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 1099511628211ull;
+	}
+	snprintf(out, 17, "%016llx", (unsigned long long)h);
+	return 1;
+}
+
+CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!m || !image) return CUDA_ERROR_INVALID_VALUE;
+	char key[17];
+	if (!image_key(image, key)) {
+		note("cuModuleLoadData: cubin images are not emulated (register a fatbin or PTX)");
+		return CUDA_ERROR_INVALID_IMAGE;
+	}
+	const char* dir = getenv("CNNC_FAKECUDA");
+	char path[4096];
+	snprintf(path, sizeof path, "%s/modules/%s.so", dir ? dir : ".", key);
+	void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		note("cuModuleLoadData: no emulator library for this image: %s (compile the kernels with "
+		     "CNNC_FAKECUDA set, so fakecuda.Register records them)",
+		     dlerror());
+		return CUDA_ERROR_INVALID_IMAGE;
+	}
+	int (*version)(void) = (int (*)(void))dlsym(lib, "cnnc_emu_abi_version");
+	launch_sync_fn launch = (launch_sync_fn)dlsym(lib, "cnnc_emu_launch_sync");
+	if (!version || version() != 1 || !launch) {
+		note("cuModuleLoadData: %s is not an emulator library of ABI version 1", path);
+		dlclose(lib);
+		return CUDA_ERROR_INVALID_IMAGE;
+	}
+	CUmodule mod = calloc(1, sizeof *mod);
+	if (!mod) {
+		dlclose(lib);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	mod->lib = lib;
+	mod->launch_sync = launch;
+	*m = mod;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuModuleLoadDataEx(CUmodule* m, const void* image, unsigned int n, CUjit_option* o, void** v) {
+	(void)n, (void)o, (void)v;
+	return cuModuleLoadData(m, image);
+}
+
+CUresult cuModuleLoadFatBinary(CUmodule* m, const void* image) { return cuModuleLoadData(m, image); }
+
+CUresult cuModuleUnload(CUmodule m) {
+	if (!m) return CUDA_ERROR_INVALID_HANDLE;
+	// Functions of the module are not freed: like the driver's handles they simply become
+	// invalid; the library stays loaded so that a stale handle cannot jump into unmapped code.
+	free(m);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
+	char sym[300];
+	snprintf(sym, sizeof sym, "cnnc_emu_entry_%s", name);
+	entry_fn entry = (entry_fn)dlsym(m->lib, sym);
+	snprintf(sym, sizeof sym, "cnnc_emu_nparams_%s", name);
+	int (*nparams)(void) = (int (*)(void))dlsym(m->lib, sym);
+	if (!entry || !nparams || strlen(name) >= sizeof((*f)->name)) return CUDA_ERROR_NOT_FOUND;
+	CUfunction fn = calloc(1, sizeof *fn);
+	if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
+	fn->mod = m;
+	fn->entry = entry;
+	fn->nparams = nparams();
+	fn->max_dynamic = MAX_DYNAMIC_DEFAULT;
+	snprintf(fn->name, sizeof fn->name, "%s", name);
+	*f = fn;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!v || !f) return CUDA_ERROR_INVALID_VALUE;
+	switch (a) {
+	case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+	case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *v = 0; break; // static __shared__ is not measured
+	case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: *v = 0; break;
+	case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *v = 0; break;
+	case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = 32; break;
+	case CU_FUNC_ATTRIBUTE_PTX_VERSION: *v = 90; break;
+	case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *v = 90; break;
+	case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = f->max_dynamic; break;
+	default: return CUDA_ERROR_INVALID_VALUE;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!f) return CUDA_ERROR_INVALID_HANDLE;
+	if (a != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+		note("cuFuncSetAttribute: attribute %d not emulated", (int)a);
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	if (v < 0 || v > SHARED_OPTIN) return CUDA_ERROR_INVALID_VALUE;
+	f->max_dynamic = v;
+	return CUDA_SUCCESS;
+}
+
+// ---- launches --------------------------------------------------------------------------
+
+static int workers(void) {
+	const char* w = getenv("CNNC_FAKECUDA_WORKERS");
+	int n = w && *w ? atoi(w) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n;
+}
+
+static CUresult run_kernel(CUfunction f, const uint32_t grid[3], const uint32_t block[3], uint32_t shared,
+                           void** params) {
+	char err[512] = {0};
+	if (f->mod->launch_sync(f->entry, params, grid, block, shared, workers(), err, sizeof err) != 0) {
+		note("kernel %s failed: %s", f->name, err);
+		pthread_mutex_lock(&mu);
+		if (sticky == CUDA_SUCCESS) sticky = strstr(err, "assert") ? CUDA_ERROR_ASSERT : CUDA_ERROR_LAUNCH_FAILED;
+		pthread_mutex_unlock(&mu);
+	}
+	// Like an asynchronous launch, the failure surfaces at the next synchronisation.
+	return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                        unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void** params,
+                        void** extra) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!f) return CUDA_ERROR_INVALID_HANDLE;
+	if (extra) {
+		note("cuLaunchKernel: the extra argument is not emulated");
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	uint64_t threads = (uint64_t)bx * by * bz;
+	if (!gx || !gy || !gz || !bx || !by || !bz || threads > 1024 || bz > 64 || gy > 65535 || gz > 65535 ||
+	    gx > 2147483647u)
+		return CUDA_ERROR_INVALID_VALUE;
+	if ((int)shared > f->max_dynamic) return CUDA_ERROR_INVALID_VALUE;
+	if (f->nparams > 0 && !params) return CUDA_ERROR_INVALID_VALUE;
+	if (capturing && s != capturing) return unsafe_in_capture();
+	uint32_t grid[3] = {gx, gy, gz}, blk[3] = {bx, by, bz};
+	if (s && s->graph) {
+		// A captured launch keeps the parameter values of this moment, as the driver does.
+		node nd = {.kind = NODE_KERNEL, .fn = f, .shared = shared};
+		memcpy(nd.grid, grid, sizeof grid);
+		memcpy(nd.block, blk, sizeof blk);
+		nd.params = calloc((size_t)(f->nparams > 0 ? f->nparams : 1), 8);
+		if (!nd.params) return CUDA_ERROR_OUT_OF_MEMORY;
+		for (int i = 0; i < f->nparams; i++) memcpy(&nd.params[i], params[i], 8);
+		if (!graph_add(s->graph, nd)) {
+			free(nd.params);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+		return CUDA_SUCCESS;
+	}
+	return run_kernel(f, grid, blk, shared, params);
+}
+
+// ---- streams and events ----------------------------------------------------------------
+
+CUresult cuStreamCreate(CUstream* s, unsigned int flags) {
+	(void)flags;
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!s) return CUDA_ERROR_INVALID_VALUE;
+	*s = calloc(1, sizeof **s);
+	return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuStreamDestroy(CUstream s) {
+	if (!s) return CUDA_ERROR_INVALID_HANDLE;
+	if (s->graph) {
+		graph_free_nodes(s->graph);
+		free(s->graph);
+	}
+	if (capturing == s) capturing = NULL;
+	free(s);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream s) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (sticky != CUDA_SUCCESS) return sticky;
+	if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+	if (capturing || (s && s->graph)) {
+		if (s && s->graph) s->invalidated = 1;
+		if (capturing) capturing->invalidated = 1;
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamQuery(CUstream s) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (s && s->graph) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuEventCreate(CUevent* e, unsigned int flags) {
+	(void)flags;
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!e) return CUDA_ERROR_INVALID_VALUE;
+	*e = calloc(1, sizeof **e);
+	return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuEventDestroy(CUevent e) {
+	if (!e) return CUDA_ERROR_INVALID_HANDLE;
+	free(e);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent e, CUstream s) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!e) return CUDA_ERROR_INVALID_HANDLE;
+	if (capturing || (s && s->graph)) {
+		note("cuEventRecord during a stream capture is not emulated");
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	e->recorded = 1;
+	e->ms = now_ms(); // everything issued before has finished
+	return CUDA_SUCCESS;
+}
+
+CUresult cuEventSynchronize(CUevent e) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuEventQuery(CUevent e) { return cuEventSynchronize(e); }
+
+CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!ms || !start || !end) return CUDA_ERROR_INVALID_HANDLE;
+	if (!start->recorded || !end->recorded) return CUDA_ERROR_INVALID_HANDLE;
+	*ms = (float)(end->ms - start->ms);
+	return CUDA_SUCCESS;
+}
+
+// ---- stream capture and graphs ---------------------------------------------------------
+
+CUresult cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; // the legacy stream cannot be captured
+	if (mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) {
+		note("cuStreamBeginCapture: only CU_STREAM_CAPTURE_MODE_THREAD_LOCAL is emulated");
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	if (s->graph || capturing) return CUDA_ERROR_ILLEGAL_STATE;
+	s->graph = calloc(1, sizeof *s->graph);
+	if (!s->graph) return CUDA_ERROR_OUT_OF_MEMORY;
+	s->invalidated = 0;
+	capturing = s;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream s, CUgraph* g) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (!s || !g) return CUDA_ERROR_INVALID_VALUE;
+	if (!s->graph) return CUDA_ERROR_ILLEGAL_STATE;
+	if (capturing != s) return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+	capturing = NULL;
+	CUgraph graph = s->graph;
+	s->graph = NULL;
+	if (s->invalidated) {
+		graph_free_nodes(graph);
+		free(graph);
+		*g = NULL;
+		return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	}
+	*g = graph;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* e, CUgraph g, unsigned long long flags) {
+	(void)flags;
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!e || !g) return CUDA_ERROR_INVALID_VALUE;
+	CUgraphExec x = calloc(1, sizeof *x);
+	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+	x->g.len = x->g.cap = g->len;
+	x->g.nodes = calloc(g->len ? g->len : 1, sizeof(node));
+	if (!x->g.nodes) {
+		free(x);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	for (size_t i = 0; i < g->len; i++) {
+		x->g.nodes[i] = g->nodes[i];
+		if (g->nodes[i].params) {
+			int n = g->nodes[i].fn->nparams > 0 ? g->nodes[i].fn->nparams : 1;
+			x->g.nodes[i].params = malloc((size_t)n * 8);
+			if (!x->g.nodes[i].params) {
+				x->g.len = i;
+				graph_free_nodes(&x->g);
+				free(x);
+				return CUDA_ERROR_OUT_OF_MEMORY;
+			}
+			memcpy(x->g.nodes[i].params, g->nodes[i].params, (size_t)n * 8);
+		}
+	}
+	*e = x;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!e) return CUDA_ERROR_INVALID_VALUE;
+	if (capturing || (s && s->graph)) {
+		note("cuGraphLaunch into a stream capture is not emulated");
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	for (size_t i = 0; i < e->g.len && sticky == CUDA_SUCCESS; i++) {
+		node* n = &e->g.nodes[i];
+		if (n->kind == NODE_COPY) {
+			memmove(n->dst, n->src, n->bytes);
+			continue;
+		}
+		void* ptrs[256];
+		int np = n->fn->nparams;
+		if (np > 256) return CUDA_ERROR_NOT_SUPPORTED;
+		for (int k = 0; k < np; k++) ptrs[k] = &n->params[k];
+		run_kernel(n->fn, n->grid, n->block, n->shared, ptrs);
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec e) {
+	if (!e) return CUDA_ERROR_INVALID_VALUE;
+	graph_free_nodes(&e->g);
+	free(e);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(CUgraph g) {
+	if (!g) return CUDA_ERROR_INVALID_VALUE;
+	graph_free_nodes(g);
+	free(g);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction f, int block, size_t shared) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!n || !f || block <= 0) return CUDA_ERROR_INVALID_VALUE;
+	int by_threads = 2048 / block, by_shared = shared ? (int)((228 << 10) / shared) : 32;
+	*n = by_threads < by_shared ? by_threads : by_shared;
+	if (*n > 32) *n = 32;
+	return CUDA_SUCCESS;
+}
