@@ -4,7 +4,7 @@ BIN     := bin
 CNNC    := $(BIN)/cnnc
 EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
 
-.PHONY: help build test test-fakecuda test-asan fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
+.PHONY: help build test test-fakecuda test-asan gpu-bundle-fake fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
 
 help:
 	@echo "make build         build bin/cnnc"
@@ -16,6 +16,7 @@ help:
 	@echo "make fuzz-short    30 s of fuzzing the DSL front end (CI runs it)"
 	@echo "make bench         CPU benchmarks side by side with PyTorch -> bench-results.md"
 	@echo "make gpu-bundle    build gpu-bundle/ for the GPU machine (see README, Running on a GPU)"
+	@echo "make gpu-bundle-fake  rehearse the GPU check without a GPU (the bundle under the fake libcuda)"
 	@echo "make lint          gofmt -l and go vet"
 	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
 
@@ -78,6 +79,12 @@ bench:
 
 gpu-bundle:
 	bash scripts/make-gpu-bundle.sh
+
+# The GPU check rehearsed without a GPU: the bundle's CUDA binaries under the
+# fake libcuda (a few minutes on 2 cores). Run it before spending GPU time.
+gpu-bundle-fake:
+	bash scripts/make-gpu-bundle.sh --fake out/fakecuda-bundle out/gpu-bundle-fake
+	python3 out/gpu-bundle-fake/gpu_check.py --fake out/fakecuda-bundle --out out/gpu-check-fake
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

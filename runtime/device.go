@@ -51,8 +51,14 @@ type Grapher interface {
 	CaptureGraph(run func() error) (Replayer, error)
 }
 
-// Replayer is a captured sequence of launches.
+// Replayer is a captured sequence of launches. Each launch keeps the
+// parameter values it had when captured until SetParams changes them, so
+// values that change between replays (the step number, a learning rate)
+// are set before each Replay.
 type Replayer interface {
 	Replay() error
+	// SetParams replaces the parameter values of the i-th launch captured
+	// (same kernel, same number of parameters) for later replays.
+	SetParams(i int, params []uint64) error
 	Close() error
 }

@@ -14,9 +14,11 @@
 6. compute-sanitizer memcheck over a few trainer steps.
 
 It prints one short table last and writes the whole log to OUT/gpu-check.log
-(OUT: $OUT, else ./out). `--cpu` runs the trainer steps on the CPU emulator
-instead (for testing the script on a machine without a GPU; GPU-only steps
-are skipped). Every step has a time limit; the whole run is sized for about
+(OUT: $OUT, else ./out). Two modes test the script on a machine without a
+GPU (GPU-only steps are skipped): `--cpu` runs the trainer steps on the CPU
+emulator; `--fake DIR` runs the bundle's CUDA binaries themselves under
+cnnc's fake libcuda in DIR (internal/fakecuda; `make gpu-bundle-fake`),
+which executes their kernels on the emulator. Every step has a time limit; the whole run is sized for about
 8 minutes on an H200.
 """
 import argparse
@@ -33,8 +35,8 @@ ROOFLINE = {"H200": "4800,67000", "H100": "3350,67000", "A100": "2039,19500"}
 
 
 class Run:
-    def __init__(self, out, dev):
-        self.out, self.dev = out, dev
+    def __init__(self, out, dev, env=None):
+        self.out, self.dev, self.env = out, dev, env or {}
         os.makedirs(out, exist_ok=True)
         self.log = open(os.path.join(out, "gpu-check.log"), "w")
         self.rows = []
@@ -47,7 +49,7 @@ class Run:
         t0 = time.time()
         try:
             p = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout,
-                               env=dict(os.environ, **(env or {})))
+                               env=dict(os.environ, **self.env, **(env or {})))
             code, out = p.returncode, p.stdout + p.stderr
         except subprocess.TimeoutExpired as e:
             code, out = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -89,23 +91,30 @@ def bench(run, binary, steps, extra=()):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="run trainers on the CPU emulator (no GPU needed)")
+    ap.add_argument("--fake", metavar="DIR", help="run the CUDA binaries under the fake libcuda in DIR (no GPU needed)")
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(os.getcwd(), "out"))
     ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: kernels parity timing torch profile memcheck")
     args = ap.parse_args()
     gpu = not args.cpu
-    if gpu and shutil.which("nvidia-smi") is None:
-        sys.exit("gpu_check: no nvidia-smi here: run it on the GPU machine, or pass --cpu")
-    run = Run(args.out, "cuda" if gpu else "cpu")
+    fake = bool(args.fake)
+    if fake:
+        d = os.path.abspath(args.fake)
+        env = {"CNNC_FAKECUDA": d, "LD_LIBRARY_PATH": d + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else "")}
+    elif gpu and shutil.which("nvidia-smi") is None:
+        sys.exit("gpu_check: no nvidia-smi here: run it on the GPU machine, or pass --cpu or --fake DIR")
+    run = Run(args.out, "cuda" if gpu else "cpu", env if fake else None)
     unpack(run)
     gpu_name = "cpu (emulator)"
-    if gpu:
+    if fake:
+        gpu_name = "fake libcuda (CPU emulator)"
+    elif gpu:
         _, out = run.sh("nvidia-smi", ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"], 30)
         gpu_name = out.strip().splitlines()[0] if out.strip() else "?"
     run.row("device", gpu_name)
 
     # 1. kernels on the GPU against the emulator and the reference
     if gpu and "kernels" not in args.skip:
-        code, out = run.sh("kernel tests", ["bin/cuda.test", "-test.v", "-test.timeout", "200s"], 240)
+        code, out = run.sh("kernel tests", ["bin/cuda.test", "-test.v", "-test.timeout", "200s"], 240, {"CNNC_REQUIRE_NVCC": "1"})
         passed, failed = out.count("--- PASS"), out.count("--- FAIL")
         run.row("kernel tests (GPU vs emulator/reference)", f"{'PASS' if code == 0 else 'FAIL'}: {passed} passed, {failed} failed")
 
@@ -125,21 +134,22 @@ def main():
     if "timing" not in args.skip:
         for name, binary, steps in [("simplecnn B=32", "simplecnn-b32", 100), ("simplecnn B=256", "simplecnn-b256", 30), ("mnist B=64", "mnist", 100)]:
             b = binary + ("-cuda" if gpu else "-cpu")
-            if not os.path.exists(os.path.join(HERE, "bin", b)):
+            if not os.path.exists(os.path.join(HERE, "bin", b)) or (fake and "b256" in b):
                 continue
-            ms, arena, _ = bench(run, b, steps if gpu else 3)
+            if not gpu or fake:
+                steps = 3  # the emulator: check that it runs, not how fast
+            # the default: the step replayed as one CUDA graph
+            ms, arena, _ = bench(run, b, steps)
             cnnc[name] = (ms, arena)
             run.row(f"cnnc {name}", f"{ms:.3f} ms/step, arena {arena / 1e6:.2f} MB" if ms else "FAIL")
             if gpu:
-                # the same step replayed as one CUDA graph (experimental)
-                gms, _, _ = bench(run, b, steps, ("--cuda-graph",))
-                if gms:
-                    cnnc[name + " graph"] = (gms, arena)
-                    if gms < ms:
-                        cnnc[name] = (gms, arena)
-                run.row(f"cnnc {name}, CUDA graph", f"{gms:.3f} ms/step" if gms else "FAIL")
+                # the same step launched kernel by kernel
+                pms, _, _ = bench(run, b, steps, ("--cuda-graph=false",))
+                if pms:
+                    cnnc[name + " no graph"] = (pms, arena)
+                run.row(f"cnnc {name}, kernel by kernel (--cuda-graph=false)", f"{pms:.3f} ms/step" if pms else "FAIL")
     torch_rows = {}
-    if gpu and "torch" not in args.skip:
+    if gpu and not fake and "torch" not in args.skip:
         code, out = run.sh("pytorch", [sys.executable, "torch_gpu.py", "--batch", "32", "256", "--steps", "50"], 420)
         for line in out.splitlines():
             try:
@@ -169,7 +179,7 @@ def main():
         run.row("profile (top kernel)", lines[0].split()[0] + " " + lines[0].split()[-1] if lines else f"exit {code}")
 
     # 6. compute-sanitizer
-    if gpu and "memcheck" not in args.skip:
+    if gpu and not fake and "memcheck" not in args.skip:
         if shutil.which("compute-sanitizer"):
             code, out = run.sh("memcheck", ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9", "bin/mnist-cuda", "--bench", "2", "--device", "cuda"], 300)
             m = re.search(r"ERROR SUMMARY: (\d+) error", out)
@@ -181,6 +191,10 @@ def main():
     for what, result in run.rows:
         print(f"| {what} | {result} |")
     print(f"\nfull log: {os.path.join(args.out, 'gpu-check.log')}")
+    failed = [what for what, result in run.rows if "FAIL" in result or "exit " in result]
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,27 @@
 # the CPU run the parity check compares with, and the scripts. The GPU
 # machine has no Go and no network, so all of it is built here.
 # With --cpu it also builds CPU trainers, so `python3 BUNDLE/gpu_check.py
-# --cpu` exercises the whole script on a machine without a GPU.
+# --cpu` exercises the whole script on a machine without a GPU. With
+# --fake DIR it builds the fake libcuda into DIR and registers the bundle's
+# kernels with it, so `python3 BUNDLE/gpu_check.py --fake DIR` runs the
+# bundle's CUDA binaries themselves without a GPU (make gpu-bundle-fake).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=gpu-bundle
 CPU=0
-for a in "$@"; do
-  case "$a" in
+FAKE=
+while [ $# -gt 0 ]; do
+  case "$1" in
     --cpu) CPU=1 ;;
-    *) B=$a ;;
+    --fake) FAKE=$(realpath -m "$2"); shift ;;
+    *) B=$1 ;;
   esac
+  shift
 done
+if [ -n "$FAKE" ]; then
+  go run ./internal/fakecuda/cmd/fakecuda "$FAKE"
+  export CNNC_FAKECUDA="$FAKE" # cnnc build registers each fatbin's kernels
+fi
 rm -rf "$B"
 mkdir -p "$B/bin" "$B/data/mnist-small" "$B/expected"
 go build -o bin/cnnc ./cmd/cnnc

@@ -1,11 +1,14 @@
 package trainergen_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/trainer"
@@ -18,6 +21,7 @@ type graphDevice struct {
 	*cpu.Device
 	recording *[]launch
 	captures  int
+	updates   int // SetParams calls
 }
 
 type launch struct {
@@ -58,42 +62,79 @@ func (r *replay) Replay() error {
 	return nil
 }
 
+func (r *replay) SetParams(i int, params []uint64) error {
+	if len(params) != len(r.rec[i].params) {
+		return fmt.Errorf("launch %d (%s): %d parameters, captured %d", i, r.rec[i].kernel, len(params), len(r.rec[i].params))
+	}
+	copy(r.rec[i].params, params)
+	r.d.updates++
+	return nil
+}
+
 func (r *replay) Close() error { return nil }
 
-// The step replayed as a graph equals the step launched kernel by kernel,
-// and the graph is captured again only when a captured argument changes.
+// adamDropout is a model whose step changes kernel arguments every step:
+// Adam's bias correction reads the step number, dropout's masks the seed
+// and step.
+const adamDropout = `model AD(image: f32[1,28,28], label: class[10]) {
+    conv1 = conv2d(image, out=4, kernel=3)
+    relu1 = relu(conv1)
+    pool1 = maxpool(relu1, kernel=2)
+    fc1   = linear(flatten(pool1), out=32)
+    r1    = relu(fc1)
+    d1    = dropout(r1, p=0.25)
+    fc2   = linear(d1, out=10)
+    loss  = cross_entropy(fc2, label)
+}
+train { optimizer = adam(lr=0.002, weight_decay=0.01) }
+`
+
+// The step replayed as a graph equals the step launched kernel by kernel
+// for SGD (examples/mnist.cnn) and for Adam with dropout, partial batches
+// included: one capture serves every step, and only the launches whose
+// arguments changed are updated before a replay.
 func TestSessionReplaysTheStepAsAGraph(t *testing.T) {
 	const batch = 8
-	c := compileExample(t, "../../examples/mnist.cnn", batch) // SGD, no dropout: no per-step argument
-	cpuDev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
-	require.NoError(t, err)
-	defer cpuDev.Close()
-	gd := &graphDevice{Device: cpuDev}
-	g, err := trainer.NewSession(c.Spec, gd, 2)
-	require.NoError(t, err)
-	defer g.Close()
-	require.True(t, g.GraphsApply())
-	g.UseGraphs = true
-	plain := newSession(t, c, 2)
-
-	batches := mnistBatches(t, 4, batch)
-	batches[3].Valid = 5 // a partial batch: another valid count, another capture
-	batches[3].Pixels = batches[3].Pixels[:5*784]
-	batches[3].Labels = batches[3].Labels[:5]
-	for i, b := range batches {
-		lg, cg, err := g.TrainStep(b)
-		require.NoError(t, err)
-		lp, cp, err := plain.TrainStep(b)
-		require.NoError(t, err)
-		assert.Equal(t, lp, lg, "step %d", i)
-		assert.Equal(t, cp, cg)
+	models := map[string]*trainergen.Compiled{
+		"mnist.cnn": compileExample(t, "../../examples/mnist.cnn", batch),
 	}
-	assert.Equal(t, 3, gd.captures, "captured for the first step, for the later ones, and for the partial batch")
-	for _, p := range c.Spec.Params {
-		a, err := g.ReadTensor(p)
-		require.NoError(t, err)
-		b, err := plain.ReadTensor(p)
-		require.NoError(t, err)
-		assert.Equal(t, b, a, p.Name)
+	res, err := compiler.CompileSource("adam_dropout.cnn", []byte(adamDropout), compiler.Options{Batch: batch})
+	require.NoError(t, err)
+	models["adam_dropout.cnn"], err = trainergen.Compile(res, 0, "")
+	require.NoError(t, err)
+	for name, c := range models {
+		t.Run(name, func(t *testing.T) {
+			cpuDev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
+			require.NoError(t, err)
+			defer cpuDev.Close()
+			gd := &graphDevice{Device: cpuDev}
+			g, err := trainer.NewSession(c.Spec, gd, 2)
+			require.NoError(t, err)
+			defer g.Close()
+			g.UseGraphs = true
+			plain := newSession(t, c, 2)
+
+			batches := mnistBatches(t, 6, batch)
+			batches[3].Valid = 5 // a partial batch: another valid count
+			batches[3].Pixels = batches[3].Pixels[:5*784]
+			batches[3].Labels = batches[3].Labels[:5]
+			for i, b := range batches {
+				lg, cg, err := g.TrainStep(b)
+				require.NoError(t, err)
+				lp, cp, err := plain.TrainStep(b)
+				require.NoError(t, err)
+				assert.Equal(t, lp, lg, "step %d", i)
+				assert.Equal(t, cp, cg)
+			}
+			assert.Equal(t, 1, gd.captures, "captured once, at the second step")
+			assert.Greater(t, gd.updates, 0, "the valid count (and Adam's step) changed")
+			for _, p := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.State...) {
+				a, err := g.ReadTensor(p)
+				require.NoError(t, err)
+				b, err := plain.ReadTensor(p)
+				require.NoError(t, err)
+				assert.Equal(t, b, a, p.Name)
+			}
+		})
 	}
 }

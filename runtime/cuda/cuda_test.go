@@ -438,36 +438,112 @@ func randomBatch(g *ir.Graph, n int, rng *rand.Rand) reference.Batch {
 	return b
 }
 
-// examples/mnist.cnn as its trainer runs it (trainergen.Compile: planned
-// arena, training and evaluation kernels): a trainer.Session on the GPU and
-// on the emulator, training steps (the last one partial) and an
-// evaluation: the same losses and parameters.
+// A captured graph replays its launches with the values they had when
+// captured until SetParams changes them; a capture that synchronises
+// fails and leaves the device usable.
+func TestGraphCaptureAndSetParams(t *testing.T) {
+	d := open(t, testFatbin(t))
+	const n = 1000
+	x, y := make([]float32, n), make([]float32, n)
+	for i := range x {
+		x[i] = float32(i)
+	}
+	px, err := d.Alloc(4 * n)
+	require.NoError(t, err)
+	py, err := d.Alloc(4 * n)
+	require.NoError(t, err)
+	require.NoError(t, d.CopyIn(px, f32bytes(x)))
+	require.NoError(t, d.CopyIn(py, f32bytes(y)))
+	saxpy := func(a float32) error {
+		return d.Launch("saxpy", runtime.Dim3{(n + 127) / 128, 1, 1}, runtime.Dim3{128, 1, 1}, 0, []uint64{f32arg(a), uint64(px), uint64(py), n})
+	}
+	g, err := d.CaptureGraph(func() error {
+		if err := saxpy(1); err != nil {
+			return err
+		}
+		return saxpy(2)
+	})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, g.Close()) }()
+	read := func() []float32 {
+		out := make([]byte, 4*n)
+		require.NoError(t, d.CopyOut(out, py))
+		return bytesf32(out)
+	}
+	assert.Equal(t, make([]float32, n), read(), "capturing runs nothing")
+	require.NoError(t, g.Replay())
+	require.NoError(t, g.Replay())
+	require.NoError(t, d.Sync())
+	assert.Equal(t, float32(6*7), read()[7], "two replays of y += 1x + 2x")
+	require.NoError(t, g.SetParams(1, []uint64{f32arg(10), uint64(px), uint64(py), n}))
+	require.NoError(t, g.Replay())
+	require.NoError(t, d.Sync())
+	assert.Equal(t, float32(6*7+11*7), read()[7], "the second launch now adds 10x")
+	assert.Error(t, g.SetParams(1, []uint64{0}), "parameter count")
+	assert.Error(t, g.SetParams(2, nil), "no third launch")
+
+	_, err = d.CaptureGraph(func() error {
+		if err := saxpy(1); err != nil {
+			return err
+		}
+		return d.Sync()
+	})
+	require.Error(t, err, "a capture cannot synchronise")
+	require.NoError(t, saxpy(1), "the device still works")
+	require.NoError(t, d.Sync())
+	assert.Equal(t, float32(6*7+11*7+7), read()[7])
+}
+
+// adamDropout changes kernel arguments every step: Adam's bias correction
+// reads the step number, dropout's masks the seed and step.
+const adamDropout = `model AD(image: f32[1,28,28], label: class[10]) {
+    conv1 = conv2d(image, out=4, kernel=3)
+    relu1 = relu(conv1)
+    pool1 = maxpool(relu1, kernel=2)
+    fc1   = linear(flatten(pool1), out=32)
+    r1    = relu(fc1)
+    d1    = dropout(r1, p=0.25)
+    fc2   = linear(d1, out=10)
+    loss  = cross_entropy(fc2, label)
+}
+train { optimizer = adam(lr=0.002, weight_decay=0.01) }
+`
+
+// Models as their trainers run them (trainergen.Compile: planned arena,
+// training and evaluation kernels): a trainer.Session on the GPU launching
+// kernel by kernel, one replaying the step as a CUDA graph, and one on the
+// emulator; training steps (one partial) and an evaluation give the same
+// losses and parameters.
 func TestTrainerSessionMatchesEmulator(t *testing.T) {
 	nvcc.Require(t)
-	root := moduleRoot(t)
-	path := filepath.Join(root, "examples/mnist.cnn")
-	src, err := os.ReadFile(path)
+	mnist, err := os.ReadFile(filepath.Join(moduleRoot(t), "examples/mnist.cnn"))
 	require.NoError(t, err)
-	res, err := compiler.CompileSource("mnist.cnn", src, compiler.Options{})
+	for name, src := range map[string][]byte{"mnist.cnn": mnist, "adam_dropout.cnn": []byte(adamDropout)} {
+		t.Run(name, func(t *testing.T) { sessionsAgree(t, name, src) })
+	}
+}
+
+func sessionsAgree(t *testing.T, name string, src []byte) {
+	res, err := compiler.CompileSource(name, src, compiler.Options{})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "") // memory plan, training and evaluation kernels
+	c, err := trainergen.Compile(res, 0, "")
 	require.NoError(t, err)
 	spec := c.Spec
 	fb, err := trainergen.CompileFatbin(c.Kernels)
 	require.NoError(t, err)
 
 	gpu := open(t, fb)
-	emu, err := cpu.New(c.Kernels, "mnist.cnn", cpu.Options{})
+	emu, err := cpu.New(c.Kernels, name, cpu.Options{})
 	require.NoError(t, err)
 	defer emu.Close()
 
 	rng := rand.New(rand.NewPCG(3, 4))
 	n := spec.H * spec.W * spec.C
 	var batches []trainer.Batch
-	for s := range 3 {
+	for s := range 5 {
 		valid := spec.Batch
-		if s == 2 {
-			valid = spec.Batch - 5 // a partial last batch
+		if s == 3 {
+			valid = spec.Batch - 5 // a partial batch
 		}
 		b := trainer.Batch{Pixels: make([]uint8, valid*n), Labels: make([]int32, valid), Valid: valid}
 		for i := range b.Pixels {
@@ -479,24 +555,30 @@ func TestTrainerSessionMatchesEmulator(t *testing.T) {
 		batches = append(batches, b)
 	}
 	type run struct {
+		name   string
 		losses []float32
 		params map[string][]float32
 	}
 	var runs []run
-	for _, dev := range []runtime.Device{gpu, emu} {
-		sess, err := trainer.NewSession(spec, dev, spec.Seed)
-		require.NoError(t, err, dev.Name())
-		var r run
+	for _, cfg := range []struct {
+		name   string
+		dev    runtime.Device
+		graphs bool
+	}{{"gpu", gpu, false}, {"gpu graph", gpu, true}, {"emulator", emu, false}} {
+		sess, err := trainer.NewSession(spec, cfg.dev, spec.Seed)
+		require.NoError(t, err, cfg.name)
+		sess.UseGraphs = cfg.graphs
+		r := run{name: cfg.name}
 		for _, b := range batches {
 			loss, _, err := sess.TrainStep(b)
-			require.NoError(t, err, dev.Name())
+			require.NoError(t, err, cfg.name)
 			r.losses = append(r.losses, loss)
 		}
 		loss, _, err := sess.EvalBatch(batches[0])
-		require.NoError(t, err, dev.Name())
+		require.NoError(t, err, cfg.name)
 		r.losses = append(r.losses, loss)
 		r.params = map[string][]float32{}
-		for _, p := range spec.Params {
+		for _, p := range append(append([]trainer.Tensor{}, spec.Params...), spec.State...) {
 			v, err := sess.ReadTensor(p)
 			require.NoError(t, err)
 			r.params[p.Name] = v
@@ -504,20 +586,26 @@ func TestTrainerSessionMatchesEmulator(t *testing.T) {
 		require.NoError(t, sess.Close())
 		runs = append(runs, r)
 	}
-	t.Logf("losses: gpu %v, emulator %v", runs[0].losses, runs[1].losses)
-	for i := range runs[0].losses {
-		assert.InEpsilon(t, runs[1].losses[i], runs[0].losses[i], 1e-4, "loss %d", i)
-	}
-	for name, want := range runs[1].params {
-		got := runs[0].params[name]
-		scale := 0.0
-		for _, v := range want {
-			scale = math.Max(scale, math.Abs(float64(v)))
+	want := runs[2]
+	for _, got := range runs[:2] {
+		t.Logf("losses: %s %v, emulator %v", got.name, got.losses, want.losses)
+		for i := range want.losses {
+			assert.InEpsilon(t, want.losses[i], got.losses[i], 1e-4, "%s: loss %d", got.name, i)
 		}
-		for i := range want {
-			require.InDelta(t, want[i], got[i], 1e-4*scale+1e-7, "%s[%d]", name, i)
+		for name, w := range want.params {
+			g := got.params[name]
+			scale := 0.0
+			for _, v := range w {
+				scale = math.Max(scale, math.Abs(float64(v)))
+			}
+			for i := range w {
+				require.InDelta(t, w[i], g[i], 1e-4*scale+1e-7, "%s: %s[%d]", got.name, name, i)
+			}
 		}
 	}
+	// the graph replays exactly what the launches do on the same device
+	assert.Equal(t, runs[0].losses, runs[1].losses)
+	assert.Equal(t, runs[0].params, runs[1].params)
 }
 
 func moduleRoot(t *testing.T) string {

@@ -52,6 +52,7 @@ type Device struct {
 	args    []uint64         // the launch parameters' values, reused
 	argPtrs []unsafe.Pointer // &args[i]: what cuLaunchKernel reads
 	last    string           // the last kernel launched
+	capture *Graph           // non-nil while launches are being captured
 }
 
 // function is a kernel looked up once.
@@ -345,6 +346,11 @@ func (d *Device) launch(kernel string, grid, block runtime.Dim3, sharedBytes int
 		return fail("cuLaunchKernel (grid %v, block %v, %d bytes dynamic shared memory, %d params): %w", grid, block, sharedBytes, len(params), err)
 	}
 	d.last = kernel
+	if d.capture != nil {
+		if err := d.recordCaptured(kernel, f, grid, block, sharedBytes, len(params)); err != nil {
+			return fail("%w", err)
+		}
+	}
 	if d.opts.Debug {
 		if err := d.stream.Synchronize(); err != nil {
 			return fail("failed while running (grid %v, block %v, %d bytes dynamic shared memory, %d params; %s=1 checks every launch): %w", grid, block, sharedBytes, len(params), DebugEnv, err)

@@ -33,10 +33,9 @@
 // that an arena that cannot fit fails with both numbers (MemoryError). The
 // trainer allocates its planned arena exactly once.
 //
-// Not done: CUDA graph capture of the whole step. A training step's launches
-// carry the step number, learning rate and valid-sample count by value, so
-// a captured graph would need its kernel nodes' parameters updated each
-// step (cuGraphExecKernelNodeSetParams) or those values read from device
-// memory; the launch overhead it would save (a few µs per launch, tens of
-// launches per step) does not pay for that yet.
+// Graphs: Capture records a sequence of launches as a CUDA graph (stream
+// capture, through a cgo shim) that Replay runs with one call; SetParams
+// updates a captured launch's parameter values, so that one graph serves
+// every training step although the step number, dropout's seed offsets
+// and a partial batch's size change (see graph.go).
 package cuda

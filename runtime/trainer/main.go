@@ -47,6 +47,7 @@ type Options struct {
 	MaxSteps       int // stop after this many steps in total (0: no limit)
 	Bench          int // time this many steps on one random batch, print, exit
 	CUDAGraph      bool
+	explicitGraph  bool // --cuda-graph was given
 	MemoryBudget   string
 	Roofline       string
 	Quiet          bool
@@ -89,7 +90,7 @@ func Main(spec *Spec, backends Backends, args []string, stdout, stderr io.Writer
 	fs.IntVar(&o.Profile, "profile", 0, "after N steps print a per-kernel time table, then go on")
 	fs.IntVar(&o.MaxSteps, "max-steps", 0, "stop after this many training steps in total (0: train every epoch)")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress bar")
-	fs.BoolVar(&o.CUDAGraph, "cuda-graph", false, "replay the training step as one CUDA graph (SGD without dropout: no kernel argument changes between steps); experimental")
+	fs.BoolVar(&o.CUDAGraph, "cuda-graph", true, "on CUDA, replay the training step as one CUDA graph (captured at the second step; -cuda-graph=false launches kernel by kernel)")
 	fs.IntVar(&o.Bench, "bench", 0, "time N training steps on one random batch (after 3 warm-up steps), print the median step time and images/s, and exit (needs no data)")
 	fs.StringVar(&o.Roofline, "roofline", "", "GB/s,GFLOP/s peaks of the device: --profile then shows each kernel's fraction of its roofline bound")
 	fs.Usage = func() {
@@ -102,6 +103,7 @@ func Main(spec *Spec, backends Backends, args []string, stdout, stderr io.Writer
 		}
 		return ExitUsage
 	}
+	fs.Visit(func(f *flag.Flag) { o.explicitGraph = o.explicitGraph || f.Name == "cuda-graph" })
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "unexpected arguments %v (see -h)\n", fs.Args())
 		return ExitUsage
@@ -196,13 +198,19 @@ func train(spec *Spec, backends Backends, o Options) (int, error) {
 	}
 	defer dev.Close()
 	fmt.Fprintf(out, "%s on %s: batch %d, arena %s (the planned peak, allocated once)\n", spec.Model, dev.Name(), o.Batch, formatBytes(spec.ArenaBytes))
+	if spec.PlanSummary != "" {
+		fmt.Fprint(out, spec.PlanSummary)
+	}
 	if mi, ok := dev.(interface{ MemInfo() (int64, int64, error) }); ok {
 		if free, total, err := mi.MemInfo(); err == nil {
 			fmt.Fprintf(out, "device memory: %s free of %s\n", formatBytes(free), formatBytes(total))
+			if need := spec.ArenaBytes; need > free {
+				// OOM is a compile-time fact: say so before allocating,
+				// with the budget that would fit
+				return ExitError, fmt.Errorf("this trainer's memory plan needs %s but %s has %s free; rebuild it to fit: cnnc build --memory-budget %dB %s (recomputation and micro-batching trade time for memory), or free the device",
+					formatBytes(need), dev.Name(), formatBytes(free), free, spec.Source)
+			}
 		}
-	}
-	if spec.PlanSummary != "" {
-		fmt.Fprint(out, spec.PlanSummary)
 	}
 	if (o.Test != "" || o.EvalOnly) && spec.EvalArenaBytes > 0 {
 		// evaluation did not fit the training arena's temporary space: it
@@ -216,14 +224,13 @@ func train(spec *Spec, backends Backends, o Options) (int, error) {
 	defer sess.Close()
 	sess.LR = float32(o.LR)
 	if o.CUDAGraph {
-		_, can := dev.(runtime.Grapher)
-		switch {
-		case !can:
-			fmt.Fprintf(o.stderr, "warning: --cuda-graph: %s cannot replay graphs; launching kernels one by one\n", dev.Name())
-		case !sess.GraphsApply():
-			fmt.Fprintf(o.stderr, "warning: --cuda-graph: this model's kernels need the step number (Adam or dropout); launching them one by one\n")
-		default:
+		if _, can := dev.(runtime.Grapher); can {
 			sess.UseGraphs = true
+			sess.Warnf = func(format string, args ...any) {
+				fmt.Fprintf(o.stderr, "warning: --cuda-graph: "+format+"\n", args...)
+			}
+		} else if o.explicitGraph {
+			fmt.Fprintf(o.stderr, "warning: --cuda-graph: %s cannot replay graphs; launching kernels one by one\n", dev.Name())
 		}
 	}
 

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
@@ -33,12 +33,20 @@ type Session struct {
 	Seed uint64
 
 	// UseGraphs replays the training step as one captured graph on devices
-	// that can (runtime.Grapher) when GraphsApply; the graph is captured
-	// again when the learning rate, seed or valid count changes, and after
-	// the first step.
+	// that can (runtime.Grapher). The graph is captured at the second step
+	// (the first one runs launch by launch, so that each kernel is loaded
+	// and its shared memory limit raised outside the capture) and serves
+	// every later one: before each replay, the launches whose arguments
+	// change between steps (step number, seed, learning rate, valid count)
+	// get their new values.
 	UseGraphs bool
-	graph     runtime.Replayer
-	graphKey  [4]uint64
+	// Warnf, when set, reports a failed graph capture; the session then
+	// goes on launching kernel by kernel. Without it the step fails.
+	Warnf func(format string, args ...any)
+
+	graph       runtime.Replayer
+	graphParams [][]uint64 // per training launch: the values its graph node holds
+	graphSteps  int        // training steps run since UseGraphs was set
 
 	arenas [2]runtime.Ptr
 	// scratch is reused for uploads and argument arrays.
@@ -170,32 +178,49 @@ func (s *Session) run(st Step, valid int) error {
 // launch queues a step's launches.
 func (s *Session) launch(st Step, valid int) error {
 	for _, l := range st.Launches {
-		s.params = s.params[:0]
-		for _, a := range l.Args {
-			var v uint64
-			switch a.Kind {
-			case ArgBuffer:
-				v = uint64(s.addr(a.Arena, a.Offset))
-			case ArgInt:
-				v = uint64(a.Int)
-			case ArgFloat:
-				v = uint64(math.Float32bits(a.Float))
-			case ArgLR:
-				v = uint64(math.Float32bits(s.LR))
-			case ArgStep:
-				v = uint64(s.Step)
-			case ArgSeed:
-				v = s.Seed
-			case ArgValid:
-				v = uint64(valid)
-			}
-			s.params = append(s.params, v)
-		}
+		s.params = s.args(l, valid, s.params[:0])
 		if err := s.Dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, s.params); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// args appends l's parameter values for this step to dst.
+func (s *Session) args(l Launch, valid int, dst []uint64) []uint64 {
+	for _, a := range l.Args {
+		var v uint64
+		switch a.Kind {
+		case ArgBuffer:
+			v = uint64(s.addr(a.Arena, a.Offset))
+		case ArgInt:
+			v = uint64(a.Int)
+		case ArgFloat:
+			v = uint64(math.Float32bits(a.Float))
+		case ArgLR:
+			v = uint64(math.Float32bits(s.LR))
+		case ArgStep:
+			v = uint64(s.Step)
+		case ArgSeed:
+			v = s.Seed
+		case ArgValid:
+			v = uint64(valid)
+		}
+		dst = append(dst, v)
+	}
+	return dst
+}
+
+// changesPerStep says whether some of l's arguments can differ between
+// training steps of a session.
+func changesPerStep(l Launch) bool {
+	for _, a := range l.Args {
+		switch a.Kind {
+		case ArgLR, ArgStep, ArgSeed, ArgValid:
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Session) readScalars(st Step) (float32, int, error) {
@@ -210,43 +235,61 @@ func (s *Session) readScalars(st Step) (float32, int, error) {
 	return loss[0], int(correct[0]), nil
 }
 
-// GraphsApply says whether the training step can be replayed as a graph,
-// whose kernel arguments are fixed at capture: SGD reads the step number
-// only to tell the first step (momentum buffer = gradient) from the others,
-// so a graph captured at step 1 serves every later step; Adam's bias
-// correction and dropout's masks change with every step, so they cannot.
-func (s *Session) GraphsApply() bool {
-	if !strings.HasPrefix(s.Spec.Optimizer, "sgd") {
-		return false
-	}
-	for _, l := range s.Spec.Train.Launches {
-		if strings.HasPrefix(l.Kernel, "dropout") {
-			return false
-		}
-	}
-	return true
-}
-
-// runGraph replays the captured step, capturing it first (again when a
-// captured argument changed).
+// runGraph runs the training step as a graph: captured on the first call,
+// then replayed after giving the launches whose arguments changed their
+// values for this step.
 func (s *Session) runGraph(g runtime.Grapher, valid int) error {
-	key := [4]uint64{uint64(math.Float32bits(s.LR)), s.Seed, uint64(valid), uint64(min(s.Step, 1))}
-	if s.graph == nil || key != s.graphKey {
-		if s.graph != nil {
-			s.graph.Close()
-			s.graph = nil
-		}
-		st := s.Spec.Train
+	st := s.Spec.Train
+	if s.graph == nil {
 		r, err := g.CaptureGraph(func() error { return s.launch(st, valid) })
 		if err != nil {
+			return fmt.Errorf("capturing the training step as a CUDA graph: %w", err)
+		}
+		s.graph = r
+		s.graphParams = make([][]uint64, len(st.Launches))
+		for i, l := range st.Launches {
+			s.graphParams[i] = s.args(l, valid, nil)
+		}
+	}
+	for i, l := range st.Launches {
+		if !changesPerStep(l) {
+			continue
+		}
+		s.params = s.args(l, valid, s.params[:0])
+		if slices.Equal(s.params, s.graphParams[i]) {
+			continue
+		}
+		if err := s.graph.SetParams(i, s.params); err != nil {
 			return err
 		}
-		s.graph, s.graphKey = r, key
+		s.graphParams[i] = append(s.graphParams[i][:0], s.params...)
 	}
 	if err := s.graph.Replay(); err != nil {
 		return err
 	}
 	return s.Dev.Sync()
+}
+
+// step runs the training step's launches, as a graph when the session
+// uses graphs (from its second step).
+func (s *Session) step(valid int) error {
+	g, ok := s.Dev.(runtime.Grapher)
+	if !ok || !s.UseGraphs {
+		return s.run(s.Spec.Train, valid)
+	}
+	s.graphSteps++
+	if s.graphSteps == 1 {
+		return s.run(s.Spec.Train, valid)
+	}
+	if s.graph == nil && s.Warnf != nil {
+		if err := s.runGraph(g, valid); err != nil {
+			s.Warnf("%v; launching kernels one by one", err)
+			s.UseGraphs = false
+			return s.run(s.Spec.Train, valid)
+		}
+		return nil
+	}
+	return s.runGraph(g, valid)
 }
 
 // TrainStep runs one training step (forward, backward, update) and
@@ -255,13 +298,7 @@ func (s *Session) TrainStep(b Batch) (float32, int, error) {
 	if err := s.upload(s.Spec.Train, b); err != nil {
 		return 0, 0, err
 	}
-	var err error
-	if g, ok := s.Dev.(runtime.Grapher); ok && s.UseGraphs && s.GraphsApply() {
-		err = s.runGraph(g, b.Valid)
-	} else {
-		err = s.run(s.Spec.Train, b.Valid)
-	}
-	if err != nil {
+	if err := s.step(b.Valid); err != nil {
 		return 0, 0, fmt.Errorf("step %d: %w", s.Step, err)
 	}
 	s.Step++

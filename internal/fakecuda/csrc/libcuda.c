@@ -115,7 +115,14 @@ struct CUfunc_st {
 
 enum node_kind { NODE_KERNEL, NODE_COPY };
 
+// A node's handle is its index in the graph; an instantiated graph keeps the order, so the
+// handle finds the node in it too (cuGraphExecKernelNodeSetParams).
+struct CUgraphNode_st {
+	size_t index;
+};
+
 typedef struct {
+	struct CUgraphNode_st* handle; // NULL in an instantiated graph
 	enum node_kind kind;
 	CUfunction fn;
 	uint32_t grid[3], block[3];
@@ -168,10 +175,16 @@ static CUresult unsafe_in_capture(void) {
 }
 
 static int graph_add(CUgraph g, node n) {
+	n.handle = malloc(sizeof *n.handle);
+	if (!n.handle) return 0;
+	n.handle->index = g->len;
 	if (g->len == g->cap) {
 		size_t cap = g->cap ? 2 * g->cap : 64;
 		node* v = realloc(g->nodes, cap * sizeof(node));
-		if (!v) return 0;
+		if (!v) {
+			free(n.handle);
+			return 0;
+		}
 		g->nodes = v;
 		g->cap = cap;
 	}
@@ -180,7 +193,10 @@ static int graph_add(CUgraph g, node n) {
 }
 
 static void graph_free_nodes(struct CUgraph_st* g) {
-	for (size_t i = 0; i < g->len; i++) free(g->nodes[i].params);
+	for (size_t i = 0; i < g->len; i++) {
+		free(g->nodes[i].params);
+		free(g->nodes[i].handle);
+	}
 	free(g->nodes);
 	g->nodes = NULL;
 	g->len = g->cap = 0;
@@ -765,6 +781,47 @@ CUresult cuStreamEndCapture(CUstream s, CUgraph* g) {
 	return CUDA_SUCCESS;
 }
 
+// The capture's state, and the node(s) the next captured operation would depend on: the last
+// one captured (captures are chains here).
+CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                                   const CUgraphNode** deps, size_t* ndeps) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!status) return CUDA_ERROR_INVALID_VALUE;
+	if (!s || !s->graph) {
+		*status = CU_STREAM_CAPTURE_STATUS_NONE;
+		return CUDA_SUCCESS;
+	}
+	*status = s->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+	if (id) *id = (cuuint64_t)(uintptr_t)s->graph;
+	if (graph) *graph = s->graph;
+	size_t n = s->graph->len;
+	if (deps) *deps = n ? (const CUgraphNode*)&s->graph->nodes[n - 1].handle : NULL;
+	if (ndeps) *ndeps = n ? 1 : 0;
+	return CUDA_SUCCESS;
+}
+
+// New parameter values (and launch shape) for a kernel node of an instantiated graph; as in
+// CUDA 11, the function must stay the same.
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS* p) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!e || !n || !p) return CUDA_ERROR_INVALID_VALUE;
+	if (n->index >= e->g.len) return CUDA_ERROR_INVALID_VALUE;
+	node* nd = &e->g.nodes[n->index];
+	if (nd->kind != NODE_KERNEL || p->func != nd->fn || p->extra) return CUDA_ERROR_INVALID_VALUE;
+	uint64_t threads = (uint64_t)p->blockDimX * p->blockDimY * p->blockDimZ;
+	if (!p->gridDimX || !p->gridDimY || !p->gridDimZ || !threads || threads > 1024 ||
+	    (int)p->sharedMemBytes > nd->fn->max_dynamic)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (nd->fn->nparams > 0 && !p->kernelParams) return CUDA_ERROR_INVALID_VALUE;
+	nd->grid[0] = p->gridDimX, nd->grid[1] = p->gridDimY, nd->grid[2] = p->gridDimZ;
+	nd->block[0] = p->blockDimX, nd->block[1] = p->blockDimY, nd->block[2] = p->blockDimZ;
+	nd->shared = p->sharedMemBytes;
+	for (int i = 0; i < nd->fn->nparams; i++) memcpy(&nd->params[i], p->kernelParams[i], 8);
+	return CUDA_SUCCESS;
+}
+
 CUresult cuGraphInstantiateWithFlags(CUgraphExec* e, CUgraph g, unsigned long long flags) {
 	(void)flags;
 	CUresult r = ready();
@@ -780,6 +837,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* e, CUgraph g, unsigned long lo
 	}
 	for (size_t i = 0; i < g->len; i++) {
 		x->g.nodes[i] = g->nodes[i];
+		x->g.nodes[i].handle = NULL;
 		if (g->nodes[i].params) {
 			int n = g->nodes[i].fn->nparams > 0 ? g->nodes[i].fn->nparams : 1;
 			x->g.nodes[i].params = malloc((size_t)n * 8);

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/internal/datasets"
+	"github.com/cnnc/cnnc/internal/fakecuda"
+	"github.com/cnnc/cnnc/internal/nvcc"
+	"github.com/cnnc/cnnc/runtime/checkpoint"
+)
+
+// A trainer built with --target cuda, run without a GPU under the fake
+// driver (internal/fakecuda: the real binary, gorgonia.org/cu, the cgo shim
+// and the embedded fatbin's kernels run on the CPU emulator): its CUDA
+// device — planned arena, launches, the step replayed as a CUDA graph from
+// the second step — trains exactly as its CPU device does, and an arena
+// that does not fit the device stops it before training with both numbers.
+func TestCUDATrainerUnderFakeDriver(t *testing.T) {
+	nvcc.Require(t)
+	if testing.Short() {
+		t.Skip("builds a CUDA trainer")
+	}
+	mnist, err := datasets.MNISTDir()
+	require.NoError(t, err)
+	model, err := filepath.Abs("../../examples/mnist.cnn")
+	require.NoError(t, err)
+	fake := t.TempDir()
+	require.NoError(t, fakecuda.Build(fake))
+	t.Setenv(fakecuda.Env, fake) // cnnc build registers the fatbin's kernels with the fake
+
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "mnist-cuda")
+	code, out, errOut := cnnc("build", model, "-o", bin, "--target", "cuda", "--batch", "32")
+	require.Equal(t, 0, code, "%s\n%s", out, errOut)
+	env := fakecuda.Environ(fake, os.Environ())
+
+	runLogged := func(name string, args ...string) (string, []float64) {
+		log := filepath.Join(dir, name+".jsonl")
+		ck := filepath.Join(dir, name+".safetensors")
+		cmd := exec.Command(bin, append([]string{"--data", mnist, "--test", "", "--max-steps", "5", "--batch", "32",
+			"--quiet", "--log", log, "--checkpoint", ck}, args...)...)
+		cmd.Env = env
+		var o bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &o
+		require.NoError(t, cmd.Run(), o.String())
+		f, err := os.Open(log)
+		require.NoError(t, err)
+		defer f.Close()
+		var losses []float64
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			var rec map[string]any
+			require.NoError(t, json.Unmarshal(sc.Bytes(), &rec))
+			if l, ok := rec["loss"].(float64); ok && rec["step"] != nil {
+				losses = append(losses, l)
+			}
+		}
+		return o.String(), losses
+	}
+	cudaOut, cudaLoss := runLogged("cuda", "--device", "cuda")
+	t.Log(cudaOut)
+	assert.Contains(t, cudaOut, "cnnc fake CUDA device (CPU emulator)")
+	assert.Contains(t, cudaOut, "device memory:")
+	assert.NotContains(t, cudaOut, "warning")
+	_, plainLoss := runLogged("cuda-plain", "--device", "cuda", "--cuda-graph=false")
+	_, cpuLoss := runLogged("cpu", "--device", "cpu")
+	require.Len(t, cpuLoss, 5)
+	assert.Equal(t, cpuLoss, cudaLoss, "CUDA device with graphs vs CPU device")
+	assert.Equal(t, cpuLoss, plainLoss, "CUDA device launching kernel by kernel vs CPU device")
+	a, err := checkpoint.Read(filepath.Join(dir, "cuda.safetensors"))
+	require.NoError(t, err)
+	b, err := checkpoint.Read(filepath.Join(dir, "cpu.safetensors"))
+	require.NoError(t, err)
+	require.Equal(t, len(b.Tensors), len(a.Tensors))
+	for i := range b.Tensors {
+		assert.Equal(t, b.Tensors[i].Name, a.Tensors[i].Name)
+		assert.Equal(t, b.Tensors[i].Data, a.Tensors[i].Data, b.Tensors[i].Name)
+	}
+
+	// a device with less memory than the plan: stop at start, both numbers
+	cmd := exec.Command(bin, "--bench", "1", "--device", "cuda")
+	cmd.Env = append(env, fakecuda.MemoryEnv+"=1000000")
+	o, err := cmd.CombinedOutput()
+	require.Error(t, err, string(o))
+	t.Log(string(o))
+	assert.Contains(t, string(o), "1000000")
+	assert.Contains(t, string(o), "memory plan needs 1.23 MB (1227012 bytes)")
+	assert.Contains(t, string(o), "rebuild it to fit: cnnc build --memory-budget 1000000B")
+}
