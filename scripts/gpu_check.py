@@ -95,6 +95,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(os.getcwd(), "out"))
     ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: kernels parity timing torch profile memcheck")
     args = ap.parse_args()
+    args.out = os.path.abspath(args.out)  # the steps run in the bundle's folder
     gpu = not args.cpu
     fake = bool(args.fake)
     if fake:
