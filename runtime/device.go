@@ -45,6 +45,15 @@ type Timer interface {
 	TimeLaunches(run func() error) (time.Duration, error)
 }
 
+// HostAllocator is what a device offers when it has page-locked host
+// memory, which copies to and from the device read at full bus speed
+// without a staging copy of the driver's (CUDA's cuMemHostAlloc). The
+// trainer stages its batch uploads there.
+type HostAllocator interface {
+	AllocHost(bytes int) ([]byte, error)
+	FreeHost(b []byte) error
+}
+
 // Grapher is what a device offers when it can capture a sequence of
 // launches once and replay it with one call (CUDA graphs).
 type Grapher interface {

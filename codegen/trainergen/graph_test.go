@@ -138,3 +138,67 @@ func TestSessionReplaysTheStepAsAGraph(t *testing.T) {
 		})
 	}
 }
+
+// hostDevice is the CPU device with runtime.HostAllocator: it records the
+// host buffers it lends and which copies read from them.
+type hostDevice struct {
+	*cpu.Device
+	lent         [][]byte
+	freed        int
+	stagedCopies int
+}
+
+func (d *hostDevice) AllocHost(n int) ([]byte, error) {
+	b := make([]byte, n)
+	d.lent = append(d.lent, b)
+	return b, nil
+}
+
+func (d *hostDevice) FreeHost(b []byte) error {
+	for _, l := range d.lent {
+		if &l[0] == &b[0] {
+			d.freed++
+			return nil
+		}
+	}
+	return fmt.Errorf("FreeHost of memory not lent")
+}
+
+func (d *hostDevice) CopyIn(dst runtime.Ptr, src []byte) error {
+	for _, l := range d.lent {
+		if len(src) > 0 && &l[0] == &src[0] {
+			d.stagedCopies++
+		}
+	}
+	return d.Device.CopyIn(dst, src)
+}
+
+// Batches reach the device through page-locked staging buffers when the
+// device lends them, allocated once and freed with the session; padding
+// of a partial batch is zero as before.
+func TestSessionStagesUploadsInHostMemory(t *testing.T) {
+	const batch = 8
+	c := compileExample(t, "../../examples/mnist.cnn", batch)
+	cpuDev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
+	require.NoError(t, err)
+	defer cpuDev.Close()
+	hd := &hostDevice{Device: cpuDev}
+	s, err := trainer.NewSession(c.Spec, hd, 2)
+	require.NoError(t, err)
+	plain := newSession(t, c, 2)
+	batches := mnistBatches(t, 3, batch)
+	batches[2].Valid = 5
+	batches[2].Pixels = batches[2].Pixels[:5*784]
+	batches[2].Labels = batches[2].Labels[:5]
+	for i, b := range batches {
+		ls, _, err := s.TrainStep(b)
+		require.NoError(t, err)
+		lp, _, err := plain.TrainStep(b)
+		require.NoError(t, err)
+		assert.Equal(t, lp, ls, "step %d", i)
+	}
+	assert.Len(t, hd.lent, 2, "pixels and labels, allocated once")
+	assert.Equal(t, 6, hd.stagedCopies, "both uploads of every step")
+	require.NoError(t, s.Close())
+	assert.Equal(t, 2, hd.freed)
+}

@@ -65,7 +65,12 @@ type function struct {
 
 const defaultMaxShared = 48 << 10
 
-var _ runtime.Device = (*Device)(nil)
+var (
+	_ runtime.Device        = (*Device)(nil)
+	_ runtime.HostAllocator = (*Device)(nil)
+	_ runtime.Grapher       = (*Device)(nil)
+	_ runtime.Timer         = (*Device)(nil)
+)
 
 // errClosed is returned by every call after Close.
 var errClosed = errors.New("cuda: the device is closed")

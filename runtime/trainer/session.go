@@ -49,7 +49,11 @@ type Session struct {
 	graphSteps  int        // training steps run since UseGraphs was set
 
 	arenas [2]runtime.Ptr
-	// scratch is reused for uploads and argument arrays.
+	// staging holds a batch's pixels and labels on their way to the
+	// device: page-locked memory on devices that have it
+	// (runtime.HostAllocator), reused from step to step.
+	staging [2][]byte
+	// params is reused for argument arrays.
 	params []uint64
 }
 
@@ -85,7 +89,40 @@ func (s *Session) Close() error {
 			s.arenas[i] = 0
 		}
 	}
+	for i := range s.staging {
+		errs = append(errs, s.freeStaging(i))
+	}
 	return errors.Join(errs...)
+}
+
+// stagingBuffer returns staging buffer i with n bytes, zeroed.
+func (s *Session) stagingBuffer(i, n int) ([]byte, error) {
+	if cap(s.staging[i]) < n {
+		if err := s.freeStaging(i); err != nil {
+			return nil, err
+		}
+		if ha, ok := s.Dev.(runtime.HostAllocator); ok {
+			b, err := ha.AllocHost(n)
+			if err != nil {
+				return nil, fmt.Errorf("trainer: page-locked staging memory of %d bytes: %w", n, err)
+			}
+			s.staging[i] = b
+		} else {
+			s.staging[i] = make([]byte, n)
+		}
+	}
+	b := s.staging[i][:n]
+	clear(b)
+	return b, nil
+}
+
+func (s *Session) freeStaging(i int) error {
+	b := s.staging[i]
+	s.staging[i] = nil
+	if ha, ok := s.Dev.(runtime.HostAllocator); ok && b != nil {
+		return ha.FreeHost(b[:cap(b)])
+	}
+	return nil
 }
 
 func (s *Session) addr(a Arena, off int64) runtime.Ptr { return s.arenas[a] + runtime.Ptr(off) }
@@ -153,12 +190,18 @@ func (s *Session) uploadAs(st Step, b Batch, batch int) error {
 		return fmt.Errorf("trainer: a batch of %d valid samples needs %d pixels and %d labels, got %d and %d (compiled batch %d)",
 			b.Valid, b.Valid*n, b.Valid, len(b.Pixels), len(b.Labels), batch)
 	}
-	px := make([]byte, batch*n)
+	px, err := s.stagingBuffer(0, batch*n)
+	if err != nil {
+		return err
+	}
 	copy(px, b.Pixels)
 	if err := s.Dev.CopyIn(s.addr(st.Images.Arena, st.Images.Offset), px); err != nil {
 		return err
 	}
-	lb := make([]byte, 4*batch)
+	lb, err := s.stagingBuffer(1, 4*batch)
+	if err != nil {
+		return err
+	}
 	for i, l := range b.Labels {
 		if l < 0 || int(l) >= sp.Classes {
 			return fmt.Errorf("trainer: label %d of sample %d is outside [0,%d)", l, i, sp.Classes)
