@@ -16,6 +16,7 @@ import (
 func newGenCmd(stdout, stderr io.Writer) *cobra.Command {
 	var f compileFlags
 	var outDir, pkg string
+	var withCUDA bool
 	cmd := &cobra.Command{
 		Use:   "gen FILE -o DIR -pkg NAME",
 		Short: "write a Go package that trains the model, for go generate",
@@ -31,8 +32,15 @@ plan and a typed API —
 Put "//go:generate cnnc gen model.cnn -o NAME -pkg NAME" in your project. The
 package imports github.com/cnnc/cnnc/runtime/..., so your go.mod requires
 github.com/cnnc/cnnc. It runs on the CPU emulator and never links
-gorgonia.org/cu.`,
-		Example: "  cnnc gen examples/mnist.cnn -o mnistnet -pkg mnistnet --batch 32",
+gorgonia.org/cu.
+
+--cuda also compiles the kernels with nvcc (sm_80 and sm_90, with PTX) into
+kernels.fatbin and writes cuda.go, which only builds with -tags cuda: a
+program built so trains on the GPU (NAME.Options{Device: "auto"} or
+"cuda"), its steps replayed as a CUDA graph, and exits at start on a
+machine without an NVIDIA GPU (gorgonia.org/cu's initialisation); built
+without the tag, the same package runs on the CPU.`,
+		Example: "  cnnc gen examples/mnist.cnn -o mnistnet -pkg mnistnet --batch 32\n  cnnc gen examples/simplecnn.cnn -o simplecnn --cuda",
 		Args:    exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if outDir == "" {
@@ -55,7 +63,14 @@ gorgonia.org/cu.`,
 				fmt.Fprintf(stderr, "cnnc: %s: %v\n", args[0], err)
 				return exitError{exitModel}
 			}
-			files, err := trainergen.PackageFiles(pkg, c.Spec, c.Kernels)
+			var fatbin []byte
+			if withCUDA {
+				if fatbin, err = trainergen.CompileFatbin(c.Kernels); err != nil {
+					fmt.Fprintf(stderr, "cnnc gen --cuda: %v\n", err)
+					return exitError{exitModel}
+				}
+			}
+			files, err := trainergen.PackageFiles(pkg, c.Spec, c.Kernels, fatbin)
 			if err != nil {
 				fmt.Fprintf(stderr, "cnnc: %v\n", err)
 				return exitError{exitModel}
@@ -82,5 +97,6 @@ gorgonia.org/cu.`,
 	cmd.Flags().StringVarP(&outDir, "output", "o", "", "the package directory to write (created)")
 	cmd.Flags().StringVar(&pkg, "pkg", "", "the package name (default: the directory's name)")
 	cmd.Flags().Int64Var(&f.batch, "batch", 0, "batch size (default: the train block's, else 32)")
+	cmd.Flags().BoolVar(&withCUDA, "cuda", false, "also compile the kernels for NVIDIA GPUs (needs nvcc): the package trains on the GPU when built with -tags cuda")
 	return cmd
 }

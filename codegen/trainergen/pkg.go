@@ -16,17 +16,26 @@ import (
 //	loss, correct, err = m.Evaluate(batch)
 //	err = m.Save("model.safetensors"); err = m.Load("model.safetensors")
 //
-// It runs on the CPU emulator; the package never links gorgonia.org/cu.
-func PackageFiles(pkg string, spec *trainer.Spec, kernels []byte) (map[string][]byte, error) {
+// It runs on the CPU emulator. With a fatbin (CompileFatbin of the same
+// kernels) the package also carries kernels.fatbin and cuda.go, which
+// only a build with -tags cuda compiles: then it trains on the GPU through
+// runtime/cuda (Options.Device "auto" or "cuda"), its steps replayed as a
+// CUDA graph. Without the tag the package never links gorgonia.org/cu.
+func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[string][]byte, error) {
 	specSrc, err := SpecFile(pkg, spec)
 	if err != nil {
 		return nil, err
 	}
 	f := jen.NewFile(pkg)
 	f.HeaderComment(header(spec.Source))
-	f.PackageComment(fmt.Sprintf("Package %s trains model %s (compiled by cnnc from %s for batches of up to %d %dx%dx%d images, %d classes) on the CPU.", pkg, spec.Model, spec.Source, spec.Batch, spec.H, spec.W, spec.C, spec.Classes))
+	where := "on the CPU (the CUDA C kernels through cnnc's emulator)"
+	if fatbin != nil {
+		where = "on an NVIDIA GPU when built with -tags cuda, else on the CPU (the CUDA C kernels through cnnc's emulator)"
+	}
+	f.PackageComment(fmt.Sprintf("Package %s trains model %s (compiled by cnnc from %s for batches of up to %d %dx%dx%d images, %d classes) %s.", pkg, spec.Model, spec.Source, spec.Batch, spec.H, spec.W, spec.C, spec.Classes, where))
 	f.ImportName(trainerPkg, "trainer")
 	f.ImportName(cpuPkg, "cpu")
+	f.ImportName(runtimePkg, "runtime")
 	embedFile(f, "kernels", "kernels.cu")
 	f.Comment("Shapes the model was compiled for.")
 	f.Const().Defs(
@@ -42,16 +51,43 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels []byte) (map[string][]
 	f.Type().Id("Options").Struct(
 		jen.Id("Seed").Uint64().Comment("initialisation (PyTorch's default distributions) and dropout"),
 		jen.Id("LR").Float32().Comment("learning rate; 0 keeps the model's"),
+		jen.Id("Device").String().Comment(`"auto" or "": the GPU when the package has CUDA kernels (cnnc gen --cuda) and the program is built with -tags cuda, else the CPU; "cpu"; "cuda"`),
+	)
+	f.Comment("openCUDA opens the GPU with the package's fatbin; cuda.go sets it in builds with -tags cuda.")
+	f.Var().Id("openCUDA").Func().Params().Params(jen.Qual(runtimePkg, "Device"), jen.Error())
+	f.Line()
+	openCPU := jen.Return(jen.Qual(cpuPkg, "New").Call(jen.Id("kernels"), jen.Lit("kernels.cu"), jen.Qual(cpuPkg, "Options").Values()))
+	noCUDA := "generated without CUDA kernels: run cnnc gen --cuda"
+	if fatbin != nil {
+		noCUDA = "built without -tags cuda"
+	}
+	f.Func().Id("openDevice").Params(jen.Id("name").String()).Params(jen.Qual(runtimePkg, "Device"), jen.Error()).Block(
+		jen.Switch(jen.Id("name")).Block(
+			jen.Case(jen.Lit(""), jen.Lit("auto")).Block(
+				jen.If(jen.Id("openCUDA").Op("!=").Nil()).Block(jen.Return(jen.Id("openCUDA").Call())),
+				openCPU,
+			),
+			jen.Case(jen.Lit("cpu")).Block(openCPU),
+			jen.Case(jen.Lit("cuda")).Block(
+				jen.If(jen.Id("openCUDA").Op("==").Nil()).Block(
+					jen.Return(jen.Nil(), jen.Qual("errors", "New").Call(jen.Lit(pkg+`: Options.Device "cuda": the package was `+noCUDA))),
+				),
+				jen.Return(jen.Id("openCUDA").Call()),
+			),
+		),
+		jen.Return(jen.Nil(), jen.Qual("fmt", "Errorf").Call(jen.Lit(pkg+": Options.Device %q: want auto, cpu or cuda"), jen.Id("name"))),
 	)
 	f.Comment("Model is the model with its parameters and optimizer state in one planned arena.")
 	f.Type().Id("Model").Struct(jen.Id("sess").Op("*").Qual(trainerPkg, "Session"))
-	f.Comment("New allocates the model's arena and initialises its parameters.")
+	f.Comment("New opens the device, allocates the model's arena and initialises its parameters.")
 	f.Func().Id("New").Params(jen.Id("o").Id("Options")).Params(jen.Op("*").Id("Model"), jen.Error()).Block(
-		jen.List(jen.Id("dev"), jen.Err()).Op(":=").Qual(cpuPkg, "New").Call(jen.Id("kernels"), jen.Lit("kernels.cu"), jen.Qual(cpuPkg, "Options").Values()),
+		jen.List(jen.Id("dev"), jen.Err()).Op(":=").Id("openDevice").Call(jen.Id("o").Dot("Device")),
 		jen.If(jen.Err().Op("!=").Nil()).Block(jen.Return(jen.Nil(), jen.Err())),
 		jen.List(jen.Id("s"), jen.Err()).Op(":=").Qual(trainerPkg, "NewSession").Call(jen.Id("Spec"), jen.Id("dev"), jen.Id("o").Dot("Seed")),
 		jen.If(jen.Err().Op("!=").Nil()).Block(jen.Id("dev").Dot("Close").Call(), jen.Return(jen.Nil(), jen.Err())),
 		jen.If(jen.Id("o").Dot("LR").Op(">").Lit(0)).Block(jen.Id("s").Dot("LR").Op("=").Id("o").Dot("LR")),
+		jen.Comment("on a GPU, the training step is replayed as one CUDA graph from the second step"),
+		jen.Id("s").Dot("UseGraphs").Op("=").True(),
 		jen.Return(jen.Op("&").Id("Model").Values(jen.Dict{jen.Id("sess"): jen.Id("s")}), jen.Nil()),
 	)
 	method := func(doc, name string, params []jen.Code, results []jen.Code, body ...jen.Code) {
@@ -73,6 +109,8 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels []byte) (map[string][]
 		jen.Return(jen.Err()))
 	method("Steps is the number of training steps taken.", "Steps", nil, []jen.Code{jen.Int64()},
 		jen.Return(jen.Id("m").Dot("sess").Dot("Step")))
+	method("Device names the device the model trains on.", "Device", nil, []jen.Code{jen.String()},
+		jen.Return(jen.Id("m").Dot("sess").Dot("Dev").Dot("Name").Call()))
 	method("Close frees the model's memory.", "Close", nil, []jen.Code{jen.Error()},
 		jen.Id("err").Op(":=").Id("m").Dot("sess").Dot("Close").Call(),
 		jen.If(jen.Id("cerr").Op(":=").Id("m").Dot("sess").Dot("Dev").Dot("Close").Call(), jen.Err().Op("==").Nil()).Block(jen.Id("err").Op("=").Id("cerr")),
@@ -81,5 +119,27 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels []byte) (map[string][]
 	if err != nil {
 		return nil, err
 	}
-	return map[string][]byte{"spec.go": specSrc, "model.go": model, "kernels.cu": kernels}, nil
+	files := map[string][]byte{"spec.go": specSrc, "model.go": model, "kernels.cu": kernels}
+	if fatbin != nil {
+		c := jen.NewFile(pkg)
+		c.HeaderComment(header(spec.Source))
+		c.HeaderComment("//go:build cuda")
+		c.ImportName(cudaPkg, "cuda")
+		c.ImportName(runtimePkg, "runtime")
+		embedFile(c, "fatbin", "kernels.fatbin")
+		c.Comment("With -tags cuda the package trains on the GPU. The program then links the CUDA driver")
+		c.Comment("(gorgonia.org/cu), whose initialisation exits the process on a machine without an NVIDIA GPU.")
+		c.Func().Id("init").Params().Block(
+			jen.Id("openCUDA").Op("=").Func().Params().Params(jen.Qual(runtimePkg, "Device"), jen.Error()).Block(
+				jen.Return(jen.Qual(cudaPkg, "New").Call(jen.Id("fatbin"))),
+			),
+		)
+		src, err := render(c)
+		if err != nil {
+			return nil, err
+		}
+		files["cuda.go"] = src
+		files["kernels.fatbin"] = fatbin
+	}
+	return files, nil
 }
