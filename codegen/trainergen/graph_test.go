@@ -21,7 +21,9 @@ type graphDevice struct {
 	*cpu.Device
 	recording *[]launch
 	captures  int
-	updates   int // SetParams calls
+	updates   int   // SetParams calls
+	failWith  error // when set, captures or updates fail with it
+	failIn    string
 }
 
 type launch struct {
@@ -40,6 +42,9 @@ func (d *graphDevice) Launch(kernel string, grid, block runtime.Dim3, shared int
 }
 
 func (d *graphDevice) CaptureGraph(run func() error) (runtime.Replayer, error) {
+	if d.failIn == "capture" {
+		return nil, d.failWith
+	}
 	var rec []launch
 	d.recording = &rec
 	err := run()
@@ -63,6 +68,9 @@ func (r *replay) Replay() error {
 }
 
 func (r *replay) SetParams(i int, params []uint64) error {
+	if r.d.failIn == "update" {
+		return r.d.failWith
+	}
 	if len(params) != len(r.rec[i].params) {
 		return fmt.Errorf("launch %d (%s): %d parameters, captured %d", i, r.rec[i].kernel, len(params), len(r.rec[i].params))
 	}
@@ -201,4 +209,54 @@ func TestSessionStagesUploadsInHostMemory(t *testing.T) {
 	assert.Equal(t, 6, hd.stagedCopies, "both uploads of every step")
 	require.NoError(t, s.Close())
 	assert.Equal(t, 2, hd.freed)
+}
+
+// A graph that cannot be captured or updated is reported once and the
+// session goes on launching kernel by kernel, with the same results; with
+// no Warnf the step fails instead.
+func TestSessionFallsBackWhenGraphsFail(t *testing.T) {
+	const batch = 8
+	res, err := compiler.CompileSource("adam_dropout.cnn", []byte(adamDropout), compiler.Options{Batch: batch})
+	require.NoError(t, err)
+	c, err := trainergen.Compile(res, 0, "")
+	require.NoError(t, err)
+	batches := mnistBatches(t, 4, batch)
+	for _, where := range []string{"capture", "update"} {
+		t.Run(where, func(t *testing.T) {
+			cpuDev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
+			require.NoError(t, err)
+			defer cpuDev.Close()
+			gd := &graphDevice{Device: cpuDev, failWith: fmt.Errorf("no graphs today"), failIn: where}
+			g, err := trainer.NewSession(c.Spec, gd, 2)
+			require.NoError(t, err)
+			defer g.Close()
+			g.UseGraphs = true
+			var warnings []string
+			g.Warnf = func(format string, args ...any) { warnings = append(warnings, fmt.Sprintf(format, args...)) }
+			plain := newSession(t, c, 2)
+			for i, b := range batches {
+				lg, _, err := g.TrainStep(b)
+				require.NoError(t, err)
+				lp, _, err := plain.TrainStep(b)
+				require.NoError(t, err)
+				assert.Equal(t, lp, lg, "step %d", i)
+			}
+			require.Len(t, warnings, 1)
+			assert.Contains(t, warnings[0], "no graphs today; launching kernels one by one")
+			assert.False(t, g.UseGraphs)
+
+			strict, err := trainer.NewSession(c.Spec, gd, 2)
+			require.NoError(t, err)
+			defer strict.Close()
+			strict.UseGraphs = true
+			_, _, err = strict.TrainStep(batches[0])
+			require.NoError(t, err, "the first step runs kernel by kernel")
+			for _, b := range batches[1:3] { // captured at the second step, updated at the third
+				if _, _, err = strict.TrainStep(b); err != nil {
+					break
+				}
+			}
+			assert.ErrorContains(t, err, "no graphs today")
+		})
+	}
 }

@@ -278,10 +278,10 @@ func (s *Session) readScalars(st Step) (float32, int, error) {
 	return loss[0], int(correct[0]), nil
 }
 
-// runGraph runs the training step as a graph: captured on the first call,
-// then replayed after giving the launches whose arguments changed their
-// values for this step.
-func (s *Session) runGraph(g runtime.Grapher, valid int) error {
+// prepareGraph readies the graph of the training step for this step:
+// captured on the first call, then the launches whose arguments changed
+// get this step's values.
+func (s *Session) prepareGraph(g runtime.Grapher, valid int) error {
 	st := s.Spec.Train
 	if s.graph == nil {
 		r, err := g.CaptureGraph(func() error { return s.launch(st, valid) })
@@ -303,18 +303,17 @@ func (s *Session) runGraph(g runtime.Grapher, valid int) error {
 			continue
 		}
 		if err := s.graph.SetParams(i, s.params); err != nil {
-			return err
+			return fmt.Errorf("updating the CUDA graph's arguments: %w", err)
 		}
 		s.graphParams[i] = append(s.graphParams[i][:0], s.params...)
 	}
-	if err := s.graph.Replay(); err != nil {
-		return err
-	}
-	return s.Dev.Sync()
+	return nil
 }
 
 // step runs the training step's launches, as a graph when the session
-// uses graphs (from its second step).
+// uses graphs (from its second step). A graph that cannot be captured or
+// updated is reported through Warnf, when set, and the session goes on
+// launching kernel by kernel; a failure while the graph runs is the step's.
 func (s *Session) step(valid int) error {
 	g, ok := s.Dev.(runtime.Grapher)
 	if !ok || !s.UseGraphs {
@@ -324,15 +323,22 @@ func (s *Session) step(valid int) error {
 	if s.graphSteps == 1 {
 		return s.run(s.Spec.Train, valid)
 	}
-	if s.graph == nil && s.Warnf != nil {
-		if err := s.runGraph(g, valid); err != nil {
-			s.Warnf("%v; launching kernels one by one", err)
-			s.UseGraphs = false
-			return s.run(s.Spec.Train, valid)
+	if err := s.prepareGraph(g, valid); err != nil {
+		if s.Warnf == nil {
+			return err
 		}
-		return nil
+		s.Warnf("%v; launching kernels one by one", err)
+		s.UseGraphs = false
+		if s.graph != nil {
+			s.graph.Close()
+			s.graph = nil
+		}
+		return s.run(s.Spec.Train, valid)
 	}
-	return s.runGraph(g, valid)
+	if err := s.graph.Replay(); err != nil {
+		return err
+	}
+	return s.Dev.Sync()
 }
 
 // TrainStep runs one training step (forward, backward, update) and
