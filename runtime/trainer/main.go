@@ -504,7 +504,12 @@ func parseSize(s string) (int64, error) {
 	return int64(f * mult), nil
 }
 
+// formatBytes gives decimal megabytes, or gigabytes from 10 GB up (a
+// GPU's memory), with the exact count.
 func formatBytes(n int64) string {
+	if n >= 10e9 {
+		return fmt.Sprintf("%.2f GB (%d bytes)", float64(n)/1e9, n)
+	}
 	return fmt.Sprintf("%.2f MB (%d bytes)", float64(n)/1e6, n)
 }
 
