@@ -166,15 +166,25 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	}
 	b := f.g.NewNode(ir.OpConvBlock, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
 	b.Attrs = a
-	f.repl[last.Out()] = b.Out()
+	f.replaceOutput(last, b)
 	return b
+}
+
+// replaceOutput makes block b's outputs stand for last's output: later
+// uses read b's, and they keep the position of the DSL line that named
+// the value (pool1 is reported at its own line, not at conv1's).
+func (f *fuser) replaceOutput(last, b *ir.Node) {
+	for _, o := range b.Outs {
+		o.Pos = last.Out().Pos
+	}
+	f.repl[last.Out()] = b.Out()
 }
 
 func (f *fuser) linearBlock(n *ir.Node) *ir.Node {
 	a, ins, last := f.blockStart(n)
 	b := f.g.NewNode(ir.OpLinearBlock, n.Name, ir.Forward, n.Pos, ins, []string{last.Out().Name}, ir.RoleActivation)
 	b.Attrs = a
-	f.repl[last.Out()] = b.Out()
+	f.replaceOutput(last, b)
 	return b
 }
 

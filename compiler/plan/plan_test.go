@@ -122,9 +122,11 @@ func TestSimpleCNNBuffers(t *testing.T) {
 	assert.Equal(t, int64(32*16*63*63*2/8), byName["pool1.argmax"].Bytes, "2-bit argmax")
 	assert.Equal(t, int64(32*16*63*63*4), byName["pool1"].Bytes)
 	assert.Equal(t, plan.CatSaved, byName["pool1"].Category)
-	// the position of the layer whose kernel defines it: the fused
-	// conv1-relu1-pool1 block starts at conv1's line
-	assert.Equal(t, 4, byName["pool1"].Pos.Line)
+	// the position of the line that names it, although the fused
+	// conv1-relu1-pool1 block (at conv1's line) computes it
+	assert.Equal(t, 6, byName["pool1"].Pos.Line)
+	assert.Equal(t, 6, byName["pool1.argmax"].Pos.Line)
+	assert.Equal(t, "conv1", p.Steps[0].Layer, "the block is conv1's")
 	// parameters and state take the bottom of the arena, contiguously
 	assert.Less(t, top, int64(3692906*8+20*plan.DefaultAlignment))
 	// pool1's buffer goes on to hold pool1.grad, written in place
