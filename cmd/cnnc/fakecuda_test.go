@@ -86,10 +86,20 @@ func TestCUDATrainerUnderFakeDriver(t *testing.T) {
 		assert.Equal(t, b.Tensors[i].Data, a.Tensors[i].Data, b.Tensors[i].Name)
 	}
 
-	// a device with less memory than the plan: stop at start, both numbers
-	cmd := exec.Command(bin, "--bench", "1", "--device", "cuda")
-	cmd.Env = append(env, fakecuda.MemoryEnv+"=1000000")
+	// no GPU: the driver cannot start, and the trainer says what to do
+	// before gorgonia.org/cu's init would exit with a bare message
+	cmd := exec.Command(bin, "--bench", "1")
+	cmd.Env = append(env, "CNNC_FAKECUDA_NODEVICE=1")
 	o, err := cmd.CombinedOutput()
+	require.Error(t, err, string(o))
+	assert.Contains(t, string(o), "mnist-cuda: this program was built for NVIDIA GPUs")
+	assert.Contains(t, string(o), "cuInit: CUDA_ERROR_NO_DEVICE (100: no CUDA-capable device is detected)")
+	assert.NotContains(t, string(o), "Error in initialization")
+
+	// a device with less memory than the plan: stop at start, both numbers
+	cmd = exec.Command(bin, "--bench", "1", "--device", "cuda")
+	cmd.Env = append(env, fakecuda.MemoryEnv+"=1000000")
+	o, err = cmd.CombinedOutput()
 	require.Error(t, err, string(o))
 	t.Log(string(o))
 	assert.Contains(t, string(o), "1000000")

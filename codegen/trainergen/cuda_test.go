@@ -151,8 +151,9 @@ func TestVetCUDABackend(t *testing.T) {
 // The whole CUDA target for examples/mnist.cnn: trainergen.Compile (memory
 // plan, training and evaluation kernels, spec), the kernels' fatbin, the
 // trainer module with the runtime's copy, `go build -tags cuda`. Without a
-// GPU the binary must stop at start with cu's message; with one, -h shows
-// the flags and the CUDA note.
+// GPU the binary must stop at start saying what to do (runtime/cuda/
+// preflight, before cu's bare message); with one, -h shows the flags and
+// the CUDA note.
 func TestBuildCUDATrainer(t *testing.T) {
 	nvcc.Require(t)
 	if testing.Short() {
@@ -184,8 +185,10 @@ func TestBuildCUDATrainer(t *testing.T) {
 	assert.Contains(t, string(gomod), "gorgonia.org/cu")
 
 	out, err := exec.Command(bin, "-h").CombinedOutput()
-	if bytes.Contains(out, []byte("Error in initialization")) {
+	if bytes.Contains(out, []byte("the CUDA driver cannot start")) {
 		t.Logf("no GPU here: the CUDA trainer stops at start, as documented:\n%s", out)
+		assert.NotContains(t, string(out), "Error in initialization", "preflight speaks before cu")
+		assert.Contains(t, string(out), "cnnc build --target cpu")
 		var exit *exec.ExitError
 		require.ErrorAs(t, err, &exit)
 		assert.Equal(t, 1, exit.ExitCode())

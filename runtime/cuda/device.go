@@ -14,6 +14,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/cnnc/cnnc/runtime"
+	_ "github.com/cnnc/cnnc/runtime/cuda/preflight" // a clear message when the driver cannot start
 )
 
 // DebugEnv turns on Options.Debug for New when set to "1".

@@ -8,10 +8,9 @@ import (
 )
 
 // HelpNote is what a trainer built for CUDA adds to its -h.
-const HelpNote = `This trainer was built for CUDA (go build -tags cuda): it links the CUDA
-driver through gorgonia.org/cu, whose initialisation ends the process with
-"Error in initialization" before main on a machine without an NVIDIA GPU and
-driver. There, build the CPU trainer instead (without -tags cuda).
+const HelpNote = `This trainer was built for CUDA (go build -tags cuda): it starts the CUDA
+driver before main and stops, saying so, on a machine without an NVIDIA GPU
+and driver. There, build the CPU trainer instead (cnnc build --target cpu).
 --device cuda runs on GPU 0; --device auto (the default) falls back to the
 CPU emulator when the GPU cannot be opened. CNNC_CUDA_DEBUG=1 synchronises
 after every kernel launch, so that a fault names its kernel.

@@ -204,8 +204,57 @@ static void graph_free_nodes(struct CUgraph_st* g) {
 
 // ---- initialisation and devices --------------------------------------------------------
 
+// cuGetErrorName and cuGetErrorString know the codes the fake returns.
+static const struct {
+	CUresult code;
+	const char *name, *desc;
+} errors_known[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_ASSERT, "CUDA_ERROR_ASSERT", "device-side assert triggered"},
+    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
+};
+
+CUresult cuGetErrorName(CUresult r, const char** s) {
+	if (!s) return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < sizeof errors_known / sizeof errors_known[0]; i++)
+		if (errors_known[i].code == r) {
+			*s = errors_known[i].name;
+			return CUDA_SUCCESS;
+		}
+	*s = NULL;
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult r, const char** s) {
+	if (!s) return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < sizeof errors_known / sizeof errors_known[0]; i++)
+		if (errors_known[i].code == r) {
+			*s = errors_known[i].desc;
+			return CUDA_SUCCESS;
+		}
+	*s = NULL;
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+// cuInit fails as on a machine without a GPU when $CNNC_FAKECUDA_NODEVICE is set.
 CUresult cuInit(unsigned int flags) {
 	if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+	const char* nodev = getenv("CNNC_FAKECUDA_NODEVICE");
+	if (nodev && *nodev) return CUDA_ERROR_NO_DEVICE;
 	pthread_mutex_lock(&mu);
 	if (!initialized) {
 		const char* m = getenv("CNNC_FAKECUDA_MEMORY");
