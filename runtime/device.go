@@ -54,6 +54,16 @@ type HostAllocator interface {
 	FreeHost(b []byte) error
 }
 
+// AsyncCopier is what a device offers when it can queue copies between
+// its memory and page-locked host memory (from its HostAllocator) on its
+// stream without waiting for them: they are ordered with the launches,
+// complete at the next Sync, and can be captured into a graph, so that a
+// training step's uploads and read-backs travel inside its graph.
+type AsyncCopier interface {
+	CopyInAsync(dst Ptr, src []byte) error
+	CopyOutAsync(dst []byte, src Ptr) error
+}
+
 // Grapher is what a device offers when it can capture a sequence of
 // launches once and replay it with one call (CUDA graphs).
 type Grapher interface {

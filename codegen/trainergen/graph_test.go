@@ -19,23 +19,29 @@ import (
 // graphs do, so the Session's graph path is tested without a GPU.
 type graphDevice struct {
 	*cpu.Device
-	recording *[]launch
+	recording *[]op
 	captures  int
 	updates   int   // SetParams calls
 	failWith  error // when set, captures or updates fail with it
 	failIn    string
 }
 
-type launch struct {
+// op is a recorded launch, or a copy from or to host memory (read and
+// written when the graph runs, as a memcpy node does).
+type op struct {
 	kernel      string
 	grid, block runtime.Dim3
 	shared      int
 	params      []uint64
+	copyIn      bool
+	copyOut     bool
+	dev         runtime.Ptr
+	host        []byte
 }
 
 func (d *graphDevice) Launch(kernel string, grid, block runtime.Dim3, shared int, params []uint64) error {
 	if d.recording != nil {
-		*d.recording = append(*d.recording, launch{kernel, grid, block, shared, append([]uint64(nil), params...)})
+		*d.recording = append(*d.recording, op{kernel: kernel, grid: grid, block: block, shared: shared, params: append([]uint64(nil), params...)})
 		return nil
 	}
 	return d.Device.Launch(kernel, grid, block, shared, params)
@@ -45,22 +51,66 @@ func (d *graphDevice) CaptureGraph(run func() error) (runtime.Replayer, error) {
 	if d.failIn == "capture" {
 		return nil, d.failWith
 	}
-	var rec []launch
+	var rec []op
 	d.recording = &rec
 	err := run()
 	d.recording = nil
 	d.captures++
-	return &replay{d: d, rec: rec}, err
+	r := &replay{d: d, rec: rec}
+	for i, o := range rec {
+		if !o.copyIn && !o.copyOut {
+			r.launches = append(r.launches, i)
+		}
+	}
+	return r, err
+}
+
+// stagedGraphDevice adds page-locked host memory and asynchronous copies,
+// recorded into graphs like the CUDA backend's.
+type stagedGraphDevice struct {
+	*graphDevice
+	asyncCopies int
+}
+
+func (d *stagedGraphDevice) AllocHost(n int) ([]byte, error) { return make([]byte, n), nil }
+func (d *stagedGraphDevice) FreeHost([]byte) error           { return nil }
+
+func (d *stagedGraphDevice) CopyInAsync(dst runtime.Ptr, src []byte) error {
+	d.asyncCopies++
+	if d.recording != nil {
+		*d.recording = append(*d.recording, op{copyIn: true, dev: dst, host: src})
+		return nil
+	}
+	return d.Device.CopyIn(dst, src)
+}
+
+func (d *stagedGraphDevice) CopyOutAsync(dst []byte, src runtime.Ptr) error {
+	d.asyncCopies++
+	if d.recording != nil {
+		*d.recording = append(*d.recording, op{copyOut: true, dev: src, host: dst})
+		return nil
+	}
+	return d.Device.CopyOut(dst, src)
 }
 
 type replay struct {
-	d   *graphDevice
-	rec []launch
+	d        *graphDevice
+	rec      []op
+	launches []int // indices in rec of the launches, in order
 }
 
 func (r *replay) Replay() error {
-	for _, l := range r.rec {
-		if err := r.d.Device.Launch(l.kernel, l.grid, l.block, l.shared, l.params); err != nil {
+	for _, o := range r.rec {
+		var err error
+		switch {
+		case o.copyIn:
+			err = r.d.Device.CopyIn(o.dev, o.host)
+		case o.copyOut:
+			err = r.d.Device.CopyOut(o.host, o.dev)
+		default:
+			err = r.d.Device.Launch(o.kernel, o.grid, o.block, o.shared, o.params)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -71,10 +121,11 @@ func (r *replay) SetParams(i int, params []uint64) error {
 	if r.d.failIn == "update" {
 		return r.d.failWith
 	}
-	if len(params) != len(r.rec[i].params) {
-		return fmt.Errorf("launch %d (%s): %d parameters, captured %d", i, r.rec[i].kernel, len(params), len(r.rec[i].params))
+	l := &r.rec[r.launches[i]]
+	if len(params) != len(l.params) {
+		return fmt.Errorf("launch %d (%s): %d parameters, captured %d", i, l.kernel, len(params), len(l.params))
 	}
-	copy(r.rec[i].params, params)
+	copy(l.params, params)
 	r.d.updates++
 	return nil
 }
@@ -110,40 +161,54 @@ func TestSessionReplaysTheStepAsAGraph(t *testing.T) {
 	require.NoError(t, err)
 	models["adam_dropout.cnn"], err = trainergen.Compile(res, 0, "")
 	require.NoError(t, err)
-	for name, c := range models {
-		t.Run(name, func(t *testing.T) {
-			cpuDev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
-			require.NoError(t, err)
-			defer cpuDev.Close()
-			gd := &graphDevice{Device: cpuDev}
-			g, err := trainer.NewSession(c.Spec, gd, 2)
-			require.NoError(t, err)
-			defer g.Close()
-			g.UseGraphs = true
-			plain := newSession(t, c, 2)
+	for _, staged := range []bool{false, true} {
+		for name, c := range models {
+			t.Run(fmt.Sprintf("%s/staged=%v", name, staged), func(t *testing.T) {
+				replaysTheStep(t, c, batch, staged)
+			})
+		}
+	}
+}
 
-			batches := mnistBatches(t, 6, batch)
-			batches[3].Valid = 5 // a partial batch: another valid count
-			batches[3].Pixels = batches[3].Pixels[:5*784]
-			batches[3].Labels = batches[3].Labels[:5]
-			for i, b := range batches {
-				lg, cg, err := g.TrainStep(b)
-				require.NoError(t, err)
-				lp, cp, err := plain.TrainStep(b)
-				require.NoError(t, err)
-				assert.Equal(t, lp, lg, "step %d", i)
-				assert.Equal(t, cp, cg)
-			}
-			assert.Equal(t, 1, gd.captures, "captured once, at the second step")
-			assert.Greater(t, gd.updates, 0, "the valid count (and Adam's step) changed")
-			for _, p := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.State...) {
-				a, err := g.ReadTensor(p)
-				require.NoError(t, err)
-				b, err := plain.ReadTensor(p)
-				require.NoError(t, err)
-				assert.Equal(t, b, a, p.Name)
-			}
-		})
+func replaysTheStep(t *testing.T, c *trainergen.Compiled, batch int, staged bool) {
+	cpuDev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
+	require.NoError(t, err)
+	defer cpuDev.Close()
+	gd := &graphDevice{Device: cpuDev}
+	var dev runtime.Device = gd
+	sd := &stagedGraphDevice{graphDevice: gd}
+	if staged {
+		dev = sd
+	}
+	g, err := trainer.NewSession(c.Spec, dev, 2)
+	require.NoError(t, err)
+	defer g.Close()
+	g.UseGraphs = true
+	plain := newSession(t, c, 2)
+
+	batches := mnistBatches(t, 6, batch)
+	batches[3].Valid = 5 // a partial batch: another valid count
+	batches[3].Pixels = batches[3].Pixels[:5*784]
+	batches[3].Labels = batches[3].Labels[:5]
+	for i, b := range batches {
+		lg, cg, err := g.TrainStep(b)
+		require.NoError(t, err)
+		lp, cp, err := plain.TrainStep(b)
+		require.NoError(t, err)
+		assert.Equal(t, lp, lg, "step %d", i)
+		assert.Equal(t, cp, cg)
+	}
+	assert.Equal(t, 1, gd.captures, "captured once, at the second step")
+	assert.Greater(t, gd.updates, 0, "the valid count (and Adam's step) changed")
+	if staged {
+		assert.Equal(t, 4, sd.asyncCopies, "the graph carries the batch in and the results out")
+	}
+	for _, p := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.State...) {
+		a, err := g.ReadTensor(p)
+		require.NoError(t, err)
+		b, err := plain.ReadTensor(p)
+		require.NoError(t, err)
+		assert.Equal(t, b, a, p.Name)
 	}
 }
 

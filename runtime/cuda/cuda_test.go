@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -247,6 +248,20 @@ func TestPinnedHostMemory(t *testing.T) {
 	back := make([]byte, n)
 	require.NoError(t, d.CopyOut(back, p))
 	assert.Equal(t, h, back)
+	// asynchronous copies: page-locked memory only, complete at Sync
+	h2, err := d.AllocHost(n)
+	require.NoError(t, err)
+	for i := range h {
+		h[i] = byte(i * 3)
+	}
+	require.NoError(t, d.CopyInAsync(p, h))
+	require.NoError(t, d.CopyOutAsync(h2, p))
+	require.NoError(t, d.Sync())
+	assert.Equal(t, h, h2)
+	assert.ErrorContains(t, d.CopyInAsync(p, make([]byte, 16)), "not from AllocHost")
+	assert.ErrorContains(t, d.CopyOutAsync(make([]byte, 16), p), "not from AllocHost")
+	assert.ErrorContains(t, d.CopyInAsync(p+n-8, h[:16]), "outside every allocation")
+	require.NoError(t, d.FreeHost(h2))
 	require.NoError(t, d.FreeHost(h))
 	assert.Error(t, d.FreeHost(back))
 	_, err = d.AllocHost(4096) // freed by Close
@@ -482,6 +497,34 @@ func TestGraphCaptureAndSetParams(t *testing.T) {
 	assert.Error(t, g.SetParams(1, []uint64{0}), "parameter count")
 	assert.Error(t, g.SetParams(2, nil), "no third launch")
 
+	// copies from and to page-locked memory are captured too, and read
+	// and write it whenever the graph runs
+	in, err := d.AllocHost(4 * n)
+	require.NoError(t, err)
+	defer d.FreeHost(in)
+	out, err := d.AllocHost(4 * n)
+	require.NoError(t, err)
+	defer d.FreeHost(out)
+	g2, err := d.CaptureGraph(func() error {
+		if err := d.CopyInAsync(px, in); err != nil {
+			return err
+		}
+		if err := saxpy(3); err != nil {
+			return err
+		}
+		return d.CopyOutAsync(out, py)
+	})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, g2.Close()) }()
+	before := read()[7]
+	for round, xv := range []float32{1, 5} {
+		copy(in, f32bytes(slices.Repeat([]float32{xv}, n)))
+		require.NoError(t, g2.Replay())
+		require.NoError(t, d.Sync())
+		before += 3 * xv
+		assert.Equal(t, before, bytesf32(out)[7], "round %d reads the input as it is now", round)
+	}
+
 	_, err = d.CaptureGraph(func() error {
 		if err := saxpy(1); err != nil {
 			return err
@@ -491,7 +534,7 @@ func TestGraphCaptureAndSetParams(t *testing.T) {
 	require.Error(t, err, "a capture cannot synchronise")
 	require.NoError(t, saxpy(1), "the device still works")
 	require.NoError(t, d.Sync())
-	assert.Equal(t, float32(6*7+11*7+7), read()[7])
+	assert.Equal(t, before+5, read()[7], "y += x, with x = 5 from the last copy")
 }
 
 // adamDropout changes kernel arguments every step: Adam's bias correction

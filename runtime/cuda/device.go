@@ -69,6 +69,7 @@ const defaultMaxShared = 48 << 10
 var (
 	_ runtime.Device        = (*Device)(nil)
 	_ runtime.HostAllocator = (*Device)(nil)
+	_ runtime.AsyncCopier   = (*Device)(nil)
 	_ runtime.Grapher       = (*Device)(nil)
 	_ runtime.Timer         = (*Device)(nil)
 )
@@ -395,6 +396,61 @@ func (d *Device) sync(what string) error {
 // Sync waits for every launch and copy issued so far.
 func (d *Device) Sync() error {
 	return d.do(func() error { return d.sync("Sync") })
+}
+
+// pinnedRange checks that b lies inside one AllocHost allocation.
+func (d *Device) pinnedRange(op string, b []byte) error {
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	for base, n := range d.pinned {
+		lo := uintptr(unsafe.Pointer(base))
+		if p >= lo && p+uintptr(len(b)) <= lo+uintptr(n) {
+			return nil
+		}
+	}
+	return fmt.Errorf("cuda: %s of %d bytes: the host memory is not from AllocHost (asynchronous copies need page-locked memory)", op, len(b))
+}
+
+// CopyInAsync queues a copy of src, page-locked memory from AllocHost, to
+// dst on the stream and returns at once (runtime.AsyncCopier): src must
+// not change until the next Sync. Inside a Capture the copy becomes a node
+// of the graph, reading src whenever the graph runs.
+func (d *Device) CopyInAsync(dst runtime.Ptr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return d.do(func() error {
+		if err := d.inBounds("CopyInAsync", dst, len(src)); err != nil {
+			return err
+		}
+		if err := d.pinnedRange("CopyInAsync", src); err != nil {
+			return err
+		}
+		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst), unsafe.Pointer(unsafe.SliceData(src)), int64(len(src)), d.stream); err != nil {
+			return fmt.Errorf("cuda: cuMemcpyHtoDAsync of %d bytes to %#x: %w", len(src), uint64(dst), err)
+		}
+		return nil
+	})
+}
+
+// CopyOutAsync queues a copy from src to dst, page-locked memory from
+// AllocHost, and returns at once: dst holds the bytes after the next Sync.
+// Inside a Capture the copy becomes a node of the graph.
+func (d *Device) CopyOutAsync(dst []byte, src runtime.Ptr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return d.do(func() error {
+		if err := d.inBounds("CopyOutAsync", src, len(dst)); err != nil {
+			return err
+		}
+		if err := d.pinnedRange("CopyOutAsync", dst); err != nil {
+			return err
+		}
+		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), cu.DevicePtr(src), int64(len(dst)), d.stream); err != nil {
+			return fmt.Errorf("cuda: cuMemcpyDtoHAsync of %d bytes from %#x: %w", len(dst), uint64(src), err)
+		}
+		return nil
+	})
 }
 
 // AllocHost returns bytes of page-locked host memory: copies from and to it

@@ -50,9 +50,10 @@ type Session struct {
 
 	arenas [2]runtime.Ptr
 	// staging holds a batch's pixels and labels on their way to the
-	// device: page-locked memory on devices that have it
-	// (runtime.HostAllocator), reused from step to step.
-	staging [2][]byte
+	// device, and the graph's results on their way back: page-locked
+	// memory on devices that have it (runtime.HostAllocator), reused from
+	// step to step (see the stage* indices).
+	staging [numStaging][]byte
 	// params is reused for argument arrays.
 	params []uint64
 }
@@ -94,6 +95,17 @@ func (s *Session) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Staging buffers. The graph's have addresses of their own: its captured
+// copies read and write them at every replay.
+const (
+	stagePixels  = iota // uploads outside the graph
+	stageLabels         //
+	graphPixels         // read by the graph's copies
+	graphLabels         //
+	graphResults        // loss and correct, written by the graph's copies
+	numStaging
+)
 
 // stagingBuffer returns staging buffer i with n bytes, zeroed.
 func (s *Session) stagingBuffer(i, n int) ([]byte, error) {
@@ -184,31 +196,41 @@ func (s *Session) upload(st Step, b Batch) error {
 
 // uploadAs copies b into st's inputs, padded to batch samples.
 func (s *Session) uploadAs(st Step, b Batch, batch int) error {
-	sp := s.Spec
-	n := sp.H * sp.W * sp.C
-	if b.Valid < 1 || b.Valid > batch || len(b.Pixels) != b.Valid*n || len(b.Labels) != b.Valid {
-		return fmt.Errorf("trainer: a batch of %d valid samples needs %d pixels and %d labels, got %d and %d (compiled batch %d)",
-			b.Valid, b.Valid*n, b.Valid, len(b.Pixels), len(b.Labels), batch)
-	}
-	px, err := s.stagingBuffer(0, batch*n)
+	px, lb, err := s.stageBatch(b, batch, stagePixels, stageLabels)
 	if err != nil {
 		return err
 	}
-	copy(px, b.Pixels)
 	if err := s.Dev.CopyIn(s.addr(st.Images.Arena, st.Images.Offset), px); err != nil {
 		return err
 	}
-	lb, err := s.stagingBuffer(1, 4*batch)
-	if err != nil {
-		return err
+	return s.Dev.CopyIn(s.addr(st.Labels.Arena, st.Labels.Offset), lb)
+}
+
+// stageBatch checks b and writes it, padded to batch samples, into the
+// staging buffers pi (pixels, uint8 HWC) and li (labels, int32).
+func (s *Session) stageBatch(b Batch, batch, pi, li int) (px, lb []byte, err error) {
+	sp := s.Spec
+	n := sp.H * sp.W * sp.C
+	if b.Valid < 1 || b.Valid > batch || len(b.Pixels) != b.Valid*n || len(b.Labels) != b.Valid {
+		return nil, nil, fmt.Errorf("trainer: a batch of %d valid samples needs %d pixels and %d labels, got %d and %d (compiled batch %d)",
+			b.Valid, b.Valid*n, b.Valid, len(b.Pixels), len(b.Labels), batch)
 	}
 	for i, l := range b.Labels {
 		if l < 0 || int(l) >= sp.Classes {
-			return fmt.Errorf("trainer: label %d of sample %d is outside [0,%d)", l, i, sp.Classes)
+			return nil, nil, fmt.Errorf("trainer: label %d of sample %d is outside [0,%d)", l, i, sp.Classes)
 		}
+	}
+	if px, err = s.stagingBuffer(pi, batch*n); err != nil {
+		return nil, nil, err
+	}
+	if lb, err = s.stagingBuffer(li, 4*batch); err != nil {
+		return nil, nil, err
+	}
+	copy(px, b.Pixels)
+	for i, l := range b.Labels {
 		binary.LittleEndian.PutUint32(lb[4*i:], uint32(l))
 	}
-	return s.Dev.CopyIn(s.addr(st.Labels.Arena, st.Labels.Offset), lb)
+	return px, lb, nil
 }
 
 func (s *Session) run(st Step, valid int) error {
@@ -278,13 +300,52 @@ func (s *Session) readScalars(st Step) (float32, int, error) {
 	return loss[0], int(correct[0]), nil
 }
 
+// stagesInGraph says whether the graph also carries the step's copies:
+// the batch in from page-locked staging buffers and the loss and correct
+// count back out, queued without waiting (runtime.AsyncCopier), so that a
+// step costs one graph launch and one synchronisation.
+func (s *Session) stagesInGraph() bool {
+	_, pinned := s.Dev.(runtime.HostAllocator)
+	_, async := s.Dev.(runtime.AsyncCopier)
+	return pinned && async
+}
+
+// captureStep queues the training step for a capture: its launches, and
+// with stagesInGraph its copies.
+func (s *Session) captureStep(valid int) error {
+	st := s.Spec.Train
+	ac, staged := s.Dev.(runtime.AsyncCopier)
+	staged = staged && s.stagesInGraph()
+	if staged {
+		if err := ac.CopyInAsync(s.addr(st.Images.Arena, st.Images.Offset), s.staging[graphPixels]); err != nil {
+			return err
+		}
+		if err := ac.CopyInAsync(s.addr(st.Labels.Arena, st.Labels.Offset), s.staging[graphLabels]); err != nil {
+			return err
+		}
+	}
+	if err := s.launch(st, valid); err != nil {
+		return err
+	}
+	if staged {
+		res := s.staging[graphResults]
+		if err := ac.CopyOutAsync(res[:4], s.addr(st.Loss.Arena, st.Loss.Offset)); err != nil {
+			return err
+		}
+		if err := ac.CopyOutAsync(res[4:8], s.addr(st.Correct.Arena, st.Correct.Offset)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // prepareGraph readies the graph of the training step for this step:
 // captured on the first call, then the launches whose arguments changed
 // get this step's values.
 func (s *Session) prepareGraph(g runtime.Grapher, valid int) error {
 	st := s.Spec.Train
 	if s.graph == nil {
-		r, err := g.CaptureGraph(func() error { return s.launch(st, valid) })
+		r, err := g.CaptureGraph(func() error { return s.captureStep(valid) })
 		if err != nil {
 			return fmt.Errorf("capturing the training step as a CUDA graph: %w", err)
 		}
@@ -310,22 +371,25 @@ func (s *Session) prepareGraph(g runtime.Grapher, valid int) error {
 	return nil
 }
 
-// step runs the training step's launches, as a graph when the session
-// uses graphs (from its second step). A graph that cannot be captured or
-// updated is reported through Warnf, when set, and the session goes on
-// launching kernel by kernel; a failure while the graph runs is the step's.
-func (s *Session) step(valid int) error {
-	g, ok := s.Dev.(runtime.Grapher)
-	if !ok || !s.UseGraphs {
-		return s.run(s.Spec.Train, valid)
+// graphStep runs a training step as the graph. A graph that cannot be
+// captured or updated is reported through Warnf, when set, and the
+// session goes on launching kernel by kernel (fellBack); a failure while
+// the graph runs is the step's.
+func (s *Session) graphStep(g runtime.Grapher, b Batch) (loss float32, correct int, fellBack bool, err error) {
+	staged := s.stagesInGraph()
+	if staged {
+		if _, _, err := s.stageBatch(b, s.Spec.Batch, graphPixels, graphLabels); err != nil {
+			return 0, 0, false, err
+		}
+		if _, err := s.stagingBuffer(graphResults, 8); err != nil {
+			return 0, 0, false, err
+		}
+	} else if err := s.upload(s.Spec.Train, b); err != nil {
+		return 0, 0, false, err
 	}
-	s.graphSteps++
-	if s.graphSteps == 1 {
-		return s.run(s.Spec.Train, valid)
-	}
-	if err := s.prepareGraph(g, valid); err != nil {
+	if err := s.prepareGraph(g, b.Valid); err != nil {
 		if s.Warnf == nil {
-			return err
+			return 0, 0, false, err
 		}
 		s.Warnf("%v; launching kernels one by one", err)
 		s.UseGraphs = false
@@ -333,21 +397,46 @@ func (s *Session) step(valid int) error {
 			s.graph.Close()
 			s.graph = nil
 		}
-		return s.run(s.Spec.Train, valid)
+		return 0, 0, true, nil
 	}
 	if err := s.graph.Replay(); err != nil {
-		return err
+		return 0, 0, false, err
 	}
-	return s.Dev.Sync()
+	if err := s.Dev.Sync(); err != nil {
+		return 0, 0, false, err
+	}
+	if !staged {
+		loss, correct, err = s.readScalars(s.Spec.Train)
+		return loss, correct, false, err
+	}
+	res := bytesf32(s.staging[graphResults])
+	return res[0], int(res[1]), false, nil
 }
 
 // TrainStep runs one training step (forward, backward, update) and
-// returns the batch's mean loss and correct predictions.
+// returns the batch's mean loss and correct predictions. With UseGraphs on
+// a device that can (runtime.Grapher) the step runs as one graph from the
+// session's second step on (the first launches kernel by kernel, so that
+// each kernel is loaded and its shared memory limit raised outside the
+// capture).
 func (s *Session) TrainStep(b Batch) (float32, int, error) {
+	if g, ok := s.Dev.(runtime.Grapher); ok && s.UseGraphs {
+		s.graphSteps++
+		if s.graphSteps > 1 {
+			loss, correct, fellBack, err := s.graphStep(g, b)
+			if err != nil {
+				return 0, 0, fmt.Errorf("step %d: %w", s.Step, err)
+			}
+			if !fellBack {
+				s.Step++
+				return loss, correct, nil
+			}
+		}
+	}
 	if err := s.upload(s.Spec.Train, b); err != nil {
 		return 0, 0, err
 	}
-	if err := s.step(b.Valid); err != nil {
+	if err := s.run(s.Spec.Train, b.Valid); err != nil {
 		return 0, 0, fmt.Errorf("step %d: %w", s.Step, err)
 	}
 	s.Step++
