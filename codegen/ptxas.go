@@ -176,3 +176,50 @@ func WritePtxasReport(w io.Writer, prog *Program, ks []PtxasKernel) {
 		fmt.Fprintf(w, "%-6s %5d %6d %8d %6d %8d %8d  %s\n", k.Arch, k.Registers, k.SharedBytes, dynamic[k.Name], k.StackFrame, k.SpillStores, k.SpillLoads, k.Name)
 	}
 }
+
+// Per-block limits of the GPU targets: a launch beyond them fails on the
+// device with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES or INVALID_VALUE, which
+// no CPU emulation shows, so they are checked against ptxas's report.
+var blockLimits = map[string]struct {
+	registers   int // the register file one block may use
+	sharedBytes int // static + dynamic shared memory after opting in
+}{
+	"sm_80": {65536, 163 << 10}, // A100
+	"sm_90": {65536, 227 << 10}, // H100, H200
+}
+
+// CheckLaunchResources checks every launch of prog against the per-block
+// limits of each architecture in ks: registers (ptxas's count per thread,
+// allocated in units of 8 per thread and whole warps) times threads, and
+// static plus dynamic shared memory. It returns one error per launch and
+// architecture that would not start.
+func CheckLaunchResources(prog *Program, ks []PtxasKernel) []error {
+	var errs []error
+	byKernel := map[string][]PtxasKernel{}
+	for _, k := range ks {
+		byKernel[k.Name] = append(byKernel[k.Name], k)
+	}
+	seen := map[string]bool{}
+	for _, l := range prog.Launches {
+		threads := int(l.Block[0] * l.Block[1] * l.Block[2])
+		for _, k := range byKernel[l.Kernel] {
+			lim, ok := blockLimits[k.Arch]
+			if !ok {
+				continue
+			}
+			key := fmt.Sprintf("%s/%s/%d/%d", k.Arch, l.Kernel, threads, l.SharedBytes)
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			regs := (k.Registers + 7) / 8 * 8 * ((threads + 31) / 32 * 32)
+			if regs > lim.registers {
+				errs = append(errs, fmt.Errorf("%s on %s: %d threads x %d registers need %d of the block's %d", l.Kernel, k.Arch, threads, k.Registers, regs, lim.registers))
+			}
+			if shared := k.SharedBytes + l.SharedBytes; shared > lim.sharedBytes {
+				errs = append(errs, fmt.Errorf("%s on %s: %d bytes of static and %d of dynamic shared memory exceed the block's %d", l.Kernel, k.Arch, k.SharedBytes, l.SharedBytes, lim.sharedBytes))
+			}
+		}
+	}
+	return errs
+}

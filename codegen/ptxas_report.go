@@ -4,7 +4,8 @@
 // on the command line, generates its training step's kernels and prints
 // what ptxas reports about each one for every GPU target: registers,
 // static and dynamic shared memory, stack frame and spills. It exits 1 if
-// any kernel spills or uses a local-memory stack frame.
+// any kernel spills or uses a local-memory stack frame, or if a launch
+// needs more registers or shared memory than a block may have.
 //
 //	go run codegen/ptxas_report.go [-batch 32] examples/simplecnn.cnn ...
 package main
@@ -48,10 +49,14 @@ func main() {
 				dirty++
 			}
 		}
+		for _, err := range codegen.CheckLaunchResources(prog, ks) {
+			fmt.Printf("DOES NOT FIT: %v\n", err)
+			dirty++
+		}
 		fmt.Println()
 	}
 	if dirty > 0 {
-		fmt.Printf("%d kernels spill or use a local-memory stack frame\n", dirty)
+		fmt.Printf("%d kernels spill, use a local-memory stack frame, or need more registers or shared memory than a block has\n", dirty)
 		os.Exit(1)
 	}
 }

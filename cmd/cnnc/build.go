@@ -108,7 +108,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			}
 			var tags []string
 			if target == "cuda" {
-				fatbin, err := trainergen.CompileFatbin(c.Kernels)
+				fatbin, err := trainergen.CompileFatbinFor(c.Spec, c.Kernels)
 				if err != nil {
 					fmt.Fprintf(stderr, "cnnc: %v\n", err)
 					return exitError{exitModel}

@@ -65,7 +65,7 @@ without the tag, the same package runs on the CPU.`,
 			}
 			var fatbin []byte
 			if withCUDA {
-				if fatbin, err = trainergen.CompileFatbin(c.Kernels); err != nil {
+				if fatbin, err = trainergen.CompileFatbinFor(c.Spec, c.Kernels); err != nil {
 					fmt.Fprintf(stderr, "cnnc gen --cuda: %v\n", err)
 					return exitError{exitModel}
 				}

@@ -198,3 +198,27 @@ func TestBuildCUDATrainer(t *testing.T) {
 		assert.Contains(t, string(out), "built for CUDA")
 	}
 }
+
+// A CUDA build checks every launch against ptxas's registers and shared
+// memory for each target: what fits builds, what would fail at launch on
+// the GPU fails the build, naming the kernel.
+func TestCompileFatbinForChecksLaunches(t *testing.T) {
+	nvcc.Require(t)
+	c := compileExample(t, filepath.Join(moduleRoot(t), "examples/mnist.cnn"), 0)
+	fatbin, err := trainergen.CompileFatbinFor(c.Spec, c.Kernels)
+	require.NoError(t, err)
+	assert.Equal(t, uint32(fatbinMagic), binary.LittleEndian.Uint32(fatbin))
+
+	spec := *c.Spec
+	spec.Train.Launches = append([]trainer.Launch(nil), spec.Train.Launches...)
+	spec.Train.Launches[0].SharedBytes = 200 << 10 // more than an A100 block has
+	_, err = trainergen.CompileFatbinFor(&spec, c.Kernels)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), spec.Train.Launches[0].Kernel+" on sm_80:")
+	assert.Contains(t, err.Error(), "exceed the block's 166912")
+	assert.NotContains(t, err.Error(), "on sm_90", "227 KiB fit an H100 block")
+
+	spec.Train.Launches[0].Kernel = "not_a_kernel"
+	_, err = trainergen.CompileFatbinFor(&spec, c.Kernels)
+	assert.ErrorContains(t, err, "ptxas reported on kernel not_a_kernel for 0 of the 2 targets")
+}

@@ -1,12 +1,16 @@
 package trainergen
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
+	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/nvcc"
+	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
 // FatbinArgs are nvcc's flags for a trainer's kernels, before the -o and
@@ -20,35 +24,78 @@ func FatbinArgs() []string {
 // fatbin a CUDA trainer embeds (runtime/cuda loads it). It needs nvcc, not
 // a GPU. A failure includes nvcc's output.
 func CompileFatbin(cuSource []byte) ([]byte, error) {
+	fatbin, _, err := compileFatbin(cuSource)
+	return fatbin, err
+}
+
+// CompileFatbinFor compiles spec's kernels as CompileFatbin does and
+// checks every launch of its steps against ptxas's report for each
+// target: a block that needs more registers or shared memory than the
+// GPU has would fail there at launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
+// so it fails the build instead, naming the kernel and the numbers.
+func CompileFatbinFor(spec *trainer.Spec, cuSource []byte) ([]byte, error) {
+	fatbin, ks, err := compileFatbin(cuSource)
+	if err != nil {
+		return nil, err
+	}
+	prog := &codegen.Program{}
+	for _, st := range []trainer.Step{spec.Train, spec.Eval} {
+		for _, l := range st.Launches {
+			prog.Launches = append(prog.Launches, &codegen.Launch{Kernel: l.Kernel, Grid: l.Grid, Block: l.Block, SharedBytes: l.SharedBytes})
+		}
+	}
+	reported := map[string]int{}
+	for _, k := range ks {
+		reported[k.Name]++
+	}
+	for _, l := range prog.Launches {
+		if reported[l.Kernel] < len(nvcc.Targets) {
+			return nil, fmt.Errorf("trainergen: ptxas reported on kernel %s for %d of the %d targets", l.Kernel, reported[l.Kernel], len(nvcc.Targets))
+		}
+	}
+	if errs := codegen.CheckLaunchResources(prog, ks); len(errs) > 0 {
+		return nil, fmt.Errorf("trainergen: launches that would not start on the GPU: %w", errors.Join(errs...))
+	}
+	return fatbin, nil
+}
+
+// compileFatbin runs nvcc with ptxas's report (-Xptxas -v) and returns the
+// fatbin and the report.
+func compileFatbin(cuSource []byte) ([]byte, []codegen.PtxasKernel, error) {
 	if len(cuSource) == 0 {
-		return nil, fmt.Errorf("trainergen: no CUDA source to compile")
+		return nil, nil, fmt.Errorf("trainergen: no CUDA source to compile")
 	}
 	dir, err := os.MkdirTemp("", "cnnc-fatbin-")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer os.RemoveAll(dir)
 	src := filepath.Join(dir, "kernels.cu")
 	out := filepath.Join(dir, "kernels.fatbin")
 	if err := os.WriteFile(src, cuSource, 0o644); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if _, err := nvcc.Run(append(FatbinArgs(), "-o", out, src)...); err != nil {
-		return nil, fmt.Errorf("trainergen: compiling the kernels to a fatbin: %w", err)
+	report, err := nvcc.Run(append(FatbinArgs(), "-Xptxas", "-v", "-o", out, src)...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trainergen: compiling the kernels to a fatbin: %w", err)
+	}
+	ks, err := codegen.ParsePtxas(bytes.NewReader(report))
+	if err != nil {
+		return nil, nil, fmt.Errorf("trainergen: reading ptxas's report: %w", err)
 	}
 	fatbin, err := os.ReadFile(out)
 	if err != nil {
-		return nil, fmt.Errorf("trainergen: nvcc wrote no fatbin: %w", err)
+		return nil, nil, fmt.Errorf("trainergen: nvcc wrote no fatbin: %w", err)
 	}
 	if len(fatbin) == 0 {
-		return nil, fmt.Errorf("trainergen: nvcc wrote an empty fatbin")
+		return nil, nil, fmt.Errorf("trainergen: nvcc wrote an empty fatbin")
 	}
 	if dir := fakecuda.Dir(); dir != "" {
 		// Under the fake CUDA driver (tests without a GPU), the fatbin's kernels run on the
 		// CPU emulator: give the driver their emulator library.
 		if err := fakecuda.Register(dir, fatbin, cuSource); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return fatbin, nil
+	return fatbin, ks, nil
 }
