@@ -140,11 +140,12 @@ func TestNoCUDADriverWithoutTag(t *testing.T) {
 	assert.Equal(t, []string{"github.com/cnnc/cnnc/runtime/cuda"}, importers)
 }
 
-// runtime/cuda compiles and vets with its tag (cgo against cuda.h and
-// libcuda; no GPU needed).
+// The whole module compiles and vets with the cuda tag: runtime/cuda (cgo
+// against cuda.h and libcuda; no GPU needed), its tests, and everything
+// that builds differently with the tag.
 func TestVetCUDABackend(t *testing.T) {
 	nvcc.Require(t) // the toolkit brings cuda.h
-	out, err := goCmd(t, moduleRoot(t), "vet", "-tags", "cuda", "./runtime/cuda/...")
+	out, err := goCmd(t, moduleRoot(t), "vet", "-tags", "cuda", "./...")
 	require.NoError(t, err, out)
 }
 
