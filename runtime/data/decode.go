@@ -53,6 +53,9 @@ func decodeImage(encoded []byte, channels int) (pix []uint8, w, h int, err error
 	if err != nil {
 		return nil, 0, 0, describeDecodeError(err, format)
 	}
+	if format == "gif" {
+		img = withGIFTransparentColour(img, encoded)
+	}
 	pix, w, h = convertChannels(img, channels, format)
 	return pix, w, h, nil
 }
@@ -188,8 +191,8 @@ func convertChannels(img image.Image, channels int, format string) (pix []uint8,
 			}
 		}
 	case *image.Paletted:
-		// Convert the palette once; a transparent GIF entry is black here
-		// because Go's GIF decoder replaces its colour.
+		// Convert the palette once (a GIF's transparent entry has had its
+		// colour restored by decodeImage).
 		var lut [256][3]uint8
 		for i, c := range m.Palette {
 			lut[i] = straightRGB(c)
