@@ -101,6 +101,9 @@ def main():
     if fake:
         d = os.path.abspath(args.fake)
         env = {"CNNC_FAKECUDA": d, "LD_LIBRARY_PATH": d + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else "")}
+        # like the GPU machine: no Go (the bundle must not need it)
+        env["PATH"] = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                      if p and not os.path.exists(os.path.join(p, "go")))
     elif gpu and shutil.which("nvidia-smi") is None:
         sys.exit("gpu_check: no nvidia-smi here: run it on the GPU machine, or pass --cpu or --fake DIR")
     run = Run(args.out, "cuda" if gpu else "cpu", env if fake else None)

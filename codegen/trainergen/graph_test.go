@@ -2,6 +2,8 @@ package trainergen_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -132,21 +134,6 @@ func (r *replay) SetParams(i int, params []uint64) error {
 
 func (r *replay) Close() error { return nil }
 
-// adamDropout is a model whose step changes kernel arguments every step:
-// Adam's bias correction reads the step number, dropout's masks the seed
-// and step.
-const adamDropout = `model AD(image: f32[1,28,28], label: class[10]) {
-    conv1 = conv2d(image, out=4, kernel=3)
-    relu1 = relu(conv1)
-    pool1 = maxpool(relu1, kernel=2)
-    fc1   = linear(flatten(pool1), out=32)
-    r1    = relu(fc1)
-    d1    = dropout(r1, p=0.25)
-    fc2   = linear(d1, out=10)
-    loss  = cross_entropy(fc2, label)
-}
-train { optimizer = adam(lr=0.002, weight_decay=0.01) }
-`
 
 // The step replayed as a graph equals the step launched kernel by kernel
 // for SGD (examples/mnist.cnn) and for Adam with dropout, partial batches
@@ -157,7 +144,9 @@ func TestSessionReplaysTheStepAsAGraph(t *testing.T) {
 	models := map[string]*trainergen.Compiled{
 		"mnist.cnn": compileExample(t, "../../examples/mnist.cnn", batch),
 	}
-	res, err := compiler.CompileSource("adam_dropout.cnn", []byte(adamDropout), compiler.Options{Batch: batch})
+	adamDropout, err := os.ReadFile(filepath.Join(moduleRoot(t), "examples/adam_dropout.cnn"))
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("adam_dropout.cnn", adamDropout, compiler.Options{Batch: batch})
 	require.NoError(t, err)
 	models["adam_dropout.cnn"], err = trainergen.Compile(res, 0, "")
 	require.NoError(t, err)
@@ -281,7 +270,9 @@ func TestSessionStagesUploadsInHostMemory(t *testing.T) {
 // no Warnf the step fails instead.
 func TestSessionFallsBackWhenGraphsFail(t *testing.T) {
 	const batch = 8
-	res, err := compiler.CompileSource("adam_dropout.cnn", []byte(adamDropout), compiler.Options{Batch: batch})
+	adamDropout, err := os.ReadFile(filepath.Join(moduleRoot(t), "examples/adam_dropout.cnn"))
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("adam_dropout.cnn", adamDropout, compiler.Options{Batch: batch})
 	require.NoError(t, err)
 	c, err := trainergen.Compile(res, 0, "")
 	require.NoError(t, err)

@@ -14,9 +14,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
@@ -30,6 +28,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/examples"
 	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime"
@@ -537,21 +536,6 @@ func TestGraphCaptureAndSetParams(t *testing.T) {
 	assert.Equal(t, before+5, read()[7], "y += x, with x = 5 from the last copy")
 }
 
-// adamDropout changes kernel arguments every step: Adam's bias correction
-// reads the step number, dropout's masks the seed and step.
-const adamDropout = `model AD(image: f32[1,28,28], label: class[10]) {
-    conv1 = conv2d(image, out=4, kernel=3)
-    relu1 = relu(conv1)
-    pool1 = maxpool(relu1, kernel=2)
-    fc1   = linear(flatten(pool1), out=32)
-    r1    = relu(fc1)
-    d1    = dropout(r1, p=0.25)
-    fc2   = linear(d1, out=10)
-    loss  = cross_entropy(fc2, label)
-}
-train { optimizer = adam(lr=0.002, weight_decay=0.01) }
-`
-
 // Models as their trainers run them (trainergen.Compile: planned arena,
 // training and evaluation kernels): a trainer.Session on the GPU launching
 // kernel by kernel, one replaying the step as a CUDA graph, and one on the
@@ -559,9 +543,13 @@ train { optimizer = adam(lr=0.002, weight_decay=0.01) }
 // losses and parameters.
 func TestTrainerSessionMatchesEmulator(t *testing.T) {
 	nvcc.Require(t)
-	mnist, err := os.ReadFile(filepath.Join(moduleRoot(t), "examples/mnist.cnn"))
+	// embedded: the GPU bundle runs this binary where there is no Go tree
+	mnist, err := examples.Models.ReadFile("mnist.cnn")
 	require.NoError(t, err)
-	for name, src := range map[string][]byte{"mnist.cnn": mnist, "adam_dropout.cnn": []byte(adamDropout)} {
+	// Adam's bias correction and dropout's masks change arguments every step
+	adamDropout, err := examples.Models.ReadFile("adam_dropout.cnn")
+	require.NoError(t, err)
+	for name, src := range map[string][]byte{"mnist.cnn": mnist, "adam_dropout.cnn": adamDropout} {
 		t.Run(name, func(t *testing.T) { sessionsAgree(t, name, src) })
 	}
 }
@@ -649,13 +637,4 @@ func sessionsAgree(t *testing.T, name string, src []byte) {
 	// the graph replays exactly what the launches do on the same device
 	assert.Equal(t, runs[0].losses, runs[1].losses)
 	assert.Equal(t, runs[0].params, runs[1].params)
-}
-
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	require.NoError(t, err)
-	gomod := strings.TrimSpace(string(out))
-	require.NotEmpty(t, gomod)
-	return filepath.Dir(gomod)
 }
