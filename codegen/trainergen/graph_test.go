@@ -134,7 +134,6 @@ func (r *replay) SetParams(i int, params []uint64) error {
 
 func (r *replay) Close() error { return nil }
 
-
 // The step replayed as a graph equals the step launched kernel by kernel
 // for SGD (examples/mnist.cnn) and for Adam with dropout, partial batches
 // included: one capture serves every step, and only the launches whose
