@@ -76,15 +76,24 @@ func TestCUDATrainerUnderFakeDriver(t *testing.T) {
 	require.Len(t, cpuLoss, 5)
 	assert.Equal(t, cpuLoss, cudaLoss, "CUDA device with graphs vs CPU device")
 	assert.Equal(t, cpuLoss, plainLoss, "CUDA device launching kernel by kernel vs CPU device")
-	a, err := checkpoint.Read(filepath.Join(dir, "cuda.safetensors"))
-	require.NoError(t, err)
-	b, err := checkpoint.Read(filepath.Join(dir, "cpu.safetensors"))
-	require.NoError(t, err)
-	require.Equal(t, len(b.Tensors), len(a.Tensors))
-	for i := range b.Tensors {
-		assert.Equal(t, b.Tensors[i].Name, a.Tensors[i].Name)
-		assert.Equal(t, b.Tensors[i].Data, a.Tensors[i].Data, b.Tensors[i].Name)
+	// 3 steps, then --resume for 2 more: the graph is captured again in
+	// the resumed run, its step-dependent arguments from the checkpoint
+	_, first := runLogged("part", "--device", "cuda", "--max-steps", "3")
+	_, rest := runLogged("resumed", "--device", "cuda", "--max-steps", "2", "--resume", filepath.Join(dir, "part.safetensors"))
+	assert.Equal(t, cpuLoss, append(first, rest...), "3 steps and 2 resumed vs 5 on the CPU")
+	sameTensors := func(x, y string) {
+		a, err := checkpoint.Read(filepath.Join(dir, x+".safetensors"))
+		require.NoError(t, err)
+		b, err := checkpoint.Read(filepath.Join(dir, y+".safetensors"))
+		require.NoError(t, err)
+		require.Equal(t, len(b.Tensors), len(a.Tensors))
+		for i := range b.Tensors {
+			assert.Equal(t, b.Tensors[i].Name, a.Tensors[i].Name)
+			assert.Equal(t, b.Tensors[i].Data, a.Tensors[i].Data, "%s vs %s: %s", x, y, b.Tensors[i].Name)
+		}
 	}
+	sameTensors("cuda", "cpu")
+	sameTensors("resumed", "cpu")
 
 	// no GPU: the driver cannot start, and the trainer says what to do
 	// before gorgonia.org/cu's init would exit with a bare message
