@@ -1,18 +1,26 @@
 #!/usr/bin/python3
-"""PyTorch's side of cnnc's checkpoint test (codegen/trainergen,
-TestCheckpointInPyTorch): loads a cnnc checkpoint into the OOM guide's
-SimpleCNN (with the 2x2 max-pools that make fc1's 32*30*30 inputs right)
-with load_state_dict(strict=True), evaluates a batch, takes one
-torch.optim.SGD step on it (momentum 0.9, as examples/simplecnn.cnn), and
-writes the updated parameters as a safetensors file for cnnc to compare.
+"""PyTorch's side of cnnc's checkpoint tests (codegen/trainergen,
+TestCheckpointInPyTorch): loads a cnnc checkpoint into the PyTorch model
+of the same layers — the OOM guide's SimpleCNN (with the 2x2 max-pools that
+make fc1's 32*30*30 inputs right) or examples/mnist.cnn's MNISTNet — with
+load_state_dict(strict=True), evaluates a batch, takes STEPS steps of the
+torch.optim optimizer the checkpoint's metadata names (sgd, adam or adamw
+with their settings) on it, and writes the parameters as a safetensors
+file for cnnc to compare: OUT from float32 (what PyTorch users get), and
+OUT.f64 from the same steps in float64, the truth both float32 runs are
+measured against (Adam turns float32 rounding of tiny gradients into
+visible update differences, so two float32 runs differ by more than
+either differs from the truth).
 
-Usage: torch_checkpoint.py CHECKPOINT PIXELS LABELS N OUT
-  PIXELS: N*128*128*3 uint8 (HWC, as cnnc's loader gives them)
+Usage: torch_checkpoint.py MODEL CHECKPOINT PIXELS LABELS N STEPS OUT
+  MODEL: simplecnn or mnist
+  PIXELS: N images, uint8 HWC (as cnnc's loader gives them)
   LABELS: N int32, little endian
 Prints one JSON object: the evaluation loss and correct count.
 No safetensors package is needed: the format is a JSON header and bytes.
 """
 import json
+import re
 import struct
 import sys
 
@@ -36,6 +44,38 @@ class SimpleCNN(nn.Module):
         x = self.fc1(x)
         x = self.fc2(x)
         return x
+
+
+class MNISTNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc1 = nn.Linear(16 * 7 * 7, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+MODELS = {"simplecnn": (SimpleCNN, (128, 128, 3)), "mnist": (MNISTNet, (28, 28, 1))}
+
+
+def optimizer(spec, params):
+    """torch.optim's optimizer for cnnc's "sgd(lr=..,momentum=..,...)" or
+    "adam(lr=..,betas=[..,..],eps=..,weight_decay=..)" (adamw alike)."""
+    m = re.fullmatch(r"(\w+)\((.*)\)", spec)
+    name, args = m.group(1), {}
+    for k, v in re.findall(r"(\w+)=(\[[^\]]*\]|[^,]+)", m.group(2)):
+        args[k] = [float(x) for x in v.strip("[]").split(",")] if v.startswith("[") else v
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=float(args["lr"]), momentum=float(args["momentum"]),
+                               nesterov=args["nesterov"] == "true", weight_decay=float(args["weight_decay"]))
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
+    return cls(params, lr=float(args["lr"]), betas=tuple(args["betas"]), eps=float(args["eps"]),
+               weight_decay=float(args["weight_decay"]))
 
 
 def read_safetensors(path):
@@ -66,27 +106,40 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def main():
-    ck, pixels, labels, n, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
-    tensors, meta = read_safetensors(ck)
-    model = SimpleCNN()
-    state = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
-    model.load_state_dict(state, strict=True)  # names, shapes and layouts must all match
-    with open(pixels, "rb") as f:
-        x = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).reshape(n, 128, 128, 3)
-    x = x.permute(0, 3, 1, 2).contiguous().float() / 255  # ToTensor: CHW
-    with open(labels, "rb") as f:
-        y = torch.tensor(struct.unpack(f"<{n}i", f.read())).long()
+def train(cls, state, x, y, spec, steps, dtype):
+    model = cls().to(dtype)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
+    x = x.to(dtype)
     with torch.no_grad():
         logits = model(x)
         loss = F.cross_entropy(logits, y).item()
         correct = int((logits.argmax(1) == y).sum())
-    opt = torch.optim.SGD(model.parameters(), lr=float(meta.get("lr", 0.01)), momentum=0.9)
-    opt.zero_grad()
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
-    write_safetensors(out, dict(model.state_dict()))
-    print(json.dumps({"loss": loss, "correct": correct, "torch": torch.__version__}))
+    opt = optimizer(spec, model.parameters())
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return loss, correct, {k: v.float() for k, v in model.state_dict().items()}
+
+
+def main():
+    model_name, ck, pixels, labels, n, steps, out = sys.argv[1:8]
+    n, steps = int(n), int(steps)
+    cls, (h, w, c) = MODELS[model_name]
+    tensors, meta = read_safetensors(ck)
+    state = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
+    # names, shapes and layouts must all match
+    cls().load_state_dict(state, strict=True)
+    with open(pixels, "rb") as f:
+        x = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).reshape(n, h, w, c)
+    x = x.permute(0, 3, 1, 2).contiguous().float() / 255  # ToTensor: CHW
+    with open(labels, "rb") as f:
+        y = torch.tensor(struct.unpack(f"<{n}i", f.read())).long()
+    loss, correct, params = train(cls, state, x, y, meta["optimizer"], steps, torch.float32)
+    write_safetensors(out, params)
+    _, _, params64 = train(cls, state, x, y, meta["optimizer"], steps, torch.float64)
+    write_safetensors(out + ".f64", params64)
+    print(json.dumps({"loss": loss, "correct": correct, "optimizer": meta["optimizer"], "torch": torch.__version__}))
 
 
 if __name__ == "__main__":
