@@ -7,18 +7,24 @@ import struct
 import sys
 
 
-def load(path):
+def read(path):
+    """A safetensors file's tensors as (header entry, bytes) by name, and its
+    metadata. The format is an 8-byte header length, a JSON header, bytes."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
         body = f.read()
-    out = {}
+    meta = header.pop("__metadata__", {})
+    tensors = {}
     for name, e in header.items():
-        if name == "__metadata__":
-            continue
         a, b = e["data_offsets"]
-        out[name] = struct.unpack(f"<{(b - a) // 4}f", body[a:b])
-    return out
+        tensors[name] = (e, body[a:b])
+    return tensors, meta
+
+
+def load(path):
+    """The float32 tensors of a checkpoint, flat, by name."""
+    return {name: struct.unpack(f"<{len(data) // 4}f", data) for name, (_, data) in read(path)[0].items()}
 
 
 def main():

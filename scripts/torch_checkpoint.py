@@ -20,44 +20,19 @@ Prints one JSON object: the evaluation loss and correct count.
 No safetensors package is needed: the format is a JSON header and bytes.
 """
 import json
+import os
 import re
 import struct
 import sys
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 
-class SimpleCNN(nn.Module):
-    def __init__(self):
-        super(SimpleCNN, self).__init__()
-        self.conv1 = nn.Conv2d(3, 16, kernel_size=3)
-        self.conv2 = nn.Conv2d(16, 32, kernel_size=3)
-        self.fc1 = nn.Linear(32 * 30 * 30, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(nn.ReLU()(self.conv1(x)), 2)
-        x = F.max_pool2d(nn.ReLU()(self.conv2(x)), 2)
-        x = x.view(x.size(0), -1)
-        x = self.fc1(x)
-        x = self.fc2(x)
-        return x
-
-
-class MNISTNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
-        self.fc1 = nn.Linear(16 * 7 * 7, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
-        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "bench")]
+from compare_safetensors import read  # noqa: E402
+from torch_train import MNISTNet, SimpleCNN  # noqa: E402  (the guide's SimpleCNN, pools added)
 
 
 MODELS = {"simplecnn": (SimpleCNN, (128, 128, 3)), "mnist": (MNISTNet, (28, 28, 1))}
@@ -79,18 +54,12 @@ def optimizer(spec, params):
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        body = f.read()
+    tensors, meta = read(path)
     out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
+    for name, (e, data) in tensors.items():
         assert e["dtype"] == "F32", (name, e["dtype"])
-        a, b = e["data_offsets"]
-        out[name] = torch.frombuffer(bytearray(body[a:b]), dtype=torch.float32).reshape(e["shape"])
-    return out, header.get("__metadata__", {})
+        out[name] = torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(e["shape"])
+    return out, meta
 
 
 def write_safetensors(path, tensors):
