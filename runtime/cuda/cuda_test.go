@@ -348,7 +348,9 @@ func TestFaultChild(t *testing.T) {
 // driver a wild write crashes the process) and a __trap().
 func TestFaultNamesKernel(t *testing.T) {
 	testFatbin(t)
-	for _, fault := range []struct{ kernel, err string }{{"wild", "IllegalAddress"}, {"trap", "LaunchFailed"}} {
+	// __trap() stops the kernel with "unspecified launch failure" on some
+	// GPUs and "illegal instruction" on others (the fake driver: the first)
+	for _, fault := range []struct{ kernel, err string }{{"wild", "IllegalAddress"}, {"trap", "LaunchFailed|IllegalInstruction"}} {
 		t.Run(fault.kernel, func(t *testing.T) {
 			if fault.kernel == "wild" && fakecuda.Dir() != "" {
 				t.Skip("under the fake driver kernels run in the process: a wild write crashes it instead of faulting")
@@ -360,7 +362,7 @@ func TestFaultNamesKernel(t *testing.T) {
 				s := string(out)
 				t.Logf("%s=%s:\n%s", cuda.DebugEnv, debug, s)
 				require.Contains(t, s, "FAULT: ")
-				assert.Contains(t, s, fault.err)
+				assert.Regexp(t, fault.err, s)
 				if debug == "1" {
 					assert.Contains(t, s, "kernel "+fault.kernel+": failed while running")
 					assert.Contains(t, s, "LAUNCHERROR: true")
