@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/big"
 	"strconv"
-	"strings"
 
 	"github.com/alecthomas/participle/v2"
 	"github.com/alecthomas/participle/v2/lexer"
+
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // The lexer. Order matters: sizes before floats before integers, so that
@@ -232,51 +232,9 @@ func (c *converter) expr(g *gExpr) *Expr {
 	return e
 }
 
-var sizeUnits = []struct {
-	suffix string
-	mult   int64
-}{
-	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
-}
-
 // ParseSize parses a memory size such as "64MiB", "40MB", "1.5GiB" or
-// "1024" (bytes). KB/MB/GB are powers of 1000 (as PyTorch and nvidia-smi
-// print them); KiB/MiB/GiB are powers of 1024.
-func ParseSize(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	num, mult := s, int64(1)
-	for _, u := range sizeUnits {
-		if strings.HasSuffix(s, u.suffix) {
-			num, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
-			break
-		}
-	}
-	r, ok := new(big.Rat).SetString(num)
-	if !ok || r.Sign() < 0 || num == "" {
-		return 0, fmt.Errorf("bad memory size %q (write e.g. 64MiB, 40MB, 2GiB)", s)
-	}
-	r.Mul(r, new(big.Rat).SetInt64(mult))
-	if !r.IsInt() {
-		return 0, fmt.Errorf("memory size %q is not a whole number of bytes", s)
-	}
-	if !r.Num().IsInt64() {
-		return 0, fmt.Errorf("memory size %q is too large", s)
-	}
-	return r.Num().Int64(), nil
-}
+// "1024" (bytes); see units.ParseSize, which trainers share.
+func ParseSize(s string) (int64, error) { return units.ParseSize(s) }
 
-// FormatSize prints bytes with the largest binary unit that keeps 3
-// significant digits, e.g. "14.1 MiB".
-func FormatSize(n int64) string {
-	f := float64(n)
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", f/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.2f MiB", f/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.2f KiB", f/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}
+// FormatSize prints bytes with the largest binary unit, e.g. "14.10 MiB".
+func FormatSize(n int64) string { return units.FormatSize(n) }

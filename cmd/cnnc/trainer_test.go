@@ -137,5 +137,5 @@ func TestBuiltTrainerMemoryBudget(t *testing.T) {
 	assert.Contains(t, out, "bench: MNISTNet on cpu")
 	code, out = runTrainer(t, bin, "--memory-budget", "lots", "--bench", "1")
 	assert.Equal(t, 2, code)
-	assert.Contains(t, out, `bad size "lots"`)
+	assert.Contains(t, out, `--memory-budget: bad memory size "lots" (write e.g. 64MiB, 40MB, 2GiB)`)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
 	"github.com/cnnc/cnnc/runtime/data"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // Backends open devices by name ("cpu", "cuda"); a trainer built for the
@@ -184,7 +185,7 @@ func train(spec *Spec, backends Backends, o Options) (int, error) {
 	}
 	out := o.stdout
 	if o.MemoryBudget != "" {
-		budget, err := parseSize(o.MemoryBudget)
+		budget, err := units.ParseSize(o.MemoryBudget)
 		if err != nil {
 			return ExitUsage, fmt.Errorf("--memory-budget: %v", err)
 		}
@@ -481,27 +482,6 @@ func evaluate(sess *Session, ds data.Dataset, batch int) (float64, float64, erro
 		return 0, 0, fmt.Errorf("the evaluation set is empty")
 	}
 	return sumLoss / float64(seen), float64(correct) / float64(seen), nil
-}
-
-// parseSize reads sizes like 40MB (10^6), 64MiB (2^20) or a byte count —
-// dsl.ParseSize's units; trainers carry only runtime/, so not that package.
-func parseSize(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mult   float64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
-	num, mult := s, 1.0
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
-	if err != nil || f < 0 {
-		return 0, fmt.Errorf("bad size %q (write e.g. 40MB, 64MiB, 2GB)", s)
-	}
-	return int64(f * mult), nil
 }
 
 // formatBytes gives decimal megabytes, or gigabytes from 10 GB up (a
