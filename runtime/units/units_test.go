@@ -20,10 +20,10 @@ func TestParseSize(t *testing.T) {
 		assert.Equal(t, want, got, in)
 	}
 	for in, msg := range map[string]string{
-		"lots":     `bad memory size "lots" (write e.g. 64MiB, 40MB, 2GiB)`,
-		"-1MB":     `bad memory size "-1MB"`,
-		"MB":       `bad memory size "MB"`,
-		"0.3B":     `memory size "0.3B" is not a whole number of bytes`,
+		"lots":       `bad memory size "lots" (write e.g. 64MiB, 40MB, 2GiB)`,
+		"-1MB":       `bad memory size "-1MB"`,
+		"MB":         `bad memory size "MB"`,
+		"0.3B":       `memory size "0.3B" is not a whole number of bytes`,
 		"9999999TiB": `memory size "9999999TiB" is too large`,
 	} {
 		_, err := units.ParseSize(in)
