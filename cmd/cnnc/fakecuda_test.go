@@ -95,11 +95,29 @@ func TestCUDATrainerUnderFakeDriver(t *testing.T) {
 	sameTensors("cuda", "cpu")
 	sameTensors("resumed", "cpu")
 
+	// a GPU that cannot load the kernels (the fake has no library for this
+	// fatbin): --device auto warns and trains on the CPU emulator, --device
+	// cuda stops, naming what failed
+	bare := t.TempDir()
+	require.NoError(t, fakecuda.Build(bare))
+	cmd := exec.Command(bin, "--bench", "1")
+	cmd.Env = fakecuda.Environ(bare, os.Environ())
+	o, err := cmd.CombinedOutput()
+	require.NoError(t, err, string(o))
+	assert.Contains(t, string(o), "warning: no CUDA device (cuda: loading the kernels")
+	assert.Contains(t, string(o), "bench: MNISTNet on cpu")
+	cmd = exec.Command(bin, "--bench", "1", "--device", "cuda")
+	cmd.Env = fakecuda.Environ(bare, os.Environ())
+	o, err = cmd.CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(o), "InvalidImage")
+	assert.Contains(t, string(o), "cnnc compiles for sm_80 and sm_90")
+
 	// no GPU: the driver cannot start, and the trainer says what to do
 	// before gorgonia.org/cu's init would exit with a bare message
-	cmd := exec.Command(bin, "--bench", "1")
+	cmd = exec.Command(bin, "--bench", "1")
 	cmd.Env = append(env, "CNNC_FAKECUDA_NODEVICE=1")
-	o, err := cmd.CombinedOutput()
+	o, err = cmd.CombinedOutput()
 	require.Error(t, err, string(o))
 	assert.Contains(t, string(o), "mnist-cuda: this program was built for NVIDIA GPUs")
 	assert.Contains(t, string(o), "cuInit: CUDA_ERROR_NO_DEVICE (100: no CUDA-capable device is detected)")
