@@ -117,7 +117,7 @@ func build(source, name string, opts Options) (string, error) {
 	if opts.Debug {
 		flags = append(flags, "-O0", "-g")
 	} else {
-		flags = append(flags, "-O2")
+		flags = append(flags, "-O3")
 	}
 	if asanEnabled {
 		// Match the Go binary built with -asan: the library's accesses are checked too.
