@@ -106,7 +106,7 @@ struct CUmod_st {
 };
 
 struct CUfunc_st {
-	CUmodule mod;
+	launch_sync_fn launch_sync; // the module's, so that a function outlives its handle's module
 	entry_fn entry;
 	int nparams;
 	int max_dynamic;
@@ -612,7 +612,7 @@ CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
 	if (!entry || !nparams || strlen(name) >= sizeof((*f)->name)) return CUDA_ERROR_NOT_FOUND;
 	CUfunction fn = calloc(1, sizeof *fn);
 	if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
-	fn->mod = m;
+	fn->launch_sync = m->launch_sync;
 	fn->entry = entry;
 	fn->nparams = nparams();
 	fn->max_dynamic = MAX_DYNAMIC_DEFAULT;
@@ -663,7 +663,7 @@ static int workers(void) {
 static CUresult run_kernel(CUfunction f, const uint32_t grid[3], const uint32_t block[3], uint32_t shared,
                            void** params) {
 	char err[512] = {0};
-	if (f->mod->launch_sync(f->entry, params, grid, block, shared, workers(), err, sizeof err) != 0) {
+	if (f->launch_sync(f->entry, params, grid, block, shared, workers(), err, sizeof err) != 0) {
 		note("kernel %s failed: %s", f->name, err);
 		pthread_mutex_lock(&mu);
 		if (sticky == CUDA_SUCCESS) sticky = strstr(err, "assert") ? CUDA_ERROR_ASSERT : CUDA_ERROR_LAUNCH_FAILED;
