@@ -262,16 +262,47 @@ func (d *Device) inBounds(op string, p runtime.Ptr, n int) error {
 
 // CopyIn copies src to the device at dst, after the work issued so far,
 // and returns when it has arrived.
-func (d *Device) CopyIn(dst runtime.Ptr, src []byte) error {
+func (d *Device) CopyIn(dst runtime.Ptr, src []byte) error { return d.copyIn(dst, src, false) }
+
+// CopyOut copies len(dst) bytes from the device at src, after the work
+// issued so far.
+func (d *Device) CopyOut(dst []byte, src runtime.Ptr) error { return d.copyOut(dst, src, false) }
+
+// CopyInAsync queues a copy of src, page-locked memory from AllocHost, to
+// dst on the stream and returns at once (runtime.AsyncCopier): src must
+// not change until the next Sync. Inside a Capture the copy becomes a node
+// of the graph, reading src whenever the graph runs.
+func (d *Device) CopyInAsync(dst runtime.Ptr, src []byte) error { return d.copyIn(dst, src, true) }
+
+// CopyOutAsync queues a copy from src to dst, page-locked memory from
+// AllocHost, and returns at once: dst holds the bytes after the next Sync.
+// Inside a Capture the copy becomes a node of the graph.
+func (d *Device) CopyOutAsync(dst []byte, src runtime.Ptr) error { return d.copyOut(dst, src, true) }
+
+// copyIn queues a host-to-device copy on the stream; unless async it then
+// waits for it. Asynchronous copies read page-locked memory only.
+func (d *Device) copyIn(dst runtime.Ptr, src []byte, async bool) error {
 	if len(src) == 0 {
 		return nil
 	}
+	op := "CopyIn"
+	if async {
+		op = "CopyInAsync"
+	}
 	err := d.do(func() error {
-		if err := d.inBounds("CopyIn", dst, len(src)); err != nil {
+		if err := d.inBounds(op, dst, len(src)); err != nil {
 			return err
+		}
+		if async {
+			if err := d.pinnedRange(op, src); err != nil {
+				return err
+			}
 		}
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst), unsafe.Pointer(unsafe.SliceData(src)), int64(len(src)), d.stream); err != nil {
 			return fmt.Errorf("cuda: cuMemcpyHtoDAsync of %d bytes to %#x: %w", len(src), uint64(dst), err)
+		}
+		if async {
+			return nil
 		}
 		return d.sync("copying in")
 	})
@@ -279,18 +310,29 @@ func (d *Device) CopyIn(dst runtime.Ptr, src []byte) error {
 	return err
 }
 
-// CopyOut copies len(dst) bytes from the device at src, after the work
-// issued so far.
-func (d *Device) CopyOut(dst []byte, src runtime.Ptr) error {
+// copyOut is copyIn's other direction.
+func (d *Device) copyOut(dst []byte, src runtime.Ptr, async bool) error {
 	if len(dst) == 0 {
 		return nil
 	}
+	op := "CopyOut"
+	if async {
+		op = "CopyOutAsync"
+	}
 	err := d.do(func() error {
-		if err := d.inBounds("CopyOut", src, len(dst)); err != nil {
+		if err := d.inBounds(op, src, len(dst)); err != nil {
 			return err
+		}
+		if async {
+			if err := d.pinnedRange(op, dst); err != nil {
+				return err
+			}
 		}
 		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), cu.DevicePtr(src), int64(len(dst)), d.stream); err != nil {
 			return fmt.Errorf("cuda: cuMemcpyDtoHAsync of %d bytes from %#x: %w", len(dst), uint64(src), err)
+		}
+		if async {
+			return nil
 		}
 		return d.sync("copying out")
 	})
@@ -408,49 +450,6 @@ func (d *Device) pinnedRange(op string, b []byte) error {
 		}
 	}
 	return fmt.Errorf("cuda: %s of %d bytes: the host memory is not from AllocHost (asynchronous copies need page-locked memory)", op, len(b))
-}
-
-// CopyInAsync queues a copy of src, page-locked memory from AllocHost, to
-// dst on the stream and returns at once (runtime.AsyncCopier): src must
-// not change until the next Sync. Inside a Capture the copy becomes a node
-// of the graph, reading src whenever the graph runs.
-func (d *Device) CopyInAsync(dst runtime.Ptr, src []byte) error {
-	if len(src) == 0 {
-		return nil
-	}
-	return d.do(func() error {
-		if err := d.inBounds("CopyInAsync", dst, len(src)); err != nil {
-			return err
-		}
-		if err := d.pinnedRange("CopyInAsync", src); err != nil {
-			return err
-		}
-		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst), unsafe.Pointer(unsafe.SliceData(src)), int64(len(src)), d.stream); err != nil {
-			return fmt.Errorf("cuda: cuMemcpyHtoDAsync of %d bytes to %#x: %w", len(src), uint64(dst), err)
-		}
-		return nil
-	})
-}
-
-// CopyOutAsync queues a copy from src to dst, page-locked memory from
-// AllocHost, and returns at once: dst holds the bytes after the next Sync.
-// Inside a Capture the copy becomes a node of the graph.
-func (d *Device) CopyOutAsync(dst []byte, src runtime.Ptr) error {
-	if len(dst) == 0 {
-		return nil
-	}
-	return d.do(func() error {
-		if err := d.inBounds("CopyOutAsync", src, len(dst)); err != nil {
-			return err
-		}
-		if err := d.pinnedRange("CopyOutAsync", dst); err != nil {
-			return err
-		}
-		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), cu.DevicePtr(src), int64(len(dst)), d.stream); err != nil {
-			return fmt.Errorf("cuda: cuMemcpyDtoHAsync of %d bytes from %#x: %w", len(dst), uint64(src), err)
-		}
-		return nil
-	})
 }
 
 // AllocHost returns bytes of page-locked host memory: copies from and to it
