@@ -1,6 +1,7 @@
 package trainergen_test
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -74,7 +75,7 @@ type stagedGraphDevice struct {
 	asyncCopies int
 }
 
-func (d *stagedGraphDevice) AllocHost(n int) ([]byte, error) { return make([]byte, n), nil }
+func (d *stagedGraphDevice) AllocHost(n int) ([]byte, error) { return bytes.Repeat([]byte{0xAB}, n), nil }
 func (d *stagedGraphDevice) FreeHost([]byte) error           { return nil }
 
 func (d *stagedGraphDevice) CopyInAsync(dst runtime.Ptr, src []byte) error {
@@ -204,13 +205,14 @@ func replaysTheStep(t *testing.T, c *trainergen.Compiled, batch int, staged bool
 // host buffers it lends and which copies read from them.
 type hostDevice struct {
 	*cpu.Device
-	lent         [][]byte
-	freed        int
-	stagedCopies int
+	lent    [][]byte
+	freed   int
+	uploads [][]byte // what each copy from lent memory carried
 }
 
+// AllocHost lends memory that is not zeroed, as cuMemHostAlloc's is not.
 func (d *hostDevice) AllocHost(n int) ([]byte, error) {
-	b := make([]byte, n)
+	b := bytes.Repeat([]byte{0xAB}, n)
 	d.lent = append(d.lent, b)
 	return b, nil
 }
@@ -228,7 +230,7 @@ func (d *hostDevice) FreeHost(b []byte) error {
 func (d *hostDevice) CopyIn(dst runtime.Ptr, src []byte) error {
 	for _, l := range d.lent {
 		if len(src) > 0 && &l[0] == &src[0] {
-			d.stagedCopies++
+			d.uploads = append(d.uploads, bytes.Clone(src))
 		}
 	}
 	return d.Device.CopyIn(dst, src)
@@ -259,7 +261,11 @@ func TestSessionStagesUploadsInHostMemory(t *testing.T) {
 		assert.Equal(t, lp, ls, "step %d", i)
 	}
 	assert.Len(t, hd.lent, 2, "pixels and labels, allocated once")
-	assert.Equal(t, 6, hd.stagedCopies, "both uploads of every step")
+	require.Len(t, hd.uploads, 6, "both uploads of every step")
+	px, lb := hd.uploads[4], hd.uploads[5] // the partial batch's
+	assert.Equal(t, batches[2].Pixels, px[:5*784])
+	assert.Equal(t, make([]byte, 3*784), px[5*784:], "padding pixels are zero")
+	assert.Equal(t, make([]byte, 4*3), lb[4*5:], "padding labels are zero")
 	require.NoError(t, s.Close())
 	assert.Equal(t, 2, hd.freed)
 }

@@ -44,9 +44,10 @@ type Session struct {
 	// goes on launching kernel by kernel. Without it the step fails.
 	Warnf func(format string, args ...any)
 
-	graph       runtime.Replayer
-	graphParams [][]uint64 // per training launch: the values its graph node holds
-	graphSteps  int        // training steps run since UseGraphs was set
+	graph        runtime.Replayer
+	graphParams  [][]uint64 // per training launch: the values its graph node holds
+	graphVarying []int      // the training launches whose arguments change between steps
+	graphSteps   int        // training steps run since UseGraphs was set
 
 	arenas [2]runtime.Ptr
 	// staging holds a batch's pixels and labels on their way to the
@@ -107,7 +108,8 @@ const (
 	numStaging
 )
 
-// stagingBuffer returns staging buffer i with n bytes, zeroed.
+// stagingBuffer returns staging buffer i with n bytes (contents left from
+// earlier use: callers write all of it).
 func (s *Session) stagingBuffer(i, n int) ([]byte, error) {
 	if cap(s.staging[i]) < n {
 		if err := s.freeStaging(i); err != nil {
@@ -123,9 +125,7 @@ func (s *Session) stagingBuffer(i, n int) ([]byte, error) {
 			s.staging[i] = make([]byte, n)
 		}
 	}
-	b := s.staging[i][:n]
-	clear(b)
-	return b, nil
+	return s.staging[i][:n], nil
 }
 
 func (s *Session) freeStaging(i int) error {
@@ -226,10 +226,11 @@ func (s *Session) stageBatch(b Batch, batch, pi, li int) (px, lb []byte, err err
 	if lb, err = s.stagingBuffer(li, 4*batch); err != nil {
 		return nil, nil, err
 	}
-	copy(px, b.Pixels)
+	clear(px[copy(px, b.Pixels):]) // a partial batch's padding is zero
 	for i, l := range b.Labels {
 		binary.LittleEndian.PutUint32(lb[4*i:], uint32(l))
 	}
+	clear(lb[4*len(b.Labels):])
 	return px, lb, nil
 }
 
@@ -300,23 +301,23 @@ func (s *Session) readScalars(st Step) (float32, int, error) {
 	return loss[0], int(correct[0]), nil
 }
 
-// stagesInGraph says whether the graph also carries the step's copies:
-// the batch in from page-locked staging buffers and the loss and correct
-// count back out, queued without waiting (runtime.AsyncCopier), so that a
-// step costs one graph launch and one synchronisation.
-func (s *Session) stagesInGraph() bool {
-	_, pinned := s.Dev.(runtime.HostAllocator)
-	_, async := s.Dev.(runtime.AsyncCopier)
-	return pinned && async
+// stager returns the device's asynchronous copies when the graph can
+// carry the step's copies too — the batch in from page-locked staging
+// buffers and the loss and correct count back out, so that a step costs
+// one graph launch and one synchronisation — and nil otherwise.
+func (s *Session) stager() runtime.AsyncCopier {
+	ac, async := s.Dev.(runtime.AsyncCopier)
+	if _, pinned := s.Dev.(runtime.HostAllocator); !async || !pinned {
+		return nil
+	}
+	return ac
 }
 
 // captureStep queues the training step for a capture: its launches, and
-// with stagesInGraph its copies.
-func (s *Session) captureStep(valid int) error {
+// through ac (when not nil) its copies.
+func (s *Session) captureStep(ac runtime.AsyncCopier, valid int) error {
 	st := s.Spec.Train
-	ac, staged := s.Dev.(runtime.AsyncCopier)
-	staged = staged && s.stagesInGraph()
-	if staged {
+	if ac != nil {
 		if err := ac.CopyInAsync(s.addr(st.Images.Arena, st.Images.Offset), s.staging[graphPixels]); err != nil {
 			return err
 		}
@@ -327,7 +328,7 @@ func (s *Session) captureStep(valid int) error {
 	if err := s.launch(st, valid); err != nil {
 		return err
 	}
-	if staged {
+	if ac != nil {
 		res := s.staging[graphResults]
 		if err := ac.CopyOutAsync(res[:4], s.addr(st.Loss.Arena, st.Loss.Offset)); err != nil {
 			return err
@@ -342,23 +343,25 @@ func (s *Session) captureStep(valid int) error {
 // prepareGraph readies the graph of the training step for this step:
 // captured on the first call, then the launches whose arguments changed
 // get this step's values.
-func (s *Session) prepareGraph(g runtime.Grapher, valid int) error {
+func (s *Session) prepareGraph(g runtime.Grapher, ac runtime.AsyncCopier, valid int) error {
 	st := s.Spec.Train
 	if s.graph == nil {
-		r, err := g.CaptureGraph(func() error { return s.captureStep(valid) })
+		r, err := g.CaptureGraph(func() error { return s.captureStep(ac, valid) })
 		if err != nil {
 			return fmt.Errorf("capturing the training step as a CUDA graph: %w", err)
 		}
 		s.graph = r
 		s.graphParams = make([][]uint64, len(st.Launches))
+		s.graphVarying = s.graphVarying[:0]
 		for i, l := range st.Launches {
 			s.graphParams[i] = s.args(l, valid, nil)
+			if changesPerStep(l) {
+				s.graphVarying = append(s.graphVarying, i)
+			}
 		}
 	}
-	for i, l := range st.Launches {
-		if !changesPerStep(l) {
-			continue
-		}
+	for _, i := range s.graphVarying {
+		l := st.Launches[i]
 		s.params = s.args(l, valid, s.params[:0])
 		if slices.Equal(s.params, s.graphParams[i]) {
 			continue
@@ -376,8 +379,8 @@ func (s *Session) prepareGraph(g runtime.Grapher, valid int) error {
 // session goes on launching kernel by kernel (fellBack); a failure while
 // the graph runs is the step's.
 func (s *Session) graphStep(g runtime.Grapher, b Batch) (loss float32, correct int, fellBack bool, err error) {
-	staged := s.stagesInGraph()
-	if staged {
+	ac := s.stager()
+	if ac != nil {
 		if _, _, err := s.stageBatch(b, s.Spec.Batch, graphPixels, graphLabels); err != nil {
 			return 0, 0, false, err
 		}
@@ -387,7 +390,7 @@ func (s *Session) graphStep(g runtime.Grapher, b Batch) (loss float32, correct i
 	} else if err := s.upload(s.Spec.Train, b); err != nil {
 		return 0, 0, false, err
 	}
-	if err := s.prepareGraph(g, b.Valid); err != nil {
+	if err := s.prepareGraph(g, ac, b.Valid); err != nil {
 		if s.Warnf == nil {
 			return 0, 0, false, err
 		}
@@ -405,7 +408,7 @@ func (s *Session) graphStep(g runtime.Grapher, b Batch) (loss float32, correct i
 	if err := s.Dev.Sync(); err != nil {
 		return 0, 0, false, err
 	}
-	if !staged {
+	if ac == nil {
 		loss, correct, err = s.readScalars(s.Spec.Train)
 		return loss, correct, false, err
 	}
