@@ -75,8 +75,10 @@ type stagedGraphDevice struct {
 	asyncCopies int
 }
 
-func (d *stagedGraphDevice) AllocHost(n int) ([]byte, error) { return bytes.Repeat([]byte{0xAB}, n), nil }
-func (d *stagedGraphDevice) FreeHost([]byte) error           { return nil }
+func (d *stagedGraphDevice) AllocHost(n int) ([]byte, error) {
+	return bytes.Repeat([]byte{0xAB}, n), nil
+}
+func (d *stagedGraphDevice) FreeHost([]byte) error { return nil }
 
 func (d *stagedGraphDevice) CopyInAsync(dst runtime.Ptr, src []byte) error {
 	d.asyncCopies++
