@@ -188,19 +188,19 @@ var blockLimits = map[string]struct {
 	"sm_90": {65536, 227 << 10}, // H100, H200
 }
 
-// CheckLaunchResources checks every launch of prog against the per-block
+// CheckLaunchResources checks every launch against the per-block
 // limits of each architecture in ks: registers (ptxas's count per thread,
 // allocated in units of 8 per thread and whole warps) times threads, and
 // static plus dynamic shared memory. It returns one error per launch and
 // architecture that would not start.
-func CheckLaunchResources(prog *Program, ks []PtxasKernel) []error {
+func CheckLaunchResources(launches []*Launch, ks []PtxasKernel) []error {
 	var errs []error
 	byKernel := map[string][]PtxasKernel{}
 	for _, k := range ks {
 		byKernel[k.Name] = append(byKernel[k.Name], k)
 	}
 	seen := map[string]bool{}
-	for _, l := range prog.Launches {
+	for _, l := range launches {
 		threads := int(l.Block[0] * l.Block[1] * l.Block[2])
 		for _, k := range byKernel[l.Kernel] {
 			lim, ok := blockLimits[k.Arch]

@@ -49,7 +49,7 @@ func main() {
 				dirty++
 			}
 		}
-		for _, err := range codegen.CheckLaunchResources(prog, ks) {
+		for _, err := range codegen.CheckLaunchResources(prog.Launches, ks) {
 			fmt.Printf("DOES NOT FIT: %v\n", err)
 			dirty++
 		}

@@ -60,7 +60,7 @@ func requireClean(t *testing.T, prog *codegen.Program, ks []codegen.PtxasKernel)
 	for _, name := range prog.KernelNames() {
 		assert.Equal(t, len(nvcc.Targets), seen[name], "ptxas reports on %s for every target", name)
 	}
-	for _, err := range codegen.CheckLaunchResources(prog, ks) {
+	for _, err := range codegen.CheckLaunchResources(prog.Launches, ks) {
 		t.Errorf("a launch would not start: %v", err)
 	}
 }
@@ -68,10 +68,10 @@ func requireClean(t *testing.T, prog *codegen.Program, ks []codegen.PtxasKernel)
 // CheckLaunchResources finds launches whose blocks need more registers or
 // shared memory than an architecture has.
 func TestCheckLaunchResources(t *testing.T) {
-	prog := &codegen.Program{Launches: []*codegen.Launch{
+	launches := []*codegen.Launch{
 		{Kernel: "k", Block: [3]uint32{256, 1, 1}, SharedBytes: 100 << 10},
 		{Kernel: "big", Block: [3]uint32{1024, 1, 1}},
-	}}
+	}
 	ks := []codegen.PtxasKernel{
 		{Name: "k", Arch: "sm_80", Registers: 255, SharedBytes: 64 << 10}, // 256 x 256 registers fit exactly
 		{Name: "k", Arch: "sm_90", Registers: 250, SharedBytes: 64 << 10},
@@ -79,7 +79,7 @@ func TestCheckLaunchResources(t *testing.T) {
 		{Name: "big", Arch: "sm_80", Registers: 65}, // allocated as 72
 	}
 	var msgs []string
-	for _, err := range codegen.CheckLaunchResources(prog, ks) {
+	for _, err := range codegen.CheckLaunchResources(launches, ks) {
 		msgs = append(msgs, err.Error())
 	}
 	assert.Equal(t, []string{

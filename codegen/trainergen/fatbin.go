@@ -38,22 +38,22 @@ func CompileFatbinFor(spec *trainer.Spec, cuSource []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	prog := &codegen.Program{}
+	var launches []*codegen.Launch
 	for _, st := range []trainer.Step{spec.Train, spec.Eval} {
 		for _, l := range st.Launches {
-			prog.Launches = append(prog.Launches, &codegen.Launch{Kernel: l.Kernel, Grid: l.Grid, Block: l.Block, SharedBytes: l.SharedBytes})
+			launches = append(launches, &codegen.Launch{Kernel: l.Kernel, Block: l.Block, SharedBytes: l.SharedBytes})
 		}
 	}
 	reported := map[string]int{}
 	for _, k := range ks {
 		reported[k.Name]++
 	}
-	for _, l := range prog.Launches {
+	for _, l := range launches {
 		if reported[l.Kernel] < len(nvcc.Targets) {
 			return nil, fmt.Errorf("trainergen: ptxas reported on kernel %s for %d of the %d targets", l.Kernel, reported[l.Kernel], len(nvcc.Targets))
 		}
 	}
-	if errs := codegen.CheckLaunchResources(prog, ks); len(errs) > 0 {
+	if errs := codegen.CheckLaunchResources(launches, ks); len(errs) > 0 {
 		return nil, fmt.Errorf("trainergen: launches that would not start on the GPU: %w", errors.Join(errs...))
 	}
 	return fatbin, nil
