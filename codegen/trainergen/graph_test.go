@@ -178,17 +178,8 @@ func replaysTheStep(t *testing.T, c *trainergen.Compiled, batch int, staged bool
 	plain := newSession(t, c, 2)
 
 	batches := mnistBatches(t, 6, batch)
-	batches[3].Valid = 5 // a partial batch: another valid count
-	batches[3].Pixels = batches[3].Pixels[:5*784]
-	batches[3].Labels = batches[3].Labels[:5]
-	for i, b := range batches {
-		lg, cg, err := g.TrainStep(b)
-		require.NoError(t, err)
-		lp, cp, err := plain.TrainStep(b)
-		require.NoError(t, err)
-		assert.Equal(t, lp, lg, "step %d", i)
-		assert.Equal(t, cp, cg)
-	}
+	batches[3] = partial(batches[3], 5) // another valid count
+	stepAlike(t, g, plain, batches)
 	assert.Equal(t, 1, gd.captures, "captured once, at the second step")
 	assert.Greater(t, gd.updates, 0, "the valid count (and Adam's step) changed")
 	if staged {
@@ -252,16 +243,8 @@ func TestSessionStagesUploadsInHostMemory(t *testing.T) {
 	require.NoError(t, err)
 	plain := newSession(t, c, 2)
 	batches := mnistBatches(t, 3, batch)
-	batches[2].Valid = 5
-	batches[2].Pixels = batches[2].Pixels[:5*784]
-	batches[2].Labels = batches[2].Labels[:5]
-	for i, b := range batches {
-		ls, _, err := s.TrainStep(b)
-		require.NoError(t, err)
-		lp, _, err := plain.TrainStep(b)
-		require.NoError(t, err)
-		assert.Equal(t, lp, ls, "step %d", i)
-	}
+	batches[2] = partial(batches[2], 5)
+	stepAlike(t, s, plain, batches)
 	assert.Len(t, hd.lent, 2, "pixels and labels, allocated once")
 	require.Len(t, hd.uploads, 6, "both uploads of every step")
 	px, lb := hd.uploads[4], hd.uploads[5] // the partial batch's
@@ -297,13 +280,7 @@ func TestSessionFallsBackWhenGraphsFail(t *testing.T) {
 			var warnings []string
 			g.Warnf = func(format string, args ...any) { warnings = append(warnings, fmt.Sprintf(format, args...)) }
 			plain := newSession(t, c, 2)
-			for i, b := range batches {
-				lg, _, err := g.TrainStep(b)
-				require.NoError(t, err)
-				lp, _, err := plain.TrainStep(b)
-				require.NoError(t, err)
-				assert.Equal(t, lp, lg, "step %d", i)
-			}
+			stepAlike(t, g, plain, batches)
 			require.Len(t, warnings, 1)
 			assert.Contains(t, warnings[0], "no graphs today; launching kernels one by one")
 			assert.False(t, g.UseGraphs)
@@ -321,5 +298,24 @@ func TestSessionFallsBackWhenGraphsFail(t *testing.T) {
 			}
 			assert.ErrorContains(t, err, "no graphs today")
 		})
+	}
+}
+
+// partial keeps the first n samples of an MNIST batch.
+func partial(b trainer.Batch, n int) trainer.Batch {
+	return trainer.Batch{Valid: n, Pixels: b.Pixels[:n*784], Labels: b.Labels[:n]}
+}
+
+// stepAlike trains both sessions on batches and requires the same loss and
+// correct count at every step.
+func stepAlike(t *testing.T, got, want *trainer.Session, batches []trainer.Batch) {
+	t.Helper()
+	for i, b := range batches {
+		lg, cg, err := got.TrainStep(b)
+		require.NoError(t, err, "step %d", i)
+		lw, cw, err := want.TrainStep(b)
+		require.NoError(t, err, "step %d", i)
+		assert.Equal(t, lw, lg, "loss at step %d", i)
+		assert.Equal(t, cw, cg, "correct at step %d", i)
 	}
 }
