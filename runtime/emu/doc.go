@@ -50,7 +50,7 @@
 // shared-memory tiled matmul (25 blocks of 16x16 threads, 10 barriers per thread) takes about
 // 2 ms (230 ms with swapcontext fibers); saxpy over 1M threads (4096 blocks of 256, no barrier)
 // about 7-10 ms (11 ms on one worker). Under -asan: about 7 ms and 25 ms. -O3 rather than -O2:
-// generated conv kernels run about 25% faster (SimpleCNN's training step 1.0 s -> 0.75 s)
+// generated conv kernels run faster (SimpleCNN's training step 0.99 s -> 0.68 s, `make bench`)
 // for about a second more of compiling (2.4 s for SimpleCNN's kernels, once: the cache);
 // -march=native added nothing measurable and would tie cached libraries to one CPU. Compiling a
 // kernel file takes a second or two the first time and only a dlopen afterwards (cache).
