@@ -13,8 +13,8 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
-	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/cpu"
+	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // The accumulating variants micro-batch loops use add their share to what
@@ -44,7 +44,7 @@ func TestAccumulatingKernels(t *testing.T) {
 		ins := kernelcheck.RandomInputs(n, batch, rng)
 		want, err := reference.RunNode(n, ins, batch, reference.NodeOptions{})
 		require.NoError(t, err)
-		ptr := map[*ir.Value]runtime.Ptr{}
+		ptr := map[*ir.Value]device.Ptr{}
 		alloc := func(v *ir.Value, vals []float64) {
 			p, err := dev.Alloc(v.Type.Bytes(batch))
 			require.NoError(t, err)

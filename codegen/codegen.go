@@ -13,7 +13,7 @@
 // per family, chosen by a table keyed by IR op (kernelRules) — so adding an
 // op is one template and one rule. Buffers are named by IR value, not
 // address: the memory plan decides where each lives, and the same Program
-// drives the CPU emulator and the GPU through runtime.Device.
+// drives the CPU emulator and the GPU through device.Device.
 package codegen
 
 import (

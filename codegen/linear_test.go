@@ -14,8 +14,8 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
-	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/cpu"
+	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // nodeCase is one node to check, with the run-time state its reference needs.
@@ -263,7 +263,7 @@ func TestLinearAndLossDeterministic(t *testing.T) {
 	defer dev.Close()
 	run := func() map[string][]byte {
 		rng := rand.New(rand.NewPCG(1, 2))
-		ptrs := map[*ir.Value]runtime.Ptr{}
+		ptrs := map[*ir.Value]device.Ptr{}
 		for _, n := range nodes {
 			ins := kernelcheck.RandomInputs(n, batch, rng)
 			for i, v := range n.Ins {

@@ -13,8 +13,8 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
-	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/cpu"
+	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // A partial last batch is padded to the compiled batch: the loss kernel
@@ -33,7 +33,7 @@ func TestSoftmaxCrossEntropyPartialBatch(t *testing.T) {
 	defer dev.Close()
 
 	ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(3, 4)))
-	ptr := func(b []byte) runtime.Ptr {
+	ptr := func(b []byte) device.Ptr {
 		p, err := dev.Alloc(int64(len(b)))
 		require.NoError(t, err)
 		require.NoError(t, dev.CopyIn(p, b))
@@ -48,7 +48,7 @@ func TestSoftmaxCrossEntropyPartialBatch(t *testing.T) {
 			return v
 		}(), 1)
 	}
-	bufs := []runtime.Ptr{ptr(kernelcheck.Encode(logits.Type, ins[0], batch)), ptr(kernelcheck.Encode(label.Type, ins[1], batch)),
+	bufs := []device.Ptr{ptr(kernelcheck.Encode(logits.Type, ins[0], batch)), ptr(kernelcheck.Encode(label.Type, ins[1], batch)),
 		ptr(nan(1)), ptr(nan(batch * classes)), ptr(nan(1))}
 	l := prog.Launches[0]
 	var params []uint64
@@ -63,7 +63,7 @@ func TestSoftmaxCrossEntropyPartialBatch(t *testing.T) {
 		}
 	}
 	require.NoError(t, dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params))
-	read := func(p runtime.Ptr, elems int) []float64 {
+	read := func(p device.Ptr, elems int) []float64 {
 		b := make([]byte, 4*elems)
 		require.NoError(t, dev.CopyOut(b, p))
 		return kernelcheck.Decode(ir.F32Fixed(int64(elems)), b, 1)

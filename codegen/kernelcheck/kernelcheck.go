@@ -1,4 +1,4 @@
-// Package kernelcheck runs generated kernels on a runtime.Device and
+// Package kernelcheck runs generated kernels on a device.Device and
 // compares them with the float64 reference.
 //
 // In:  IR nodes (one at a time, with random inputs) or a whole fused
@@ -20,7 +20,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
-	"github.com/cnnc/cnnc/runtime"
+	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // Tolerance is the largest accepted error of an fp32 kernel, relative to
@@ -214,7 +214,7 @@ func scalarArg(a codegen.Arg, s Scalars, batch int64) uint64 {
 
 // Node checks node n's generated kernels on dev (whose module must hold
 // prog's source) against reference.RunNode, with the given inputs.
-func Node(dev runtime.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, s Scalars, o reference.NodeOptions) (Report, error) {
+func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, s Scalars, o reference.NodeOptions) (Report, error) {
 	batch := prog.Batch
 	r := Report{Node: n.Name}
 	// the reference, on copies (updates work in place)
@@ -235,7 +235,7 @@ func Node(dev runtime.Device, prog *codegen.Program, n *ir.Node, ins [][]float64
 			}
 		}
 	}
-	ptrs := map[*ir.Value]runtime.Ptr{}
+	ptrs := map[*ir.Value]device.Ptr{}
 	defer func() {
 		for _, p := range ptrs {
 			dev.Free(p)

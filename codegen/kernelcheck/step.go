@@ -9,7 +9,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
-	"github.com/cnnc/cnnc/runtime"
+	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // TensorError is one tensor's worst error in a whole-step check.
@@ -62,13 +62,13 @@ func (r StepReport) String() string {
 // A report per step comes back; an error means the step could not run or
 // a kernel left an element unwritten (NaN), not that it was inaccurate:
 // compare Worst with a tolerance.
-func Step(dev runtime.Device, prog *codegen.Program, g *ir.Graph, seed uint64, batches []reference.Batch) ([]StepReport, error) {
+func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, batches []reference.Batch) ([]StepReport, error) {
 	if g.Opt == nil {
 		return nil, fmt.Errorf("kernelcheck: graph %s has no optimizer", g.Name)
 	}
 	batch := prog.Batch
 	ref := reference.New(g, seed)
-	s := &stepRun{dev: dev, prog: prog, batch: batch, ptrs: map[*ir.Value]runtime.Ptr{}}
+	s := &stepRun{dev: dev, prog: prog, batch: batch, ptrs: map[*ir.Value]device.Ptr{}}
 	defer s.free()
 
 	// buffers: inputs, parameters, state, node outputs, scratch, and
@@ -214,10 +214,10 @@ func Step(dev runtime.Device, prog *codegen.Program, g *ir.Graph, seed uint64, b
 
 // stepRun holds the device buffers of a Step.
 type stepRun struct {
-	dev   runtime.Device
+	dev   device.Device
 	prog  *codegen.Program
 	batch int64
-	ptrs  map[*ir.Value]runtime.Ptr
+	ptrs  map[*ir.Value]device.Ptr
 }
 
 func (s *stepRun) free() {

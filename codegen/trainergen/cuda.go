@@ -12,8 +12,8 @@ import (
 )
 
 const (
-	cudaPkg    = "github.com/cnnc/cnnc/runtime/cuda"
-	runtimePkg = "github.com/cnnc/cnnc/runtime"
+	cudaPkg   = "github.com/cnnc/cnnc/runtime/cuda"
+	devicePkg = "github.com/cnnc/cnnc/runtime/device"
 )
 
 // CUDATags are the build tags of a CUDA trainer module (GoBuild's tags).
@@ -41,11 +41,11 @@ func MainFileCUDA(spec *trainer.Spec) ([]byte, error) {
 	f.ImportName(trainerPkg, "trainer")
 	f.ImportName(cpuPkg, "cpu")
 	f.ImportName(cudaPkg, "cuda")
-	f.ImportName(runtimePkg, "runtime")
+	f.ImportName(devicePkg, "device")
 	embedFile(f, "kernels", "kernels.cu")
 	embedFile(f, "fatbin", "kernels.fatbin")
 	open := func(body jen.Code) jen.Code {
-		return jen.Func().Params(jen.Id("spec").Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual(runtimePkg, "Device"), jen.Error()).Block(body)
+		return jen.Func().Params(jen.Id("spec").Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual(devicePkg, "Device"), jen.Error()).Block(body)
 	}
 	f.Func().Id("main").Params().Block(
 		jen.Id("backends").Op(":=").Qual(trainerPkg, "Backends").Values(jen.Dict{

@@ -82,7 +82,7 @@ func TestMainFileCUDA(t *testing.T) {
 	for _, want := range []string{
 		"//go:embed kernels.fatbin\nvar fatbin []byte",
 		"//go:embed kernels.cu\nvar kernels []byte",
-		`"cuda": func(spec *trainer.Spec) (runtime.Device, error) {`,
+		`"cuda": func(spec *trainer.Spec) (device.Device, error) {`,
 		"return cuda.New(fatbin)",
 		`return cpu.New(kernels, "kernels.cu", cpu.Options{})`,
 		"cuda.PrintHelpNote(os.Args[1:], os.Stderr)",

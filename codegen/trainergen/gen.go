@@ -41,7 +41,7 @@ func MainFile(spec *trainer.Spec) ([]byte, error) {
 	embedFile(f, "kernels", "kernels.cu")
 	f.Func().Id("main").Params().Block(
 		jen.Id("backends").Op(":=").Qual(trainerPkg, "Backends").Values(jen.Dict{
-			jen.Lit("cpu"): jen.Func().Params(jen.Id("spec").Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual("github.com/cnnc/cnnc/runtime", "Device"), jen.Error()).Block(
+			jen.Lit("cpu"): jen.Func().Params(jen.Id("spec").Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual(devicePkg, "Device"), jen.Error()).Block(
 				jen.Return(jen.Qual(cpuPkg, "New").Call(jen.Id("kernels"), jen.Lit("kernels.cu"), jen.Qual(cpuPkg, "Options").Values())),
 			),
 		}),

@@ -12,12 +12,12 @@ import (
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
-	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/cpu"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
-// graphDevice is the CPU device with runtime.Grapher: launches made while
+// graphDevice is the CPU device with device.Grapher: launches made while
 // capturing are recorded, and a replay runs the recording — what CUDA
 // graphs do, so the Session's graph path is tested without a GPU.
 type graphDevice struct {
@@ -33,16 +33,16 @@ type graphDevice struct {
 // written when the graph runs, as a memcpy node does).
 type op struct {
 	kernel      string
-	grid, block runtime.Dim3
+	grid, block device.Dim3
 	shared      int
 	params      []uint64
 	copyIn      bool
 	copyOut     bool
-	dev         runtime.Ptr
+	dev         device.Ptr
 	host        []byte
 }
 
-func (d *graphDevice) Launch(kernel string, grid, block runtime.Dim3, shared int, params []uint64) error {
+func (d *graphDevice) Launch(kernel string, grid, block device.Dim3, shared int, params []uint64) error {
 	if d.recording != nil {
 		*d.recording = append(*d.recording, op{kernel: kernel, grid: grid, block: block, shared: shared, params: append([]uint64(nil), params...)})
 		return nil
@@ -50,7 +50,7 @@ func (d *graphDevice) Launch(kernel string, grid, block runtime.Dim3, shared int
 	return d.Device.Launch(kernel, grid, block, shared, params)
 }
 
-func (d *graphDevice) CaptureGraph(run func() error) (runtime.Replayer, error) {
+func (d *graphDevice) CaptureGraph(run func() error) (device.Replayer, error) {
 	if d.failIn == "capture" {
 		return nil, d.failWith
 	}
@@ -80,7 +80,7 @@ func (d *stagedGraphDevice) AllocHost(n int) ([]byte, error) {
 }
 func (d *stagedGraphDevice) FreeHost([]byte) error { return nil }
 
-func (d *stagedGraphDevice) CopyInAsync(dst runtime.Ptr, src []byte) error {
+func (d *stagedGraphDevice) CopyInAsync(dst device.Ptr, src []byte) error {
 	d.asyncCopies++
 	if d.recording != nil {
 		*d.recording = append(*d.recording, op{copyIn: true, dev: dst, host: src})
@@ -89,7 +89,7 @@ func (d *stagedGraphDevice) CopyInAsync(dst runtime.Ptr, src []byte) error {
 	return d.Device.CopyIn(dst, src)
 }
 
-func (d *stagedGraphDevice) CopyOutAsync(dst []byte, src runtime.Ptr) error {
+func (d *stagedGraphDevice) CopyOutAsync(dst []byte, src device.Ptr) error {
 	d.asyncCopies++
 	if d.recording != nil {
 		*d.recording = append(*d.recording, op{copyOut: true, dev: src, host: dst})
@@ -166,7 +166,7 @@ func replaysTheStep(t *testing.T, c *trainergen.Compiled, batch int, staged bool
 	require.NoError(t, err)
 	defer cpuDev.Close()
 	gd := &graphDevice{Device: cpuDev}
-	var dev runtime.Device = gd
+	var dev device.Device = gd
 	sd := &stagedGraphDevice{graphDevice: gd}
 	if staged {
 		dev = sd
@@ -194,7 +194,7 @@ func replaysTheStep(t *testing.T, c *trainergen.Compiled, batch int, staged bool
 	}
 }
 
-// hostDevice is the CPU device with runtime.HostAllocator: it records the
+// hostDevice is the CPU device with device.HostAllocator: it records the
 // host buffers it lends and which copies read from them.
 type hostDevice struct {
 	*cpu.Device
@@ -220,7 +220,7 @@ func (d *hostDevice) FreeHost(b []byte) error {
 	return fmt.Errorf("FreeHost of memory not lent")
 }
 
-func (d *hostDevice) CopyIn(dst runtime.Ptr, src []byte) error {
+func (d *hostDevice) CopyIn(dst device.Ptr, src []byte) error {
 	for _, l := range d.lent {
 		if len(src) > 0 && &l[0] == &src[0] {
 			d.uploads = append(d.uploads, bytes.Clone(src))

@@ -35,7 +35,7 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 	f.PackageComment(fmt.Sprintf("Package %s trains model %s (compiled by cnnc from %s for batches of up to %d %dx%dx%d images, %d classes) %s.", pkg, spec.Model, spec.Source, spec.Batch, spec.H, spec.W, spec.C, spec.Classes, where))
 	f.ImportName(trainerPkg, "trainer")
 	f.ImportName(cpuPkg, "cpu")
-	f.ImportName(runtimePkg, "runtime")
+	f.ImportName(devicePkg, "device")
 	embedFile(f, "kernels", "kernels.cu")
 	f.Comment("Shapes the model was compiled for.")
 	f.Const().Defs(
@@ -54,14 +54,14 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 		jen.Id("Device").String().Comment(`"auto" or "": the GPU when the package has CUDA kernels (cnnc gen --cuda) and the program is built with -tags cuda, else the CPU; "cpu"; "cuda"`),
 	)
 	f.Comment("openCUDA opens the GPU with the package's fatbin; cuda.go sets it in builds with -tags cuda.")
-	f.Var().Id("openCUDA").Func().Params().Params(jen.Qual(runtimePkg, "Device"), jen.Error())
+	f.Var().Id("openCUDA").Func().Params().Params(jen.Qual(devicePkg, "Device"), jen.Error())
 	f.Line()
 	openCPU := jen.Return(jen.Qual(cpuPkg, "New").Call(jen.Id("kernels"), jen.Lit("kernels.cu"), jen.Qual(cpuPkg, "Options").Values()))
 	noCUDA := "generated without CUDA kernels: run cnnc gen --cuda"
 	if fatbin != nil {
 		noCUDA = "built without -tags cuda"
 	}
-	f.Func().Id("openDevice").Params(jen.Id("name").String()).Params(jen.Qual(runtimePkg, "Device"), jen.Error()).Block(
+	f.Func().Id("openDevice").Params(jen.Id("name").String()).Params(jen.Qual(devicePkg, "Device"), jen.Error()).Block(
 		jen.Switch(jen.Id("name")).Block(
 			jen.Case(jen.Lit(""), jen.Lit("auto")).Block(
 				jen.If(jen.Id("openCUDA").Op("!=").Nil()).Block(jen.Return(jen.Id("openCUDA").Call())),
@@ -125,12 +125,12 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 		c.HeaderComment(header(spec.Source))
 		c.HeaderComment("//go:build cuda")
 		c.ImportName(cudaPkg, "cuda")
-		c.ImportName(runtimePkg, "runtime")
+		c.ImportName(devicePkg, "device")
 		embedFile(c, "fatbin", "kernels.fatbin")
 		c.Comment("With -tags cuda the package trains on the GPU. The program then links the CUDA driver")
 		c.Comment("(gorgonia.org/cu), whose initialisation exits the process on a machine without an NVIDIA GPU.")
 		c.Func().Id("init").Params().Block(
-			jen.Id("openCUDA").Op("=").Func().Params().Params(jen.Qual(runtimePkg, "Device"), jen.Error()).Block(
+			jen.Id("openCUDA").Op("=").Func().Params().Params(jen.Qual(devicePkg, "Device"), jen.Error()).Block(
 				jen.Return(jen.Qual(cudaPkg, "New").Call(jen.Id("fatbin"))),
 			),
 		)

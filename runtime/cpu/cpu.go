@@ -1,10 +1,10 @@
-// Package cpu is the CPU backend of runtime.Device: the generated CUDA C is
+// Package cpu is the CPU backend of device.Device: the generated CUDA C is
 // compiled with g++ against the emulation header and run on the cores by
 // runtime/emu. It never links gorgonia.org/cu, so it runs anywhere.
 package cpu
 
 import (
-	"github.com/cnnc/cnnc/runtime"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/emu"
 )
 
@@ -13,7 +13,7 @@ type Device struct {
 	mod *emu.Module
 }
 
-var _ runtime.Device = (*Device)(nil)
+var _ device.Device = (*Device)(nil)
 
 // Options are the emulator's compile options.
 type Options = emu.Options
@@ -30,31 +30,31 @@ func New(source []byte, name string, opts Options) (*Device, error) {
 
 func (d *Device) Name() string { return "cpu (CUDA emulator)" }
 
-func (d *Device) Alloc(bytes int64) (runtime.Ptr, error) {
+func (d *Device) Alloc(bytes int64) (device.Ptr, error) {
 	p, err := emu.Alloc(int(bytes))
-	return runtime.Ptr(p), err
+	return device.Ptr(p), err
 }
 
-func (d *Device) Free(p runtime.Ptr) error { return emu.Free(emu.Ptr(p)) }
+func (d *Device) Free(p device.Ptr) error { return emu.Free(emu.Ptr(p)) }
 
-func (d *Device) CopyIn(dst runtime.Ptr, src []byte) error {
+func (d *Device) CopyIn(dst device.Ptr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
 	return emu.CopyIn(emu.Ptr(dst), src)
 }
 
-func (d *Device) CopyOut(dst []byte, src runtime.Ptr) error {
+func (d *Device) CopyOut(dst []byte, src device.Ptr) error {
 	if len(dst) == 0 {
 		return nil
 	}
 	return emu.CopyOut(dst, emu.Ptr(src))
 }
 
-func (d *Device) Launch(kernel string, grid, block runtime.Dim3, sharedBytes int, params []uint64) error {
+func (d *Device) Launch(kernel string, grid, block device.Dim3, sharedBytes int, params []uint64) error {
 	err := d.mod.Launch(kernel, emu.Dim3{X: grid[0], Y: grid[1], Z: grid[2]}, emu.Dim3{X: block[0], Y: block[1], Z: block[2]}, sharedBytes, params)
 	if err != nil {
-		return &runtime.LaunchError{Kernel: kernel, Err: err}
+		return &device.LaunchError{Kernel: kernel, Err: err}
 	}
 	return nil
 }

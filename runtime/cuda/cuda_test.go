@@ -31,9 +31,9 @@ import (
 	"github.com/cnnc/cnnc/examples"
 	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/nvcc"
-	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/cuda"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -139,14 +139,14 @@ func TestSaxpyMatchesEmulator(t *testing.T) {
 	defer emu.Close()
 	gpu := open(t, fb)
 	results := map[string][]float32{}
-	for _, dev := range []runtime.Device{gpu, emu} {
+	for _, dev := range []device.Device{gpu, emu} {
 		px, err := dev.Alloc(4 * n)
 		require.NoError(t, err)
 		py, err := dev.Alloc(4 * n)
 		require.NoError(t, err)
 		require.NoError(t, dev.CopyIn(px, f32bytes(x)))
 		require.NoError(t, dev.CopyIn(py, f32bytes(y)))
-		require.NoError(t, dev.Launch("saxpy", runtime.Dim3{(n + 255) / 256, 1, 1}, runtime.Dim3{256, 1, 1}, 0,
+		require.NoError(t, dev.Launch("saxpy", device.Dim3{(n + 255) / 256, 1, 1}, device.Dim3{256, 1, 1}, 0,
 			[]uint64{f32arg(a), uint64(px), uint64(py), n}))
 		require.NoError(t, dev.Sync())
 		out := make([]byte, 4*n)
@@ -170,7 +170,7 @@ func TestDynamicSharedAbove48KiB(t *testing.T) {
 	const blocks, n = 4, 100 << 10 / 4 // 100 KiB of floats
 	out, err := d.Alloc(4 * blocks)
 	require.NoError(t, err)
-	require.NoError(t, d.Launch("bigshared", runtime.Dim3{blocks, 1, 1}, runtime.Dim3{256, 1, 1}, 4*n, []uint64{uint64(out), n}))
+	require.NoError(t, d.Launch("bigshared", device.Dim3{blocks, 1, 1}, device.Dim3{256, 1, 1}, 4*n, []uint64{uint64(out), n}))
 	b := make([]byte, 4*blocks)
 	require.NoError(t, d.CopyOut(b, out))
 	for i, v := range bytesf32(b) {
@@ -181,8 +181,8 @@ func TestDynamicSharedAbove48KiB(t *testing.T) {
 		assert.Equal(t, float32(want), v, "block %d", i)
 	}
 	// more than any block may have names the kernel and the limit
-	err = d.Launch("bigshared", runtime.Dim3{1, 1, 1}, runtime.Dim3{32, 1, 1}, 1<<20, []uint64{uint64(out), 1})
-	var le *runtime.LaunchError
+	err = d.Launch("bigshared", device.Dim3{1, 1, 1}, device.Dim3{32, 1, 1}, 1<<20, []uint64{uint64(out), 1})
+	var le *device.LaunchError
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, "bigshared", le.Kernel)
 	assert.Contains(t, err.Error(), "allows at most")
@@ -195,13 +195,13 @@ func TestErrors(t *testing.T) {
 	_, err := cuda.New(nil)
 	assert.ErrorContains(t, err, "empty")
 
-	err = d.Launch("no_such_kernel", runtime.Dim3{1, 1, 1}, runtime.Dim3{1, 1, 1}, 0, nil)
-	var le *runtime.LaunchError
+	err = d.Launch("no_such_kernel", device.Dim3{1, 1, 1}, device.Dim3{1, 1, 1}, 0, nil)
+	var le *device.LaunchError
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, "no_such_kernel", le.Kernel)
 	assert.ErrorIs(t, err, cu.NotFound)
 
-	err = d.Launch("saxpy", runtime.Dim3{0, 1, 1}, runtime.Dim3{1, 1, 1}, 0, []uint64{0, 0, 0, 0})
+	err = d.Launch("saxpy", device.Dim3{0, 1, 1}, device.Dim3{1, 1, 1}, 0, []uint64{0, 0, 0, 0})
 	require.ErrorAs(t, err, &le)
 	assert.Contains(t, err.Error(), "empty launch")
 
@@ -299,7 +299,7 @@ func TestConcurrentUse(t *testing.T) {
 					return err
 				}
 				for range 50 {
-					if err := d.Launch("saxpy", runtime.Dim3{n / 256, 1, 1}, runtime.Dim3{256, 1, 1}, 0, []uint64{f32arg(1), uint64(px), uint64(py), n}); err != nil {
+					if err := d.Launch("saxpy", device.Dim3{n / 256, 1, 1}, device.Dim3{256, 1, 1}, 0, []uint64{f32arg(1), uint64(px), uint64(py), n}); err != nil {
 						return err
 					}
 				}
@@ -334,12 +334,12 @@ func TestFaultChild(t *testing.T) {
 	require.NoError(t, err)
 	p, err := d.Alloc(1024)
 	require.NoError(t, err)
-	err = d.Launch(os.Getenv(faultChild), runtime.Dim3{1, 1, 1}, runtime.Dim3{32, 1, 1}, 0, []uint64{uint64(p)})
+	err = d.Launch(os.Getenv(faultChild), device.Dim3{1, 1, 1}, device.Dim3{32, 1, 1}, 0, []uint64{uint64(p)})
 	if err == nil {
 		err = d.Sync()
 	}
 	fmt.Printf("FAULT: %v\n", err)
-	var le *runtime.LaunchError
+	var le *device.LaunchError
 	fmt.Printf("LAUNCHERROR: %v\n", errors.As(err, &le))
 }
 
@@ -425,7 +425,7 @@ train { optimizer = sgd(lr=0.01, momentum=0.9) }
 				batches = append(batches, randomBatch(g, batch, rng))
 			}
 			var losses [2][]float64
-			for i, dev := range []runtime.Device{gpu, emu} {
+			for i, dev := range []device.Device{gpu, emu} {
 				reports, err := kernelcheck.Step(dev, prog, g, 5, batches)
 				require.NoError(t, err, dev.Name())
 				require.Len(t, reports, steps)
@@ -471,7 +471,7 @@ func TestGraphCaptureAndSetParams(t *testing.T) {
 	require.NoError(t, d.CopyIn(px, f32bytes(x)))
 	require.NoError(t, d.CopyIn(py, f32bytes(y)))
 	saxpy := func(a float32) error {
-		return d.Launch("saxpy", runtime.Dim3{(n + 127) / 128, 1, 1}, runtime.Dim3{128, 1, 1}, 0, []uint64{f32arg(a), uint64(px), uint64(py), n})
+		return d.Launch("saxpy", device.Dim3{(n + 127) / 128, 1, 1}, device.Dim3{128, 1, 1}, 0, []uint64{f32arg(a), uint64(px), uint64(py), n})
 	}
 	g, err := d.CaptureGraph(func() error {
 		if err := saxpy(1); err != nil {
@@ -595,7 +595,7 @@ func sessionsAgree(t *testing.T, name string, src []byte) {
 	var runs []run
 	for _, cfg := range []struct {
 		name   string
-		dev    runtime.Device
+		dev    device.Device
 		graphs bool
 	}{{"gpu", gpu, false}, {"gpu graph", gpu, true}, {"emulator", emu, false}} {
 		sess, err := trainer.NewSession(spec, cfg.dev, spec.Seed)

@@ -13,8 +13,8 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/cnnc/cnnc/runtime"
 	_ "github.com/cnnc/cnnc/runtime/cuda/preflight" // a clear message when the driver cannot start
+	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // DebugEnv turns on Options.Debug for New when set to "1".
@@ -29,7 +29,7 @@ type Options struct {
 	Debug bool
 }
 
-// Device is a runtime.Device on one GPU.
+// Device is a device.Device on one GPU.
 type Device struct {
 	opts  Options
 	name  string // for messages: "NVIDIA H200 (sm_90, 139.8 GiB)"
@@ -48,7 +48,7 @@ type Device struct {
 	stream  cu.Stream
 	optin   int // most shared memory per block after opting in
 	funcs   map[string]*function
-	allocs  map[runtime.Ptr]int64
+	allocs  map[device.Ptr]int64
 	pinned  map[*byte]int
 	args    []uint64         // the launch parameters' values, reused
 	argPtrs []unsafe.Pointer // &args[i]: what cuLaunchKernel reads
@@ -67,11 +67,11 @@ type function struct {
 const defaultMaxShared = 48 << 10
 
 var (
-	_ runtime.Device        = (*Device)(nil)
-	_ runtime.HostAllocator = (*Device)(nil)
-	_ runtime.AsyncCopier   = (*Device)(nil)
-	_ runtime.Grapher       = (*Device)(nil)
-	_ runtime.Timer         = (*Device)(nil)
+	_ device.Device        = (*Device)(nil)
+	_ device.HostAllocator = (*Device)(nil)
+	_ device.AsyncCopier   = (*Device)(nil)
+	_ device.Grapher       = (*Device)(nil)
+	_ device.Timer         = (*Device)(nil)
 )
 
 // errClosed is returned by every call after Close.
@@ -106,7 +106,7 @@ func NewWithOptions(fatbin []byte, o Options) (*Device, error) {
 	}
 	d := &Device{
 		opts: o, calls: make(chan func() error), result: make(chan error),
-		funcs: map[string]*function{}, allocs: map[runtime.Ptr]int64{}, pinned: map[*byte]int{},
+		funcs: map[string]*function{}, allocs: map[device.Ptr]int64{}, pinned: map[*byte]int{},
 	}
 	started := make(chan error)
 	go d.serve(fatbin, started)
@@ -208,11 +208,11 @@ func (d *Device) MemInfo() (free, total int64, err error) {
 
 // Alloc makes one device allocation of bytes, after checking that they fit
 // in the free memory (a *MemoryError says by how much they do not).
-func (d *Device) Alloc(bytes int64) (runtime.Ptr, error) {
+func (d *Device) Alloc(bytes int64) (device.Ptr, error) {
 	if bytes < 0 {
 		return 0, fmt.Errorf("cuda: cannot allocate %d bytes", bytes)
 	}
-	var p runtime.Ptr
+	var p device.Ptr
 	err := d.do(func() error {
 		free, total, err := cu.MemInfo()
 		if err != nil {
@@ -226,7 +226,7 @@ func (d *Device) Alloc(bytes int64) (runtime.Ptr, error) {
 		if err != nil {
 			return fmt.Errorf("cuda: cuMemAlloc of %d bytes (%d free of %d): %w", n, free, total, err)
 		}
-		p = runtime.Ptr(ptr)
+		p = device.Ptr(ptr)
 		d.allocs[p] = n
 		return nil
 	})
@@ -234,7 +234,7 @@ func (d *Device) Alloc(bytes int64) (runtime.Ptr, error) {
 }
 
 // Free releases an allocation once the work issued so far is done.
-func (d *Device) Free(p runtime.Ptr) error {
+func (d *Device) Free(p device.Ptr) error {
 	return d.do(func() error {
 		if _, ok := d.allocs[p]; !ok {
 			return fmt.Errorf("cuda: Free(%#x): not an allocation of this device", uint64(p))
@@ -251,7 +251,7 @@ func (d *Device) Free(p runtime.Ptr) error {
 }
 
 // inBounds checks that [p, p+n) lies inside one allocation.
-func (d *Device) inBounds(op string, p runtime.Ptr, n int) error {
+func (d *Device) inBounds(op string, p device.Ptr, n int) error {
 	for base, size := range d.allocs {
 		if p >= base && uint64(p-base)+uint64(n) <= uint64(size) {
 			return nil
@@ -262,26 +262,26 @@ func (d *Device) inBounds(op string, p runtime.Ptr, n int) error {
 
 // CopyIn copies src to the device at dst, after the work issued so far,
 // and returns when it has arrived.
-func (d *Device) CopyIn(dst runtime.Ptr, src []byte) error { return d.copyIn(dst, src, false) }
+func (d *Device) CopyIn(dst device.Ptr, src []byte) error { return d.copyIn(dst, src, false) }
 
 // CopyOut copies len(dst) bytes from the device at src, after the work
 // issued so far.
-func (d *Device) CopyOut(dst []byte, src runtime.Ptr) error { return d.copyOut(dst, src, false) }
+func (d *Device) CopyOut(dst []byte, src device.Ptr) error { return d.copyOut(dst, src, false) }
 
 // CopyInAsync queues a copy of src, page-locked memory from AllocHost, to
-// dst on the stream and returns at once (runtime.AsyncCopier): src must
+// dst on the stream and returns at once (device.AsyncCopier): src must
 // not change until the next Sync. Inside a Capture the copy becomes a node
 // of the graph, reading src whenever the graph runs.
-func (d *Device) CopyInAsync(dst runtime.Ptr, src []byte) error { return d.copyIn(dst, src, true) }
+func (d *Device) CopyInAsync(dst device.Ptr, src []byte) error { return d.copyIn(dst, src, true) }
 
 // CopyOutAsync queues a copy from src to dst, page-locked memory from
 // AllocHost, and returns at once: dst holds the bytes after the next Sync.
 // Inside a Capture the copy becomes a node of the graph.
-func (d *Device) CopyOutAsync(dst []byte, src runtime.Ptr) error { return d.copyOut(dst, src, true) }
+func (d *Device) CopyOutAsync(dst []byte, src device.Ptr) error { return d.copyOut(dst, src, true) }
 
 // copyIn queues a host-to-device copy on the stream; unless async it then
 // waits for it. Asynchronous copies read page-locked memory only.
-func (d *Device) copyIn(dst runtime.Ptr, src []byte, async bool) error {
+func (d *Device) copyIn(dst device.Ptr, src []byte, async bool) error {
 	if len(src) == 0 {
 		return nil
 	}
@@ -311,7 +311,7 @@ func (d *Device) copyIn(dst runtime.Ptr, src []byte, async bool) error {
 }
 
 // copyOut is copyIn's other direction.
-func (d *Device) copyOut(dst []byte, src runtime.Ptr, async bool) error {
+func (d *Device) copyOut(dst []byte, src device.Ptr, async bool) error {
 	if len(dst) == 0 {
 		return nil
 	}
@@ -342,20 +342,20 @@ func (d *Device) copyOut(dst []byte, src runtime.Ptr, async bool) error {
 
 // Launch queues kernel on the device's stream. params are the 8-byte
 // kernel parameters (pointer, int64, or float32 bits in the low 32). An
-// error names the kernel (*runtime.LaunchError); a fault while the kernel
+// error names the kernel (*device.LaunchError); a fault while the kernel
 // runs is reported by the next Sync or copy, or by Launch itself in debug
 // mode.
-func (d *Device) Launch(kernel string, grid, block runtime.Dim3, sharedBytes int, params []uint64) error {
+func (d *Device) Launch(kernel string, grid, block device.Dim3, sharedBytes int, params []uint64) error {
 	return d.do(func() error { return d.launch(kernel, grid, block, sharedBytes, params) })
 }
 
-func (d *Device) launch(kernel string, grid, block runtime.Dim3, sharedBytes int, params []uint64) error {
+func (d *Device) launch(kernel string, grid, block device.Dim3, sharedBytes int, params []uint64) error {
 	fail := func(format string, args ...any) error {
-		return &runtime.LaunchError{Kernel: kernel, Err: fmt.Errorf(format, args...)}
+		return &device.LaunchError{Kernel: kernel, Err: fmt.Errorf(format, args...)}
 	}
 	f, err := d.function(kernel)
 	if err != nil {
-		return &runtime.LaunchError{Kernel: kernel, Err: err}
+		return &device.LaunchError{Kernel: kernel, Err: err}
 	}
 	for i := range 3 {
 		if grid[i] == 0 || block[i] == 0 {
@@ -506,7 +506,7 @@ func (d *Device) teardown() error {
 	if err := d.sync("Close"); err != nil {
 		errs = append(errs, err)
 	}
-	ptrs := make([]runtime.Ptr, 0, len(d.allocs))
+	ptrs := make([]device.Ptr, 0, len(d.allocs))
 	for p := range d.allocs {
 		ptrs = append(ptrs, p)
 	}

@@ -1,13 +1,13 @@
 //go:build cuda
 
-// Package cuda is the GPU backend of runtime.Device, on the CUDA driver API
+// Package cuda is the GPU backend of device.Device, on the CUDA driver API
 // through gorgonia.org/cu.
 //
 // In:  the kernels as a fatbin (nvcc -fatbin for sm_80 and sm_90 with PTX,
 // see codegen/trainergen.CompileFatbin), then the same calls the CPU
 // emulator takes: Alloc, CopyIn, Launch(kernel, grid, block, shared bytes,
 // 8-byte params), Sync, CopyOut, Free, Close.
-// Out: a runtime.Device on GPU 0.
+// Out: a device.Device on GPU 0.
 //
 // Why behind the "cuda" build tag: gorgonia.org/cu's package init calls
 // cuInit and exits the process (os.Exit(1)) when there is no GPU or driver,

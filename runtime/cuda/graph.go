@@ -105,7 +105,7 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/cnnc/cnnc/runtime"
+	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // cu.Stream holds only a CUstream; read it through unsafe (compile-time
@@ -126,7 +126,7 @@ type capturedLaunch struct {
 	node        C.CUgraphNode
 	kernel      string
 	fn          cu.Function
-	grid, block runtime.Dim3
+	grid, block device.Dim3
 	shared      int
 	nparams     int
 }
@@ -175,7 +175,7 @@ func (d *Device) Capture(run func() error) (*Graph, error) {
 
 // recordCaptured notes the node of the kernel just captured (on the
 // worker, from launch).
-func (d *Device) recordCaptured(kernel string, f *function, grid, block runtime.Dim3, shared, nparams int) error {
+func (d *Device) recordCaptured(kernel string, f *function, grid, block device.Dim3, shared, nparams int) error {
 	var node C.CUgraphNode
 	if err := check(C.cnncCapturedNode(cStream(d.stream), &node)); err != nil {
 		return fmt.Errorf("cuStreamGetCaptureInfo_v2 after capturing the launch: %w", err)
@@ -194,7 +194,7 @@ func (d *Device) SetParams(gr *Graph, i int, params []uint64) error {
 		}
 		n := gr.nodes[i]
 		if len(params) != n.nparams {
-			return &runtime.LaunchError{Kernel: n.kernel, Err: fmt.Errorf("graph node: %d parameters given, %d captured", len(params), n.nparams)}
+			return &device.LaunchError{Kernel: n.kernel, Err: fmt.Errorf("graph node: %d parameters given, %d captured", len(params), n.nparams)}
 		}
 		var vals *C.uint64_t
 		if len(params) > 0 {
@@ -205,7 +205,7 @@ func (d *Device) SetParams(gr *Graph, i int, params []uint64) error {
 			C.uint(n.block[0]), C.uint(n.block[1]), C.uint(n.block[2]),
 			C.uint(n.shared), vals, C.int(len(params))))
 		if err != nil {
-			return &runtime.LaunchError{Kernel: n.kernel, Err: fmt.Errorf("cuGraphExecKernelNodeSetParams: %w", err)}
+			return &device.LaunchError{Kernel: n.kernel, Err: fmt.Errorf("cuGraphExecKernelNodeSetParams: %w", err)}
 		}
 		return nil
 	})
@@ -237,8 +237,8 @@ func (d *Device) DestroyGraph(gr *Graph) error {
 	})
 }
 
-// CaptureGraph implements runtime.Grapher.
-func (d *Device) CaptureGraph(run func() error) (runtime.Replayer, error) {
+// CaptureGraph implements device.Grapher.
+func (d *Device) CaptureGraph(run func() error) (device.Replayer, error) {
 	gr, err := d.Capture(run)
 	if err != nil {
 		return nil, err

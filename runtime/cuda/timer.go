@@ -10,7 +10,7 @@ import (
 )
 
 // TimeLaunches times the device work that run queues on the stream with
-// CUDA events recorded before and after it (runtime.Timer): kernel time on
+// CUDA events recorded before and after it (device.Timer): kernel time on
 // the GPU, without the host's launch overhead or a sync per kernel.
 func (d *Device) TimeLaunches(run func() error) (time.Duration, error) {
 	var start, stop cu.Event

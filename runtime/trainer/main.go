@@ -19,15 +19,15 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
 	"github.com/cnnc/cnnc/runtime/data"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // Backends open devices by name ("cpu", "cuda"); a trainer built for the
 // CPU has no "cuda" entry, so it never links gorgonia.org/cu.
-type Backends map[string]func(spec *Spec) (runtime.Device, error)
+type Backends map[string]func(spec *Spec) (device.Device, error)
 
 // Options are the trainer's command-line settings.
 type Options struct {
@@ -136,7 +136,7 @@ func (o *Options) check(spec *Spec) error {
 	return nil
 }
 
-func openDevice(spec *Spec, backends Backends, name string, warn func(string)) (runtime.Device, error) {
+func openDevice(spec *Spec, backends Backends, name string, warn func(string)) (device.Device, error) {
 	if name == "auto" {
 		if open, ok := backends["cuda"]; ok {
 			d, err := open(spec)
@@ -225,7 +225,7 @@ func train(spec *Spec, backends Backends, o Options) (int, error) {
 	defer sess.Close()
 	sess.LR = float32(o.LR)
 	if o.CUDAGraph {
-		if _, can := dev.(runtime.Grapher); can {
+		if _, can := dev.(device.Grapher); can {
 			sess.UseGraphs = true
 			sess.Warnf = func(format string, args ...any) {
 				fmt.Fprintf(o.stderr, "warning: --cuda-graph: "+format+"\n", args...)
@@ -506,7 +506,7 @@ func bench(sess *Session, o Options) (int, error) {
 		b.Labels[i] = int32(rng.IntN(sp.Classes))
 	}
 	var times []float64
-	timer, events := sess.Dev.(runtime.Timer)
+	timer, events := sess.Dev.(device.Timer)
 	for i := 0; i < o.Bench+3; i++ {
 		t0 := time.Now()
 		step := func() error { _, _, err := sess.TrainStep(b); return err }

@@ -3,7 +3,7 @@ package trainer
 import (
 	"fmt"
 
-	"github.com/cnnc/cnnc/runtime"
+	"github.com/cnnc/cnnc/runtime/device"
 	"io"
 	"sort"
 	"time"
@@ -41,7 +41,7 @@ func Profile(s *Session, b Batch, w io.Writer, roofline string) error {
 	}
 	rows := map[string]*row{}
 	var order []string
-	timer, events := s.Dev.(runtime.Timer)
+	timer, events := s.Dev.(device.Timer)
 	for _, l := range s.Spec.Train.Launches {
 		one := Step{Launches: []Launch{l}}
 		var d time.Duration

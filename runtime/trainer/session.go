@@ -8,8 +8,8 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/initparam"
 )
 
@@ -25,7 +25,7 @@ type Batch struct {
 // Session is a model on a device: its arena, parameters and step counter.
 type Session struct {
 	Spec *Spec
-	Dev  runtime.Device
+	Dev  device.Device
 	// Step counts completed training steps (Adam's bias correction and the
 	// dropout RNG read it).
 	Step int64
@@ -33,7 +33,7 @@ type Session struct {
 	Seed uint64
 
 	// UseGraphs replays the training step as one captured graph on devices
-	// that can (runtime.Grapher). The graph is captured at the second step
+	// that can (device.Grapher). The graph is captured at the second step
 	// (the first one runs launch by launch, so that each kernel is loaded
 	// and its shared memory limit raised outside the capture) and serves
 	// every later one: before each replay, the launches whose arguments
@@ -44,15 +44,15 @@ type Session struct {
 	// goes on launching kernel by kernel. Without it the step fails.
 	Warnf func(format string, args ...any)
 
-	graph        runtime.Replayer
+	graph        device.Replayer
 	graphParams  [][]uint64 // per training launch: the values its graph node holds
 	graphVarying []int      // the training launches whose arguments change between steps
 	graphSteps   int        // training steps run since UseGraphs was set
 
-	arenas [2]runtime.Ptr
+	arenas [2]device.Ptr
 	// staging holds a batch's pixels and labels on their way to the
 	// device, and the graph's results on their way back: page-locked
-	// memory on devices that have it (runtime.HostAllocator), reused from
+	// memory on devices that have it (device.HostAllocator), reused from
 	// step to step (see the stage* indices).
 	staging [numStaging][]byte
 	// params is reused for argument arrays.
@@ -61,7 +61,7 @@ type Session struct {
 
 // NewSession allocates exactly the planned arena on dev and initialises
 // the parameters from seed (optimizer state zero).
-func NewSession(spec *Spec, dev runtime.Device, seed uint64) (*Session, error) {
+func NewSession(spec *Spec, dev device.Device, seed uint64) (*Session, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -115,7 +115,7 @@ func (s *Session) stagingBuffer(i, n int) ([]byte, error) {
 		if err := s.freeStaging(i); err != nil {
 			return nil, err
 		}
-		if ha, ok := s.Dev.(runtime.HostAllocator); ok {
+		if ha, ok := s.Dev.(device.HostAllocator); ok {
 			b, err := ha.AllocHost(n)
 			if err != nil {
 				return nil, fmt.Errorf("trainer: page-locked staging memory of %d bytes: %w", n, err)
@@ -131,13 +131,13 @@ func (s *Session) stagingBuffer(i, n int) ([]byte, error) {
 func (s *Session) freeStaging(i int) error {
 	b := s.staging[i]
 	s.staging[i] = nil
-	if ha, ok := s.Dev.(runtime.HostAllocator); ok && b != nil {
+	if ha, ok := s.Dev.(device.HostAllocator); ok && b != nil {
 		return ha.FreeHost(b[:cap(b)])
 	}
 	return nil
 }
 
-func (s *Session) addr(a Arena, off int64) runtime.Ptr { return s.arenas[a] + runtime.Ptr(off) }
+func (s *Session) addr(a Arena, off int64) device.Ptr { return s.arenas[a] + device.Ptr(off) }
 
 // f32bytes and bytesf32 use the checkpoint format's little-endian float32
 // layout, the device's too.
@@ -305,9 +305,9 @@ func (s *Session) readScalars(st Step) (float32, int, error) {
 // carry the step's copies too — the batch in from page-locked staging
 // buffers and the loss and correct count back out, so that a step costs
 // one graph launch and one synchronisation — and nil otherwise.
-func (s *Session) stager() runtime.AsyncCopier {
-	ac, async := s.Dev.(runtime.AsyncCopier)
-	if _, pinned := s.Dev.(runtime.HostAllocator); !async || !pinned {
+func (s *Session) stager() device.AsyncCopier {
+	ac, async := s.Dev.(device.AsyncCopier)
+	if _, pinned := s.Dev.(device.HostAllocator); !async || !pinned {
 		return nil
 	}
 	return ac
@@ -315,7 +315,7 @@ func (s *Session) stager() runtime.AsyncCopier {
 
 // captureStep queues the training step for a capture: its launches, and
 // through ac (when not nil) its copies.
-func (s *Session) captureStep(ac runtime.AsyncCopier, valid int) error {
+func (s *Session) captureStep(ac device.AsyncCopier, valid int) error {
 	st := s.Spec.Train
 	if ac != nil {
 		if err := ac.CopyInAsync(s.addr(st.Images.Arena, st.Images.Offset), s.staging[graphPixels]); err != nil {
@@ -343,7 +343,7 @@ func (s *Session) captureStep(ac runtime.AsyncCopier, valid int) error {
 // prepareGraph readies the graph of the training step for this step:
 // captured on the first call, then the launches whose arguments changed
 // get this step's values.
-func (s *Session) prepareGraph(g runtime.Grapher, ac runtime.AsyncCopier, valid int) error {
+func (s *Session) prepareGraph(g device.Grapher, ac device.AsyncCopier, valid int) error {
 	st := s.Spec.Train
 	if s.graph == nil {
 		r, err := g.CaptureGraph(func() error { return s.captureStep(ac, valid) })
@@ -378,7 +378,7 @@ func (s *Session) prepareGraph(g runtime.Grapher, ac runtime.AsyncCopier, valid 
 // captured or updated is reported through Warnf, when set, and the
 // session goes on launching kernel by kernel (fellBack); a failure while
 // the graph runs is the step's.
-func (s *Session) graphStep(g runtime.Grapher, b Batch) (loss float32, correct int, fellBack bool, err error) {
+func (s *Session) graphStep(g device.Grapher, b Batch) (loss float32, correct int, fellBack bool, err error) {
 	ac := s.stager()
 	if ac != nil {
 		if _, _, err := s.stageBatch(b, s.Spec.Batch, graphPixels, graphLabels); err != nil {
@@ -418,12 +418,12 @@ func (s *Session) graphStep(g runtime.Grapher, b Batch) (loss float32, correct i
 
 // TrainStep runs one training step (forward, backward, update) and
 // returns the batch's mean loss and correct predictions. With UseGraphs on
-// a device that can (runtime.Grapher) the step runs as one graph from the
+// a device that can (device.Grapher) the step runs as one graph from the
 // session's second step on (the first launches kernel by kernel, so that
 // each kernel is loaded and its shared memory limit raised outside the
 // capture).
 func (s *Session) TrainStep(b Batch) (float32, int, error) {
-	if g, ok := s.Dev.(runtime.Grapher); ok && s.UseGraphs {
+	if g, ok := s.Dev.(device.Grapher); ok && s.UseGraphs {
 		s.graphSteps++
 		if s.graphSteps > 1 {
 			loss, correct, fellBack, err := s.graphStep(g, b)

@@ -7,8 +7,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"github.com/cnnc/cnnc/runtime"
 	"github.com/cnnc/cnnc/runtime/cpu"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -35,9 +35,9 @@ type Options struct {
 }
 
 // openCUDA opens the GPU with the package's fatbin; cuda.go sets it in builds with -tags cuda.
-var openCUDA func() (runtime.Device, error)
+var openCUDA func() (device.Device, error)
 
-func openDevice(name string) (runtime.Device, error) {
+func openDevice(name string) (device.Device, error) {
 	switch name {
 	case "", "auto":
 		if openCUDA != nil {
