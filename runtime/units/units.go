@@ -5,6 +5,7 @@ package units
 
 import (
 	"fmt"
+	"math"
 	"math/big"
 	"strings"
 )
@@ -56,4 +57,28 @@ func FormatSize(n int64) string {
 		return fmt.Sprintf("%.2f KiB", f/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// FormatBytes prints a byte count in the decimal unit that fits (B, kB,
+// MB, GB, TB, as PyTorch and nvidia-smi count), with two decimals:
+// "512 B", "47.37 MB", "8.00 GB". The unit is chosen after rounding, so
+// 999,999,999 bytes print as "1.00 GB", never "1000.00 MB". Every size a
+// user reads (cnnc's reports, trainers) goes through it, so one size
+// always prints one way.
+func FormatBytes(n int64) string {
+	if n < 0 {
+		return "-" + FormatBytes(-n)
+	}
+	if n < 1000 {
+		return fmt.Sprintf("%d B", n)
+	}
+	f := float64(n)
+	units := []string{"kB", "MB", "GB", "TB"}
+	for i, u := range units {
+		f /= 1000
+		if math.Round(f*100) < 1000*100 || i == len(units)-1 {
+			return fmt.Sprintf("%.2f %s", f, u)
+		}
+	}
+	panic("unreachable")
 }

@@ -37,3 +37,13 @@ func TestFormatSize(t *testing.T) {
 	assert.Equal(t, "14.10 MiB", units.FormatSize(14784921))
 	assert.Equal(t, "2.00 GiB", units.FormatSize(2<<30))
 }
+
+func TestFormatBytes(t *testing.T) {
+	for n, want := range map[int64]string{
+		0: "0 B", 999: "999 B", 1000: "1.00 kB", 47370000: "47.37 MB", 8000e6: "8.00 GB",
+		60906690000: "60.91 GB", 999_994_999: "999.99 MB", 999_995_000: "1.00 GB",
+		4e15: "4000.00 TB", -1500: "-1.50 kB",
+	} {
+		assert.Equal(t, want, units.FormatBytes(n), n)
+	}
+}
