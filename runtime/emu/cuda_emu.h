@@ -357,7 +357,7 @@ struct Worker {
   uint8_t order[kWarpSize] = {};      // the warp's lanes in the order of the current sweep
   bool order_identity = false;        // order[] is 0..31
   uint32_t interval = 0;              // barrier intervals completed by the current block
-  unsigned char* tls_lo = nullptr;    // this OS thread's copy of the module's thread-local storage
+  unsigned char* tls_lo = nullptr;    // the OS thread's copy of the module's thread-local storage
   size_t tls_size = 0;                // (static __shared__ arrays live there), found on first use
   bool tls_known = false;
   unsigned char* dyn = nullptr;
@@ -825,7 +825,7 @@ inline int find_tls(dl_phdr_info* info, size_t, void* arg) {
 }
 
 // The calling OS thread's copy of this module's TLS block (found through t_worker, which lives
-// in it), once per worker.
+// in it), once per cnnc_emu_launch_work call.
 inline void locate_tls(Worker* w) {
   if (w->tls_known) return;
   TlsSearch s{&t_worker, nullptr, 0};
@@ -948,6 +948,7 @@ inline void launch_work(Launch* L, Worker* w) {
     memset(w->dyn, 0xFF, L->shared_bytes);  // never looks like zero-initialised memory
   }
   w->launch = L;
+  w->tls_known = false;  // a worker may run on another OS thread in every call
   set_tls(w);
   for (;;) {
     if (L->failed.load(std::memory_order_relaxed)) break;

@@ -31,6 +31,14 @@
 // itself defines it that way under nvcc/NVRTC); use the *_sync warp intrinsics, since
 // implicit warp lock-step is not emulated.
 //
+// Race mode (Module.SetSchedule): since a block's threads run one after another, a kernel that
+// reads what another thread wrote without a barrier in between can be right by luck in the
+// default order (warp by warp, lane by lane). Under a schedule, each barrier interval's warps, and
+// each warp's lanes at every sweep, run in reverse or in a seeded random order, dynamic and static
+// shared memory is filled with 0xFF (NaN) at the start of every block, and wmma fragments get a
+// permuted element layout; comparing a launch's output bit for bit with the forward order's
+// exposes such races (codegen's TestKernelsAreRaceFree does it for every kernel of the examples).
+//
 // Tensor cores, bfloat16, cp.async: nvcuda::wmma fragments for TF32 m16n16k8 and BF16 m16n16k16
 // with fp32 accumulators (fill_fragment, load_matrix_sync, store_matrix_sync, mma_sync,
 // __float_to_tf32), __nv_bfloat16 with its conversions, and the cp.async primitives
