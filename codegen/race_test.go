@@ -97,8 +97,7 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 					continue
 				}
 				v := comp.Train.Launches[i].Args[j].Value
-				n := v.Type.Bytes(comp.Plan.Steps[comp.Train.Launches[i].Step].Samples)
-				n = min(n, spec.ArenaBytes-a.Offset)
+				n := v.Type.Bytes(launchSamples(comp.Plan, comp.Train.Launches[i]))
 				buf := make([]byte, n)
 				require.NoError(t, emu.CopyOut(buf, arena+emu.Ptr(a.Offset)))
 				h.Write(buf)
