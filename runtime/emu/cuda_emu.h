@@ -61,7 +61,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(CNNC_EMU_TRACE)
+#include <algorithm>
+#include <dlfcn.h>
+#include <unordered_map>
+#include <vector>
+// Trace builds (emu.TraceFlags) are compiled with -fsanitize=kernel-address and calls for every
+// access: the hooks below record them instead of checking them. The runtime's own helpers that
+// kernels call are kept out of it.
+#define CNNC_EMU_NO_TRACE __attribute__((no_sanitize_address))
+#define CNNC_EMU_TRACE_SITE __attribute__((noinline, no_sanitize_address))
+#else
+#define CNNC_EMU_NO_TRACE
+#define CNNC_EMU_TRACE_SITE inline
+#endif
+
+#if defined(__SANITIZE_ADDRESS__) && !defined(CNNC_EMU_TRACE)  // (trace builds instrument, not check)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CNNC_EMU_ASAN 1
@@ -322,7 +337,11 @@ struct Fiber {
 
 using EntryFn = void (*)(void** params);
 
+struct Trace;
+struct TraceWorker;
+
 struct Launch {
+  Trace* trace = nullptr;  // trace builds: the access trace this launch records into
   EntryFn entry = nullptr;
   void** params = nullptr;
   dim3 grid, block;
@@ -368,6 +387,9 @@ struct Worker {
   void* sched_fake_stack = nullptr;
   bool block_failed = false;
   char fail[640] = {};
+  TraceWorker* trace = nullptr;  // trace builds: this worker's records while a traced launch runs
+  double block_weight = 0;       // how many blocks of the grid the block being traced stands for
+  bool in_trace = false;         // recording an access
   ~Worker() {
     for (ThreadCtx& t : threads) free(t.copies);
   }
@@ -378,6 +400,271 @@ inline thread_local BlockCtx* t_block = nullptr;
 inline thread_local Worker* t_worker = nullptr;
 
 inline unsigned char* dynamic_shared() { return t_block ? t_block->dynamic_shared : nullptr; }
+
+#if defined(CNNC_EMU_TRACE)
+// ---------------------------------------------------------------------------------------------
+// Access traces (trace builds): every load and store a kernel makes to shared or global memory
+// is recorded with its lane and its site (the instruction's address); when a warp reaches a
+// barrier or exits, the records are grouped into warp accesses — the n-th execution of a site by
+// each lane — and each is costed as the GPU's memory pipeline would: shared memory in wavefronts
+// (32 banks of 4 bytes; 8- and 16-byte accesses in phases of 16 and 8 lanes; lanes reading one
+// word share it), global memory in 32-byte sectors. Only a sample of the grid's blocks runs, each
+// weighted by the blocks it stands for (chosen by the caller).
+// ---------------------------------------------------------------------------------------------
+enum TraceFlag : uint8_t {
+  kTraceStore = 1,
+  kTraceShared = 2,    // else global
+  kTraceMatrix = 4,    // a wmma load/store of a whole tile (one per warp call)
+  kTraceColMajor = 8,  // matrix: stored column by column
+  kTraceAsync = 16,    // cp.async (its global read and its shared write)
+};
+
+struct TraceRecord {
+  uint64_t site;  // instruction address - the module's base
+  uint64_t addr;
+  uint32_t size;  // bytes (matrix: bytes per element)
+  uint32_t seq;   // order of recording
+  uint32_t instance;
+  uint32_t ldm;   // matrix: leading dimension in elements
+  uint16_t lane, rows, cols;
+  uint8_t flags;
+};
+
+// Totals of one access site, over the sampled blocks, weighted.
+struct TraceSite {
+  uint64_t site;
+  uint32_t width;  // bytes per lane (matrix: per element)
+  uint8_t flags;
+  uint8_t pad[3];
+  double accesses;      // warp-level accesses (instructions; a matrix call counts once)
+  double lanes;         // lanes taking part, summed
+  double transactions;  // shared: wavefronts; global: 32-byte sectors
+  double bytes;         // bytes requested
+};
+
+struct TraceWorker {
+  std::vector<TraceRecord> recs;
+  std::unordered_map<uint64_t, TraceSite> sites;
+  uint32_t seq = 0;
+};
+
+struct Trace {
+  std::vector<uint64_t> span_lo, span_hi;  // global memory: the device allocations, sorted
+  std::vector<uint64_t> blocks;            // linear indices of the blocks to run
+  std::vector<double> weights;
+  uintptr_t base = 0;
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  std::unordered_map<uint64_t, TraceSite> sites;
+  std::atomic<int> overflow{0};
+};
+
+inline constexpr size_t kTraceMaxRecords = size_t(1) << 24;  // per warp between barriers
+
+inline void locate_tls(Worker* w);
+
+// Turns the launch's b-th block into the b-th sampled block; false when none is left.
+CNNC_EMU_NO_TRACE inline bool trace_block(Launch* L, Worker* w, uint64_t& b) {
+  Trace* T = L->trace;
+  if (b >= T->blocks.size()) return false;
+  w->block_weight = T->weights[b];
+  b = T->blocks[b];
+  if (!w->trace) w->trace = new TraceWorker();
+  locate_tls(w);
+  return true;
+}
+
+CNNC_EMU_NO_TRACE inline bool in_global(const Trace* T, uint64_t a) {
+  auto it = std::upper_bound(T->span_lo.begin(), T->span_lo.end(), a);
+  if (it == T->span_lo.begin()) return false;
+  const size_t i = size_t(it - T->span_lo.begin()) - 1;
+  return a < T->span_hi[i];
+}
+
+CNNC_EMU_NO_TRACE inline void trace_keep(Worker* w, const void* p, uint32_t size, uint8_t flags, const void* pc, uint32_t ldm,
+                                         uint16_t rows, uint16_t cols);
+
+// Records one access of the running thread (dropped unless it is to shared or global memory).
+// The recorder's own accesses (in library code that is instrumented too) are not recorded.
+CNNC_EMU_NO_TRACE inline void trace_record(const void* p, uint32_t size, uint8_t flags, const void* pc, uint32_t ldm = 0,
+                                           uint16_t rows = 0, uint16_t cols = 0) {
+  Worker* w = t_worker;
+  if (!w || !w->running || !w->trace || w->in_trace) return;
+  w->in_trace = true;
+  trace_keep(w, p, size, flags, pc, ldm, rows, cols);
+  w->in_trace = false;
+}
+
+CNNC_EMU_NO_TRACE inline void trace_keep(Worker* w, const void* p, uint32_t size, uint8_t flags, const void* pc, uint32_t ldm,
+                                         uint16_t rows, uint16_t cols) {
+  ThreadCtx* t = t_thread;
+  const Launch* L = w->launch;
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (w->dyn && c >= w->dyn && c < w->dyn + L->shared_bytes) {
+    flags |= kTraceShared;
+  } else if (w->tls_known && w->tls_lo && c >= w->tls_lo && c < w->tls_lo + w->tls_size) {
+    const void* v = p;  // the runtime's own thread-locals are not shared memory
+    if (v == &t_thread || v == &t_block || v == &t_worker) return;
+    flags |= kTraceShared;
+  } else if (!in_global(L->trace, uint64_t(uintptr_t(p)))) {
+    return;
+  }
+  TraceWorker* tw = w->trace;
+  if (tw->recs.size() >= kTraceMaxRecords) {
+    L->trace->overflow.store(1);
+    return;
+  }
+  TraceRecord r{};
+  r.site = uint64_t(uintptr_t(pc) - L->trace->base);
+  r.addr = uint64_t(uintptr_t(p));
+  r.size = size;
+  r.seq = tw->seq++;
+  r.ldm = ldm;
+  r.lane = uint16_t(uint32_t(t - w->threads) % kWarpSize);
+  r.rows = rows;
+  r.cols = cols;
+  r.flags = flags;
+  tw->recs.push_back(r);
+}
+
+// Shared-memory wavefronts of one warp access: per phase, the most distinct 4-byte words that
+// fall into one bank.
+CNNC_EMU_NO_TRACE inline double shared_wavefronts(const uint64_t* addr, const uint32_t* lane, uint32_t n, uint32_t size) {
+  const uint32_t per_phase = size <= 4 ? 32u : size == 8 ? 16u : 8u;
+  double total = 0;
+  for (uint32_t phase = 0; phase < 32 / per_phase; ++phase) {
+    uint64_t words[128];
+    uint32_t nw = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (lane[i] / per_phase != phase) continue;
+      for (uint64_t wd = addr[i] >> 2; wd <= (addr[i] + size - 1) >> 2 && nw < 128; ++wd) words[nw++] = wd;
+    }
+    if (!nw) continue;
+    std::sort(words, words + nw);
+    nw = uint32_t(std::unique(words, words + nw) - words);
+    uint32_t per_bank[32] = {};
+    uint32_t most = 0;
+    for (uint32_t i = 0; i < nw; ++i) most = std::max(most, ++per_bank[words[i] & 31]);
+    total += most;
+  }
+  return total;
+}
+
+// Distinct 32-byte sectors of byte ranges [addr, addr + size).
+CNNC_EMU_NO_TRACE inline double global_sectors(const uint64_t* addr, const uint32_t* size, uint32_t n) {
+  std::vector<uint64_t> sectors;
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint64_t sct = addr[i] >> 5; sct <= (addr[i] + size[i] - 1) >> 5; ++sct) sectors.push_back(sct);
+  std::sort(sectors.begin(), sectors.end());
+  return double(std::unique(sectors.begin(), sectors.end()) - sectors.begin());
+}
+
+// A wmma tile's cost: its rows (columns when column-major) cut into 16-byte chunks taken 8 per
+// phase, as the GPU's 128-bit shared loads and ldmatrix do (which lane holds which element is
+// unspecified, so the chunks stand in for lanes), or its distinct sectors in global memory.
+CNNC_EMU_NO_TRACE inline double matrix_cost(const TraceRecord& r, double* bytes) {
+  const uint32_t lines = (r.flags & kTraceColMajor) ? r.cols : r.rows;
+  const uint32_t line_bytes = ((r.flags & kTraceColMajor) ? r.rows : r.cols) * r.size;
+  std::vector<uint64_t> a;
+  std::vector<uint32_t> sz, ln;
+  for (uint32_t i = 0; i < lines; ++i)
+    for (uint32_t off = 0; off < line_bytes; off += 16) {
+      a.push_back(r.addr + uint64_t(i) * r.ldm * r.size + off);
+      sz.push_back(std::min(16u, line_bytes - off));
+    }
+  *bytes = double(lines) * line_bytes;
+  if (!(r.flags & kTraceShared)) return global_sectors(a.data(), sz.data(), uint32_t(a.size()));
+  double total = 0;
+  for (size_t first = 0; first < a.size(); first += 8) {
+    const uint32_t n = uint32_t(std::min<size_t>(8, a.size() - first));
+    uint32_t lanes[8];
+    for (uint32_t i = 0; i < n; ++i) lanes[i] = i;
+    total += shared_wavefronts(&a[first], lanes, n, 16);
+  }
+  return total;
+}
+
+CNNC_EMU_NO_TRACE inline void trace_add(TraceWorker* tw, const TraceRecord& r, uint32_t width, double weight, double lanes,
+                                        double transactions, double bytes) {
+  const uint8_t flags = r.flags;
+  const uint64_t key = r.site ^ (uint64_t(flags) << 48) ^ (uint64_t(width) << 56);
+  TraceSite& s = tw->sites[key];
+  s.site = r.site;
+  s.flags = flags;
+  s.width = width;
+  s.accesses += weight;
+  s.lanes += weight * lanes;
+  s.transactions += weight * transactions;
+  s.bytes += weight * bytes;
+}
+
+// Turns the records of the warp that just reached a barrier (or exited) into warp accesses.
+CNNC_EMU_NO_TRACE inline void trace_warp(Worker* w) {
+  TraceWorker* tw = w->trace;
+  auto& rs = tw->recs;
+  if (rs.empty()) return;
+  // the n-th execution of a site by a lane is its instance n
+  std::sort(rs.begin(), rs.end(), [](const TraceRecord& a, const TraceRecord& b) {
+    if (a.site != b.site) return a.site < b.site;
+    if (a.flags != b.flags) return a.flags < b.flags;
+    if (a.lane != b.lane) return a.lane < b.lane;
+    return a.seq < b.seq;
+  });
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const bool same = i > 0 && rs[i].site == rs[i - 1].site && rs[i].flags == rs[i - 1].flags && rs[i].lane == rs[i - 1].lane;
+    rs[i].instance = same ? rs[i - 1].instance + 1 : 0;
+  }
+  std::sort(rs.begin(), rs.end(), [](const TraceRecord& a, const TraceRecord& b) {
+    if (a.site != b.site) return a.site < b.site;
+    if (a.flags != b.flags) return a.flags < b.flags;
+    if (a.instance != b.instance) return a.instance < b.instance;
+    return a.lane < b.lane;
+  });
+  const double weight = w->block_weight;
+  uint64_t addr[kWarpSize * 4];
+  uint32_t size[kWarpSize * 4], lane[kWarpSize * 4];
+  for (size_t i = 0; i < rs.size();) {
+    size_t j = i;
+    while (j < rs.size() && rs[j].site == rs[i].site && rs[j].flags == rs[i].flags && rs[j].instance == rs[i].instance) ++j;
+    const TraceRecord& r = rs[i];
+    if (r.flags & kTraceMatrix) {
+      double bytes = 0;
+      const double cost = matrix_cost(r, &bytes);
+      trace_add(tw, r, r.size, weight, double(j - i), cost, bytes);
+    } else {
+      const uint32_t n = uint32_t(std::min<size_t>(j - i, kWarpSize * 4));
+      uint32_t width = 0;
+      double bytes = 0;
+      for (uint32_t k = 0; k < n; ++k) {
+        addr[k] = rs[i + k].addr;
+        size[k] = rs[i + k].size;
+        lane[k] = rs[i + k].lane;
+        width = std::max(width, size[k]);
+        bytes += size[k];
+      }
+      const double cost = (r.flags & kTraceShared) ? shared_wavefronts(addr, lane, n, width) : global_sectors(addr, size, n);
+      trace_add(tw, r, width, weight, double(n), cost, bytes);
+    }
+    i = j;
+  }
+  rs.clear();
+}
+
+CNNC_EMU_NO_TRACE inline void trace_merge(Launch* L, Worker* w) {
+  if (!w->trace) return;
+  Trace* T = L->trace;
+  pthread_mutex_lock(&T->mu);
+  for (auto& [key, s] : w->trace->sites) {
+    TraceSite& d = T->sites[key];
+    const double acc = d.accesses + s.accesses, ln = d.lanes + s.lanes, tr = d.transactions + s.transactions,
+                 by = d.bytes + s.bytes;
+    d = s;
+    d.accesses = acc, d.lanes = ln, d.transactions = tr, d.bytes = by;
+  }
+  pthread_mutex_unlock(&T->mu);
+  delete w->trace;
+  w->trace = nullptr;
+}
+#endif  // CNNC_EMU_TRACE
 
 __attribute__((format(printf, 2, 3))) inline void fail(Worker* w, const char* fmt, ...) {
   if (w->block_failed) return;  // keep the first reason
@@ -796,7 +1083,12 @@ inline bool run_warp(Worker* w, uint32_t warp, uint32_t n) {
       if (s == kAtWarpOp) waiting |= 1u << (i - lo);
       else if (s == kExited) exited |= 1u << (i - lo);
     }
-    if (!waiting) return true;
+    if (!waiting) {
+#if defined(CNNC_EMU_TRACE)
+      if (w->trace) trace_warp(w);
+#endif
+      return true;
+    }
     if (!resolve_warp(w, lo, hi, waiting, exited)) return false;
   }
 }
@@ -952,14 +1244,25 @@ inline void launch_work(Launch* L, Worker* w) {
   set_tls(w);
   for (;;) {
     if (L->failed.load(std::memory_order_relaxed)) break;
-    const uint64_t b = L->next_block.fetch_add(1, std::memory_order_relaxed);
+    uint64_t b = L->next_block.fetch_add(1, std::memory_order_relaxed);
+#if defined(CNNC_EMU_TRACE)
+    if (L->trace) {  // a traced launch runs its sample of blocks only
+      if (!trace_block(L, w, b)) break;
+    } else if (b >= L->nblocks) {
+      break;
+    }
+#else
     if (b >= L->nblocks) break;
+#endif
     if (!run_block(w, b)) {
       int expected = 0;
       if (L->failed.compare_exchange_strong(expected, 1)) memcpy(L->error, w->fail, sizeof w->fail);
       break;
     }
   }
+#if defined(CNNC_EMU_TRACE)
+  if (L->trace) trace_merge(L, w);
+#endif
   set_tls(nullptr);
   w->launch = nullptr;
   // Every fiber is idle now (blocks end with all threads exited or abandoned): give the stacks
@@ -1234,6 +1537,70 @@ CNNC_EMU_API const char* cnnc_emu_launch_error(void* launch) {
 }
 
 CNNC_EMU_API void cnnc_emu_launch_free(void* launch) { delete static_cast<cnnc_emu::Launch*>(launch); }
+
+#if defined(CNNC_EMU_TRACE)
+// The instrumentation's calls (-fsanitize=kernel-address with calls for every access).
+#define CNNC_EMU_TRACE_HOOK(n)                                                                     \
+  extern "C" CNNC_EMU_NO_TRACE void __asan_load##n##_noabort(void* p) {                            \
+    ::cnnc_emu::trace_record(p, n, 0, __builtin_return_address(0));                                \
+  }                                                                                                \
+  extern "C" CNNC_EMU_NO_TRACE void __asan_store##n##_noabort(void* p) {                           \
+    ::cnnc_emu::trace_record(p, n, ::cnnc_emu::kTraceStore, __builtin_return_address(0));          \
+  }
+CNNC_EMU_TRACE_HOOK(1)
+CNNC_EMU_TRACE_HOOK(2)
+CNNC_EMU_TRACE_HOOK(4)
+CNNC_EMU_TRACE_HOOK(8)
+CNNC_EMU_TRACE_HOOK(16)
+#undef CNNC_EMU_TRACE_HOOK
+extern "C" CNNC_EMU_NO_TRACE void __asan_loadN_noabort(void* p, size_t n) {
+  ::cnnc_emu::trace_record(p, uint32_t(n), 0, __builtin_return_address(0));
+}
+extern "C" CNNC_EMU_NO_TRACE void __asan_storeN_noabort(void* p, size_t n) {
+  ::cnnc_emu::trace_record(p, uint32_t(n), ::cnnc_emu::kTraceStore, __builtin_return_address(0));
+}
+extern "C" CNNC_EMU_NO_TRACE void __asan_handle_no_return(void) {}
+
+// A trace of the blocks blocks[0..n) (linear indices), block i standing for weights[i] blocks of
+// the grid; global memory is the spans [lo, hi) (sorted, disjoint).
+CNNC_EMU_API void* cnnc_emu_trace_new(const uint64_t* span_lo, const uint64_t* span_hi, size_t nspans, const uint64_t* blocks,
+                                      const double* weights, size_t nblocks) {
+  auto* T = new (std::nothrow) cnnc_emu::Trace();
+  if (!T) return nullptr;
+  T->span_lo.assign(span_lo, span_lo + nspans);
+  T->span_hi.assign(span_hi, span_hi + nspans);
+  T->blocks.assign(blocks, blocks + nblocks);
+  T->weights.assign(weights, weights + nblocks);
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&cnnc_emu_trace_new), &info)) T->base = uintptr_t(info.dli_fbase);
+  return T;
+}
+
+// Records the launch's accesses into the trace (before cnnc_emu_launch_work).
+CNNC_EMU_API int cnnc_emu_launch_set_trace(void* launch, void* trace) {
+  auto* L = static_cast<cnnc_emu::Launch*>(launch);
+  auto* T = static_cast<cnnc_emu::Trace*>(trace);
+  for (uint64_t b : T->blocks)
+    if (b >= L->nblocks) return -1;
+  L->trace = T;
+  return 0;
+}
+
+// Copies up to cap sites into out and returns how many there are; -1 if a warp made more
+// accesses between two barriers than the trace holds.
+CNNC_EMU_API long cnnc_emu_trace_sites(void* trace, cnnc_emu::TraceSite* out, size_t cap) {
+  auto* T = static_cast<cnnc_emu::Trace*>(trace);
+  if (T->overflow.load()) return -1;
+  size_t i = 0;
+  for (auto& [key, site] : T->sites) {
+    if (i < cap) out[i] = site;
+    ++i;
+  }
+  return long(i);
+}
+
+CNNC_EMU_API void cnnc_emu_trace_free(void* trace) { delete static_cast<cnnc_emu::Trace*>(trace); }
+#endif  // CNNC_EMU_TRACE
 
 namespace cnnc_emu {
 struct SyncJob {
@@ -1710,8 +2077,12 @@ inline void check_matrix(const void* p, unsigned ldm, size_t elem, const char* w
 }
 
 template <class Frag, class S, bool RowMajor>
-inline void load(Frag& f, const S* p, unsigned ldm, uint8_t use, const char* what) {
+CNNC_EMU_TRACE_SITE void load(Frag& f, const S* p, unsigned ldm, uint8_t use, const char* what) {
   check_matrix(p, ldm, sizeof(S), what);
+#if defined(CNNC_EMU_TRACE)
+  ::cnnc_emu::trace_record(p, sizeof(S), ::cnnc_emu::kTraceMatrix | (RowMajor ? 0 : ::cnnc_emu::kTraceColMajor),
+                           __builtin_return_address(0), ldm, Frag::rows, Frag::cols);
+#endif
   const uint32_t lane = ::cnnc_emu::current_lane(what);
   const uint16_t* map = ::cnnc_emu::t_worker->launch->wmma_map[use][Frag::rows * Frag::cols == 256];
   for (int i = 0; i < Frag::num_elements; ++i) {
@@ -1739,10 +2110,17 @@ inline void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const flo
 }
 
 template <int M, int N, int K>
-inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
+CNNC_EMU_TRACE_SITE void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm,
+                                           layout_t layout) {
   using F = fragment<accumulator, M, N, K, float>;
   const char* what = "wmma::store_matrix_sync";
   detail::check_matrix(p, ldm, sizeof(float), what);
+#if defined(CNNC_EMU_TRACE)
+  ::cnnc_emu::trace_record(p, sizeof(float),
+                           ::cnnc_emu::kTraceMatrix | ::cnnc_emu::kTraceStore |
+                               (layout == mem_row_major ? 0 : ::cnnc_emu::kTraceColMajor),
+                           __builtin_return_address(0), ldm, F::rows, F::cols);
+#endif
   const uint32_t lane = ::cnnc_emu::current_lane(what);
   const uint16_t* map = ::cnnc_emu::t_worker->launch->wmma_map[::cnnc_emu::kUseAcc][1];
   for (int i = 0; i < F::num_elements; ++i) {
@@ -1792,9 +2170,14 @@ inline void pipeline_complete(ThreadCtx* t, uint64_t keep) {
 }
 }  // namespace cnnc_emu
 
-inline void __pipeline_memcpy_async(void* __restrict__ dst_shared, const void* __restrict__ src_global,
-                                    size_t size_and_align, size_t zfill = 0) {
+CNNC_EMU_TRACE_SITE void __pipeline_memcpy_async(void* __restrict__ dst_shared, const void* __restrict__ src_global,
+                                                 size_t size_and_align, size_t zfill = 0) {
   using namespace ::cnnc_emu;
+#if defined(CNNC_EMU_TRACE)
+  if (size_and_align > zfill)
+    trace_record(src_global, uint32_t(size_and_align - zfill), kTraceAsync, __builtin_return_address(0));
+  trace_record(dst_shared, uint32_t(size_and_align), kTraceAsync | kTraceStore, __builtin_return_address(0));
+#endif
   (void)current_lane("__pipeline_memcpy_async");
   char msg[256];
   if (size_and_align != 4 && size_and_align != 8 && size_and_align != 16) {

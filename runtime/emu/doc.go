@@ -39,6 +39,20 @@
 // permuted element layout; comparing a launch's output bit for bit with the forward order's
 // exposes such races (codegen's TestKernelsAreRaceFree does it for every kernel of the examples).
 //
+// Access traces (Module.Trace, on a module compiled with TraceFlags): every load and store a
+// kernel makes to shared or global memory is recorded with its lane and its site (the access
+// instruction), through GCC's kernel-AddressSanitizer instrumentation, whose calls the header
+// implements as recorders; the optimisations that would change access widths are off. When a
+// warp reaches a barrier or exits, the n-th execution of a site by each lane forms one warp
+// access, costed as the GPU's memory pipeline would: shared memory in wavefronts (32 banks of 4
+// bytes, 8- and 16-byte accesses in phases of 16 and 8 lanes, lanes reading one word share it),
+// global memory in 32-byte sectors; wmma tiles as their rows' 16-byte chunks, 8 per phase;
+// cp.async as its global read and its shared write. Only a sample of the grid's blocks runs
+// (SampleBlocks: edges and spread interior blocks, weighted by the blocks they stand for).
+// compiler/perf builds its performance model on these counts. Accesses to static __shared__
+// arrays at constant in-bound indices are not seen (the instrumentation skips them); cnnc's
+// kernels use dynamic shared memory.
+//
 // Tensor cores, bfloat16, cp.async: nvcuda::wmma fragments for TF32 m16n16k8 and BF16 m16n16k16
 // with fp32 accumulators (fill_fragment, load_matrix_sync, store_matrix_sync, mma_sync,
 // __float_to_tf32), __nv_bfloat16 with its conversions, and the cp.async primitives

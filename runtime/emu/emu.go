@@ -242,6 +242,11 @@ func checkLaunch(grid, block Dim3, sharedBytes int) error {
 // Errors — unknown kernel, invalid shape, wrong parameter count, a kernel that traps or
 // misuses a barrier — are returned, never panicked.
 func (m *Module) Launch(kernelName string, grid, block Dim3, sharedBytes int, params []uint64) error {
+	return m.launch(kernelName, grid, block, sharedBytes, params, nil)
+}
+
+// launch runs a kernel; prepare, if given, is called with the C launch before any block runs.
+func (m *Module) launch(kernelName string, grid, block Dim3, sharedBytes int, params []uint64, prepare func(unsafe.Pointer) error) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.lib == nil {
@@ -267,6 +272,11 @@ func (m *Module) Launch(kernelName string, grid, block Dim3, sharedBytes int, pa
 		return fmt.Errorf("%w of %s: rejected by the runtime", ErrInvalidLaunch, kernelName)
 	}
 	defer m.lib.freeLaunch(launch)
+	if prepare != nil {
+		if err := prepare(launch); err != nil {
+			return fmt.Errorf("%w of %s: %v", ErrInvalidLaunch, kernelName, err)
+		}
+	}
 
 	n := uint64(m.workers)
 	if blocks := grid.count(); blocks < n {
