@@ -1,11 +1,8 @@
 package codegen_test
 
 import (
-	"encoding/binary"
 	"fmt"
 	"hash/maphash"
-	"math"
-	"math/rand/v2"
 	"os"
 	"testing"
 
@@ -13,6 +10,7 @@ import (
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/perf"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/runtime/emu"
 	"github.com/cnnc/cnnc/runtime/trainer"
@@ -66,16 +64,9 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 	require.NoError(t, err)
 	defer emu.Free(arena)
 
-	// the arena starts as random floats in [-1, 1) (parameters, state,
-	// pixels alike), the labels valid classes
-	rng := rand.New(rand.NewPCG(uint64(batch), 31))
-	init := make([]byte, spec.ArenaBytes)
-	for i := 0; i+4 <= len(init); i += 4 {
-		binary.LittleEndian.PutUint32(init[i:], math.Float32bits(float32(2*rng.Float64()-1)))
-	}
-	for i := int64(0); i < spec.Train.Labels.Elems(); i++ {
-		binary.LittleEndian.PutUint32(init[spec.Train.Labels.Offset+4*i:], uint32(rng.IntN(spec.Classes)))
-	}
+	// the arena starts as random floats (parameters, state, pixels alike),
+	// the labels valid classes
+	init := perf.InitArena(spec, uint64(batch))
 
 	// run returns, per launch, a hash of every buffer argument after it,
 	// and the whole arena after the step
@@ -84,12 +75,8 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 		require.NoError(t, emu.CopyIn(arena, init))
 		var hashes []uint64
 		for i, l := range spec.Train.Launches {
-			params := make([]uint64, len(l.Args))
-			for j, a := range l.Args {
-				params[j] = launchArg(a, arena, spec)
-			}
 			require.NoError(t, mod.Launch(l.Kernel, emu.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]},
-				emu.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}, l.SharedBytes, params), "launch %d", i)
+				emu.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}, l.SharedBytes, perf.StepParams(spec, l, arena)), "launch %d", i)
 			var h maphash.Hash
 			h.SetSeed(seed)
 			for j, a := range l.Args {
@@ -122,25 +109,4 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 	}
 	t.Logf("%s at batch %d: %d launches of %d kernels give the same bits in the forward order and %d race orders",
 		name, batch, len(spec.Train.Launches), len(comp.Train.Kernels), len(raceSchedules))
-}
-
-// launchArg is a launch argument's 8-byte value with the arena at base.
-func launchArg(a trainer.Arg, base emu.Ptr, spec *trainer.Spec) uint64 {
-	switch a.Kind {
-	case trainer.ArgBuffer:
-		return uint64(base) + uint64(a.Offset)
-	case trainer.ArgInt:
-		return uint64(a.Int)
-	case trainer.ArgFloat:
-		return uint64(math.Float32bits(a.Float))
-	case trainer.ArgLR:
-		return uint64(math.Float32bits(0.01))
-	case trainer.ArgStep:
-		return 0
-	case trainer.ArgSeed:
-		return 5
-	case trainer.ArgValid:
-		return uint64(spec.Batch)
-	}
-	panic(fmt.Sprintf("unknown argument kind %d", a.Kind))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/perf"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/plan/timeline"
 	"github.com/cnnc/cnnc/dsl"
@@ -27,6 +28,7 @@ type planFlags struct {
 	maxBatch   bool
 	microBatch int64
 	trunk      string
+	gpu        string
 }
 
 func newPlanCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -53,7 +55,8 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 		Example: `  cnnc plan examples/simplecnn.cnn
   cnnc plan --memory-budget 40MB --plot timeline.svg examples/simplecnn.cnn
   cnnc plan examples/simplecnn.cnn --batch 256 --json
-  cnnc plan --max-batch --memory-budget 40MB examples/simplecnn.cnn`,
+  cnnc plan --max-batch --memory-budget 40MB examples/simplecnn.cnn
+  cnnc plan --gpu h200 --batch 256 examples/simplecnn.cnn`,
 		Args: exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runPlan(args[0], &f, &pf, stdout, stderr)
@@ -67,6 +70,7 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	fl.BoolVar(&pf.maxBatch, "max-batch", false, "find the largest batch within the budget, without recomputation, with it, and with micro-batching")
 	fl.Int64Var(&pf.microBatch, "micro-batch", 0, "skip the search: run in micro-batches of this many samples (the whole step, or the trunk up to --trunk)")
 	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last layer of the micro-batched trunk")
+	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this GPU ("+strings.Join(perf.GPUNames(), ", ")+"): a prediction of the performance model (needs nvcc and g++)")
 	return cmd
 }
 
@@ -110,6 +114,9 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	}
 	if pf.maxBatch {
 		return runMaxBatch(res, cfg, pf, stdout, stderr)
+	}
+	if pf.gpu != "" {
+		return runGPUPrediction(path, res, cfg, pf, stdout, stderr)
 	}
 	p, err := plan.Build(res.Graph, cfg)
 	if err != nil {

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/perf"
+	"github.com/cnnc/cnnc/compiler/plan"
+)
+
+// runGPUPrediction is `cnnc plan --gpu NAME`: the plan's training step,
+// launch by launch, predicted by the performance model (compiler/perf).
+func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *planFlags, stdout, stderr io.Writer) error {
+	gpu, err := perf.LookupGPU(pf.gpu)
+	if err != nil {
+		fmt.Fprintf(stderr, "cnnc: --gpu: %v\n", err)
+		return exitError{exitUsage}
+	}
+	comp, err := trainergen.CompilePlan(res, cfg)
+	if err != nil {
+		return planError(path, err, stderr)
+	}
+	p, err := perf.Predict(comp, gpu)
+	if err != nil {
+		fmt.Fprintf(stderr, "cnnc: %v\n", err)
+		return exitError{exitModel}
+	}
+	if pf.json {
+		return writeJSON(stdout, struct {
+			*perf.Prediction
+			PeakBytes int64 `json:"peak_bytes"`
+		}{p, comp.Plan.ArenaBytes})
+	}
+	fmt.Fprintf(stdout, "plan: peak %.2f MB (%d bytes), %s\n\n", float64(comp.Plan.ArenaBytes)/1e6, comp.Plan.ArenaBytes, comp.Plan.Choices.Strategy)
+	p.WriteTable(stdout)
+	return nil
+}

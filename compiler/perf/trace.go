@@ -1,0 +1,152 @@
+package perf
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/runtime/emu"
+	"github.com/cnnc/cnnc/runtime/trainer"
+)
+
+// Accesses are one launch's memory accesses, counted on the emulator
+// (emu.Module.Trace) over a sample of its blocks and scaled to the grid.
+type Accesses struct {
+	// Shared memory: warp-level accesses, the wavefronts they took, and
+	// the wavefronts they would take without bank conflicts.
+	SharedAccesses, SharedWavefronts, SharedIdeal float64
+	// Global memory: warp-level accesses, 32-byte sectors, bytes requested.
+	GlobalAccesses, GlobalSectors, GlobalBytes float64
+	// Tiles: wmma loads and stores (counted in the above too).
+	Tiles float64
+}
+
+// traceSample is how many interior blocks per grid dimension a trace runs
+// (besides the first and last of each): SampleBlocks's argument.
+var traceSample = [3]int{6, 3, 3}
+
+// traceVersion changes when what a trace counts changes (the cache key).
+const traceVersion = "trace-1"
+
+// TraceStep runs one training step of comp on the CPU emulator built for
+// tracing (emu.TraceFlags) and counts every launch's accesses. The arena
+// holds random floats (valid class labels): access patterns that depend on
+// the data (ReLU masks, max-pool routing) see random data, not the model's.
+// Results are cached by the source and the launches, in CacheDir.
+func TraceStep(comp *trainergen.Compiled) ([]Accesses, error) {
+	return traceStep(comp, func(g emu.Dim3) []emu.BlockSample { return emu.SampleBlocks(g, traceSample) }, true)
+}
+
+// traceStep traces with the given block sample (nil: every block).
+func traceStep(comp *trainergen.Compiled, sample func(emu.Dim3) []emu.BlockSample, cached bool) ([]Accesses, error) {
+	spec := comp.Spec
+	key := sha256.New()
+	fmt.Fprintf(key, "%s\x00%v\x00%s\x00", traceVersion, traceSample, comp.Train.Source)
+	for _, l := range spec.Train.Launches {
+		fmt.Fprintf(key, "%s %v %v %d %v\n", l.Kernel, l.Grid, l.Block, l.SharedBytes, l.Args)
+	}
+	cache := filepath.Join(CacheDir(), "trace-"+hex.EncodeToString(key.Sum(nil)[:16])+".json")
+	if data, err := os.ReadFile(cache); err == nil && cached {
+		var out []Accesses
+		if json.Unmarshal(data, &out) == nil && len(out) == len(spec.Train.Launches) {
+			return out, nil
+		}
+	}
+	mod, err := emu.Compile(comp.Train.Source, "trace.cu", emu.Options{Flags: emu.TraceFlags})
+	if err != nil {
+		return nil, err
+	}
+	defer mod.Close()
+	arena, err := emu.Alloc(int(spec.ArenaBytes))
+	if err != nil {
+		return nil, err
+	}
+	defer emu.Free(arena)
+	if err := emu.CopyIn(arena, InitArena(spec, 1)); err != nil {
+		return nil, err
+	}
+	out := make([]Accesses, len(spec.Train.Launches))
+	for i, l := range spec.Train.Launches {
+		grid := emu.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]}
+		sites, err := mod.Trace(l.Kernel, grid, emu.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}, l.SharedBytes,
+			StepParams(spec, l, arena), sample(grid))
+		if err != nil {
+			return nil, fmt.Errorf("perf: tracing launch %d (%s): %w", i, l.Kernel, err)
+		}
+		out[i] = sumSites(sites)
+	}
+	if data, err := json.Marshal(out); err == nil && cached {
+		writeCache(cache, data)
+	}
+	return out, nil
+}
+
+// sumSites adds a launch's sites up.
+func sumSites(sites []emu.AccessSite) Accesses {
+	var a Accesses
+	for _, s := range sites {
+		if s.Matrix {
+			a.Tiles += s.Accesses
+		}
+		if s.Space == emu.Shared {
+			a.SharedAccesses += s.Accesses
+			a.SharedWavefronts += s.Transactions
+			// without conflicts: one wavefront per 128 bytes, at least one
+			// per access
+			a.SharedIdeal += math.Max(s.Accesses, s.Bytes/128)
+		} else {
+			a.GlobalAccesses += s.Accesses
+			a.GlobalSectors += s.Transactions
+			a.GlobalBytes += s.Bytes
+		}
+	}
+	return a
+}
+
+// InitArena is a training arena's contents for running a step without
+// data: random floats in [-1, 1) everywhere (parameters, state, pixels as
+// bytes), valid class labels in the labels tensor.
+func InitArena(spec *trainer.Spec, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, 31))
+	b := make([]byte, spec.ArenaBytes)
+	for i := 0; i+4 <= len(b); i += 4 {
+		binary.LittleEndian.PutUint32(b[i:], math.Float32bits(float32(2*rng.Float64()-1)))
+	}
+	for i := int64(0); i < spec.Train.Labels.Elems(); i++ {
+		binary.LittleEndian.PutUint32(b[spec.Train.Labels.Offset+4*i:], uint32(rng.IntN(spec.Classes)))
+	}
+	return b
+}
+
+// StepParams are launch l's 8-byte argument values with the training
+// arena at base: learning rate and seed from the spec, step 1 (not the
+// first, whose optimizer branches differ), the whole batch valid.
+func StepParams(spec *trainer.Spec, l trainer.Launch, base emu.Ptr) []uint64 {
+	params := make([]uint64, len(l.Args))
+	for i, a := range l.Args {
+		switch a.Kind {
+		case trainer.ArgBuffer:
+			params[i] = uint64(base) + uint64(a.Offset)
+		case trainer.ArgInt:
+			params[i] = uint64(a.Int)
+		case trainer.ArgFloat:
+			params[i] = uint64(math.Float32bits(a.Float))
+		case trainer.ArgLR:
+			params[i] = uint64(math.Float32bits(spec.LR))
+		case trainer.ArgStep:
+			params[i] = 1
+		case trainer.ArgSeed:
+			params[i] = spec.Seed
+		case trainer.ArgValid:
+			params[i] = uint64(spec.Batch)
+		}
+	}
+	return params
+}
