@@ -36,14 +36,14 @@ func TestOccupancy(t *testing.T) {
 		blocks                int
 		limiter               string
 	}{
-		{64, 127, 10800, 8, "registers"},   // 127 -> 128 regs x 32 lanes = 4096 per warp, 2 warps: 8192 per block
-		{256, 32, 0, 8, "threads"},         // 2048 / 256
-		{256, 40, 6272, 6, "registers"},    // 40 x 32 = 1280 per warp, 8 warps: 10240; 65536/10240 = 6
-		{32, 16, 0, 32, "blocks"},          // 64 warps would fit; the 32-block limit binds
-		{128, 32, 48 << 10, 4, "shared"},   // 228 KiB / (48 KiB + 1 KiB) = 4
-		{1024, 64, 0, 1, "registers"},      // 64 x 32 x 32 warps = 65536: exactly one block
-		{1024, 72, 0, 0, "registers"},      // 72 registers x 1024 threads do not fit at all
-		{96, 24, 100 << 10, 2, "shared"},   // 228 / 101 = 2
+		{64, 127, 10800, 8, "registers"}, // 127 -> 128 regs x 32 lanes = 4096 per warp, 2 warps: 8192 per block
+		{256, 32, 0, 8, "threads"},       // 2048 / 256
+		{256, 40, 6272, 6, "registers"},  // 40 x 32 = 1280 per warp, 8 warps: 10240; 65536/10240 = 6
+		{32, 16, 0, 32, "blocks"},        // 64 warps would fit; the 32-block limit binds
+		{128, 32, 48 << 10, 4, "shared"}, // 228 KiB / (48 KiB + 1 KiB) = 4
+		{1024, 64, 0, 1, "registers"},    // 64 x 32 x 32 warps = 65536: exactly one block
+		{1024, 72, 0, 0, "registers"},    // 72 registers x 1024 threads do not fit at all
+		{96, 24, 100 << 10, 2, "shared"}, // 228 / 101 = 2
 	} {
 		b, lim := occupancy(h, c.threads, c.regs, c.shared)
 		assert.Equal(t, c.blocks, b, "%+v", c)
@@ -59,7 +59,7 @@ func TestPredictLaunchWavesAndBounds(t *testing.T) {
 	res := KernelResources{Registers: 32}
 	block := [3]uint32{256, 1, 1}
 	perBlock := int64(1 << 24) // FLOPs per block
-	wave := int64(8 * h.SMs)    // 8 blocks of 256 threads per SM
+	wave := int64(8 * h.SMs)   // 8 blocks of 256 threads per SM
 	one := predictLaunch(h, [3]uint32{uint32(wave), 1, 1}, block, 0, res, Accesses{}, perBlock*wave, 0)
 	assert.Equal(t, "compute", one.Bound)
 	assert.InDelta(t, 1.0, one.Waves, 1e-12)

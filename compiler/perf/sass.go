@@ -19,11 +19,11 @@ import (
 // KernelResources is what ptxas and the SASS say about one kernel built for
 // one architecture.
 type KernelResources struct {
-	Registers    int // per thread
-	StaticShared int // bytes (the launch adds its dynamic shared memory)
+	Registers    int    // per thread
+	StaticShared int    // bytes (the launch adds its dynamic shared memory)
 	HMMA         int    // tensor-core instructions in its SASS
 	TensorKind   string // "tf32", "bf16" (the HMMA forms found), or ""
-	Instructions int // SASS instructions (static count)
+	Instructions int    // SASS instructions (static count)
 	Spills       bool
 }
 
