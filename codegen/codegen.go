@@ -130,7 +130,34 @@ type Options struct {
 	// Eval generates evaluation: dropout keeps every element, so its
 	// output is a view of its input and runs no kernel.
 	Eval bool
+	// Precision of the GEMM-shaped kernels' multiplications (linear and
+	// conv blocks): FP32 (the default: FFMA) or, on tensor cores, TF32 or
+	// BF16 — inputs rounded to it, products and sums in fp32.
+	Precision Precision
 }
+
+// Precision is how GEMM-shaped kernels multiply.
+type Precision string
+
+const (
+	FP32 Precision = "fp32" // CUDA cores, FFMA (also the zero value "")
+	TF32 Precision = "tf32" // tensor cores, inputs rounded to TF32 (cvt.rna), fp32 accumulation
+	BF16 Precision = "bf16" // tensor cores, inputs rounded to bfloat16 (nearest even), fp32 accumulation
+)
+
+// ParsePrecision reads a precision's name ("" is FP32).
+func ParsePrecision(s string) (Precision, error) {
+	switch p := Precision(s); p {
+	case "", FP32:
+		return FP32, nil
+	case TF32, BF16:
+		return p, nil
+	}
+	return "", fmt.Errorf("precision %q: want fp32, tf32 or bf16", s)
+}
+
+// tensor reports whether the precision runs on tensor cores.
+func (p Precision) tensor() bool { return p == TF32 || p == BF16 }
 
 // rule generates the kernels and launches of one node.
 type rule func(e *emitter, n *ir.Node) error
@@ -148,7 +175,8 @@ func register(op ir.Op, r rule) {
 }
 
 var tmpl = template.Must(template.New("cu").Funcs(template.FuncMap{
-	"join": strings.Join,
+	"join":      strings.Join,
+	"fragRound": fragRound,
 }).ParseFS(templates.FS, "*.cu.tmpl"))
 
 // emitter collects kernels and launches.
@@ -156,6 +184,7 @@ type emitter struct {
 	prog    *Program
 	batch   int64
 	kernels map[string]*Kernel
+	prec    Precision
 }
 
 // kernel renders template family with data (which must have a Name field
@@ -218,8 +247,12 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 	if opts.Batch < 1 {
 		return nil, fmt.Errorf("codegen: batch must be positive, got %d", opts.Batch)
 	}
+	prec, err := ParsePrecision(string(opts.Precision))
+	if err != nil {
+		return nil, fmt.Errorf("codegen: %v", err)
+	}
 	p := &Program{Model: model, Batch: opts.Batch, Views: map[*ir.Value]*ir.Value{}}
-	e := &emitter{prog: p, batch: opts.Batch, kernels: map[string]*Kernel{}}
+	e := &emitter{prog: p, batch: opts.Batch, kernels: map[string]*Kernel{}, prec: prec}
 	for seq, it := range items {
 		n := it.node
 		e.batch = it.batch
@@ -256,7 +289,8 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 	if name == "" {
 		name = model
 	}
-	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": name, "Model": model, "Batch": opts.Batch}); err != nil {
+	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": name, "Model": model, "Batch": opts.Batch,
+		"Tensor": prec.tensor()}); err != nil {
 		return nil, err
 	}
 	for _, k := range p.Kernels {

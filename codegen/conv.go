@@ -219,6 +219,20 @@ type convData struct {
 	LoadA, LoadB   string
 	SharedFloats   int64
 	Site, BiasSite *optSite
+	// tensor cores: the layout, the staged k rows (a multiple of the mma's
+	// k), the A and B tiles (C expressions) and their leading dimensions,
+	// and Cs's
+	TC                  *tcConv
+	TCRows              int64
+	TCA, TCB            string
+	TCLDA, TCLDB, TCLDC int64
+	// tensor-core wgrad: where the column table and the fp32 copy of dy for
+	// the bias gradient (BF16 only: TF32 tiles are staged in fp32) lie;
+	// dgrad: where the dy region and the im2col rows lie (floats from the
+	// aligned base)
+	ColOff, DsumOff int64
+	DsumSeparate    bool
+	DsOff, BtOff    int64
 }
 
 func convBlockForwardRule(e *emitter, n *ir.Node) error {
@@ -231,6 +245,9 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		return err
 	}
 	d := &convData{convGeom: g, gemmTile: tileFor(g.O)}
+	if e.prec.tensor() {
+		d.gemmTile = tcTile(g.O)
+	}
 	if d.T != d.BN || d.T%d.BM != 0 {
 		return fmt.Errorf("codegen: %s: tile %+v: the forward kernel needs one thread per column and whole weight rows", n.Text(), d.gemmTile)
 	}
@@ -262,12 +279,25 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		d.NTotal = g.B * g.HWO
 		grid[0] = uint32((d.NTotal + d.BN - 1) / d.BN)
 	}
-	if d.SharedFloats*4 > maxStaticShared {
-		return fmt.Errorf("codegen: %s: the conv tile needs %d bytes of shared memory", n.Text(), d.SharedFloats*4)
+	sharedBytes := d.SharedFloats * 4
+	family := "conv_block_fwd"
+	if e.prec.tensor() {
+		tc, err := newTCConv(e.prec, d.BM, d.BN, d.T/32)
+		if err != nil {
+			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
+		}
+		d.TC, family = tc, "conv_block_fwd_tc"
+		d.WS = d.BM + tc.Pad
+		d.TCRows = roundUp(d.BK, tc.KS)
+		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.BN, d.BN
+		sharedBytes = max(d.TCRows*(d.WS+d.BN)*tc.Elem, d.BM*d.BN*4) + tcAlignSlack
+	}
+	if sharedBytes > maxStaticShared {
+		return fmt.Errorf("codegen: %s: the conv tile needs %d bytes of shared memory", n.Text(), sharedBytes)
 	}
 	d.LoadA = fragLoad("a", "Ws", fmt.Sprintf("r * %d + tm * %d", d.WS, d.TM), d.TM)
 	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.BN, d.TN), d.TN)
-	d.Name = fmt.Sprintf("conv_block_fwd_%s_b%d", g.name(), g.B)
+	d.Name = fmt.Sprintf("conv_block_fwd_%s_b%d%s", g.name(), g.B, precName(e.prec))
 	d.Doc = g.doc()
 	xt := "float"
 	if g.U8 {
@@ -286,10 +316,10 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		args = append(args, buf(n.Outs[1]))
 	}
 	d.Params = strings.Join(params, ", ")
-	if err := e.kernel("conv_block_fwd", d.Name, d); err != nil {
+	if err := e.kernel(family, d.Name, d); err != nil {
 		return err
 	}
-	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(d.SharedFloats * 4),
+	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(sharedBytes),
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 	return nil
 }
@@ -337,6 +367,9 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 		return err
 	}
 	d := &convData{convGeom: g, gemmTile: tileFor(g.C)}
+	if e.prec.tensor() {
+		d.gemmTile = tcTile(g.C)
+	}
 	// stride phases: pixels (phy + SH·u, phx + SW·v) use taps (ky0 + SH·a, kx0 + SW·b), KHP x KWP of them
 	d.KHP, d.KWP = (g.KH+g.SH-1)/g.SH, (g.KW+g.SW-1)/g.SW
 	hu, wu := (g.H+g.SH-1)/g.SH, (g.W+g.SW-1)/g.SW // the largest phase
@@ -345,19 +378,37 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 	d.RH, d.RW = d.TH+d.KHP-1, d.TW+d.KWP-1
 	d.WS = d.BM + 4
 	d.OC = min(g.O, max(1, 64/(d.KHP*d.KWP)))
-	shared := func() int64 { return d.OC * (d.KHP*d.KWP*d.WS + d.RH*d.RW) }
-	for d.OC > 1 && shared()*4 > maxStaticShared {
+	shared := func() int64 { return 4 * d.OC * (d.KHP*d.KWP*d.WS + d.RH*d.RW) }
+	family := "conv_block_dgrad"
+	if e.prec.tensor() {
+		tc, err := newTCConv(e.prec, d.BM, d.BN, d.T/32)
+		if err != nil {
+			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
+		}
+		d.TC, family = tc, "conv_block_dgrad_tc"
+		d.WS = d.BM + tc.Pad
+		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Bt", d.WS, d.BN, d.BN+4
+		// Ws (the taps' rows padded to the mma's k), the dy region in fp32,
+		// the im2col rows (32-byte aligned); Cs reuses the space
+		shared = func() int64 {
+			d.TCRows = roundUp(d.OC*d.KHP*d.KWP, tc.KS)
+			d.DsOff = roundUp(d.TCRows*d.WS*tc.Elem, 4) / 4
+			d.BtOff = roundUp(d.DsOff+d.OC*d.RH*d.RW, 8)
+			return max(4*d.BtOff+d.TCRows*d.BN*tc.Elem, 4*d.BM*d.TCLDC) + tcAlignSlack
+		}
+	}
+	for d.OC > 1 && shared() > maxStaticShared {
 		d.OC /= 2
 	}
-	d.SharedFloats = shared()
-	if d.SharedFloats*4 > maxStaticShared {
-		return fmt.Errorf("codegen: %s: the input-gradient tile needs %d bytes of shared memory", n.Text(), d.SharedFloats*4)
+	sharedBytes := shared()
+	if sharedBytes > maxStaticShared {
+		return fmt.Errorf("codegen: %s: the input-gradient tile needs %d bytes of shared memory", n.Text(), sharedBytes)
 	}
 	d.TilesW = (wu + d.TW - 1) / d.TW
 	d.TilesPerPhase = (hu + d.TH - 1) / d.TH * d.TilesW
 	d.TilesPerSample = g.SH * g.SW * d.TilesPerPhase
 	d.LoadA = fragLoad("a", "Ws", fmt.Sprintf("((oc * %d + ta) * %d + tb) * %d + tm * %d", d.KHP, d.KWP, d.WS, d.TM), d.TM)
-	d.Name = fmt.Sprintf("conv_block_dgrad_%s%s_b%d", g.name(), gradName(g), g.B)
+	d.Name = fmt.Sprintf("conv_block_dgrad_%s%s_b%d%s", g.name(), gradName(g), g.B, precName(e.prec))
 	d.Doc = "input gradient of " + g.doc() + gradDoc(g)
 	params := []string{"const float* __restrict__ dout", "const float* __restrict__ w"}
 	args := []Arg{buf(p.DOut), buf(p.W)}
@@ -370,11 +421,11 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 	params = append(params, "float* "+restrictIf(!aliasable(n, n.Out()))+"dx")
 	args = append(args, buf(n.Out()))
 	d.Params = strings.Join(params, ", ")
-	if err := e.kernel("conv_block_dgrad", d.Name, d); err != nil {
+	if err := e.kernel(family, d.Name, d); err != nil {
 		return err
 	}
 	grid := [3]uint32{uint32(g.B * d.TilesPerSample), uint32((g.C + d.BM - 1) / d.BM), 1}
-	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(d.SharedFloats * 4),
+	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(sharedBytes),
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 	return nil
 }
@@ -432,12 +483,34 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 		return err
 	}
 	d := &convData{convGeom: g, gemmTile: tileFor(g.O)}
+	if e.prec.tensor() {
+		d.gemmTile = tcTile(g.O)
+	}
 	d.BQ = 16
 	d.G = d.T / d.BQ
 	d.XPT, d.DPT = d.BN/d.G, d.BM/d.G
 	d.XS, d.DS = d.BN+4, d.BM+4
 	d.Rows, d.RowSum = d.BQ, g.Bias
 	d.SharedFloats = d.BQ*(d.XS+d.DS) + 2*d.BN // + the column table (two ints per column)
+	sharedBytes := d.SharedFloats * 4
+	family := "conv_block_wgrad"
+	if e.prec.tensor() {
+		tc, err := newTCConv(e.prec, d.BM, d.BN, d.T/32)
+		if err != nil {
+			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
+		}
+		d.TC, family = tc, "conv_block_wgrad_tc"
+		d.XS, d.DS = d.BN+tc.Pad, d.BM+tc.Pad
+		d.TCRows, d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = d.BQ, "Ds", "Xs", d.DS, d.XS, d.BN+4
+		d.ColOff = roundUp(d.BQ*(d.DS+d.XS)*tc.Elem, 4) / 4
+		end := d.ColOff + 2*d.BN
+		d.DsumSeparate = g.Bias && !tc.FragRound // BF16 tiles hold rounded dy
+		if d.DsumSeparate {
+			d.DsumOff = end
+			end += d.BQ * d.BM
+		}
+		sharedBytes = max(4*end, 4*d.BM*d.TCLDC) + tcAlignSlack
+	}
 	d.LoadA = fragLoad("a", "Ds", fmt.Sprintf("r * %d + tm * %d", d.DS, d.TM), d.TM)
 	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.XS, d.TN), d.TN)
 	d.Q = g.B * g.HWO
@@ -449,7 +522,7 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	if indexType(d.Splits*d.WE) == "long" {
 		g.Idx = "long"
 	}
-	d.Name = fmt.Sprintf("conv_block_wgrad_%s%s_b%d_split%d", g.name(), gradName(g), g.B, d.Splits)
+	d.Name = fmt.Sprintf("conv_block_wgrad_%s%s_b%d_split%d%s", g.name(), gradName(g), g.B, d.Splits, precName(e.prec))
 	d.Doc = "weight gradient of " + g.doc() + gradDoc(g)
 	xt := "float"
 	if g.U8 {
@@ -465,7 +538,7 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	params = append(params, "float* __restrict__ partial")
 	args = append(args, buf(partial))
 	d.Params = strings.Join(params, ", ")
-	if err := e.kernel("conv_block_wgrad", d.Name, d); err != nil {
+	if err := e.kernel(family, d.Name, d); err != nil {
 		return err
 	}
 	partialBytes := partial.Type.Bytes(e.batch)
@@ -476,7 +549,7 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 		}
 	}
 	grid := [3]uint32{uint32((g.K + d.BN - 1) / d.BN), uint32((g.O + d.BM - 1) / d.BM), uint32(d.Splits)}
-	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(d.SharedFloats * 4),
+	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(sharedBytes),
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: inBytes})
 	return convWeightReduce(e, n, p, d, partial)
 }

@@ -189,6 +189,14 @@ type kernelCheck struct {
 // reference; it returns the worst error.
 func runKernelChecks(t *testing.T, batch int64, checks []kernelCheck) float64 {
 	t.Helper()
+	return runKernelChecksAt(t, codegen.FP32, batch, checks)
+}
+
+// runKernelChecksAt is runKernelChecks at a precision: on tensor cores the
+// inputs are first rounded to it (kernelcheck.RoundInputs says why
+// kernelcheck.Tolerance then still applies).
+func runKernelChecksAt(t *testing.T, prec codegen.Precision, batch int64, checks []kernelCheck) float64 {
+	t.Helper()
 	var nodes []*ir.Node
 	seen := map[*ir.Node]bool{}
 	for _, c := range checks {
@@ -197,7 +205,7 @@ func runKernelChecks(t *testing.T, batch int64, checks []kernelCheck) float64 {
 			nodes = append(nodes, c.n)
 		}
 	}
-	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec})
 	require.NoError(t, err)
 	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
 	require.NoError(t, err)
@@ -205,7 +213,7 @@ func runKernelChecks(t *testing.T, batch int64, checks []kernelCheck) float64 {
 	worst := 0.0
 	for i, c := range checks {
 		rng := rand.New(rand.NewPCG(uint64(i)+1, uint64(batch)))
-		ins := kernelcheck.RandomInputs(c.n, batch, rng)
+		ins := kernelcheck.RoundInputs(c.n, kernelcheck.RandomInputs(c.n, batch, rng), prec)
 		validArgmax(c.n, ins, batch, rng)
 		r, err := kernelcheck.Node(dev, prog, c.n, ins, kernelcheck.Scalars{LR: 0.05, Step: c.o.Step, Seed: c.o.Seed}, c.o)
 		require.NoError(t, err, c.name)
@@ -213,7 +221,7 @@ func runKernelChecks(t *testing.T, batch int64, checks []kernelCheck) float64 {
 		// Argmax ties: fp32 and float64 can only disagree when two window values
 		// are within rounding of each other, which random data does not produce.
 		require.Zero(t, r.ArgmaxMismatches, "%s: %s", c.name, r)
-		t.Logf("b%d %s: %s", batch, c.name, r)
+		t.Logf("%s b%d %s: %s", prec, batch, c.name, r)
 		worst = max(worst, r.Worst)
 	}
 	return worst
@@ -322,6 +330,17 @@ func TestConvBlockForward(t *testing.T) {
 			checks = append(checks, kernelCheck{name: c.String(), n: convForwardNode(t, c)})
 		}
 		t.Logf("worst relative error at batch %d: %.2e", batch, runKernelChecks(t, batch, checks))
+	}
+}
+
+// The forward cases on tensor cores, at batch 3.
+func TestConvBlockForwardTensorCores(t *testing.T) {
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var checks []kernelCheck
+		for _, c := range forwardCases {
+			checks = append(checks, kernelCheck{name: c.String(), n: convForwardNode(t, c)})
+		}
+		t.Logf("%s: worst relative error at batch 3: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
 	}
 }
 
@@ -457,5 +476,51 @@ func TestConvPoolKernelsPtxas(t *testing.T) {
 	}
 	for arch, k := range most {
 		t.Logf("most registers on %s: %d (%s)", arch, k.Registers, k.Name)
+	}
+}
+
+// tcBackwardCases are the forward cases whose pool windows do not overlap:
+// there every conv output's gradient is one output gradient (or zero),
+// representable when the inputs are rounded. Where windows overlap it is a
+// sum of several, which the tensor-core kernels round once more when they
+// stage it — an error of up to one TF32 (BF16) rounding of dy that
+// rounded inputs cannot absorb, so those cases are checked in fp32 only.
+func tcBackwardCases() []convCase {
+	var out []convCase
+	for _, c := range forwardCases {
+		if p := c.pool; p != nil && (p.Stride[0] < p.Kernel[0] || p.Stride[1] < p.Kernel[1]) {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func TestConvBlockGradInputTensorCores(t *testing.T) {
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var checks []kernelCheck
+		for _, c := range tcBackwardCases() {
+			plain, masked := c.f32(), c.f32()
+			masked.masked, masked.maskout = c.relu, true
+			for _, v := range []convCase{plain, masked} {
+				checks = append(checks, kernelCheck{name: v.String(), n: convGradInputNode(t, v)})
+			}
+		}
+		t.Logf("%s: worst relative error at batch 3: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
+	}
+}
+
+func TestConvBlockGradWeightTensorCores(t *testing.T) {
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var checks []kernelCheck
+		for i, c := range tcBackwardCases() {
+			plain := c
+			plain.masked = c.relu && i%2 == 1
+			checks = append(checks, kernelCheck{name: plain.String(), n: convGradWeightNode(t, plain)})
+			fused := c
+			fused.opt = optimizers[i%len(optimizers)]
+			checks = append(checks, kernelCheck{name: fused.String() + " step 3", n: convGradWeightNode(t, fused), o: reference.NodeOptions{Update: true, Step: 3}})
+		}
+		t.Logf("%s: worst relative error at batch 3: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
 	}
 }

@@ -58,6 +58,59 @@ type gemmKernel struct {
 	Bias, ReLU, MaskOut, BiasGrad bool
 	Accumulate                    bool     // grad_weight adds to dW/dB (micro-batch loops)
 	Site, BiasSite                *optSite // fused updates of W and b
+	TC                            *tcGemm  // tensor cores: the linear_gemm_tc template
+}
+
+// tcGemm is the tensor-core variant's data: 4 warps (2x2) over a BM x BN
+// tile, each with FM x FN 16x16 accumulator fragments, operands staged in
+// shared memory in their global layouts with leading dimensions padded by
+// 16 bytes (wmma's ldm must be a multiple of 16 bytes; the padding also
+// spreads rows over banks).
+type tcGemm struct {
+	What           string // in words, for the kernel comment
+	ST, Frag       string // shared storage type; fragment element type
+	Round          string // the rounding applied while staging
+	KS             int64  // k per mma: 8 (TF32) or 16 (BF16)
+	LDA, LDB, LDC  int64  // leading dimensions of As, Bs (elements) and Cs (floats)
+	ASize          int64  // elements of As
+	FM, FN, WM, WN int64
+	Bytes          int64 // dynamic shared memory
+}
+
+// tcThreads is the block of the tensor-core GEMMs: 4 warps in a 2x2 grid.
+const tcThreads = 128
+
+// tcBK is the k depth the tensor-core GEMMs stage per step.
+const tcBK = 32
+
+// newTCGemm lays out k's tile for tensor cores at precision p.
+func newTCGemm(k *gemmKernel, p Precision) *tcGemm {
+	tc := &tcGemm{What: "TF32 inputs, fp32 accumulation", ST: "float", Frag: "wmma::precision::tf32",
+		Round: "wmma::__float_to_tf32", KS: 8}
+	pad := int64(4) // 16 bytes
+	elem := int64(4)
+	if p == BF16 {
+		tc.What, tc.ST, tc.Frag, tc.Round, tc.KS = "BF16 inputs, fp32 accumulation", "__nv_bfloat16", "__nv_bfloat16", "__float2bfloat16_rn", 16
+		pad, elem = 8, 2
+	}
+	if k.AKM { // staged [BK][BM]
+		tc.LDA = k.BM + pad
+		tc.ASize = k.BK * tc.LDA
+	} else { // [BM][BK]
+		tc.LDA = k.BK + pad
+		tc.ASize = k.BM * tc.LDA
+	}
+	bSize := k.BN * (k.BK + pad) // [BN][BK]
+	tc.LDB = k.BK + pad
+	if !k.BNK { // [BK][BN]
+		tc.LDB = k.BN + pad
+		bSize = k.BK * tc.LDB
+	}
+	tc.LDC = k.BN + 4
+	tc.WM, tc.WN = k.BM/2, k.BN/2
+	tc.FM, tc.FN = tc.WM/16, tc.WN/16
+	tc.Bytes = max((tc.ASize+bSize)*elem, k.BM*tc.LDC*4)
+	return tc
 }
 
 // linearTileEdge picks a block tile edge for a dimension: the smallest of 16, 32,
@@ -75,20 +128,27 @@ func linearTileEdge(d int64) int64 {
 // divUp is a/b rounded up, for positive sizes.
 func divUp(a, b int64) int64 { return (a + b - 1) / b }
 
-// plan fills the tiling and, if split, the split-K slices.
-func (k *gemmKernel) plan(split bool) {
+// plan fills the tiling and, if split, the split-K slices; on tensor cores
+// (precision p) the tile edges are 32 or 64 and the k depth tcBK.
+func (k *gemmKernel) plan(split bool, p Precision) {
 	k.MN = k.M * k.N
-	k.BM, k.BN, k.BK = linearTileEdge(k.M), linearTileEdge(k.N), gemmBK
+	k.BM, k.BN, k.BK = linearTileEdge(k.M), linearTileEdge(k.N), int64(gemmBK)
 	k.TM, k.TN = k.BM/16, k.BN/16
-	kTiles := divUp(k.K, gemmBK)
-	k.Splits, k.KPerSplit = 1, kTiles*gemmBK
+	if p.tensor() {
+		k.BM, k.BN, k.BK = max(k.BM, 32), max(k.BN, 32), tcBK
+	}
+	kTiles := divUp(k.K, k.BK)
+	k.Splits, k.KPerSplit = 1, kTiles*k.BK
 	blocks := divUp(k.M, k.BM) * divUp(k.N, k.BN)
 	if split && blocks < gemmTargetBlocks && kTiles >= 2*gemmMinSliceTiles {
 		s := min(divUp(gemmTargetBlocks, blocks), kTiles/gemmMinSliceTiles, gemmMaxSplits)
-		k.KPerSplit = divUp(kTiles, s) * gemmBK
+		k.KPerSplit = divUp(kTiles, s) * k.BK
 		k.Splits = divUp(k.K, k.KPerSplit) // no empty slice
 	}
 	k.Idx = indexType(k.M*k.K, k.K*k.N, k.Splits*k.MN+k.MN)
+	if p.tensor() {
+		k.TC = newTCGemm(k, p)
+	}
 }
 
 func (k *gemmKernel) grid() ([3]uint32, error) {
@@ -100,7 +160,18 @@ func (k *gemmKernel) grid() ([3]uint32, error) {
 }
 
 func (k *gemmKernel) sharedBytes() int {
+	if k.TC != nil {
+		return int(k.TC.Bytes)
+	}
 	return int(k.BK*(k.BM+1+k.BN+1)) * 4
+}
+
+// family is the main template and threads is the block size.
+func (k *gemmKernel) family() (string, uint32) {
+	if k.TC != nil {
+		return "linear_gemm_tc", tcThreads
+	}
+	return "linear_gemm", gemmThreads
 }
 
 // flags is a kernel-name suffix of the set flags: _bias_relu.
@@ -128,13 +199,20 @@ func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, 
 		return err
 	}
 	flops := n.FLOPs(e.batch)
+	family, threads := k.family()
+	if k.TC != nil {
+		name += "_" + string(e.prec)
+		if partialName != "" {
+			partialName += "_" + string(e.prec)
+		}
+	}
 	if k.Splits == 1 {
 		k.Name = name
 		k.Params = strings.Join(append(mainParams, epilogueParams...), ", ")
-		if err := e.kernel("linear_gemm", k.Name, k); err != nil {
+		if err := e.kernel(family, k.Name, k); err != nil {
 			return err
 		}
-		e.launch(&Launch{Node: n, Kernel: k.Name, Grid: grid, Block: [3]uint32{gemmThreads, 1, 1}, SharedBytes: k.sharedBytes(),
+		e.launch(&Launch{Node: n, Kernel: k.Name, Grid: grid, Block: [3]uint32{threads, 1, 1}, SharedBytes: k.sharedBytes(),
 			Args: append(mainArgs, epilogueArgs...), FLOPs: flops, MinBytes: mainBytes + epilogueBytes})
 		return nil
 	}
@@ -143,7 +221,7 @@ func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, 
 	// holds a smaller last one's
 	rows := maxOver(k.M, func(m int64) int64 {
 		km := gemmKernel{M: m, N: k.N, K: k.K}
-		km.plan(true)
+		km.plan(true, e.prec)
 		return km.Splits * m
 	})
 	scratch := e.scratch(n, k.Epilogue+"_splitk", ir.F32Fixed(rows, k.N))
@@ -151,11 +229,11 @@ func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, 
 	partial.Name = partialName
 	partial.Doc = "the partial sums of " + name + " per k slice."
 	partial.Params = strings.Join(append(mainParams, outParam("partial")), ", ")
-	if err := e.kernel("linear_gemm", partial.Name, &partial); err != nil {
+	if err := e.kernel(family, partial.Name, &partial); err != nil {
 		return err
 	}
 	scratchBytes := scratch.Type.Bytes(e.batch)
-	e.launch(&Launch{Node: n, Kernel: partial.Name, Grid: grid, Block: [3]uint32{gemmThreads, 1, 1}, SharedBytes: k.sharedBytes(),
+	e.launch(&Launch{Node: n, Kernel: partial.Name, Grid: grid, Block: [3]uint32{threads, 1, 1}, SharedBytes: k.sharedBytes(),
 		Args: append(mainArgs, buf(scratch)), FLOPs: 2 * k.M * k.N * k.K, MinBytes: mainBytes + scratchBytes})
 	reduce := *k
 	reduce.Name = name
@@ -185,7 +263,7 @@ func linearBlockRule(e *emitter, n *ir.Node) error {
 	a := n.Attrs
 	in, outF, b := p.W.Type.Dims[1], p.W.Type.Dims[0], e.batch
 	k := &gemmKernel{M: b, N: outF, K: in, A: "x", B: "w", BNK: true, Epilogue: "forward", Bias: a.Bias, ReLU: a.ReLU}
-	k.plan(true)
+	k.plan(true, e.prec)
 	shape := fmt.Sprintf("b%d_in%d_out%d", b, in, outF)
 	k.Doc = fmt.Sprintf("linear block forward: y[%d,%d] = x[%d,%d]·Wᵀ", b, outF, b, in)
 	if a.Bias {
@@ -224,7 +302,7 @@ func linearGradInputRule(e *emitter, n *ir.Node) error {
 		k.AMask = "y"
 		mainParams, mainArgs = append(mainParams, inParam("y")), append(mainArgs, buf(p.Y))
 	}
-	k.plan(true)
+	k.plan(true, e.prec)
 	k.Doc = fmt.Sprintf("linear block input gradient: dX[%d,%d] = dY[%d,%d]·W", b, in, b, outF)
 	if p.Y != nil {
 		k.Doc += ", dY masked by the block's ReLU (y > 0)"
@@ -265,7 +343,7 @@ func linearGradWeightRule(e *emitter, n *ir.Node) error {
 		k.AMask = "y"
 		params, args = append(params, inParam("y")), append(args, buf(p.Y))
 	}
-	k.plan(false)
+	k.plan(false, e.prec)
 	k.Doc = fmt.Sprintf("linear block weight gradient: dW[%d,%d] = dYᵀ·x over a batch of %d", outF, in, b)
 	if p.Y != nil {
 		k.Doc += ", dY masked by the block's ReLU (y > 0)"

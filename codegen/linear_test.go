@@ -30,11 +30,19 @@ type nodeCase struct {
 // and returns the worst relative error.
 func checkNodes(t *testing.T, batch int64, seed uint64, cases []nodeCase) float64 {
 	t.Helper()
+	return checkNodesAt(t, codegen.FP32, batch, seed, cases)
+}
+
+// checkNodesAt is checkNodes with the GEMM-shaped kernels at a precision:
+// on tensor cores the inputs are first rounded to it (kernelcheck.RoundInputs
+// says why Tolerance then still applies).
+func checkNodesAt(t *testing.T, prec codegen.Precision, batch int64, seed uint64, cases []nodeCase) float64 {
+	t.Helper()
 	var nodes []*ir.Node
 	for _, c := range cases {
 		nodes = append(nodes, c.n)
 	}
-	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec})
 	require.NoError(t, err)
 	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
 	require.NoError(t, err, string(prog.Source))
@@ -42,7 +50,7 @@ func checkNodes(t *testing.T, batch int64, seed uint64, cases []nodeCase) float6
 	rng := rand.New(rand.NewPCG(seed, uint64(batch)))
 	worst := kernelcheck.Report{}
 	for _, c := range cases {
-		ins := kernelcheck.RandomInputs(c.n, batch, rng)
+		ins := kernelcheck.RoundInputs(c.n, kernelcheck.RandomInputs(c.n, batch, rng), prec)
 		r, err := kernelcheck.Node(dev, prog, c.n, ins, kernelcheck.Scalars{LR: testLR, Step: c.o.Step, Seed: c.o.Seed}, c.o)
 		require.NoError(t, err, c.n.Text())
 		require.NotEmpty(t, r.Kernel, "no launch for %s", c.n.Text())
@@ -51,7 +59,7 @@ func checkNodes(t *testing.T, batch int64, seed uint64, cases []nodeCase) float6
 			worst = r
 		}
 	}
-	t.Logf("batch %d: %d nodes, %d kernels; worst %s", batch, len(cases), len(prog.Kernels), worst)
+	t.Logf("%s, batch %d: %d nodes, %d kernels; worst %s", prec, batch, len(cases), len(prog.Kernels), worst)
 	return worst.Worst
 }
 
@@ -176,11 +184,25 @@ var testOptimizers = []*ir.Optimizer{
 const testLR = 0.05
 
 func TestLinearBlockKernels(t *testing.T) {
+	checkLinearKernels(t, codegen.FP32, []int64{1, 5, 67}, 1)
+}
+
+// The same on tensor cores (TF32 and BF16): one batch, every third variant
+// of each shape (the compile of the kernels dominates the test's time).
+func TestLinearBlockKernelsTensorCores(t *testing.T) {
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		checkLinearKernels(t, prec, []int64{67}, 3)
+	}
+}
+
+// checkLinearKernels checks linear blocks over edge and random shapes at
+// each batch, keeping one variant (bias, relu, masked) in every.
+func checkLinearKernels(t *testing.T, prec codegen.Precision, batches []int64, every int) {
 	type shape struct{ in, out int64 }
 	// edge shapes (single features, tile boundaries, split-K over in for the
 	// forward and over out for the input gradient), then random ones
 	edges := []shape{{1, 1}, {3, 17}, {17, 3}, {130, 130}, {700, 3}, {5, 300}, {64, 64}}
-	for bi, batch := range []int64{1, 5, 67} {
+	for bi, batch := range batches {
 		rng := rand.New(rand.NewPCG(uint64(bi), 7))
 		shapes := append(edges[:len(edges):len(edges)], shape{1 + rng.Int64N(200), 1 + rng.Int64N(200)}, shape{1 + rng.Int64N(200), 1 + rng.Int64N(200)})
 		g := ir.NewGraph("T")
@@ -189,7 +211,7 @@ func TestLinearBlockKernels(t *testing.T) {
 			// every combination of bias, relu, masked and maskout over the shapes
 			for v := 0; v < 8; v++ {
 				bias, relu, masked := v&1 != 0, v&2 != 0, v&4 != 0
-				if masked && !relu {
+				if masked && !relu || (v+si)%every != 0 {
 					continue // masked only means something for a ReLU block
 				}
 				l := newLinearLayer(g, fmt.Sprintf("fc%d_%d", si, v), s.in, s.out, bias, relu)
@@ -219,7 +241,7 @@ func TestLinearBlockKernels(t *testing.T) {
 				cases = append(cases, nodeCase{n: l.gradWeight(t, opt), o: reference.NodeOptions{Step: step, Update: true}})
 			}
 		}
-		checkNodes(t, batch, 11+uint64(bi), cases)
+		checkNodesAt(t, prec, batch, 11+uint64(bi), cases)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -150,10 +151,18 @@ func TestPtxasExamples(t *testing.T) {
 	nvcc.Require(t)
 	for _, path := range examples {
 		t.Run(strings.TrimSuffix(strings.TrimPrefix(path, "../examples/"), ".cnn"), func(t *testing.T) {
-			_, prog := exampleProgram(t, path, 32)
-			ks, err := codegen.CompilePtxas(prog.Source, path, nvcc.Targets)
+			// batch 32, the train block's own batch (MNIST's 64 once spilled
+			// on sm_80), and 256
+			src, err := os.ReadFile(path)
 			require.NoError(t, err)
-			requireClean(t, prog, ks)
+			res, err := compiler.CompileSource(path, src, compiler.Options{})
+			require.NoError(t, err)
+			for _, batch := range slices.Compact([]int64{32, res.Train.Batch, 256}) {
+				_, prog := exampleProgram(t, path, batch)
+				ks, err := codegen.CompilePtxas(prog.Source, path, nvcc.Targets)
+				require.NoError(t, err)
+				requireClean(t, prog, ks)
+			}
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/perf"
@@ -35,15 +36,20 @@ func TestKernelsAreRaceFree(t *testing.T) {
 		src   []byte
 		batch int64
 		cfg   plan.Config
+		prec  codegen.Precision
 	}{
-		{"simplecnn.cnn", simple, 2, plan.Config{}},
-		{"mnist.cnn", mnist, 3, plan.Config{}},
+		{"simplecnn.cnn", simple, 2, plan.Config{}, codegen.FP32},
+		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.FP32},
 		// a micro-batched trunk: accumulating weight gradients, the loss's
 		// accumulating variant, zero fills, sliced operands
-		{"mnist.cnn", mnist, 5, plan.Config{MicroBatch: 2, Trunk: "conv2"}},
+		{"mnist.cnn", mnist, 5, plan.Config{MicroBatch: 2, Trunk: "conv2"}, codegen.FP32},
+		// the tensor-core kernels (whose fragment layouts the race orders
+		// also permute)
+		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.TF32},
+		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.BF16},
 	} {
-		t.Run(fmt.Sprintf("%s_b%d_mb%d", c.name, c.batch, c.cfg.MicroBatch), func(t *testing.T) {
-			checkRaceFree(t, c.name, c.src, c.batch, c.cfg)
+		t.Run(fmt.Sprintf("%s_b%d_mb%d_%s", c.name, c.batch, c.cfg.MicroBatch, c.prec), func(t *testing.T) {
+			checkRaceFree(t, c.name, c.src, c.batch, c.cfg, c.prec)
 		})
 	}
 }
@@ -51,9 +57,10 @@ func TestKernelsAreRaceFree(t *testing.T) {
 // raceSchedules are the orders compared with the forward one.
 var raceSchedules = []emu.Schedule{{Order: emu.OrderReverse}, {Order: emu.OrderShuffle, Seed: 1}, {Order: emu.OrderShuffle, Seed: 77}}
 
-func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.Config) {
+func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.Config, prec codegen.Precision) {
 	res, err := compiler.CompileSource(name, src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
+	res.Train.Precision = string(prec)
 	comp, err := trainergen.CompilePlan(res, cfg)
 	require.NoError(t, err)
 	spec := comp.Spec

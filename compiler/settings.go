@@ -1,6 +1,7 @@
 package compiler
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -14,6 +15,9 @@ type TrainConfig struct {
 	Epochs       int64
 	MemoryBudget int64 // bytes; 0 means none
 	Seed         uint64
+	// Precision of the GEMM-shaped kernels: "fp32", "tf32" or "bf16"
+	// (codegen.Precision); "" when the block leaves it out (fp32).
+	Precision string
 	Pos          map[string]dsl.Pos // where each setting was written
 }
 
@@ -42,7 +46,11 @@ var trainSettings = []argSpec{
 	{name: "epochs", kind: argInt, min: 1, doc: "passes over the training data (default 1)"},
 	{name: "memory_budget", kind: argSize, doc: "device memory the step may use, e.g. 64MiB"},
 	{name: "seed", kind: argInt, min: 0, doc: "seed for initialisation, shuffling and dropout (default 0)"},
+	{name: "precision", kind: -1, doc: "fp32, tf32 or bf16: how convolutions and linear layers multiply (tensor cores for tf32, bf16; default fp32)"},
 }
+
+// precisions are the values of the train block's precision setting.
+var precisions = []string{"fp32", "tf32", "bf16"}
 
 type optimizerDef struct {
 	kind ir.OptimizerKind
@@ -93,6 +101,13 @@ func ParseTrain(s *dsl.Section) (TrainConfig, dsl.Diagnostics) {
 	cfg.Batch = vals.int("batch", DefaultBatch)
 	cfg.Epochs = vals.int("epochs", DefaultEpochs)
 	cfg.Seed = uint64(vals.int("seed", 0))
+	if e := vals["precision"]; e != nil {
+		if e.Kind == dsl.ExprIdent && slices.Contains(precisions, e.Ident) {
+			cfg.Precision = e.Ident
+		} else {
+			diags = append(diags, dsl.Errorf(e.Pos, "train block: precision must be fp32, tf32 or bf16, got %s", describe(e)).Span(exprSpan(e)))
+		}
+	}
 	if e := vals["memory_budget"]; e != nil {
 		cfg.MemoryBudget = e.Size
 		if e.Size <= 0 {

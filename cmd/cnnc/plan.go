@@ -29,6 +29,7 @@ type planFlags struct {
 	microBatch int64
 	trunk      string
 	gpu        string
+	precision  string
 }
 
 func newPlanCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -70,6 +71,7 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	fl.BoolVar(&pf.maxBatch, "max-batch", false, "find the largest batch within the budget, without recomputation, with it, and with micro-batching")
 	fl.Int64Var(&pf.microBatch, "micro-batch", 0, "skip the search: run in micro-batches of this many samples (the whole step, or the trunk up to --trunk)")
 	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last layer of the micro-batched trunk")
+	fl.StringVar(&pf.precision, "precision", "", "with --gpu: the kernels' precision, fp32, tf32 or bf16 (overrides the train block's precision)")
 	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this GPU ("+strings.Join(perf.GPUNames(), ", ")+"): a prediction of the performance model (needs nvcc and g++)")
 	return cmd
 }
@@ -88,6 +90,9 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	}
 	if pf.trunk != "" && pf.microBatch == 0 {
 		return usage("--trunk needs --micro-batch")
+	}
+	if pf.precision != "" && pf.gpu == "" {
+		return usage("--precision needs --gpu")
 	}
 	if pf.microBatch < 0 {
 		return usage("--micro-batch must be positive, got %d", pf.microBatch)

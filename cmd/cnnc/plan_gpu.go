@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/perf"
@@ -17,6 +18,14 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 	if err != nil {
 		fmt.Fprintf(stderr, "cnnc: --gpu: %v\n", err)
 		return exitError{exitUsage}
+	}
+	if pf.precision != "" {
+		prec, err := codegen.ParsePrecision(pf.precision)
+		if err != nil {
+			fmt.Fprintf(stderr, "cnnc: --precision: %v\n", err)
+			return exitError{exitUsage}
+		}
+		res.Train.Precision = string(prec)
 	}
 	comp, err := trainergen.CompilePlan(res, cfg)
 	if err != nil {

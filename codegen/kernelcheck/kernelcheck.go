@@ -318,3 +318,49 @@ func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64,
 	}
 	return r, nil
 }
+
+// RoundInputs rounds node n's f32 inputs to what a tensor-core kernel of
+// precision prec multiplies: TF32 (round to nearest, ties away, as
+// cvt.rna.tf32.f32) or BF16 (nearest even). A kernel given inputs already
+// representable in its precision rounds them exactly, and the products of
+// two TF32 (11-bit significands) or two BF16 (8-bit) values are exact in
+// fp32, so the errors left against the float64 reference run on the same
+// rounded inputs are those of fp32 accumulation: Tolerance still bounds
+// them. (Masks and argmax inputs are unchanged by rounding where it
+// matters: a positive float rounds to a positive one.)
+func RoundInputs(n *ir.Node, ins [][]float64, prec codegen.Precision) [][]float64 {
+	out := make([][]float64, len(ins))
+	for i, v := range n.Ins {
+		out[i] = ins[i]
+		if v.Type.DType != ir.F32 || (prec != codegen.TF32 && prec != codegen.BF16) {
+			continue
+		}
+		out[i] = make([]float64, len(ins[i]))
+		for j, x := range ins[i] {
+			out[i][j] = RoundTo(prec, x)
+		}
+	}
+	return out
+}
+
+// RoundTo rounds x (as a float32) to prec's format and returns the value.
+func RoundTo(prec codegen.Precision, x float64) float64 {
+	b := math.Float32bits(float32(x))
+	switch prec {
+	case codegen.TF32:
+		if b&0x7fffffff < 0x7f800000 {
+			b += 0x1000
+		}
+		b &= 0xffffe000
+	case codegen.BF16:
+		if math.IsNaN(x) {
+			return x
+		}
+		rem, hi := b&0xffff, b>>16
+		if rem > 0x8000 || rem == 0x8000 && hi&1 == 1 {
+			hi++
+		}
+		b = hi << 16
+	}
+	return float64(math.Float32frombits(b))
+}

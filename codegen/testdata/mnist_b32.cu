@@ -369,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_partial_b32_in784_out64_splitk6(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in784_out64_splitk6(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -450,7 +450,7 @@ extern "C" __global__ void linear_block_reduce_b32_out64_splitk6_bias_relu(const
 // memory; each thread keeps 2x1 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_b32_in64_out10_bias(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_b32_in64_out10_bias(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(16+1) + nn
@@ -581,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(256) softmax_cross_entropy_b32_c10(
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out10_in64_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_input_b32_out10_in64_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -646,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_ou
 // memory; each thread keeps 1x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(16+1) + mm
     float* Bs = smem + 16 * (16 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -739,7 +739,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_o
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out64_in784_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_input_b32_out64_in784_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -804,7 +804,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_ou
 // memory; each thread keeps 4x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out64_in784_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b32_out64_in784_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(64+1) + mm
     float* Bs = smem + 16 * (64 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn

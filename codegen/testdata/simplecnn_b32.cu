@@ -369,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x16x63x63_o32
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_partial_b32_in28800_out128_splitk120(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in28800_out128_splitk120(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -449,7 +449,7 @@ extern "C" __global__ void linear_block_reduce_b32_out128_splitk120_bias(const f
 // memory; each thread keeps 2x1 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_b32_in128_out10_bias(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_b32_in128_out10_bias(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(16+1) + nn
@@ -580,7 +580,7 @@ extern "C" __global__ void __launch_bounds__(256) softmax_cross_entropy_b32_c10(
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out10_in128(const float* __restrict__ dy, const float* __restrict__ w, float* __restrict__ dx) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_input_b32_out10_in128(const float* __restrict__ dy, const float* __restrict__ w, float* __restrict__ dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -644,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_ou
 // memory; each thread keeps 1x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out10_in128_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b32_out10_in128_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(16+1) + mm
     float* Bs = smem + 16 * (16 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -737,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_o
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out128_in28800_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_input_b32_out128_in28800_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -802,7 +802,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_ou
 // memory; each thread keeps 4x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out128_in28800_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b32_out128_in28800_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(64+1) + mm
     float* Bs = smem + 16 * (64 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn

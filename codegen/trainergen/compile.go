@@ -186,7 +186,7 @@ func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := codegen.Options{Batch: batch, SourceName: res.File.Name}
+	opts := codegen.Options{Batch: batch, SourceName: res.File.Name, Precision: codegen.Precision(res.Train.Precision)}
 	train, err := codegen.GenerateFromPlan(p, opts)
 	if err != nil {
 		return nil, err
@@ -208,7 +208,7 @@ func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
 	for m := batch; m >= 1; m /= 2 {
 		ev, nv := eval, naive
 		if m != batch {
-			if ev, err = codegen.GenerateEval(res.Graph, codegen.Options{Batch: m, SourceName: res.File.Name}); err != nil {
+			if ev, err = codegen.GenerateEval(res.Graph, codegen.Options{Batch: m, SourceName: res.File.Name, Precision: opts.Precision}); err != nil {
 				return nil, err
 			}
 			nv = NewNaiveLayout(ev, inputs, isParam)
