@@ -18,7 +18,7 @@ type TrainConfig struct {
 	// Precision of the GEMM-shaped kernels: "fp32", "tf32" or "bf16"
 	// (codegen.Precision); "" when the block leaves it out (fp32).
 	Precision string
-	Pos          map[string]dsl.Pos // where each setting was written
+	Pos       map[string]dsl.Pos // where each setting was written
 }
 
 // DataSource is one dataset of the data block.
