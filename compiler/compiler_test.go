@@ -141,6 +141,20 @@ var errorCases = []struct {
 		[]string{"m.cnn:6:35: imagefolder resizes to 64x64 but the model's input is 32x32"}},
 	{"dropout p", header + "  d = dropout(image, p=1)\n  f = linear(flatten(d), out=10)\n  loss = cross_entropy(f, label)\n}\n",
 		[]string{"m.cnn:2:24: dropout: p must be in [0, 1), got 1"}},
+	{"precision", header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  precision = fp16\n}\n",
+		[]string{"m.cnn:6:15: train block: precision must be fp32, tf32 or bf16, got the name fp16"}},
+}
+
+func TestPrecisionSetting(t *testing.T) {
+	for _, p := range []string{"fp32", "tf32", "bf16"} {
+		src := header + "  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  precision = " + p + "\n}\n"
+		res, err := CompileSource("m.cnn", []byte(src), Options{})
+		require.NoError(t, err)
+		assert.Equal(t, p, res.Train.Precision)
+	}
+	res, err := CompileSource("m.cnn", []byte(header+"  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\n"), Options{})
+	require.NoError(t, err)
+	assert.Empty(t, res.Train.Precision, "left out: fp32")
 }
 
 func TestErrors(t *testing.T) {
