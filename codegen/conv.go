@@ -210,8 +210,10 @@ type convData struct {
 	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
 	// per phase, OC output channels per chunk, an RH x RW dy region
 	TH, TW, OC, KHP, KWP, TilesPerPhase int64
-	// wgrad: BQ positions per chunk, Splits of QPerSplit positions
+	// wgrad: BQ positions per chunk, Splits of QPerSplit positions; the
+	// reduce: RedWarps warps (RedThreads threads) per block of 32 elements
 	BQ, G, XPT, DPT, XS, DS, Splits, QPerSplit, Q, WE int64
+	RedWarps, RedThreads                              int64
 	Accumulate                                        bool // the reduce adds to dw/db
 	// conv_mma: Rows staged rows per chunk; RowSum: also sum A's rows (the bias gradient)
 	Rows           int64
@@ -583,6 +585,9 @@ func maxOver(n int64, f func(s int64) int64) int64 {
 func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, partial *ir.Value) error {
 	g := wd.convGeom
 	d := &convData{convGeom: g, Splits: wd.Splits, WE: wd.WE}
+	// warps reading the splits of a block's 32 elements: about 8 splits each
+	d.RedWarps = min(16, max(1, (d.Splits+7)/8))
+	d.RedThreads = 32 * d.RedWarps
 	params := []string{"const float* __restrict__ partial"}
 	args := []Arg{buf(partial)}
 	opt := n.Attrs.Opt
@@ -655,7 +660,7 @@ func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, par
 	if err := e.kernel("conv_block_wgrad_reduce", d.Name, d); err != nil {
 		return err
 	}
-	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: gridFor(d.WE, updateBlock), Block: [3]uint32{updateBlock, 1, 1},
+	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: [3]uint32{uint32((d.WE + 31) / 32), 1, 1}, Block: [3]uint32{uint32(d.RedThreads), 1, 1},
 		Args: args, FLOPs: flops, MinBytes: moved})
 	return nil
 }

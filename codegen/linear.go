@@ -49,6 +49,7 @@ type gemmKernel struct {
 	BM, BN, BK        int64 // block tile
 	TM, TN            int64 // per-thread tile
 	Splits, KPerSplit int64 // split-K slices (1: none) and their k length
+	RW, RT            int64 // the split-K reduce: warps (threads) per block of 32 outputs
 	AKM               bool  // A is stored [K][M] (else [M][K])
 	BNK               bool  // B is stored [N][K] (else [K][N])
 	A, B, AMask       string
@@ -237,11 +238,13 @@ func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, 
 		Args: append(mainArgs, buf(scratch)), FLOPs: 2 * k.M * k.N * k.K, MinBytes: mainBytes + scratchBytes})
 	reduce := *k
 	reduce.Name = name
+	reduce.RW = min(16, max(1, (k.Splits+7)/8)) // about 8 slices per warp
+	reduce.RT = 32 * reduce.RW
 	reduce.Params = strings.Join(append([]string{inParam("partial")}, epilogueParams...), ", ")
 	if err := e.kernel("linear_splitk_reduce", reduce.Name, &reduce); err != nil {
 		return err
 	}
-	e.launch(&Launch{Node: n, Kernel: reduce.Name, Grid: gridFor(k.MN, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
+	e.launch(&Launch{Node: n, Kernel: reduce.Name, Grid: [3]uint32{uint32(divUp(k.MN, 32)), 1, 1}, Block: [3]uint32{uint32(reduce.RT), 1, 1},
 		Args: append([]Arg{buf(scratch)}, epilogueArgs...), FLOPs: max(flops-2*k.M*k.N*k.K, 0) + (k.Splits-1)*k.MN,
 		MinBytes: scratchBytes + epilogueBytes})
 	return nil

@@ -257,7 +257,7 @@ func TestGemmPlans(t *testing.T) {
 	}
 	require.Equal(t, []string{
 		"linear_block_partial_b32_in28800_out128_splitk120 grid=[2 1 120] block=[256 1 1] shared=6272",
-		"linear_block_reduce_b32_out128_splitk120_bias grid=[16 1 1] block=[256 1 1] shared=0",
+		"linear_block_reduce_b32_out128_splitk120_bias grid=[128 1 1] block=[480 1 1] shared=0", // 15 warps per 32 outputs
 		"linear_block_grad_input_b32_out128_in28800 grid=[450 1 1] block=[256 1 1] shared=6272",
 		"linear_block_grad_weight_b32_out128_in28800_bias_sgd_mom0p9 grid=[450 2 1] block=[256 1 1] shared=8320",
 	}, names)

@@ -429,12 +429,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in
 }
 
 // linear_block_reduce_b32_out64_splitk6_bias_relu: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
-// Adds the 6 partial sums of each of the 2048 outputs in slice order (so the result
-// does not depend on scheduling), then applies the epilogue.
-extern "C" __global__ void linear_block_reduce_b32_out64_splitk6_bias_relu(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
-    for (int at = (int)blockIdx.x * blockDim.x + threadIdx.x; at < 2048; at += (int)gridDim.x * blockDim.x) {
-        float v = partial[at];
-        for (int s = 1; s < 6; s++) v += partial[(int)s * 2048 + at];
+// Adds the 6 partial sums of each of the 2048 outputs, then applies the epilogue. A block of 1 warp(s)
+// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 1, ... in order, then warp 0
+// adds the warps' sums in warp order — a fixed tree, so the result does not depend on scheduling.
+extern "C" __global__ void __launch_bounds__(32) linear_block_reduce_b32_out64_splitk6_bias_relu(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
+    __shared__ float warpSums[1][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int at = (int)blockIdx.x * 32 + lane;
+    float sum = 0.0f;
+    if (at < 2048)
+        for (int s = warp; s < 6; s += 1) sum += partial[(int)s * 2048 + at];
+    warpSums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && at < 2048) {
+        float v = warpSums[0][lane];
+        for (int w = 1; w < 1; w++) v += warpSums[w][lane];
         {  // the epilogue
             const int n = at % 64;
             v += bias[n];
@@ -1148,11 +1157,21 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x8x14x14_o1
 }
 
 // conv_block_wgrad_reduce_o16_k72_bias_split98_sgd_mom0p9: sums 98 split partials of the 16x72 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step at run time.
-// One thread per element, grid-stride loop; the splits are added in order, so the result does not depend on scheduling.
-extern "C" __global__ void conv_block_wgrad_reduce_o16_k72_bias_split98_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, float lr, long long step) {
-    for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < 1168; e += (int)gridDim.x * blockDim.x) {
-        float gradSum = partial[e];
-        for (int s = 1; s < 98; s++) gradSum += partial[(int)s * 1168 + e];
+// A block of 13 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 13, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 13 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(416) conv_block_wgrad_reduce_o16_k72_bias_split98_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, float lr, long long step) {
+    __shared__ float warpSums[13][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int e = (int)blockIdx.x * 32 + lane;
+    float sum = 0.0f;
+    if (e < 1168)
+        for (int sp = warp; sp < 98; sp += 13) sum += partial[(int)sp * 1168 + e];
+    warpSums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && e < 1168) {
+        float gradSum = warpSums[0][lane];
+        for (int w = 1; w < 13; w++) gradSum += warpSums[w][lane];
         if (e < 1152) {
             const int at = e;  // weight element (o, c, ky, kx)
 
@@ -1335,11 +1354,21 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x1x28x28u8_
 }
 
 // conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9: sums 392 split partials of the 8x9 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step at run time.
-// One thread per element, grid-stride loop; the splits are added in order, so the result does not depend on scheduling.
-extern "C" __global__ void conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, float lr, long long step) {
-    for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < 80; e += (int)gridDim.x * blockDim.x) {
-        float gradSum = partial[e];
-        for (int s = 1; s < 392; s++) gradSum += partial[(int)s * 80 + e];
+// A block of 16 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 16, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 16 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(512) conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, float lr, long long step) {
+    __shared__ float warpSums[16][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int e = (int)blockIdx.x * 32 + lane;
+    float sum = 0.0f;
+    if (e < 80)
+        for (int sp = warp; sp < 392; sp += 16) sum += partial[(int)sp * 80 + e];
+    warpSums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && e < 80) {
+        float gradSum = warpSums[0][lane];
+        for (int w = 1; w < 16; w++) gradSum += warpSums[w][lane];
         if (e < 72) {
             const int at = e;  // weight element (o, c, ky, kx)
 

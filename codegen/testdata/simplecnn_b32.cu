@@ -429,12 +429,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in
 }
 
 // linear_block_reduce_b32_out128_splitk120_bias: linear block forward: y[32,128] = x[32,28800]·Wᵀ + bias.
-// Adds the 120 partial sums of each of the 4096 outputs in slice order (so the result
-// does not depend on scheduling), then applies the epilogue.
-extern "C" __global__ void linear_block_reduce_b32_out128_splitk120_bias(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
-    for (int at = (int)blockIdx.x * blockDim.x + threadIdx.x; at < 4096; at += (int)gridDim.x * blockDim.x) {
-        float v = partial[at];
-        for (int s = 1; s < 120; s++) v += partial[(int)s * 4096 + at];
+// Adds the 120 partial sums of each of the 4096 outputs, then applies the epilogue. A block of 15 warp(s)
+// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 15, ... in order, then warp 0
+// adds the warps' sums in warp order — a fixed tree, so the result does not depend on scheduling.
+extern "C" __global__ void __launch_bounds__(480) linear_block_reduce_b32_out128_splitk120_bias(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
+    __shared__ float warpSums[15][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int at = (int)blockIdx.x * 32 + lane;
+    float sum = 0.0f;
+    if (at < 4096)
+        for (int s = warp; s < 120; s += 15) sum += partial[(int)s * 4096 + at];
+    warpSums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && at < 4096) {
+        float v = warpSums[0][lane];
+        for (int w = 1; w < 15; w++) v += warpSums[w][lane];
         {  // the epilogue
             const int n = at % 128;
             v += bias[n];
@@ -1146,11 +1155,21 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x16x63x63_o
 }
 
 // conv_block_wgrad_reduce_o32_k144_bias_split170_sgd_mom0p9: sums 170 split partials of the 32x144 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step at run time.
-// One thread per element, grid-stride loop; the splits are added in order, so the result does not depend on scheduling.
-extern "C" __global__ void conv_block_wgrad_reduce_o32_k144_bias_split170_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, float lr, long long step) {
-    for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < 4640; e += (int)gridDim.x * blockDim.x) {
-        float gradSum = partial[e];
-        for (int s = 1; s < 170; s++) gradSum += partial[(int)s * 4640 + e];
+// A block of 16 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 16, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 16 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(512) conv_block_wgrad_reduce_o32_k144_bias_split170_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, float lr, long long step) {
+    __shared__ float warpSums[16][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int e = (int)blockIdx.x * 32 + lane;
+    float sum = 0.0f;
+    if (e < 4640)
+        for (int sp = warp; sp < 170; sp += 16) sum += partial[(int)sp * 4640 + e];
+    warpSums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && e < 4640) {
+        float gradSum = warpSums[0][lane];
+        for (int w = 1; w < 16; w++) gradSum += warpSums[w][lane];
         if (e < 4608) {
             const int at = e;  // weight element (o, c, ky, kx)
 
@@ -1333,11 +1352,21 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x3x128x128u
 }
 
 // conv_block_wgrad_reduce_o16_k27_bias_split504_sgd_mom0p9: sums 504 split partials of the 16x27 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step at run time.
-// One thread per element, grid-stride loop; the splits are added in order, so the result does not depend on scheduling.
-extern "C" __global__ void conv_block_wgrad_reduce_o16_k27_bias_split504_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, float lr, long long step) {
-    for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < 448; e += (int)gridDim.x * blockDim.x) {
-        float gradSum = partial[e];
-        for (int s = 1; s < 504; s++) gradSum += partial[(int)s * 448 + e];
+// A block of 16 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 16, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 16 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(512) conv_block_wgrad_reduce_o16_k27_bias_split504_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, float lr, long long step) {
+    __shared__ float warpSums[16][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int e = (int)blockIdx.x * 32 + lane;
+    float sum = 0.0f;
+    if (e < 448)
+        for (int sp = warp; sp < 504; sp += 16) sum += partial[(int)sp * 448 + e];
+    warpSums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && e < 448) {
+        float gradSum = warpSums[0][lane];
+        for (int w = 1; w < 16; w++) gradSum += warpSums[w][lane];
         if (e < 432) {
             const int at = e;  // weight element (o, c, ky, kx)
 
