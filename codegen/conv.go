@@ -206,6 +206,10 @@ type convData struct {
 	// region of RH x RW conv outputs
 	TPH, TPW, RH, RW, TilesW, TilesPerSample int64
 	FullRows                                 bool
+	// CS is the row stride of the conv outputs the pool reads from shared
+	// memory: not a multiple of 32 banks, so that the pool's items (a
+	// channel's run each) do not all hit one bank
+	CS int64
 	Segs, MaxWords                           int64
 	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
 	// per phase, OC output channels per chunk, an RH x RW dy region
@@ -275,7 +279,8 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		if err := d.poolTile(); err != nil {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
-		d.SharedFloats = max(d.SharedFloats, d.BM*d.BN)
+		d.CS = d.BN + 1
+		d.SharedFloats = max(d.SharedFloats, d.BM*d.CS)
 		grid[0] = uint32(g.B * d.TilesPerSample)
 	} else {
 		d.NTotal = g.B * g.HWO
@@ -291,8 +296,10 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		d.TC, family = tc, "conv_block_fwd_tc"
 		d.WS = d.BM + tc.Pad
 		d.TCRows = roundUp(d.BK, tc.KS)
-		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.BN, d.BN
-		sharedBytes = max(d.TCRows*(d.WS+d.BN)*tc.Elem, d.BM*d.BN*4) + tcAlignSlack
+		// Cs: store_matrix_sync wants a stride of 16 bytes' multiple; BN + 4 also spreads the rows over the banks
+		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.BN, d.BN+4
+		d.CS = d.TCLDC
+		sharedBytes = max(d.TCRows*(d.WS+d.BN)*tc.Elem, d.BM*d.TCLDC*4) + tcAlignSlack
 	}
 	if sharedBytes > maxStaticShared {
 		return fmt.Errorf("codegen: %s: the conv tile needs %d bytes of shared memory", n.Text(), sharedBytes)

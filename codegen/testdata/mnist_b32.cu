@@ -121,7 +121,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8
         }
     }
     // the main loop ended at a barrier: the tiles' shared memory now holds the conv outputs of the region
-    float* const Cs = smem;  // conv(m0 + m, region position n) at m*64 + n
+    float* const Cs = smem;  // conv(m0 + m, region position n) at m*65 + n (a stride that spreads the rows over the banks)
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int m = tm * 2 + i;
@@ -130,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8
         for (int j = 0; j < 4; j++) {
             float v = acc[i][j] + bo;
             v = fmaxf(v, 0.0f);
-            Cs[m * 64 + tn * 4 + j] = v;
+            Cs[m * 65 + tn * 4 + j] = v;
         }
     }
     __syncthreads();
@@ -164,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8
                 for (int kx = 0; kx < 2; kx++) {
                     const int rx = tx * 2 + kx;
                     if ((unsigned)(cx0 + rx) >= 28u) continue;
-                    const float v = Cs[m * 64 + ry * 16 + rx];
+                    const float v = Cs[m * 65 + ry * 16 + rx];
                     if (bestK < 0 || v > best) {
                         best = v;
                         bestK = ky * 2 + kx;
@@ -298,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_
         }
     }
     // the main loop ended at a barrier: the tiles' shared memory now holds the conv outputs of the region
-    float* const Cs = smem;  // conv(m0 + m, region position n) at m*64 + n
+    float* const Cs = smem;  // conv(m0 + m, region position n) at m*65 + n (a stride that spreads the rows over the banks)
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int m = tm * 4 + i;
@@ -307,7 +307,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_
         for (int j = 0; j < 4; j++) {
             float v = acc[i][j] + bo;
             v = fmaxf(v, 0.0f);
-            Cs[m * 64 + tn * 4 + j] = v;
+            Cs[m * 65 + tn * 4 + j] = v;
         }
     }
     __syncthreads();
@@ -341,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_
                 for (int kx = 0; kx < 2; kx++) {
                     const int rx = tx * 2 + kx;
                     if ((unsigned)(cx0 + rx) >= 14u) continue;
-                    const float v = Cs[m * 64 + ry * 8 + rx];
+                    const float v = Cs[m * 65 + ry * 8 + rx];
                     if (bestK < 0 || v > best) {
                         best = v;
                         bestK = ky * 2 + kx;
