@@ -209,8 +209,8 @@ type convData struct {
 	// CS is the row stride of the conv outputs the pool reads from shared
 	// memory: not a multiple of 32 banks, so that the pool's items (a
 	// channel's run each) do not all hit one bank
-	CS int64
-	Segs, MaxWords                           int64
+	CS             int64
+	Segs, MaxWords int64
 	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
 	// per phase, OC output channels per chunk, an RH x RW dy region
 	TH, TW, OC, KHP, KWP, TilesPerPhase int64
