@@ -61,6 +61,7 @@ statically and emits CUDA kernels plus a standalone Go trainer.`,
 	root.AddCommand(newPlanCmd(stdout, stderr))
 	root.AddCommand(newBuildCmd(stdout, stderr))
 	root.AddCommand(newGenCmd(stdout, stderr))
+	root.AddCommand(newExportCmd(stdout, stderr))
 	return root
 }
 
@@ -69,6 +70,7 @@ type compileFlags struct {
 	batch     int64
 	dumpAfter string
 	disable   []string
+	stopAfter string // the last pass to run (export needs only the forward IR)
 }
 
 func (f *compileFlags) register(cmd *cobra.Command) {
@@ -91,7 +93,7 @@ func loadModel(path string, f *compileFlags, stdout, stderr io.Writer) (*compile
 		printDiagnostics(stderr, err, sources)
 		return nil, exitError{exitModel}
 	}
-	opts := compiler.Options{Batch: f.batch, Disable: f.disable}
+	opts := compiler.Options{Batch: f.batch, Disable: f.disable, StopAfter: f.stopAfter}
 	if f.batch < 0 {
 		fmt.Fprintf(stderr, "cnnc: --batch must be positive, got %d\n", f.batch)
 		return nil, exitError{exitUsage}
