@@ -29,10 +29,12 @@ trainer's --checkpoint) as a standard ONNX model (opset 13):
                    ToTensor gives them (the batch dimension is dynamic)
   output "logits": float32 [batch, classes], the inputs of the loss
 
-The graph computes what the trainer's evaluation computes: dropout is the
-identity, the loss is left out. Initializers carry the checkpoint's
-state_dict names (conv1.weight, ...) and its float32 values unchanged;
-optimizer state is not exported.`,
+The graph computes what the trainer's evaluation computes from the same
+images: dropout is the identity, the loss is left out (and so are layers
+the loss does not need). The data block's deterministic preprocessing
+after ToTensor would be part of the graph; today there is none. The
+initializers carry the checkpoint's state_dict names (conv1.weight, ...)
+and its float32 values unchanged; optimizer state is not exported.`,
 		Example: "  cnnc export --onnx mnist.onnx --checkpoint mnist.safetensors examples/mnist.cnn",
 		Args:    exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
