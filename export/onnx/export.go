@@ -37,9 +37,12 @@ package onnx
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
@@ -142,6 +145,16 @@ func windowAttrs(a ir.Attrs) []Attr {
 // Exportable reports whether op has an ONNX mapping.
 func Exportable(op ir.Op) bool { _, ok := opRules[op]; return ok }
 
+// exportableOps lists the ops with a mapping, in the ops table's order.
+func exportableOps() string {
+	ops := slices.Sorted(maps.Keys(opRules))
+	names := make([]string, len(ops))
+	for i, op := range ops {
+		names[i] = op.String()
+	}
+	return strings.Join(names, ", ")
+}
+
 // Export builds the ONNX model of g's logits with parameters from w. An op
 // that cannot be exported is a dsl.Diagnostic at its layer's line; bad
 // parameters are errors naming the tensor.
@@ -157,7 +170,7 @@ func Export(g *ir.Graph, w Weights, opts Options) (*Model, error) {
 	var diags dsl.Diagnostics
 	for _, n := range nodes {
 		if _, ok := opRules[n.Op]; !ok {
-			diags = append(diags, dsl.Errorf(n.Pos, "%s: %s cannot be exported to ONNX (exportable: the forward ops conv2d, relu, maxpool2d, avgpool2d, flatten, linear, dropout, add)", n.Name, n.Op))
+			diags = append(diags, dsl.Errorf(n.Pos, "%s: %s cannot be exported to ONNX (exportable: %s)", n.Name, n.Op, exportableOps()))
 		}
 	}
 	if len(diags) > 0 {
