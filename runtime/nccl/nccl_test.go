@@ -177,18 +177,6 @@ func splitmix(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// bf16 rounds to bfloat16, to nearest with ties to even (as __float2bfloat16_rn).
-func bf16(f float32) uint16 {
-	u := math.Float32bits(f)
-	if u&0x7fffffff > 0x7f800000 {
-		return uint16(u>>16 | 0x40)
-	}
-	u += 0x7fff + (u >> 16 & 1)
-	return uint16(u >> 16)
-}
-
-func fromBF16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
-
 // input is rank r's buffer for case k, as bytes.
 func input(k, r int) []byte {
 	c := sumCases[k]
@@ -196,7 +184,7 @@ func input(k, r int) []byte {
 	for i := range c.count {
 		v := value(k, r, i)
 		if c.t == Bfloat16 {
-			binary.LittleEndian.PutUint16(b[2*i:], bf16(v))
+			binary.LittleEndian.PutUint16(b[2*i:], fakenccl.Bfloat16(v))
 		} else {
 			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 		}
@@ -333,31 +321,13 @@ func TestAllReduceSumsInRankOrder(t *testing.T) {
 	}
 }
 
-// sumInOrder adds the inputs elementwise in rank order (reverse: from the last rank), rounding
+// sumInOrder is the sum the fake makes: in rank order (reverse: from the last rank), rounded
 // after every addition as the type does.
 func sumInOrder(t DataType, inputs [][]byte, reverse bool) []byte {
-	n := len(inputs)
-	order := make([]int, n)
-	for i := range order {
-		order[i] = i
-		if reverse {
-			order[i] = n - 1 - i
-		}
+	if t == Bfloat16 {
+		return fakenccl.SumBfloat16(inputs, reverse)
 	}
-	out := append([]byte(nil), inputs[order[0]]...)
-	size := t.Size()
-	for _, r := range order[1:] {
-		for i := 0; i < len(out); i += size {
-			if t == Bfloat16 {
-				a, b := fromBF16(binary.LittleEndian.Uint16(out[i:])), fromBF16(binary.LittleEndian.Uint16(inputs[r][i:]))
-				binary.LittleEndian.PutUint16(out[i:], bf16(float32(a+b)))
-			} else {
-				a, b := math.Float32frombits(binary.LittleEndian.Uint32(out[i:])), math.Float32frombits(binary.LittleEndian.Uint32(inputs[r][i:]))
-				binary.LittleEndian.PutUint32(out[i:], math.Float32bits(float32(a+b)))
-			}
-		}
-	}
-	return out
+	return fakenccl.SumFloat32(inputs, reverse)
 }
 
 // checkErrorBound compares the sums with the exact ones (float64 holds these sums of at most 4
@@ -375,7 +345,7 @@ func checkErrorBound(t *testing.T, name string, dt DataType, inputs [][]byte, go
 	gamma := k * u / (1 - k*u)
 	read := func(b []byte, i int) float64 {
 		if dt == Bfloat16 {
-			return float64(fromBF16(binary.LittleEndian.Uint16(b[2*i:])))
+			return float64(fakenccl.FromBfloat16(binary.LittleEndian.Uint16(b[2*i:])))
 		}
 		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
 	}
