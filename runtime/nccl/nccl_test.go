@@ -626,3 +626,40 @@ func TestWait(t *testing.T) {
 	boom := errors.New("cuStreamQuery: an illegal memory access")
 	assert.ErrorIs(t, comms[0].Wait(func() (bool, error) { return false, boom }, time.Minute), boom)
 }
+
+// Joining a communicator fails, naming the rank, when a rank does not come or disagrees.
+func TestCommInitRankWaitsAreBounded(t *testing.T) {
+	t.Setenv(fakenccl.TimeoutEnv, "1")
+	lib := openFake(t)
+	id, err := lib.UniqueID()
+	require.NoError(t, err)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for _, r := range []int{0, 1} { // rank 2 never comes
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[r] = lib.CommInitRank(id, 3, r)
+		}()
+	}
+	wg.Wait()
+	assert.ErrorContains(t, errs[0], "ncclTimeout (timeout): rank 0: ncclCommInitRank: rank 2 of 3 did not join within 1 s")
+	assert.ErrorContains(t, errs[1], "ncclRemoteError (remote process exited or there was a network error): rank 1: rank 0 stopped: ncclCommInitRank: rank 2 of 3 did not join")
+
+	id, err = lib.UniqueID()
+	require.NoError(t, err)
+	for r, n := range []int{2, 3} { // rank 1 thinks there are 3 ranks
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[r] = lib.CommInitRank(id, n, r)
+		}()
+	}
+	wg.Wait()
+	want := fmt.Sprintf("rank 1 (pid %d) says there are 3 ranks, rank 0 says 2", os.Getpid())
+	assert.ErrorContains(t, errs[0], want)
+	assert.ErrorContains(t, errs[1], want)
+
+	_, err = lib.CommInitRank(id, 2, 1) // no rank 0 listens for this id any more
+	assert.ErrorContains(t, err, "ncclCommInitRank: rank 0 did not listen on @cnnc-fakenccl-")
+}

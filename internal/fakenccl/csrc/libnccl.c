@@ -445,7 +445,8 @@ static ncclResult_t root_init(ncclComm_t c, const ncclUniqueId* id) {
 			for (int k = 1; k < c->nranks && n + 12 < sizeof missing; k++)
 				if (c->fds[k] < 0) n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d", n ? ", " : "", k);
 			r = w == 0 ? ncclTimeout : ncclSystemError;
-			snprintf(why, sizeof why, "ranks %s of %d did not join within %.0f s", missing, c->nranks, limit);
+			snprintf(why, sizeof why, "%s %s of %d did not join within %.0f s", c->nranks - 1 - joined > 1 ? "ranks" : "rank",
+			         missing, c->nranks, limit);
 			break;
 		}
 		int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -513,7 +514,7 @@ static ncclResult_t peer_init(ncclComm_t c, const ncclUniqueId* id) {
 	}
 	if (w.kind == MSG_FAIL) {
 		close_all(c);
-		return comm_fail(c, ncclInvalidUsage, "%s", w.text);
+		return comm_fail(c, ncclRemoteError, "%s", w.text);
 	}
 	c->pids[0] = w.pid;
 	return ncclSuccess;
