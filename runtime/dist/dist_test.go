@@ -242,9 +242,8 @@ func TestRendezvousWaitsAreBounded(t *testing.T) {
 		assert.ErrorContains(t, errs[0], "127.0.0.1:"+strconv.Itoa(port))
 		for _, r := range []int{1, 3} {
 			require.Error(t, errs[r])
-			// told by rank 0, or given up at the same deadline (or, late to start on a busy
-			// machine, found rank 0 gone)
-			assert.Regexp(t, `rank 2 of 4 did not join|no answer within 1s|cannot reach rank 0`, errs[r].Error())
+			// told by rank 0 (or, late to start on a busy machine, found rank 0 gone)
+			assert.Regexp(t, `rank 2 of 4 did not join within 1s|cannot reach rank 0`, errs[r].Error())
 		}
 	})
 	t.Run("rank 0 never comes", func(t *testing.T) {

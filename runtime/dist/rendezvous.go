@@ -40,6 +40,10 @@ func (h *hello) who() string {
 	return fmt.Sprintf("rank %d (%s, pid %d)", h.Rank, host, h.Pid)
 }
 
+// verdictGrace is how much longer than rank 0 the other ranks wait for the rendezvous to
+// end, so that they hear rank 0 say which ranks did not come rather than time out themselves.
+const verdictGrace = 5 * time.Second
+
 // keepAlive makes a dead peer's machine (not just its process, whose end closes its
 // connections at once) noticed in about 30 s.
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}
@@ -256,7 +260,8 @@ func (s *Session) join(ctx context.Context, timeout time.Duration) error {
 	h := hello{Version: wireVersion, WorldSize: uint32(cfg.WorldSize), Rank: uint32(cfg.Rank), Pid: uint32(os.Getpid())}
 	copy(h.Magic[:], helloMagic)
 	copy(h.Host[:hostBytes-1], host)
-	conn.SetDeadline(deadline)
+	// rank 0 decides who did not join, by the same timeout: wait a little longer, to hear it
+	conn.SetDeadline(deadline.Add(verdictGrace))
 	var head [8]byte
 	err = binary.Write(conn, binary.LittleEndian, &h)
 	if err == nil {
@@ -277,7 +282,7 @@ func (s *Session) join(ctx context.Context, timeout time.Duration) error {
 		case ctx.Err() != nil:
 			err = ctx.Err()
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			err = fmt.Errorf("no answer within %v (rank 0 waits until every rank has joined)", timeout)
+			err = fmt.Errorf("no answer within %v (rank 0 waits until every rank has joined)", timeout+verdictGrace)
 		}
 		return fmt.Errorf("rank %d: rendezvous with rank 0 at %s: %w", cfg.Rank, cfg.Addr(), err)
 	}

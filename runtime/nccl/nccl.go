@@ -287,7 +287,9 @@ type Error struct {
 	Call   string // "ncclAllReduce"
 	Result Result
 	Text   string // ncclGetErrorString
-	Detail string // ncclGetLastError (NCCL 2.13+), when it says something
+	// Detail is ncclGetLastError (NCCL 2.13+), read right after the call. NCCL keeps one last
+	// error per process: calls failing at once in several threads may see each other's.
+	Detail string
 }
 
 func (e *Error) Error() string {

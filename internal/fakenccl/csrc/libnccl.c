@@ -507,7 +507,8 @@ static ncclResult_t peer_init(ncclComm_t c, const ncclUniqueId* id) {
 	msg h = {.kind = MSG_HELLO, .rank = c->rank, .nranks = c->nranks, .pid = getpid()};
 	io_result io = send_all(fd, &h, sizeof h, limit);
 	msg w;
-	if (io == IO_OK) io = recv_all(fd, &w, sizeof w, limit);
+	// Rank 0 decides who did not join, by the same timeout: wait a little longer, to hear it.
+	if (io == IO_OK) io = recv_all(fd, &w, sizeof w, limit + 5);
 	if (io != IO_OK) {
 		close_all(c);
 		return comm_fail(c, io_code(io), "ncclCommInitRank: rank 0 %s", io_words(io));
