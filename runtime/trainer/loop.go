@@ -89,6 +89,7 @@ type Loop struct {
 	perEpoch  int
 	firstLoss float64 // this run's first step loss (the divergence rule's scale)
 	guard     Batch   // a copy of this run's first batch: checks parameters before a save
+	lastEpoch int     // the epoch (from 1) of the last step
 }
 
 // Result is how a run ended.
@@ -261,6 +262,7 @@ func (l *Loop) step(b Batch, epoch, number int) (StepMetrics, error) {
 		return StepMetrics{}, err
 	}
 	m := StepMetrics{Step: l.Session.Step, Epoch: epoch + 1, Batch: number, Loss: loss, Correct: correct, Size: b.Valid, Batches: l.perEpoch, Input: b}
+	l.lastEpoch = m.Epoch
 	if l.firstLoss == 0 {
 		l.firstLoss = float64(loss)
 	}
@@ -313,7 +315,8 @@ func (e *DivergedError) Error() string {
 	return fmt.Sprintf("%s at step %d (epoch %d, batch %d)", e.Why, e.Step, e.Epoch, e.Batch)
 }
 
-// save checks the parameters on the guard batch, then calls Save.
+// save checks the parameters on the guard batch (when this run has
+// trained), then calls Save.
 func (l *Loop) save(at Position) error {
 	if l.Save == nil {
 		return nil
@@ -324,7 +327,7 @@ func (l *Loop) save(at Position) error {
 			return err
 		}
 		if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
-			return &DivergedError{Step: l.Session.Step, Epoch: at.Epoch + 1, Loss: float64(loss), Why: why, AtSave: true}
+			return &DivergedError{Step: l.Session.Step, Epoch: l.lastEpoch, Loss: float64(loss), Why: why, AtSave: true}
 		}
 	}
 	return l.Save(at)
