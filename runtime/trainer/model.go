@@ -30,6 +30,9 @@ func OpenDevice(spec *Spec, backends Backends, name string, warn func(string)) (
 			warn(fmt.Sprintf("no CUDA device (%v); using the CPU emulator", err))
 		}
 	}
+	if name != "cpu" && name != "cuda" {
+		return nil, fmt.Errorf("%q: want auto, cpu or cuda", name)
+	}
 	open, ok := backends[name]
 	if !ok {
 		var have []string
@@ -37,7 +40,7 @@ func OpenDevice(spec *Spec, backends Backends, name string, warn func(string)) (
 			have = append(have, k)
 		}
 		sort.Strings(have)
-		return nil, fmt.Errorf("device %q: this program was built with %v", name, have)
+		return nil, fmt.Errorf("%q: this program was built without it (it has %v); CUDA needs the kernels' fatbin (cnnc gen --cuda, cnnc build --target cuda) and go build -tags cuda", name, have)
 	}
 	return open(spec)
 }
@@ -103,7 +106,7 @@ func NewModel(spec *Spec, backends Backends, o Options) (*Model, error) {
 	}
 	dev, err := OpenDevice(spec, backends, o.Device, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", spec.Model, err)
+		return nil, fmt.Errorf("%s: Options.Device %w", spec.Model, err)
 	}
 	s, err := NewSession(spec, dev, o.Seed)
 	if err != nil {

@@ -154,7 +154,7 @@ func (r *runner) openSession() error {
 	o, spec := r.o, r.spec
 	dev, err := trainer.OpenDevice(spec, r.backends, o.device, r.warn)
 	if err != nil {
-		return fmt.Errorf("--device %s: %w", o.device, err)
+		return fmt.Errorf("--device %w", err)
 	}
 	r.dev = dev
 	r.closers = append(r.closers, dev.Close)
