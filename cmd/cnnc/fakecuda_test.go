@@ -79,7 +79,7 @@ func TestCUDATrainerUnderFakeDriver(t *testing.T) {
 	// 3 steps, then --resume for 2 more: the graph is captured again in
 	// the resumed run, its step-dependent arguments from the checkpoint
 	_, first := runLogged("part", "--device", "cuda", "--max-steps", "3")
-	_, rest := runLogged("resumed", "--device", "cuda", "--max-steps", "2", "--resume", filepath.Join(dir, "part.safetensors"))
+	_, rest := runLogged("resumed", "--device", "cuda", "--max-steps", "5", "--resume", filepath.Join(dir, "part.safetensors")) // 5 in all
 	assert.Equal(t, cpuLoss, append(first, rest...), "3 steps and 2 resumed vs 5 on the CPU")
 	sameTensors := func(x, y string) {
 		a, err := checkpoint.Read(filepath.Join(dir, x+".safetensors"))

@@ -55,20 +55,7 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 		jen.Id("Channels").Op("=").Lit(spec.C).Comment("1: grayscale, 3: RGB; pixels are uint8 HWC"),
 		jen.Id("Classes").Op("=").Lit(spec.Classes),
 	)
-	aliases := []struct{ doc, name, pkg, target string }{
-		{"Model is " + spec.Model + " on a device, its parameters and optimizer state in one planned arena.", "Model", trainerPkg, "Model"},
-		{"Options configure New: seed, learning rate, device, and Train's epochs, batch, step limit and metric callbacks.", "Options", trainerPkg, "Options"},
-		{"Batch is one step's input: Valid images of Height*Width*Channels uint8 pixels (HWC) and their labels.", "Batch", trainerPkg, "Batch"},
-		{"Dataset is what Train and Evaluate read (data.LoadMNIST, data.OpenImageFolder, or your own).", "Dataset", dataPkg, "Dataset"},
-		{"StepMetrics are one training step's results, passed to Options.OnStep.", "StepMetrics", trainerPkg, "StepMetrics"},
-		{"EpochMetrics are one epoch's results, passed to Options.OnEpoch.", "EpochMetrics", trainerPkg, "EpochMetrics"},
-		{"Evaluation is Evaluate's mean loss and accuracy.", "Evaluation", trainerPkg, "Evaluation"},
-		{"Prediction is a class and its probability (Predict).", "Prediction", trainerPkg, "Prediction"},
-	}
-	for _, a := range aliases {
-		f.Comment(a.doc)
-		f.Type().Id(a.name).Op("=").Qual(a.pkg, a.target)
-	}
+	typeAliases(f, spec)
 	f.Comment("backends open the devices the package trains on; cuda.go adds \"cuda\" in builds with -tags cuda.")
 	f.Var().Id("backends").Op("=").Qual(trainerPkg, "Backends").Values(jen.Dict{
 		jen.Lit("cpu"): jen.Func().Params(jen.Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual(devicePkg, "Device"), jen.Error()).Block(
@@ -86,26 +73,49 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 	}
 	files := map[string][]byte{"spec.go": specSrc, "model.go": model, "kernels.cu": kernels}
 	if fatbin != nil {
-		c := jen.NewFile(pkg)
-		c.HeaderComment(header(spec.Source))
-		c.HeaderComment("//go:build cuda")
-		c.ImportName(trainerPkg, "trainer")
-		c.ImportName(cudaPkg, "cuda")
-		c.ImportName(devicePkg, "device")
-		embedFile(c, "fatbin", "kernels.fatbin")
-		c.Comment("With -tags cuda the package trains on the GPU. The program then links the CUDA driver")
-		c.Comment("(gorgonia.org/cu), whose initialisation exits the process on a machine without an NVIDIA GPU.")
-		c.Func().Id("init").Params().Block(
-			jen.Id("backends").Index(jen.Lit("cuda")).Op("=").Func().Params(jen.Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual(devicePkg, "Device"), jen.Error()).Block(
-				jen.Return(jen.Qual(cudaPkg, "New").Call(jen.Id("fatbin"))),
-			),
-		)
-		src, err := render(c)
-		if err != nil {
+		if files["cuda.go"], err = cudaFile(pkg, spec); err != nil {
 			return nil, err
 		}
-		files["cuda.go"] = src
 		files["kernels.fatbin"] = fatbin
 	}
 	return files, nil
+}
+
+// cudaFile renders a package's cuda.go: built only with -tags cuda, it
+// adds the "cuda" backend over the embedded fatbin.
+func cudaFile(pkg string, spec *trainer.Spec) ([]byte, error) {
+	c := jen.NewFile(pkg)
+	c.HeaderComment(header(spec.Source))
+	c.HeaderComment("//go:build cuda")
+	c.ImportName(trainerPkg, "trainer")
+	c.ImportName(cudaPkg, "cuda")
+	c.ImportName(devicePkg, "device")
+	embedFile(c, "fatbin", "kernels.fatbin")
+	c.Comment("With -tags cuda the package trains on the GPU. The program then links the CUDA driver")
+	c.Comment("(gorgonia.org/cu), whose initialisation exits the process on a machine without an NVIDIA GPU.")
+	c.Func().Id("init").Params().Block(
+		jen.Id("backends").Index(jen.Lit("cuda")).Op("=").Func().Params(jen.Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual(devicePkg, "Device"), jen.Error()).Block(
+			jen.Return(jen.Qual(cudaPkg, "New").Call(jen.Id("fatbin"))),
+		),
+	)
+	return render(c)
+}
+
+// typeAliases declares the package's names for runtime/trainer's and
+// runtime/data's types, each with its doc comment.
+func typeAliases(f *jen.File, spec *trainer.Spec) {
+	aliases := []struct{ doc, name, pkg, target string }{
+		{"Model is " + spec.Model + " on a device, its parameters and optimizer state in one planned arena.", "Model", trainerPkg, "Model"},
+		{"Options configure New: seed, learning rate, device, and Train's epochs, batch, step limit and metric callbacks.", "Options", trainerPkg, "Options"},
+		{"Batch is one step's input: Valid images of Height*Width*Channels uint8 pixels (HWC) and their labels.", "Batch", trainerPkg, "Batch"},
+		{"Dataset is what Train and Evaluate read (data.LoadMNIST, data.OpenImageFolder, or your own).", "Dataset", dataPkg, "Dataset"},
+		{"StepMetrics are one training step's results, passed to Options.OnStep.", "StepMetrics", trainerPkg, "StepMetrics"},
+		{"EpochMetrics are one epoch's results, passed to Options.OnEpoch.", "EpochMetrics", trainerPkg, "EpochMetrics"},
+		{"Evaluation is Evaluate's mean loss and accuracy.", "Evaluation", trainerPkg, "Evaluation"},
+		{"Prediction is a class and its probability (Predict).", "Prediction", trainerPkg, "Prediction"},
+	}
+	for _, a := range aliases {
+		f.Comment(a.doc)
+		f.Type().Id(a.name).Op("=").Qual(a.pkg, a.target)
+	}
 }
