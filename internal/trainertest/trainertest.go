@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -52,6 +53,16 @@ var (
 
 // Tiny is tiny.cnn compiled (once per test binary).
 func Tiny(t testing.TB) *Model { return Compile(t, "tiny.cnn", TinySource) }
+
+// TinyAdamDropout is tiny.cnn with dropout, trained with Adam: every step
+// changes kernel arguments (Adam's step number, dropout's seed and step),
+// which the Session's graph tests rely on.
+func TinyAdamDropout(t testing.TB) *Model {
+	src := strings.Replace(string(TinySource), "fc1   = linear(flatten(relu1), out=3)", "drop1 = dropout(relu1, p=0.25)\n    fc1   = linear(flatten(drop1), out=3)", 1)
+	src = strings.Replace(src, "sgd(lr=0.05, momentum=0.9)", "adam(lr=0.01, weight_decay=0.01)", 1)
+	src = strings.Replace(src, "model Tiny(", "model TinyAD(", 1)
+	return Compile(t, "tiny_adam_dropout.cnn", []byte(src))
+}
 
 // Compile compiles a model's source (once per name and source) with the
 // CPU backend.
