@@ -211,7 +211,11 @@ func TestResume(t *testing.T) {
 	assert.Equal(t, "9", readMeta(t, ck)["step"], "3 epochs, the checkpoint's")
 	r = run(t, spec, "--data", root, "--resume", ck, "--quiet")
 	require.Equal(t, 0, r.code, r.err)
-	assert.Contains(t, r.out, "nothing to train: the run is after epoch 3, and --epochs is 3")
+	assert.Contains(t, r.out, "nothing to train: the run is after epoch 3, the last of its 3 (--epochs N trains on to epoch N)")
+	r = run(t, spec, "--data", root, "--resume", ck, "--epochs", "4", "--quiet")
+	require.Equal(t, 0, r.code, r.err)
+	assert.Contains(t, r.out, "--epochs 4 overrides the checkpoint's 3")
+	assert.Contains(t, r.out, "epoch 4/4: train loss")
 }
 
 // A checkpoint whose metadata does not fit the data it is resumed on is

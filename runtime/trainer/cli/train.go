@@ -191,8 +191,10 @@ func (r *runner) explain(res trainer.Result, err error, rec *recorder, perEpoch 
 			line += fmt.Sprintf("; continue with --resume %s and a larger --max-steps", o.checkpoint)
 		}
 		fmt.Fprintln(r.out, line)
-	case rec.steps == 0 && r.resumed != nil:
+	case rec.steps == 0 && r.resumed != nil && o.changed("epochs"):
 		fmt.Fprintf(r.out, "nothing to train: the run is %s, and --epochs is %d\n", res.At.Describe(perEpoch), o.epochs)
+	case rec.steps == 0 && r.resumed != nil:
+		fmt.Fprintf(r.out, "nothing to train: the run is %s, the last of its %d (--epochs N trains on to epoch N)\n", res.At.Describe(perEpoch), o.epochs)
 	}
 	return ExitOK, nil
 }
