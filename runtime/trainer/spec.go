@@ -12,7 +12,11 @@
 // Why: generated code stays small and readable — a Spec and a main — while
 // everything that must be right once (allocation of exactly the planned
 // arena, initialisation identical to the reference, argument marshalling,
-// checkpoints, resume) lives here and is tested here.
+// checkpoints, the training loop, resume, the divergence rule) lives here
+// and is tested here. Session runs steps; Loop trains a Session over a
+// dataset; Model is the API of `cnnc gen` packages. The trainers' command
+// line is runtime/trainer/cli: this package imports no command-line,
+// progress or plotting library, so a program embedding a model links none.
 package trainer
 
 import "fmt"
