@@ -21,17 +21,19 @@ func newGenCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "gen FILE -o DIR -pkg NAME",
 		Short: "write a Go package that trains the model, for go generate",
 		Long: `gen compiles FILE and writes a Go package into DIR: the kernels, the memory
-plan and a typed API —
+plan and New, which returns a runtime/trainer Model —
 
-    m, err := NAME.New(NAME.Options{Seed: 1})
-    loss, correct, err := m.TrainStep(NAME.Batch{Pixels: px, Labels: labels, Valid: n})
-    loss, correct, err = m.Evaluate(batch)
-    err = m.Save("model.safetensors")   // PyTorch's state_dict names
-    err = m.Load("model.safetensors")
+    m, err := NAME.New(NAME.Options{Seed: 1, OnStep: func(s NAME.StepMetrics) { ... }})
+    err = m.Train(ctx, dataset)          // epochs of a data.Dataset; ctx cancels
+    loss, correct, err := m.Step(NAME.Batch{Pixels: px, Labels: labels, Valid: n})
+    ev, err := m.Evaluate(ctx, testset)  // mean loss and accuracy
+    top, err := m.Predict(pixels, 3)     // the 3 most probable classes per image
+    err = m.Save(w); err = m.Load(r)     // safetensors, PyTorch's state_dict names
 
 Put "//go:generate cnnc gen model.cnn -o NAME -pkg NAME" in your project. The
-package imports github.com/cnnc/cnnc/runtime/..., so your go.mod requires
-github.com/cnnc/cnnc. It runs on the CPU emulator and never links
+package imports github.com/cnnc/cnnc/runtime/trainer, runtime/data and the
+CPU backend (no command line, progress bar or plotting), so your go.mod
+requires github.com/cnnc/cnnc. It runs on the CPU emulator and never links
 gorgonia.org/cu.
 
 --cuda also compiles the kernels with nvcc (sm_80 and sm_90, with PTX) into

@@ -224,10 +224,10 @@ func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
 		return nil, err
 	}
 	if d := res.Data.Train; d != nil {
-		spec.TrainData = trainer.DataSource{Kind: d.Kind, Path: d.Path}
+		spec.TrainData = trainer.DataSource{Kind: d.Kind, Path: d.Path, Where: d.Pos.String()}
 	}
 	if d := res.Data.Test; d != nil {
-		spec.TestData = trainer.DataSource{Kind: d.Kind, Path: d.Path}
+		spec.TestData = trainer.DataSource{Kind: d.Kind, Path: d.Path, Where: d.Pos.String()}
 	}
 	spec.PlanSummary = planSummary(p)
 	kernels, err := mergeSources(train, eval)

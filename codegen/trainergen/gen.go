@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 
 	"github.com/dave/jennifer/jen"
 
@@ -13,8 +14,16 @@ import (
 
 const (
 	trainerPkg = "github.com/cnnc/cnnc/runtime/trainer"
+	cliPkg     = "github.com/cnnc/cnnc/runtime/trainer/cli"
+	earlyPkg   = "github.com/cnnc/cnnc/runtime/trainer/cli/early"
 	cpuPkg     = "github.com/cnnc/cnnc/runtime/cpu"
+	dataPkg    = "github.com/cnnc/cnnc/runtime/data"
 )
+
+// modulePath is the module path of a trainer module of spec.
+func modulePath(spec *trainer.Spec) string {
+	return "cnnc.local/trainer/" + strings.ToLower(spec.Model)
+}
 
 // header is the first line of every generated file.
 func header(source string) string {
@@ -32,11 +41,13 @@ func SpecFile(pkg string, spec *trainer.Spec) ([]byte, error) {
 }
 
 // MainFile renders a trainer's main for the CPU backend: the kernels'
-// CUDA C source is embedded and compiled by the emulator at start.
+// CUDA C source is embedded and compiled by the emulator at start; the
+// command line is runtime/trainer/cli's.
 func MainFile(spec *trainer.Spec) ([]byte, error) {
 	f := jen.NewFile("main")
 	f.HeaderComment(header(spec.Source))
 	f.ImportName(trainerPkg, "trainer")
+	f.ImportName(cliPkg, "cli")
 	f.ImportName(cpuPkg, "cpu")
 	embedFile(f, "kernels", "kernels.cu")
 	f.Func().Id("main").Params().Block(
@@ -45,7 +56,7 @@ func MainFile(spec *trainer.Spec) ([]byte, error) {
 				jen.Return(jen.Qual(cpuPkg, "New").Call(jen.Id("kernels"), jen.Lit("kernels.cu"), jen.Qual(cpuPkg, "Options").Values())),
 			),
 		}),
-		jen.Qual("os", "Exit").Call(jen.Qual(trainerPkg, "Main").Call(jen.Id("Spec"), jen.Id("backends"), jen.Qual("os", "Args").Index(jen.Lit(1).Op(":")), jen.Qual("os", "Stdout"), jen.Qual("os", "Stderr"))),
+		jen.Qual("os", "Exit").Call(jen.Qual(cliPkg, "Main").Call(jen.Id("Spec"), jen.Id("backends"), jen.Qual("os", "Args").Index(jen.Lit(1).Op(":")), jen.Qual("os", "Stdout"), jen.Qual("os", "Stderr"))),
 	)
 	return render(f)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cnnc/cnnc"
 	"github.com/cnnc/cnnc/runtime/trainer"
+	"github.com/cnnc/cnnc/runtime/version"
 )
 
 // runtimeDir is where a trainer module keeps its copy of cnnc's runtime.
@@ -36,14 +37,14 @@ func WriteModule(dir string, spec *trainer.Spec, kernels []byte) error {
 		"main.go":    mainSrc,
 		"kernels.cu": kernels,
 		"go.mod": []byte(fmt.Sprintf(`// %s
-module cnnc.local/trainer/%s
+module %s
 
 go 1.26
 
 require github.com/cnnc/cnnc v0.0.0
 
 replace github.com/cnnc/cnnc => ./%s
-`, header(spec.Source), strings.ToLower(spec.Model), runtimeDir)),
+`, header(spec.Source), modulePath(spec), runtimeDir)),
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
@@ -104,8 +105,9 @@ func GoBuild(dir, output string, tags []string, log func(string)) error {
 	if err := run("mod", "tidy"); err != nil {
 		return err
 	}
-	// -s -w: no symbol table or DWARF, a third smaller (bundles travel)
-	args := []string{"build", "-trimpath", "-ldflags=-s -w", "-o", abs}
+	// -s -w: no symbol table or DWARF, a third smaller (bundles travel);
+	// -X: the trainer reports (--version, checkpoints) this cnnc's version
+	args := []string{"build", "-trimpath", "-ldflags=-s -w " + version.LDFlags(), "-o", abs}
 	if len(tags) > 0 {
 		args = append(args, "-tags", strings.Join(tags, ","))
 	}

@@ -193,6 +193,11 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 	if st.Correct, err = tensor(prog, ce.Outs[2], "correct", eval); err != nil {
 		return st, err
 	}
+	if eval { // evaluation reuses no buffer: its logits stay readable after it runs
+		if st.Logits, err = tensor(prog, ce.Ins[0], "logits", eval); err != nil {
+			return st, err
+		}
+	}
 	for _, l := range prog.Launches {
 		tl := trainer.Launch{Kernel: l.Kernel, Grid: l.Grid, Block: l.Block, SharedBytes: l.SharedBytes, FLOPs: l.FLOPs, MinBytes: l.MinBytes}
 		for _, a := range l.Args {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"github.com/cnnc/cnnc/runtime/checkpoint"
 	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/initparam"
+	"github.com/cnnc/cnnc/runtime/version"
 )
 
 // Batch is one step's input. Pixels hold Valid images (uint8 HWC); a
@@ -449,22 +451,15 @@ func (s *Session) TrainStep(b Batch) (float32, int, error) {
 // EvalBatch runs the forward pass (dropout off) and returns the loss and
 // correct predictions.
 func (s *Session) EvalBatch(b Batch) (float32, int, error) {
-	if s.arenas[EvalArena] == 0 && s.Spec.EvalArenaBytes > 0 {
-		p, err := s.Dev.Alloc(s.Spec.EvalArenaBytes)
-		if err != nil {
-			return 0, 0, fmt.Errorf("allocating the evaluation arena of %d bytes: %w", s.Spec.EvalArenaBytes, err)
-		}
-		s.arenas[EvalArena] = p
+	if err := s.ensureEvalArena(); err != nil {
+		return 0, 0, err
 	}
 	if err := s.upload(s.Spec.Train, b); err != nil { // validates b against the training batch
 		return 0, 0, err
 	}
 	// evaluation may be compiled for a smaller batch (to fit the training
 	// arena's temporary space): run b in chunks and combine
-	chunk := s.Spec.EvalBatch
-	if chunk < 1 {
-		chunk = s.Spec.Batch
-	}
+	chunk := s.evalChunk()
 	n := s.Spec.H * s.Spec.W * s.Spec.C
 	var sum float64
 	correct := 0
@@ -487,38 +482,105 @@ func (s *Session) EvalBatch(b Batch) (float32, int, error) {
 	return float32(sum / float64(b.Valid)), correct, nil
 }
 
+// ensureEvalArena allocates evaluation's arena, when it has one of its
+// own, the first time evaluation runs.
+func (s *Session) ensureEvalArena() error {
+	if s.arenas[EvalArena] == 0 && s.Spec.EvalArenaBytes > 0 {
+		p, err := s.Dev.Alloc(s.Spec.EvalArenaBytes)
+		if err != nil {
+			return fmt.Errorf("allocating the evaluation arena of %d bytes: %w", s.Spec.EvalArenaBytes, err)
+		}
+		s.arenas[EvalArena] = p
+	}
+	return nil
+}
+
+// evalChunk is the batch evaluation's kernels were compiled for.
+func (s *Session) evalChunk() int {
+	if s.Spec.EvalBatch > 0 {
+		return s.Spec.EvalBatch
+	}
+	return s.Spec.Batch
+}
+
 // Metadata keys in checkpoints.
 const (
 	MetaFormat    = "format"
 	MetaModel     = "model"
 	MetaStep      = "step"
 	MetaSeed      = "seed"
-	MetaLR        = "lr"
+	MetaLR        = "lr" // the float32 the kernels use, printed exactly
 	MetaOptimizer = "optimizer"
+	MetaVersion   = "cnnc_version" // the cnnc that generated the trainer (runtime/version)
+	MetaCommit    = "cnnc_commit"
 	formatVersion = "cnnc-checkpoint-1"
 )
 
-// Save writes the parameters (PyTorch state_dict names and layouts), the
-// optimizer state (as "optimizer.<param>.<state>") and the step, seed and
-// any extra metadata, atomically.
-func (s *Session) Save(path string, extra map[string]string) error {
+// checkpointTensors reads the parameters and optimizer state from the
+// device. A non-finite value is an error naming the tensor: such a
+// checkpoint could not be resumed (Load refuses it), so it must never
+// replace a good one.
+func (s *Session) checkpointTensors() ([]checkpoint.Tensor, error) {
 	var ts []checkpoint.Tensor
 	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
 		vals, err := s.ReadTensor(t)
 		if err != nil {
-			return err
+			return nil, err
+		}
+		if i, bad := firstNonFinite(vals); bad {
+			return nil, fmt.Errorf("%s holds %v at element %d; nothing was written", t.Name, vals[i], i)
 		}
 		ts = append(ts, checkpoint.F32Tensor(t.Name, t.Shape, vals))
 	}
+	return ts, nil
+}
+
+func firstNonFinite(vals []float32) (int, bool) {
+	for i, v := range vals {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// metadata is what every checkpoint says about the session, with extra
+// (the run's position and settings) added.
+func (s *Session) metadata(extra map[string]string) map[string]string {
+	v := version.Get()
 	meta := map[string]string{
 		MetaFormat: formatVersion, MetaModel: s.Spec.Model, MetaStep: strconv.FormatInt(s.Step, 10),
 		MetaSeed: strconv.FormatUint(s.Seed, 10), MetaLR: strconv.FormatFloat(float64(s.LR), 'g', -1, 32),
-		MetaOptimizer: s.Spec.Optimizer,
+		MetaOptimizer: s.Spec.Optimizer, MetaVersion: v.Version,
+	}
+	if v.Commit != "" {
+		meta[MetaCommit] = v.Commit
 	}
 	for k, v := range extra {
 		meta[k] = v
 	}
-	return checkpoint.Write(path, ts, meta)
+	return meta
+}
+
+// Save writes the parameters (PyTorch state_dict names and layouts), the
+// optimizer state (as "optimizer.<param>.<state>") and the step, seed,
+// learning rate, cnnc version and any extra metadata to path, atomically:
+// path holds the old checkpoint or the whole new one at every moment.
+func (s *Session) Save(path string, extra map[string]string) error {
+	ts, err := s.checkpointTensors()
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	return checkpoint.Write(path, ts, s.metadata(extra))
+}
+
+// Encode writes what Save writes to w (not atomic: w is the caller's).
+func (s *Session) Encode(w io.Writer, extra map[string]string) error {
+	ts, err := s.checkpointTensors()
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return checkpoint.Encode(w, ts, s.metadata(extra))
 }
 
 // Load reads a checkpoint. Parameters always load; with state, the
@@ -531,6 +593,40 @@ func (s *Session) Load(path string, withState bool) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.load(f, path, withState, nil)
+}
+
+// maxHeader is the largest safetensors header the checkpoint reader takes.
+const maxHeader = 100 << 20
+
+// Decode is Load from a reader: r must hold one checkpoint, read up to
+// the largest size a checkpoint of this model can have.
+func (s *Session) Decode(r io.Reader, withState bool) (map[string]string, error) {
+	return s.decode(r, withState, nil)
+}
+
+// decode is Decode with check, when set, run on the metadata before
+// anything is written to the device.
+func (s *Session) decode(r io.Reader, withState bool, check func(meta map[string]string) error) (map[string]string, error) {
+	limit := int64(8 + maxHeader)
+	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
+		limit += 4 * t.Elems()
+	}
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading a checkpoint: %w", err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("reading a checkpoint: more than the %d bytes a checkpoint of %s can have", limit, s.Spec.Model)
+	}
+	f, err := checkpoint.Decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	return s.load(f, "checkpoint", withState, check)
+}
+
+func (s *Session) load(f *checkpoint.File, name string, withState bool, check func(map[string]string) error) (map[string]string, error) {
 	type write struct {
 		t    Tensor
 		vals []float32
@@ -546,18 +642,22 @@ func (s *Session) Load(path string, withState bool) (map[string]string, error) {
 			return nil, err
 		}
 		vals := ct.Float32s()
-		for i, v := range vals {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return nil, fmt.Errorf("%s: tensor %q holds %v at element %d", path, t.Name, v, i)
-			}
+		if i, bad := firstNonFinite(vals); bad {
+			return nil, fmt.Errorf("%s: tensor %q holds %v at element %d", name, t.Name, vals[i], i)
 		}
 		writes = append(writes, write{t, vals})
 	}
 	var step int64
 	if withState {
+		var err error
 		step, err = strconv.ParseInt(f.Metadata[MetaStep], 10, 64)
 		if err != nil || step < 0 {
-			return nil, fmt.Errorf("%s: metadata %q = %q is not a step count", path, MetaStep, f.Metadata[MetaStep])
+			return nil, fmt.Errorf("%s: metadata %q = %q is not a step count", name, MetaStep, f.Metadata[MetaStep])
+		}
+	}
+	if check != nil {
+		if err := check(f.Metadata); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	for _, w := range writes {

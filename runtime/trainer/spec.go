@@ -12,7 +12,11 @@
 // Why: generated code stays small and readable — a Spec and a main — while
 // everything that must be right once (allocation of exactly the planned
 // arena, initialisation identical to the reference, argument marshalling,
-// checkpoints, resume) lives here and is tested here.
+// checkpoints, the training loop, resume, the divergence rule) lives here
+// and is tested here. Session runs steps; Loop trains a Session over a
+// dataset; Model is the API of `cnnc gen` packages. The trainers' command
+// line is runtime/trainer/cli: this package imports no command-line,
+// progress or plotting library, so a program embedding a model links none.
 package trainer
 
 import "fmt"
@@ -84,11 +88,17 @@ type Step struct {
 	Labels   Tensor // int32 [B]
 	Loss     Tensor // f32 scalar: mean over the valid samples
 	Correct  Tensor // f32 scalar: correct predictions
+	// Logits are the loss's input, f32 [B,Classes]; after an evaluation
+	// run they hold the batch's logits (evaluation reuses no buffer), which
+	// Predict turns into class probabilities.
+	Logits Tensor
 }
 
-// DataSource is a dataset: kind "mnist" or "imagefolder", and its path.
+// DataSource is a dataset: kind "mnist" or "imagefolder", its path, and
+// where the model's data block names it (file:line:col), for messages.
 type DataSource struct {
 	Kind, Path string
+	Where      string
 }
 
 // Spec is a compiled model.
@@ -157,6 +167,11 @@ func (s *Spec) Validate() error {
 		}
 		if err := check("labels", st.Labels, int64(4*batch)); err != nil {
 			return err
+		}
+		if st.Logits.Shape != nil {
+			if err := check("logits", st.Logits, 4*st.Logits.Elems()); err != nil {
+				return err
+			}
 		}
 		for _, l := range st.Launches {
 			for _, a := range l.Args {

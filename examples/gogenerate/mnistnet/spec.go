@@ -74,6 +74,11 @@ var Spec = &trainer.Spec{
 			MinBytes:    2696,
 			SharedBytes: 64,
 		}},
+		Logits: trainer.Tensor{
+			Name:   "logits",
+			Offset: 821248,
+			Shape:  []int64{32, 10},
+		},
 		Loss: trainer.Tensor{
 			Name:   "loss",
 			Offset: 824064,
@@ -160,8 +165,9 @@ var Spec = &trainer.Spec{
 		Shape:  []int64{10},
 	}},
 	TestData: trainer.DataSource{
-		Kind: "mnist",
-		Path: "data/mnist",
+		Kind:  "mnist",
+		Path:  "data/mnist",
+		Where: "../mnist.cnn:25:13",
 	},
 	Train: trainer.Step{
 		Correct: trainer.Tensor{
@@ -316,8 +322,9 @@ var Spec = &trainer.Spec{
 		},
 	},
 	TrainData: trainer.DataSource{
-		Kind: "mnist",
-		Path: "data/mnist",
+		Kind:  "mnist",
+		Path:  "data/mnist",
+		Where: "../mnist.cnn:24:13",
 	},
 	W: 28,
 }

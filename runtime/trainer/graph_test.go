@@ -1,17 +1,14 @@
-package trainergen_test
+package trainer_test
 
 import (
 	"bytes"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cnnc/cnnc/codegen/trainergen"
-	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/trainer"
@@ -138,60 +135,55 @@ func (r *replay) SetParams(i int, params []uint64) error {
 func (r *replay) Close() error { return nil }
 
 // The step replayed as a graph equals the step launched kernel by kernel
-// for SGD (examples/mnist.cnn) and for Adam with dropout, partial batches
-// included: one capture serves every step, and only the launches whose
-// arguments changed are updated before a replay.
+// for SGD (tiny.cnn) and for Adam with dropout, partial batches included:
+// one capture serves every step, and only the launches whose arguments
+// changed are updated before a replay.
 func TestSessionReplaysTheStepAsAGraph(t *testing.T) {
-	const batch = 8
-	models := map[string]*trainergen.Compiled{
-		"mnist.cnn": compileExample(t, "../../examples/mnist.cnn", batch),
-	}
-	adamDropout, err := os.ReadFile(filepath.Join(moduleRoot(t), "examples/adam_dropout.cnn"))
-	require.NoError(t, err)
-	res, err := compiler.CompileSource("adam_dropout.cnn", adamDropout, compiler.Options{Batch: batch})
-	require.NoError(t, err)
-	models["adam_dropout.cnn"], err = trainergen.Compile(res, 0, "")
-	require.NoError(t, err)
+	models := map[string]*trainertest.Model{"tiny": trainertest.Tiny(t), "adam+dropout": trainertest.TinyAdamDropout(t)}
 	for _, staged := range []bool{false, true} {
-		for name, c := range models {
+		for name, m := range models {
 			t.Run(fmt.Sprintf("%s/staged=%v", name, staged), func(t *testing.T) {
-				replaysTheStep(t, c, batch, staged)
+				replaysTheStep(t, m, staged)
 			})
 		}
 	}
 }
 
-func replaysTheStep(t *testing.T, c *trainergen.Compiled, batch int, staged bool) {
-	cpuDev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
+// cpuDevice opens m's kernels on the CPU emulator, closed with the test.
+func cpuDevice(t *testing.T, m *trainertest.Model) *cpu.Device {
+	d, err := cpu.New(m.Kernels, "kernels.cu", cpu.Options{})
 	require.NoError(t, err)
-	defer cpuDev.Close()
-	gd := &graphDevice{Device: cpuDev}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// someBatches are n full batches of m's compiled size.
+func someBatches(m *trainertest.Model, n int) []trainer.Batch {
+	return batches(m, trainertest.Data(m.Spec, n*m.Spec.Batch, 9))
+}
+
+func replaysTheStep(t *testing.T, m *trainertest.Model, staged bool) {
+	gd := &graphDevice{Device: cpuDevice(t, m)}
 	var dev device.Device = gd
 	sd := &stagedGraphDevice{graphDevice: gd}
 	if staged {
 		dev = sd
 	}
-	g, err := trainer.NewSession(c.Spec, dev, 2)
+	g, err := trainer.NewSession(m.Spec, dev, 2)
 	require.NoError(t, err)
 	defer g.Close()
 	g.UseGraphs = true
-	plain := newSession(t, c, 2)
+	plain := m.Session(t, 2)
 
-	batches := mnistBatches(t, 6, batch)
-	batches[3] = partial(batches[3], 5) // another valid count
-	stepAlike(t, g, plain, batches)
+	bs := someBatches(m, 6)
+	bs[3] = partial(m, bs[3], 3) // another valid count
+	stepAlike(t, g, plain, bs)
 	assert.Equal(t, 1, gd.captures, "captured once, at the second step")
 	assert.Greater(t, gd.updates, 0, "the valid count (and Adam's step) changed")
 	if staged {
 		assert.Equal(t, 4, sd.asyncCopies, "the graph carries the batch in and the results out")
 	}
-	for _, p := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.State...) {
-		a, err := g.ReadTensor(p)
-		require.NoError(t, err)
-		b, err := plain.ReadTensor(p)
-		require.NoError(t, err)
-		assert.Equal(t, b, a, p.Name)
-	}
+	sameState(t, plain, g)
 }
 
 // hostDevice is the CPU device with device.HostAllocator: it records the
@@ -233,24 +225,21 @@ func (d *hostDevice) CopyIn(dst device.Ptr, src []byte) error {
 // device lends them, allocated once and freed with the session; padding
 // of a partial batch is zero as before.
 func TestSessionStagesUploadsInHostMemory(t *testing.T) {
-	const batch = 8
-	c := compileExample(t, "../../examples/mnist.cnn", batch)
-	cpuDev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
+	m := trainertest.Tiny(t)
+	hd := &hostDevice{Device: cpuDevice(t, m)}
+	s, err := trainer.NewSession(m.Spec, hd, 2)
 	require.NoError(t, err)
-	defer cpuDev.Close()
-	hd := &hostDevice{Device: cpuDev}
-	s, err := trainer.NewSession(c.Spec, hd, 2)
-	require.NoError(t, err)
-	plain := newSession(t, c, 2)
-	batches := mnistBatches(t, 3, batch)
-	batches[2] = partial(batches[2], 5)
-	stepAlike(t, s, plain, batches)
+	plain := m.Session(t, 2)
+	bs := someBatches(m, 3)
+	bs[2] = partial(m, bs[2], 3)
+	stepAlike(t, s, plain, bs)
 	assert.Len(t, hd.lent, 2, "pixels and labels, allocated once")
 	require.Len(t, hd.uploads, 6, "both uploads of every step")
 	px, lb := hd.uploads[4], hd.uploads[5] // the partial batch's
-	assert.Equal(t, batches[2].Pixels, px[:5*784])
-	assert.Equal(t, make([]byte, 3*784), px[5*784:], "padding pixels are zero")
-	assert.Equal(t, make([]byte, 4*3), lb[4*5:], "padding labels are zero")
+	const size = 6 * 6
+	assert.Equal(t, bs[2].Pixels, px[:3*size])
+	assert.Equal(t, make([]byte, 1*size), px[3*size:], "padding pixels are zero")
+	assert.Equal(t, make([]byte, 4*1), lb[4*3:], "padding labels are zero")
 	require.NoError(t, s.Close())
 	assert.Equal(t, 2, hd.freed)
 }
@@ -259,39 +248,31 @@ func TestSessionStagesUploadsInHostMemory(t *testing.T) {
 // session goes on launching kernel by kernel, with the same results; with
 // no Warnf the step fails instead.
 func TestSessionFallsBackWhenGraphsFail(t *testing.T) {
-	const batch = 8
-	adamDropout, err := os.ReadFile(filepath.Join(moduleRoot(t), "examples/adam_dropout.cnn"))
-	require.NoError(t, err)
-	res, err := compiler.CompileSource("adam_dropout.cnn", adamDropout, compiler.Options{Batch: batch})
-	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "")
-	require.NoError(t, err)
-	batches := mnistBatches(t, 4, batch)
+	m := trainertest.TinyAdamDropout(t)
+	bs := someBatches(m, 4)
 	for _, where := range []string{"capture", "update"} {
 		t.Run(where, func(t *testing.T) {
-			cpuDev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
-			require.NoError(t, err)
-			defer cpuDev.Close()
+			cpuDev := cpuDevice(t, m)
 			gd := &graphDevice{Device: cpuDev, failWith: fmt.Errorf("no graphs today"), failIn: where}
-			g, err := trainer.NewSession(c.Spec, gd, 2)
+			g, err := trainer.NewSession(m.Spec, gd, 2)
 			require.NoError(t, err)
 			defer g.Close()
 			g.UseGraphs = true
 			var warnings []string
 			g.Warnf = func(format string, args ...any) { warnings = append(warnings, fmt.Sprintf(format, args...)) }
-			plain := newSession(t, c, 2)
-			stepAlike(t, g, plain, batches)
+			plain := m.Session(t, 2)
+			stepAlike(t, g, plain, bs)
 			require.Len(t, warnings, 1)
 			assert.Contains(t, warnings[0], "no graphs today; launching kernels one by one")
 			assert.False(t, g.UseGraphs)
 
-			strict, err := trainer.NewSession(c.Spec, gd, 2)
+			strict, err := trainer.NewSession(m.Spec, gd, 2)
 			require.NoError(t, err)
 			defer strict.Close()
 			strict.UseGraphs = true
-			_, _, err = strict.TrainStep(batches[0])
+			_, _, err = strict.TrainStep(bs[0])
 			require.NoError(t, err, "the first step runs kernel by kernel")
-			for _, b := range batches[1:3] { // captured at the second step, updated at the third
+			for _, b := range bs[1:3] { // captured at the second step, updated at the third
 				if _, _, err = strict.TrainStep(b); err != nil {
 					break
 				}
@@ -301,9 +282,10 @@ func TestSessionFallsBackWhenGraphsFail(t *testing.T) {
 	}
 }
 
-// partial keeps the first n samples of an MNIST batch.
-func partial(b trainer.Batch, n int) trainer.Batch {
-	return trainer.Batch{Valid: n, Pixels: b.Pixels[:n*784], Labels: b.Labels[:n]}
+// partial keeps the first n samples of a batch.
+func partial(m *trainertest.Model, b trainer.Batch, n int) trainer.Batch {
+	size := m.Spec.H * m.Spec.W * m.Spec.C
+	return trainer.Batch{Valid: n, Pixels: b.Pixels[:n*size], Labels: b.Labels[:n]}
 }
 
 // stepAlike trains both sessions on batches and requires the same loss and

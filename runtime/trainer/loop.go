@@ -1,0 +1,384 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/cnnc/cnnc/runtime/data"
+)
+
+// Position is where a run is: the epoch in progress (from 0) and the
+// batches of it already trained. A finished epoch e is Position{e+1, 0}.
+type Position struct{ Epoch, Batch int }
+
+// Describe says where p is in words, with batches per epoch.
+func (p Position) Describe(perEpoch int) string {
+	switch {
+	case p.Epoch == 0 && p.Batch == 0:
+		return "at the start"
+	case p.Batch == 0:
+		return fmt.Sprintf("after epoch %d", p.Epoch)
+	}
+	return fmt.Sprintf("in epoch %d after batch %d of %d", p.Epoch+1, p.Batch, perEpoch)
+}
+
+// StopReason says why Loop.Run returned without an error.
+type StopReason int
+
+const (
+	Finished    StopReason = iota // every epoch trained
+	StepLimit                     // Session.Step reached MaxSteps
+	Interrupted                   // the context was cancelled
+)
+
+// StepMetrics is one training step (one line of a trainer's --log).
+type StepMetrics struct {
+	Step    int64   `json:"step"`  // steps done, this one included
+	Epoch   int     `json:"epoch"` // from 1
+	Batch   int     `json:"batch"` // from 0, within the epoch
+	Loss    float32 `json:"loss"`  // the batch's mean loss, before this step's update
+	Correct int     `json:"correct"`
+	Size    int     `json:"size"` // samples in the batch
+	// Batches is the number of batches per epoch.
+	Batches int `json:"-"`
+	// Input is the batch trained on, valid during the callback only.
+	Input Batch `json:"-"`
+}
+
+// EpochMetrics ends an epoch, or the part of it a run trained (Partial).
+type EpochMetrics struct {
+	Epoch     int     `json:"epoch"` // from 1
+	Step      int64   `json:"step"`
+	TrainLoss float64 `json:"train_loss"` // mean over the samples this run trained in the epoch
+	TrainAcc  float64 `json:"train_accuracy"`
+	TestLoss  float64 `json:"test_loss,omitempty"`
+	TestAcc   float64 `json:"test_accuracy,omitempty"`
+	Partial   bool    `json:"partial,omitempty"` // the run stopped inside the epoch (MaxSteps)
+	Tested    bool    `json:"-"`                 // TestLoss and TestAcc are set
+}
+
+// Loop trains a Session over a dataset: epochs of batches in the Loader's
+// order (the same on every run for a seed), from a Position, until
+// Epochs, MaxSteps, an error, a diverging loss or the context stops it.
+// Checkpoints go through Save at the end of each epoch and when the run
+// stops early, only after the new parameters have given a finite loss.
+type Loop struct {
+	Session *Session
+	Train   data.Dataset
+	// Test, when set, is evaluated after each epoch.
+	Test      data.Dataset
+	Epochs    int
+	Batch     int // samples per step; 0: the compiled batch
+	NoShuffle bool
+	// MaxSteps stops the run when Session.Step (steps in total, across
+	// resumed runs) reaches it; 0: no limit.
+	MaxSteps int64
+	Start    Position
+	// Save, when set, writes a checkpoint to resume from pos. Loop calls
+	// it at each epoch's end and when the run stops early (MaxSteps, the
+	// context, a callback's error), never after a diverging step.
+	Save func(pos Position) error
+	// OnStep and OnEpoch, when set, see every step and epoch; an error
+	// from them stops the run (after saving).
+	OnStep  func(m *StepMetrics) error
+	OnEpoch func(m *EpochMetrics) error
+
+	loader    *data.Loader
+	perEpoch  int
+	firstLoss float64 // this run's first step loss (the divergence rule's scale)
+	guard     Batch   // a copy of this run's first batch: checks parameters before a save
+	lastEpoch int     // the epoch (from 1) of the last step
+}
+
+// Result is how a run ended.
+type Result struct {
+	Stop StopReason
+	// At is where the run stopped: a later run resumes from here.
+	At     Position
+	Epochs []EpochMetrics
+}
+
+// BatchesPerEpoch is the number of steps an epoch takes (after Run
+// started, or Prepare).
+func (l *Loop) BatchesPerEpoch() int { return l.perEpoch }
+
+// Prepare checks the settings against the data and makes the loader; Run
+// calls it when it has not been called.
+func (l *Loop) Prepare() error {
+	if l.loader != nil {
+		return nil
+	}
+	sp := l.Session.Spec
+	if l.Batch == 0 {
+		l.Batch = sp.Batch
+	}
+	if l.Batch < 1 || l.Batch > sp.Batch {
+		return fmt.Errorf("batch %d: the model was compiled for batches of 1 to %d", l.Batch, sp.Batch)
+	}
+	if err := CheckDataset(sp, l.Train); err != nil {
+		return err
+	}
+	if l.Test != nil {
+		if err := CheckDataset(sp, l.Test); err != nil {
+			return err
+		}
+	}
+	loader, err := data.NewLoader(l.Train, data.LoaderOptions{BatchSize: l.Batch, Seed: l.Session.Seed, NoShuffle: l.NoShuffle})
+	if err != nil {
+		return err
+	}
+	l.loader, l.perEpoch = loader, loader.BatchesPerEpoch()
+	return nil
+}
+
+// CheckDataset refuses data the model cannot take: images of another
+// shape, more classes than it predicts.
+func CheckDataset(sp *Spec, ds data.Dataset) error {
+	if s := ds.Shape(); s != (data.Shape{H: sp.H, W: sp.W, C: sp.C}) {
+		return fmt.Errorf("the data's images are %v (HxWxC) but model %s takes %dx%dx%d", s, sp.Model, sp.H, sp.W, sp.C)
+	}
+	if n := ds.NumClasses(); n > sp.Classes {
+		return fmt.Errorf("the data has %d classes but model %s predicts %d", n, sp.Model, sp.Classes)
+	}
+	return nil
+}
+
+// Run trains until the last epoch, MaxSteps or ctx stops it.
+func (l *Loop) Run(ctx context.Context) (Result, error) {
+	res := Result{At: l.Start}
+	if err := l.Prepare(); err != nil {
+		return res, err
+	}
+	if l.Start.Epoch < 0 || l.Start.Batch < 0 || l.Start.Batch >= l.perEpoch {
+		return res, fmt.Errorf("cannot start in epoch %d after batch %d: an epoch has %d batches", l.Start.Epoch+1, l.Start.Batch, l.perEpoch)
+	}
+	for res.At.Epoch < l.Epochs && res.Stop == Finished {
+		switch {
+		case ctx.Err() != nil:
+			res.Stop = Interrupted
+			return res, l.save(res.At)
+		case l.atStepLimit():
+			res.Stop = StepLimit
+			return res, nil
+		}
+		if err := l.runEpoch(ctx, &res); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+func (l *Loop) atStepLimit() bool { return l.MaxSteps > 0 && l.Session.Step >= l.MaxSteps }
+
+// epochSums add up an epoch's steps.
+type epochSums struct {
+	loss          float64
+	correct, seen int
+}
+
+// runEpoch trains the rest of res.At's epoch, evaluates and saves.
+func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
+	epoch := res.At.Epoch
+	var sums epochSums
+	stop, err := l.trainBatches(ctx, &res.At, &sums)
+	if err != nil {
+		return err
+	}
+	if stop == Interrupted {
+		res.Stop = Interrupted
+		return l.save(res.At)
+	}
+	partial := res.At.Batch < l.perEpoch
+	if partial {
+		res.Stop = StepLimit
+	} else {
+		res.At = Position{Epoch: epoch + 1}
+	}
+	ep := EpochMetrics{Epoch: epoch + 1, Step: l.Session.Step, Partial: partial}
+	if sums.seen > 0 {
+		ep.TrainLoss, ep.TrainAcc = sums.loss/float64(sums.seen), float64(sums.correct)/float64(sums.seen)
+	}
+	if l.Test != nil {
+		ev, err := Evaluate(ctx, l.Session, l.Test, l.Batch)
+		if err != nil {
+			return l.saveAfter(res.At, fmt.Errorf("evaluating after epoch %d: %w", epoch+1, err))
+		}
+		ep.TestLoss, ep.TestAcc, ep.Tested = ev.Loss, ev.Accuracy, true
+	}
+	res.Epochs = append(res.Epochs, ep)
+	if l.OnEpoch != nil {
+		if err := l.OnEpoch(&ep); err != nil {
+			return l.saveAfter(res.At, err)
+		}
+	}
+	return l.save(res.At)
+}
+
+// trainBatches runs the batches of at's epoch from at.Batch on, moving at
+// past each one trained.
+func (l *Loop) trainBatches(ctx context.Context, at *Position, sums *epochSums) (StopReason, error) {
+	for b, err := range l.loader.Epoch(ctx, at.Epoch, at.Batch) {
+		if err != nil {
+			if ctx.Err() != nil {
+				return Interrupted, nil
+			}
+			return Finished, err
+		}
+		if l.atStepLimit() {
+			return StepLimit, nil
+		}
+		m, err := l.step(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size()}, at.Epoch, b.Number)
+		if err != nil {
+			return Finished, err
+		}
+		at.Batch = b.Number + 1
+		sums.loss += float64(m.Loss) * float64(m.Size)
+		sums.correct += m.Correct
+		sums.seen += m.Size
+		if l.OnStep != nil {
+			if err := l.OnStep(&m); err != nil {
+				return Finished, l.saveAfter(*at, err)
+			}
+		}
+		if ctx.Err() != nil && at.Batch < l.perEpoch {
+			return Interrupted, nil
+		}
+	}
+	if ctx.Err() != nil && at.Batch < l.perEpoch {
+		return Interrupted, nil
+	}
+	return Finished, nil
+}
+
+// step trains on b and applies the divergence rule to its loss.
+func (l *Loop) step(b Batch, epoch, number int) (StepMetrics, error) {
+	if l.guard.Valid == 0 && l.Save != nil {
+		l.guard = Batch{Pixels: append([]uint8(nil), b.Pixels...), Labels: append([]int32(nil), b.Labels...), Valid: b.Valid}
+	}
+	loss, correct, err := l.Session.TrainStep(b)
+	if err != nil {
+		return StepMetrics{}, err
+	}
+	m := StepMetrics{Step: l.Session.Step, Epoch: epoch + 1, Batch: number, Loss: loss, Correct: correct, Size: b.Valid, Batches: l.perEpoch, Input: b}
+	l.lastEpoch = m.Epoch
+	if l.firstLoss == 0 {
+		l.firstLoss = float64(loss)
+	}
+	if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
+		return m, &DivergedError{Step: m.Step, Epoch: m.Epoch, Batch: number, Loss: float64(loss), Why: why}
+	}
+	return m, nil
+}
+
+// ExplodeFactor is the divergence rule's factor: see Diverging.
+const ExplodeFactor = 100
+
+// Diverging applies the divergence rule to a loss, given the run's first
+// loss and the number of classes, and says why the loss diverges ("" when
+// it does not). The rule: the loss is NaN or infinite, or it exceeds
+// ExplodeFactor times the larger of the run's first loss and ln(classes)
+// (the cross-entropy of a uniform guess). A falling loss never comes near
+// that bound, and a learning rate far too large passes it within a few
+// steps (MNIST at lr 50 reaches 1e7).
+func Diverging(loss, first float64, classes int) string {
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return fmt.Sprintf("the loss became %v", loss)
+	}
+	scale := math.Max(first, math.Log(float64(max(classes, 2))))
+	if math.IsNaN(scale) || math.IsInf(scale, 0) {
+		scale = math.Log(float64(max(classes, 2)))
+	}
+	if loss > ExplodeFactor*scale {
+		return fmt.Sprintf("the loss %.4g exceeds %d times %.4g (the larger of the run's first loss and ln(%d classes))", loss, ExplodeFactor, scale, classes)
+	}
+	return ""
+}
+
+// DivergedError stops a run whose loss diverged (see Diverging). Nothing
+// is saved after such a step: a checkpoint keeps the last good state.
+type DivergedError struct {
+	Step         int64 // the step that gave the loss (at a save: the last one trained)
+	Epoch, Batch int   // its epoch (from 1) and batch (from 0)
+	Loss         float64
+	Why          string
+	// AtSave is set when the loss came from the check before a save:
+	// the parameters after the last step give it on a training batch.
+	AtSave bool
+}
+
+func (e *DivergedError) Error() string {
+	if e.AtSave {
+		return fmt.Sprintf("after step %d (epoch %d) the parameters diverge: on a training batch %s; nothing was saved", e.Step, e.Epoch, e.Why)
+	}
+	return fmt.Sprintf("%s at step %d (epoch %d, batch %d)", e.Why, e.Step, e.Epoch, e.Batch)
+}
+
+// save checks the parameters on the guard batch (when this run has
+// trained), then calls Save.
+func (l *Loop) save(at Position) error {
+	if l.Save == nil {
+		return nil
+	}
+	if l.guard.Valid > 0 {
+		loss, _, err := l.Session.EvalBatch(l.guard)
+		if err != nil {
+			return err
+		}
+		if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
+			return &DivergedError{Step: l.Session.Step, Epoch: l.lastEpoch, Loss: float64(loss), Why: why, AtSave: true}
+		}
+	}
+	return l.Save(at)
+}
+
+// saveAfter saves at and returns err (with the save's error, if any).
+func (l *Loop) saveAfter(at Position, err error) error {
+	if serr := l.save(at); serr != nil {
+		return errors.Join(err, fmt.Errorf("and the checkpoint could not be written: %w", serr))
+	}
+	return err
+}
+
+// Evaluation is a dataset's mean loss and accuracy.
+type Evaluation struct {
+	Loss, Accuracy float64
+	Samples        int
+}
+
+// Evaluate runs the whole dataset through the forward pass (dropout off)
+// in order, batch samples at a time (0: the compiled batch).
+func Evaluate(ctx context.Context, sess *Session, ds data.Dataset, batch int) (Evaluation, error) {
+	if batch == 0 {
+		batch = sess.Spec.Batch
+	}
+	if err := CheckDataset(sess.Spec, ds); err != nil {
+		return Evaluation{}, err
+	}
+	loader, err := data.NewLoader(ds, data.LoaderOptions{BatchSize: batch, NoShuffle: true})
+	if err != nil {
+		return Evaluation{}, err
+	}
+	var sumLoss float64
+	var correct, seen int
+	for b, err := range loader.Epoch(ctx, 0, 0) {
+		if err != nil {
+			return Evaluation{}, err
+		}
+		loss, c, err := sess.EvalBatch(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size()})
+		if err != nil {
+			return Evaluation{}, err
+		}
+		sumLoss += float64(loss) * float64(b.Size())
+		correct += c
+		seen += b.Size()
+	}
+	if err := ctx.Err(); err != nil {
+		return Evaluation{}, err
+	}
+	if seen == 0 {
+		return Evaluation{}, errors.New("the evaluation set is empty")
+	}
+	return Evaluation{Loss: sumLoss / float64(seen), Accuracy: float64(correct) / float64(seen), Samples: seen}, nil
+}
