@@ -10,9 +10,11 @@
 // kill -9 at any moment leaves either the old checkpoint or the new one,
 // never a torn file.
 //
-// Reading validates everything (header size, JSON, dtypes, shapes against
-// byte ranges, ranges inside the file and not overlapping) and every error
-// names the file and the tensor.
+// Reading validates everything (a regular file, header size against the
+// file's, JSON, dtypes, shapes against byte ranges, ranges tiling the data
+// exactly as the safetensors library requires) and every error names the
+// file and the tensor. Nothing read is trusted for a size: a file's bytes
+// are read only up to its real size.
 package checkpoint
 
 import (
@@ -195,8 +197,9 @@ func Encode(w io.Writer, tensors []Tensor, meta map[string]string) error {
 // Write saves a checkpoint atomically: path holds the old checkpoint or the
 // complete new one at every moment, even if the process is killed.
 //
-// An existing path must be a regular file (or a link to one): a folder, a
-// FIFO or a device such as /dev/null is refused by name, never replaced.
+// An existing path must be a regular file (a link to one is replaced by
+// the new file): a folder, a FIFO or a device is refused by name, never
+// replaced.
 func Write(path string, tensors []Tensor, meta map[string]string) error {
 	if st, err := os.Stat(path); err == nil {
 		if err := regularfile.Check(path, st); err != nil {
