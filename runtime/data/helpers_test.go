@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/image/bmp"
@@ -156,4 +157,26 @@ func mnistDir(t testing.TB) string {
 	dir, err := datasets.MNISTDir()
 	require.NoError(t, err)
 	return dir
+}
+
+// notBlocking runs fn and fails the test if it has not returned within 10
+// seconds (reading a FIFO without a writer, or /dev/zero, would not).
+func notBlocking(t testing.TB, fn func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("blocked for 10 s")
+		return nil
+	}
+}
+
+func readFile(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
 }
