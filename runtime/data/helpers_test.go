@@ -8,6 +8,7 @@ import (
 	"image/gif"
 	"image/jpeg"
 	"image/png"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/image/bmp"
 
@@ -179,4 +181,41 @@ func readFile(t testing.TB, path string) []byte {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return b
+}
+
+// testCacheDir stands for os.UserCacheDir in this package's tests, so
+// that they never write into the real one.
+var testCacheDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cnnc-data-test-cache-")
+	if err != nil {
+		panic(err)
+	}
+	testCacheDir = dir
+	userCacheDir = func() (string, error) { return testCacheDir, nil }
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// cacheFileOf is where the cache of root's images of shape is kept.
+func cacheFileOf(t testing.TB, root string, shape Shape) string {
+	t.Helper()
+	resolved, err := filepath.EvalSymlinks(root)
+	require.NoError(t, err)
+	abs, err := filepath.Abs(resolved)
+	require.NoError(t, err)
+	return filepath.Join(testCacheDir, "cnnc", "imagefolder", cacheName(abs, shape))
+}
+
+// assertOnlyImagesIn checks that a test folder holds only what the test
+// wrote: no cache or temporary file of ours.
+func assertOnlyImagesIn(t testing.TB, root string) {
+	t.Helper()
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		require.NoError(t, err)
+		assert.False(t, strings.Contains(d.Name(), "cnnc"), "%s in the data folder", p)
+		return nil
+	})
 }
