@@ -6,7 +6,6 @@ package data
 // the difference is documented in docs/architecture.md ("Data loading").
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"image"
@@ -63,7 +62,7 @@ func decodeImage(encoded []byte, channels int) (pix []uint8, w, h int, err error
 
 // decode decodes an image inspectImage has planned.
 func (p imagePlan) decode(encoded []byte, channels int) (pix []uint8, w, h int, err error) {
-	img, format, err := image.Decode(bytes.NewReader(encoded))
+	img, format, err := image.Decode(newPeekReader(encoded))
 	if err != nil {
 		return nil, 0, 0, describeDecodeError(err, format)
 	}

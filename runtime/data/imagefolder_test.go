@@ -428,7 +428,7 @@ func TestImageFolderCacheSeesFilesReplacedWithTheirMtimeKept(t *testing.T) {
 // ageCache records a cache's scan as made a minute later than it was: its
 // records then describe files last changed well before the scan (not
 // racily clean).
-func ageCache(t *testing.T, path string) {
+func ageCache(t testing.TB, path string) {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)

@@ -26,9 +26,11 @@ package data
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"image"
 	"image/color"
+	"io"
 	"math"
 	"strings"
 	"sync"
@@ -47,6 +49,16 @@ const (
 	// decodeSlack covers decoders' fixed allocations (tables, buffers).
 	decodeSlack = 1 << 20
 )
+
+// vp8lGroupTableBytes is x/image/vp8l's largest table of Huffman groups:
+// 65536 groups of five trees, each with a 128-entry lookup table.
+//
+// Not counted: the trees themselves. A crafted lossless WebP can describe
+// a valid 2048-symbol tree in about 20 bits, for which the decoder keeps
+// 32 KiB, and so make it allocate up to about 16 KiB per byte of the file
+// (3 GB for 1 MB) — as libwebp, whose tables are as large, would. The
+// memory gate does not see that part; FuzzDecodeImage allows for it.
+const vp8lGroupTableBytes = 65536 * 5 * (24 + 128*4)
 
 // Minimum encoded bits per pixel, as "pixels per encoded byte" (see above).
 const (
@@ -69,7 +81,10 @@ type imagePlan struct {
 // header cannot legitimately describe or what would cost more than
 // maxBytes.
 func inspectImage(encoded []byte, out Shape, maxBytes int64) (imagePlan, error) {
-	cfg, format, err := image.DecodeConfig(bytes.NewReader(encoded))
+	if err := checkTIFFOffsets(encoded); err != nil {
+		return imagePlan{}, err
+	}
+	cfg, format, err := image.DecodeConfig(newPeekReader(encoded))
 	if err != nil {
 		return imagePlan{}, describeDecodeError(err, format)
 	}
@@ -93,6 +108,65 @@ func inspectImage(encoded []byte, out Shape, maxBytes int64) (imagePlan, error) 
 		return p, fmt.Errorf("decoding this %dx%d %s image would take about %d MiB of memory, more than the %d MiB one image may use", p.w, p.h, name, p.cost>>20, maxBytes>>20)
 	}
 	return p, nil
+}
+
+// peekReader is a bytes.Reader with Peek, which image.Decode and
+// image.DecodeConfig then hand to the format's decoder as it is instead of
+// wrapping it in a bufio.Reader. It matters for TIFF: given a reader
+// without ReadAt, x/image/tiff reads through a buffer that it grows to any
+// offset a header names — gigabytes for a file of a few bytes; given a
+// ReaderAt, it reads at the offsets, and one past the end is an error.
+type peekReader struct {
+	*bytes.Reader
+	b []byte
+}
+
+func newPeekReader(b []byte) peekReader { return peekReader{bytes.NewReader(b), b} }
+
+func (p peekReader) Peek(n int) ([]byte, error) {
+	off := len(p.b) - p.Len()
+	if n > p.Len() {
+		return p.b[off:], io.EOF
+	}
+	return p.b[off : off+n], nil
+}
+
+// tiffTypeSizes are the element sizes of the TIFF field types x/image/tiff
+// reads (BYTE, ASCII, SHORT, LONG, RATIONAL).
+var tiffTypeSizes = [...]uint64{0, 1, 1, 2, 4, 8}
+
+// checkTIFFOffsets refuses a TIFF whose first directory, or the data of one
+// of its tags, lies beyond the file. x/image/tiff allocates what a tag
+// claims (up to 10 MiB per tag, and eight bytes per value on top) before
+// finding out that the file ends first.
+func checkTIFFOffsets(b []byte) error {
+	var bo binary.ByteOrder
+	switch {
+	case len(b) < 8:
+		return nil // the decoder judges
+	case string(b[:4]) == "II*\x00":
+		bo = binary.LittleEndian
+	case string(b[:4]) == "MM\x00*":
+		bo = binary.BigEndian
+	default:
+		return nil
+	}
+	n := uint64(len(b))
+	ifd := uint64(bo.Uint32(b[4:]))
+	if ifd+2 > n || ifd+2+12*uint64(bo.Uint16(b[ifd:])) > n {
+		return fmt.Errorf("corrupt image: its TIFF directory lies beyond the file's %d bytes", n)
+	}
+	for i := range uint64(bo.Uint16(b[ifd:])) {
+		e := b[ifd+2+12*i:]
+		typ, count := bo.Uint16(e[2:]), uint64(bo.Uint32(e[4:]))
+		if int(typ) >= len(tiffTypeSizes) {
+			continue
+		}
+		if size := tiffTypeSizes[typ] * count; size > 4 && uint64(bo.Uint32(e[8:]))+size > n {
+			return fmt.Errorf("corrupt image: its TIFF tag %d claims %d bytes beyond the file's %d", bo.Uint16(e), size, n)
+		}
+	}
+	return nil
 }
 
 // checkEncodable refuses a w x h image (or first frame, for a GIF) that
@@ -172,8 +246,15 @@ func decoderBytes(format string, cfg image.Config, b []byte) int64 {
 		return pixels // one paletted frame, at most the logical screen
 	case "webp":
 		// lossless: ARGB words and the NRGBA image; lossy: YCbCr planes
-		// and an alpha plane that may itself be a lossless image
-		return pixels * 8
+		// and an alpha plane that may itself be a lossless image. A
+		// lossless image (VP8L, or VP8L-coded alpha) also gets a table of
+		// Huffman groups sized by the largest group index its meta image
+		// holds, whatever the image's size: up to 65536 groups.
+		n := pixels * 8
+		if bytes.Contains(b, []byte("VP8L")) || bytes.Contains(b, []byte("ALPH")) {
+			n += vp8lGroupTableBytes
+		}
+		return n
 	case "tiff":
 		return pixels * bpp * 2 // the image and a decompressed strip
 	case "bmp":

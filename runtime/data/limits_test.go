@@ -158,3 +158,38 @@ func TestMemoryGate(t *testing.T) {
 	assert.LessOrEqual(t, peak.Load(), int64(100))
 	assert.Equal(t, int64(0), g.used)
 }
+
+// A TIFF whose header points its first IFD 4 GB into an 8-byte file: Go's
+// TIFF decoder, given a reader without ReadAt (image.DecodeConfig wraps
+// plain readers in a bufio.Reader), grows a buffer to that offset before
+// reading — 4 GB. And one whose tag claims 4 MiB of values in a 26-byte
+// file: the decoder allocates them (and 8 bytes per value more) before
+// reading. Both found by FuzzDecodeImage.
+func TestTIFFOffsetsDoNotAllocate(t *testing.T) {
+	// One directory entry: StripOffsets, 2^20 LONGs (4 MiB) at offset 8.
+	tag := []byte("II*\x00\x08\x00\x00\x00\x01\x00\x11\x01\x04\x00\x00\x00\x10\x00\x08\x00\x00\x00\x00\x00\x00\x00")
+	for _, tiff := range [][]byte{
+		[]byte("II*\x00\xf0\xff\xff\xff"),
+		[]byte("MM\x00*\x7f\xff\xff\xf0"),
+		tag,
+	} {
+		var err error
+		alloc := allocatedBy(func() { _, err = decodeResized(tiff, Shape{4, 4, 1}, maxDecodeBytes) })
+		assert.Error(t, err)
+		assert.Less(t, alloc, uint64(1<<20), "%d bytes allocated", alloc)
+	}
+}
+
+// A 36-byte lossless WebP (53x41) whose meta image names Huffman group
+// 40000-odd: x/image/vp8l allocates the whole group table (~117 MB)
+// before reading a tree. The estimate includes that table. Found by
+// FuzzDecodeImage.
+func TestWebPGroupTableIsInTheEstimate(t *testing.T) {
+	webp := []byte("RIFFt\x06\x00\x00WEBPVP8Lg\x06\x00\x00/4\x00\n\x00t\xdbʻַ\xfe\x15o\xf3\x10")
+	shape := Shape{8, 8, 3}
+	plan, err := inspectImage(webp, shape, maxDecodeBytes)
+	require.NoError(t, err)
+	alloc := allocatedBy(func() { _, err = plan.decodeResized(webp, shape) })
+	assert.Greater(t, alloc, uint64(100<<20), "the decoder still allocates the table")
+	assert.LessOrEqual(t, alloc, uint64(plan.cost))
+}

@@ -91,6 +91,8 @@ func (x *idxFile) header(want uint32, kind string, dims int) ([]uint32, error) {
 // hold them, and checks that nothing follows them.
 func (x *idxFile) payload(hdrLen, need int64, what string) ([]byte, error) {
 	switch {
+	case need < 0:
+		return nil, fmt.Errorf("%s: implausible size of %s", x.path, what)
 	case !x.gz && x.size-hdrLen < need:
 		return nil, fmt.Errorf("%s: file ends before its %s: the header announces %d bytes of data, the file holds %d", x.path, what, need, x.size-hdrLen)
 	case !x.gz && x.size-hdrLen > need:
@@ -125,7 +127,8 @@ func ReadIDXImages(path string) (*Images, error) {
 		return nil, err
 	}
 	n, h, w := int64(hdr[0]), int64(hdr[1]), int64(hdr[2])
-	if n <= 0 || h <= 0 || w <= 0 || h*w > 1<<24 || n > 1<<28 {
+	// each side bounded before the product (2^32 x 2^32 overflows)
+	if n <= 0 || h <= 0 || w <= 0 || h > 1<<24 || w > 1<<24 || h*w > 1<<24 || n > 1<<28 {
 		return nil, fmt.Errorf("%s: implausible IDX dimensions %dx%dx%d", path, n, h, w)
 	}
 	pix, err := x.payload(16, n*h*w, fmt.Sprintf("%d images", n))

@@ -115,6 +115,9 @@ func TestIDXCountsAreCheckedAgainstTheFileSize(t *testing.T) {
 			l + ": file ends before its 268435456 labels: the header announces 268435456 bytes of data, the file holds 1"},
 		{"gzip", p + ".gz", []uint32{0x803, 1 << 28, 28, 28}, make([]byte, 100), true,
 			p + ".gz: the header announces 268435456 images (210453397504 bytes), more than a "},
+		// 2^32-1 squared overflows 64 bits: each side is checked first.
+		{"overflow", p, []uint32{0x803, 1, 1<<32 - 1, 1<<32 - 1}, nil, false,
+			p + ": implausible IDX dimensions 1x4294967295x4294967295"},
 		{"trailing", p, []uint32{0x803, 1, 2, 2}, []byte{1, 2, 3, 4, 5}, false,
 			p + ": 1 bytes follow its 1 images: the header announces 4 bytes of data, the file holds 5"},
 		{"gzip trailing", l + ".gz", []uint32{0x801, 2}, []byte{1, 2, 3}, true,
