@@ -13,13 +13,15 @@ package data
 //     most 1032 bytes out per byte in), BMP data is uncompressed (at least
 //     one bit per pixel), a GIF frame is LZW (codes of at least 3 bits,
 //     each at most 4096 pixels), a JPEG needs at least one bit per 8x8
-//     block of the component of its first scan (subsampled 4x4 at most). WebP (lossless can spend no bits on a
-//     pixel) and TIFF (strips may share bytes, CCITT fax codes whole rows
-//     in a bit) have no such bound;
+//     block of the component of its first scan (subsampled 4x4 at most).
+//     WebP (lossless can spend no bits on a pixel) and TIFF (strips may
+//     share bytes, CCITT fax codes whole rows in a bit) have no such
+//     bound;
+//   - a TIFF whose directory or tags lie beyond the file (checkTIFFOffsets);
 //   - an image whose decoding, channel conversion and resizing together
 //     would allocate more than maxDecodeBytes, estimated from the format,
-//     the pixel layout and the sizes (the fuzz test checks the estimate
-//     bounds what is really allocated).
+//     the pixel layout and the sizes (FuzzDecodeImage checks that the
+//     estimate bounds what is really allocated).
 //
 // Decoding workers then share a memoryGate of maxDecodeBytes, so that all
 // images being decoded at once stay within it too.
@@ -55,9 +57,10 @@ const (
 //
 // Not counted: the trees themselves. A crafted lossless WebP can describe
 // a valid 2048-symbol tree in about 20 bits, for which the decoder keeps
-// 32 KiB, and so make it allocate up to about 16 KiB per byte of the file
-// (3 GB for 1 MB) — as libwebp, whose tables are as large, would. The
-// memory gate does not see that part; FuzzDecodeImage allows for it.
+// 32 KiB of nodes: 65536 groups of such trees, about 1 MB of file, make it
+// keep about 3 GB. Bounding that needs the decoder's own checks (libwebp
+// allows no more groups than the meta image has tiles); the memory gate
+// does not see it, and FuzzDecodeImage allows for it.
 const vp8lGroupTableBytes = 65536 * 5 * (24 + 128*4)
 
 // Minimum encoded bits per pixel, as "pixels per encoded byte" (see above).
