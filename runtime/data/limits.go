@@ -58,9 +58,10 @@ const (
 // Not counted: the trees themselves. A crafted lossless WebP can describe
 // a valid 2048-symbol tree in about 20 bits, for which the decoder keeps
 // 32 KiB of nodes: 65536 groups of such trees, about 1 MB of file, make it
-// keep about 3 GB (counted from its code, not measured). Bounding that needs the decoder's own checks (libwebp
-// allows no more groups than the meta image has tiles); the memory gate
-// does not see it, and FuzzDecodeImage allows for it.
+// keep about 3 GB (counted from its code, not measured). Bounding that
+// needs the decoder's own checks (libwebp allows no more groups than the
+// meta image has tiles); the memory gate does not see it, and
+// FuzzDecodeImage allows for it.
 const vp8lGroupTableBytes = 65536 * 5 * (24 + 128*4)
 
 // Minimum encoded bits per pixel, as "pixels per encoded byte" (see above).
