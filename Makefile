@@ -13,7 +13,7 @@ help:
 	@echo "make test-fakecuda  the CUDA backend's tests on the CPU, under a fake libcuda (part of make test)"
 	@echo "make test-asan     the CUDA emulator and kernel suites under AddressSanitizer"
 	@echo "make kernels-report  ptxas registers, shared memory and spills of the examples' kernels (needs nvcc)"
-	@echo "make fuzz-short    30 s of fuzzing the DSL front end (CI runs it)"
+	@echo "make fuzz-short    25 s of fuzzing each reader of untrusted input: DSL, checkpoints, IDX, images, image cache (CI runs it)"
 	@echo "make bench         CPU benchmarks side by side with PyTorch -> bench-results.md"
 	@echo "make gpu-bundle    build gpu-bundle/ for the GPU machine (see README, Running on a GPU)"
 	@echo "make gpu-bundle-fake  rehearse the GPU check without a GPU (the bundle under the fake libcuda)"
@@ -45,9 +45,17 @@ ASAN_PKGS := ./runtime/emu/... ./codegen
 test-asan:
 	CGO_CFLAGS=-fsanitize=address CGO_LDFLAGS=-fsanitize=address $(GO) test -asan $(ASAN_PKGS)
 
-FUZZTIME ?= 30s
+# Every fuzz target of a reader of untrusted input, FUZZTIME each (go test
+# fuzzes one target per run): 5 x 25 s keeps CI's fuzzing near 2 minutes.
+# Interesting inputs are barely minimised (10 runs): that is for failures.
+FUZZTIME ?= 25s
+FUZZ_TARGETS := ./compiler:FuzzCompile ./runtime/checkpoint:FuzzRead \
+	./runtime/data:FuzzIDX ./runtime/data:FuzzDecodeImage ./runtime/data:FuzzImageCache
 fuzz-short:
-	$(GO) test ./compiler -run='^$$' -fuzz=FuzzCompile -fuzztime=$(FUZZTIME)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "$(GO) test $${t%%:*} -fuzz=$${t##*:} -fuzztime=$(FUZZTIME)"; \
+		$(GO) test $${t%%:*} -run='^$$' -fuzz="^$${t##*:}\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=10x; \
+	done
 
 # Every kernel of the examples compiled for sm_80 and sm_90; fails on a
 # spill or a local-memory stack frame.
