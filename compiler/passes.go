@@ -61,8 +61,10 @@ type Options struct {
 	// AfterPass, when set, is called with each pass's name and the graph
 	// after it ran (for --dump-after and for tests that verify every pass).
 	AfterPass func(pass string, g *ir.Graph) error
-	// Batch overrides the train block's batch size when > 0.
-	Batch int64
+	// Batch overrides the train block's batch size when > 0, and
+	// BatchSource names where it comes from in errors (e.g. "--batch").
+	Batch       int64
+	BatchSource string
 }
 
 // Result is a compiled model.
@@ -120,6 +122,11 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 	user := opts.AfterPass
 	opts.AfterPass = func(pass string, g *ir.Graph) error {
 		if pass == "autodiff" {
+			// every tensor and FLOP of the step exists now: check the
+			// batch against them before anything multiplies by it
+			if d := checkBatch(g, train.Batch, train, opts.BatchSource, f.Model.Pos); d != nil {
+				return dsl.Diagnostics{d}
+			}
 			res.Summary = Summarize(g, train.Batch)
 		}
 		if user != nil {
