@@ -184,7 +184,7 @@ func (p *parser) model() *Model {
 		p.advance()
 	}
 	p.advance()
-	m.Stmts, m.End = p.block("model "+m.Name)
+	m.Stmts, m.End = p.block("model " + m.Name)
 	return m
 }
 
@@ -225,7 +225,7 @@ func (p *parser) section() *Section {
 	}
 	s := &Section{Pos: p.tok.pos, Kind: p.tok.text}
 	p.advance()
-	s.Stmts, _ = p.block(s.Kind+" block")
+	s.Stmts, _ = p.block(s.Kind + " block")
 	return s
 }
 
