@@ -77,6 +77,9 @@ type Result struct {
 	// Summary describes the model layer by layer, as written (taken before
 	// fusion), at the train block's batch size.
 	Summary *Summary
+	// BatchLimit is the largest batch the model's step allows (the size
+	// limits of limits.go, at most MaxBatch).
+	BatchLimit int64
 }
 
 // CompileSource parses src (named filename in diagnostics) and compiles it.
@@ -101,11 +104,16 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 	if opts.Batch > 0 {
 		train.Batch = opts.Batch
 	}
-	var image ir.Type
-	if len(g.Inputs) > 0 {
-		image = g.Inputs[0].Type
+	var image, label ir.Type
+	for _, in := range g.Inputs {
+		switch in.Role {
+		case ir.RoleInput:
+			image = in.Type
+		case ir.RoleLabel:
+			label = in.Type
+		}
 	}
-	data, d := ParseData(f.Section("data"), image)
+	data, d := ParseData(f.Section("data"), image, label)
 	diags = append(diags, d...)
 	for _, s := range f.Sections {
 		if first := f.Section(s.Kind); first != s {
@@ -128,6 +136,7 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 				return dsl.Diagnostics{d}
 			}
 			res.Summary = Summarize(g, train.Batch)
+			res.BatchLimit = BatchLimit(g)
 		}
 		if user != nil {
 			return user(pass, g)

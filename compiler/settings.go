@@ -182,8 +182,9 @@ var datasetArgs = map[string][]argSpec{
 	"mnist":       {},
 }
 
-// ParseData reads the data block (nil: no data configured).
-func ParseData(s *dsl.Section, image ir.Type) (DataConfig, dsl.Diagnostics) {
+// ParseData reads the data block (nil: no data configured) and checks
+// each dataset against the model's image and label types (when known).
+func ParseData(s *dsl.Section, image, label ir.Type) (DataConfig, dsl.Diagnostics) {
 	var cfg DataConfig
 	var diags dsl.Diagnostics
 	if s == nil {
@@ -195,7 +196,7 @@ func ParseData(s *dsl.Section, image ir.Type) (DataConfig, dsl.Diagnostics) {
 		if e == nil {
 			continue
 		}
-		ds := parseDataset(e, image, &diags)
+		ds := parseDataset(e, image, label, &diags)
 		if key == "train" {
 			cfg.Train = ds
 		} else {
@@ -205,7 +206,10 @@ func ParseData(s *dsl.Section, image ir.Type) (DataConfig, dsl.Diagnostics) {
 	return cfg, diags
 }
 
-func parseDataset(e *dsl.Expr, image ir.Type, diags *dsl.Diagnostics) *DataSource {
+// MNISTClasses is the number of MNIST's labels, the digits 0..9.
+const MNISTClasses = 10
+
+func parseDataset(e *dsl.Expr, image, label ir.Type, diags *dsl.Diagnostics) *DataSource {
 	if e.Kind != dsl.ExprCall {
 		*diags = append(*diags, dsl.Errorf(e.Pos, "a dataset is imagefolder(\"path\") or mnist(\"path\"), got %s", describe(e)).Span(exprSpan(e)))
 		return nil
@@ -241,6 +245,10 @@ func parseDataset(e *dsl.Expr, image ir.Type, diags *dsl.Diagnostics) *DataSourc
 		if c.Name == "mnist" && (image.Dims[0] != 1 || image.Dims[1] != 28 || image.Dims[2] != 28) {
 			*diags = append(*diags, dsl.Errorf(c.Pos, "mnist images are 1x28x28 but the model's input is %s", image.DimsString()).Span(len(c.Name)))
 		}
+	}
+	if c.Name == "mnist" && label.DType == ir.Class && label.Classes < MNISTClasses {
+		*diags = append(*diags, dsl.Errorf(c.Pos, "mnist has %d classes (the digits 0 to 9) but the model's labels are class[%d]", MNISTClasses, label.Classes).Span(len(c.Name)).
+			Hint("declare label: class[10] and give the last layer out=10"))
 	}
 	return ds
 }
