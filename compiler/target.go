@@ -1,9 +1,6 @@
 package compiler
 
-import (
-	"github.com/cnnc/cnnc/compiler/ir"
-	"github.com/cnnc/cnnc/dsl"
-)
+import "github.com/cnnc/cnnc/dsl"
 
 // What a generated trainer (cnnc build, cnnc gen) needs beyond the
 // language: its data loaders and its Spec read images of 1 (grayscale) or
@@ -21,11 +18,14 @@ const MaxImageSide = 1 << 14
 func CheckTrainable(res *Result) dsl.Diagnostics {
 	var ds dsl.Diagnostics
 	m := res.File.Model
-	for i, in := range m.Inputs {
-		if i >= len(res.Graph.Inputs) || res.Graph.Inputs[i].Role != ir.RoleInput || len(in.Dims) != 3 {
+	for _, in := range m.Inputs {
+		if in.Type != "f32" || len(in.Dims) != 3 {
 			continue
 		}
-		dims := res.Graph.Inputs[i].Type.Dims
+		var dims [3]int64 // as written: the fuse pass makes the graph's input u8 [H,W,C]
+		for j, d := range in.Dims {
+			dims[j] = d.Int
+		}
 		if c := dims[0]; c != 1 && c != 3 {
 			ds = append(ds, dsl.Errorf(in.Dims[0].Pos, "input %s has %d channels; the trainers read images with 1 (grayscale) or 3 (RGB)", in.Name, c).
 				Span(exprSpan(in.Dims[0])))

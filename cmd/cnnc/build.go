@@ -15,6 +15,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/internal/nvcc"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 func newBuildCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -70,17 +71,17 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			if budget != "" {
 				if budget == "none" {
 					budgetBytes = 0
-				} else if budgetBytes, err = dsl.ParseSize(budget); err != nil {
-					fmt.Fprintf(stderr, "cnnc build: --memory-budget: %v\n", err)
+				} else if budgetBytes, err = dsl.ParseSize(budget); err != nil || budgetBytes <= 0 {
+					fmt.Fprintf(stderr, "cnnc build: --memory-budget %q: want a size such as 40MB or 64MiB, or none\n", budget)
 					return exitError{exitUsage}
 				}
 				source = "--memory-budget"
 			}
 			c, err := trainergen.Compile(res, budgetBytes, source)
 			if err != nil {
-				return planError(args[0], err, stderr)
+				return backendError(args[0], res, err, stderr)
 			}
-			step("planned memory: arena %s bytes (%s)", compiler.Commas(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
+			step("planned memory: arena %s B (%s, %s)", compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
 			step("generated %d kernels, %d launches per training step", len(c.Train.Kernels), len(c.Train.Launches))
 			if emitCUDA != "" {
 				name := strings.TrimSuffix(filepath.Base(args[0]), filepath.Ext(args[0])) + ".cu"
@@ -140,11 +141,11 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "", "the trainer binary to build")
-	cmd.Flags().StringVar(&target, "target", "cpu", "cpu, cuda or auto (cuda when nvcc is present)")
-	cmd.Flags().StringVar(&emitCUDA, "emit-cuda", "", "also write the generated CUDA C to DIR/NAME.cu (DIR is created)")
-	cmd.Flags().StringVar(&workDir, "work", "", "build the trainer module in this directory and keep it (default: a temporary one)")
-	cmd.Flags().StringVar(&budget, "memory-budget", "", "memory budget (e.g. 40MB, 64MiB, none), overriding the train block's")
-	cmd.Flags().Int64Var(&f.batch, "batch", 0, "batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "the trainer `BINARY` to build")
+	cmd.Flags().StringVar(&target, "target", "cpu", "`cpu, cuda or auto` (cuda when nvcc is present)")
+	cmd.Flags().StringVar(&emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
+	cmd.Flags().StringVar(&workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
+	cmd.Flags().StringVar(&budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")
+	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
 	return cmd
 }

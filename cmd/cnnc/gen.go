@@ -11,6 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 func newGenCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -60,8 +62,7 @@ without the tag, the same package runs on the CPU.`,
 			}
 			c, err := trainergen.Compile(res, res.Train.MemoryBudget, "")
 			if err != nil {
-				fmt.Fprintf(stderr, "cnnc: %s: %v\n", args[0], err)
-				return exitError{exitModel}
+				return backendError(args[0], res, err, stderr)
 			}
 			var fatbin []byte
 			if withCUDA {
@@ -90,13 +91,14 @@ without the tag, the same package runs on the CPU.`,
 					return exitError{exitModel}
 				}
 			}
-			fmt.Fprintf(stdout, "wrote package %s in %s (%v): model %s, batch %d, arena %d bytes\n", pkg, outDir, names, res.Graph.Name, c.Spec.Batch, c.Spec.ArenaBytes)
+			fmt.Fprintf(stdout, "wrote package %s in %s (%v): model %s, batch %d, arena %s B (%s)\n", pkg, outDir, names, res.Graph.Name, c.Spec.Batch,
+				compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes))
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&outDir, "output", "o", "", "the package directory to write (created)")
-	cmd.Flags().StringVar(&pkg, "pkg", "", "the package name (default: the directory's name)")
-	cmd.Flags().Int64Var(&f.batch, "batch", 0, "batch size (default: the train block's, else 32)")
+	cmd.Flags().StringVarP(&outDir, "output", "o", "", "the package `DIR` to write (created)")
+	cmd.Flags().StringVar(&pkg, "pkg", "", "the package `NAME` (default: the directory's name)")
+	f.registerBatch(cmd, "the batch size (default: the train block's, else 32)")
 	cmd.Flags().BoolVar(&withCUDA, "cuda", false, "also compile the kernels for NVIDIA GPUs (needs nvcc): the package trains on the GPU when built with -tags cuda")
 	return cmd
 }
