@@ -207,14 +207,14 @@ type Step struct {
 	Node *ir.Node `json:"-"`
 }
 
-// Label names the step for people: "fc1 linear_block_grad_input",
+// Label names the step for people: "linear_block_grad_input fc1",
 // "conv2 weight update" (a separate update says which parameter),
-// "conv1 conv2d_block_grad_weight (+ weight, bias update)".
+// "conv2d_block_grad_weight conv1 (+ weight, bias update)".
 func (s *Step) Label() string {
 	if s.Kernel == ir.OpSGDUpdate.String() || s.Kernel == ir.OpAdamUpdate.String() {
 		return s.Layer + " " + strings.Join(s.updatedParts(), ", ") + " update"
 	}
-	l := s.Layer + " " + s.Kernel
+	l := s.Kernel + " " + s.Layer
 	if len(s.Updates) > 0 {
 		l += " (+ " + strings.Join(s.updatedParts(), ", ") + " update)"
 	}
