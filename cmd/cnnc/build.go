@@ -114,8 +114,8 @@ nvcc compiles as it is; without -o, build only writes them.`,
 					fmt.Fprintf(stderr, "cnnc: %v\n", err)
 					return exitError{exitModel}
 				}
-				step("nvcc: %d-byte fatbin for sm_80 and sm_90 (with PTX); ptxas: all %d launches fit an A100's and an H100's blocks (registers, shared memory)",
-					len(fatbin), len(c.Spec.Train.Launches)+len(c.Spec.Eval.Launches))
+				step("nvcc: %s fatbin for sm_80 and sm_90 (with PTX); ptxas: all %d launches fit an A100's and an H100's blocks (registers, shared memory)",
+					units.FormatBytes(int64(len(fatbin))), len(c.Spec.Train.Launches)+len(c.Spec.Eval.Launches))
 				if err := trainergen.WriteModuleCUDA(dir, c.Spec, c.Kernels, fatbin); err != nil {
 					fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
 					return exitError{exitModel}
