@@ -204,9 +204,12 @@ the exit status is 1.`,
 				return nil
 			}
 			// everything cnnc build does before nvcc: the memory plan (for
-			// the train block's budget) and the kernels
-			if _, err := trainergen.Compile(res, res.Train.MemoryBudget, ""); err != nil {
-				return backendError(args[0], res, err, stderr)
+			// the train block's budget) and the kernels — unless passes
+			// build always runs were disabled, which no build does
+			if len(f.disable) == 0 {
+				if _, err := trainergen.Compile(res, res.Train.MemoryBudget, ""); err != nil {
+					return backendError(args[0], res, err, stderr)
+				}
 			}
 			res.Summary.Print(stdout)
 			return nil

@@ -97,6 +97,16 @@ func TestHelpForEveryCommand(t *testing.T) {
 	assert.Contains(t, out, "--batch")
 }
 
+// With passes disabled, check checks the model without planning or
+// generating kernels (cnnc build always runs every pass).
+func TestCheckWithDisabledPasses(t *testing.T) {
+	for _, pass := range []string{"fuse", "dce", "fuse,dce"} {
+		code, out, errOut := cnnc("check", "--disable", pass, "../../examples/mnist.cnn")
+		assert.Equal(t, 0, code, "%s: %s", pass, errOut)
+		assert.Contains(t, out, "total params:")
+	}
+}
+
 func TestPassesLists(t *testing.T) {
 	code, out, _ := cnnc("passes")
 	assert.Equal(t, 0, code)
