@@ -10,11 +10,13 @@ type Pos struct {
 	Offset int
 }
 
+// String is "file:line:col", the file's name escaped for a terminal
+// (Printable): reports print it as it is.
 func (p Pos) String() string {
 	if p.Line == 0 {
-		return p.File
+		return Printable(p.File)
 	}
-	return fmt.Sprintf("%s:%d:%d", p.File, p.Line, p.Col)
+	return fmt.Sprintf("%s:%d:%d", Printable(p.File), p.Line, p.Col)
 }
 
 // IsValid reports whether p points into a file.

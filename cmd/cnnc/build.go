@@ -60,7 +60,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			}
 			start := time.Now()
 			step := func(format string, a ...any) {
-				fmt.Fprintf(stdout, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+				fmt.Fprintf(stdout, "[%6.2fs] %s\n", time.Since(start).Seconds(), dsl.Printable(fmt.Sprintf(format, a...)))
 			}
 			res, err := loadModel(args[0], &f, stdout, stderr)
 			if err != nil {
@@ -87,11 +87,11 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				name := strings.TrimSuffix(filepath.Base(args[0]), filepath.Ext(args[0])) + ".cu"
 				path := filepath.Join(emitCUDA, name)
 				if err := os.MkdirAll(emitCUDA, 0o755); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
 				if err := os.WriteFile(path, c.Kernels, 0o644); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
 				step("wrote %s", path)
@@ -102,7 +102,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			dir := workDir
 			if dir == "" {
 				if dir, err = os.MkdirTemp("", "cnnc-build-*"); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
 				defer os.RemoveAll(dir)
@@ -111,7 +111,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			if target == "cuda" {
 				fatbin, err := trainergen.CompileFatbinFor(c.Spec, c.Kernels)
 				if err != nil {
-					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
 				step("nvcc: %s fatbin for sm_80 and sm_90 (with PTX); ptxas: all %d launches fit an A100's and an H100's blocks (registers, shared memory)",
@@ -131,7 +131,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				return exitError{exitModel}
 			}
 			if err := trainergen.GoBuild(dir, output, tags, func(s string) { step("%s", s) }); err != nil {
-				fmt.Fprintf(stderr, "cnnc: %v\n", err)
+				fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 				return exitError{exitModel}
 			}
 			step("built %s (target %s); run it with -h for its flags", output, target)

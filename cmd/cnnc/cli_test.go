@@ -272,4 +272,10 @@ func TestDiagnosticsAreCappedAndEscaped(t *testing.T) {
 	assert.NotContains(t, errOut, "\x07")
 	assert.Contains(t, errOut, `m\x1b[31m.cnn:4:8: warning: u0 is not used by the loss`)
 	assert.Contains(t, errOut, `# \x1b[2J\x1b]0;pwned\x07`)
+	for _, cmd := range [][]string{{"plan"}, {"build", "--emit-cuda", t.TempDir()}} {
+		code, out, errOut := cnnc(append(cmd, path)...)
+		require.Equal(t, 0, code, errOut)
+		assert.Contains(t, out, `m\x1b[31m.cnn`, cmd)
+		assert.NotContains(t, out+errOut, "\x1b", cmd)
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/runtime/units"
 )
 
@@ -73,11 +74,11 @@ without the tag, the same package runs on the CPU.`,
 			}
 			files, err := trainergen.PackageFiles(pkg, c.Spec, c.Kernels, fatbin)
 			if err != nil {
-				fmt.Fprintf(stderr, "cnnc: %v\n", err)
+				fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 				return exitError{exitModel}
 			}
 			if err := os.MkdirAll(outDir, 0o755); err != nil {
-				fmt.Fprintf(stderr, "cnnc: %v\n", err)
+				fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 				return exitError{exitModel}
 			}
 			var names []string
@@ -87,12 +88,12 @@ without the tag, the same package runs on the CPU.`,
 			sort.Strings(names)
 			for _, name := range names {
 				if err := os.WriteFile(filepath.Join(outDir, name), files[name], 0o644); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
 			}
-			fmt.Fprintf(stdout, "wrote package %s in %s (%v): model %s, batch %d, arena %s B (%s)\n", pkg, outDir, names, res.Graph.Name, c.Spec.Batch,
-				compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes))
+			fmt.Fprint(stdout, dsl.Printable(fmt.Sprintf("wrote package %s in %s (%v): model %s, batch %d, arena %s B (%s)", pkg, outDir, names, res.Graph.Name, c.Spec.Batch,
+				compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes)))+"\n")
 			return nil
 		},
 	}

@@ -117,7 +117,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	}
 	if pf.plot != "" {
 		if err := timeline.Write(p, pf.plot); err != nil {
-			fmt.Fprintf(stderr, "cnnc: %v\n", err)
+			fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 			return exitError{exitModel}
 		}
 	}
@@ -150,7 +150,7 @@ func planError(path string, err error, stderr io.Writer) error {
 		}
 		return exitError{exitModel}
 	}
-	fmt.Fprintf(stderr, "cnnc: %v\n", err)
+	fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 	return exitError{exitModel}
 }
 
@@ -175,7 +175,7 @@ func runMaxBatch(res *compiler.Result, cfg plan.Config, pf *planFlags, stdout, s
 	}
 	m, err := plan.FindMaxBatch(res.Graph, cfg.Budget, res.BatchLimit, codegen.Workspace)
 	if err != nil {
-		fmt.Fprintf(stderr, "cnnc: %v\n", err)
+		fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 		return exitError{exitModel}
 	}
 	if pf.json {
