@@ -120,16 +120,12 @@ func (d *Diagnostic) render(lines *lineIndex) string {
 	b.WriteString(Printable(d.Error()))
 	b.WriteByte('\n')
 	if line, ok := lines.line(d.Pos.Line); ok && d.Pos.Col > 0 {
-		shown, cols := displayLine(line)
-		last := len(cols) - 1 // the column just past the line
-		col := min(d.Pos.Col-1, last)
-		end := min(col+max(d.Len, 1), last)
-		width := max(cols[end]-cols[col], 1)
+		shown, caret, width := excerpt(line, d.Pos.Col-1, max(d.Len, 1))
 		b.WriteString("    ")
 		b.WriteString(shown)
 		b.WriteByte('\n')
 		b.WriteString("    ")
-		b.WriteString(strings.Repeat(" ", cols[col]))
+		b.WriteString(strings.Repeat(" ", caret))
 		b.WriteByte('^')
 		if width > 1 {
 			b.WriteString(strings.Repeat("~", width-1))
@@ -193,24 +189,49 @@ func (li *lineIndex) line(n int) (string, bool) {
 	return strings.TrimRight(string(li.src[li.starts[n-1]:end]), "\r"), true
 }
 
-// displayLine escapes a source line for the terminal (a tab shows as one
-// space) and returns, for each rune, the display column it starts at, with
-// one entry more for the end of the line: carets count runes, not bytes.
-func displayLine(line string) (string, []int) {
-	var b strings.Builder
-	cols := make([]int, 0, len(line)+1)
-	w := 0
+// maxExcerpt is the widest source excerpt shown: of a longer line (a
+// generated model may put a megabyte on one), the part around the caret.
+const maxExcerpt = 120
+
+// excerpt escapes a source line for the terminal (a tab shows as one
+// space), cut to maxExcerpt columns around rune col with "..." where cut,
+// and returns it with the caret's display column and the underline's
+// width for n runes from col: carets count runes, not bytes.
+func excerpt(line string, col, n int) (shown string, caret, width int) {
+	var pieces []string
+	cols := []int{0} // cols[i]: display column where rune i starts
 	for _, r := range line {
-		cols = append(cols, w)
-		s := " "
+		p := " "
 		if r != '\t' {
-			s = printableRune(r)
+			p = printableRune(r)
 		}
-		b.WriteString(s)
-		w += utf8.RuneCountInString(s)
+		pieces = append(pieces, p)
+		cols = append(cols, cols[len(cols)-1]+utf8.RuneCountInString(p))
 	}
-	cols = append(cols, w)
-	return b.String(), cols
+	last := len(pieces) // the position just past the line
+	col = min(col, last)
+	end := min(col+n, last)
+	lo, hi := 0, last
+	if cols[last] > maxExcerpt {
+		for lo < col && cols[col]-cols[lo] > maxExcerpt/3 {
+			lo++
+		}
+		for hi > lo && cols[hi]-cols[lo] > maxExcerpt {
+			hi--
+		}
+	}
+	var b strings.Builder
+	if lo > 0 {
+		b.WriteString("...")
+	}
+	shift := b.Len() - cols[lo]
+	for _, p := range pieces[lo:hi] {
+		b.WriteString(p)
+	}
+	if hi < last {
+		b.WriteString("...")
+	}
+	return b.String(), cols[col] + shift, max(cols[min(end, hi)]-cols[col], 1)
 }
 
 // Printable returns s with every character a terminal would act on rather

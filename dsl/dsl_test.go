@@ -250,3 +250,23 @@ func TestDeepNestingIsLinear(t *testing.T) {
 	_, err = Parse("m.cnn", nested(MaxNesting+1))
 	assert.ErrorContains(t, err, fmt.Sprintf("m.cnn:2:%d: calls and lists nest more than 200000 deep here", 7+5*MaxNesting))
 }
+
+// A long line (a generated model may put a megabyte on one) is shown cut
+// to the part around the caret.
+func TestRenderCutsLongLines(t *testing.T) {
+	line := "  a = " + strings.Repeat("relu(", 1000) + "x" + strings.Repeat(")", 1000)
+	d := Errorf(Pos{File: "m.cnn", Line: 1, Col: 5007}, "unknown name x").Span(1)
+	got := d.Render([]byte(line + "\n"))
+	lines := strings.Split(got, "\n")
+	require.Len(t, lines, 4)
+	assert.LessOrEqual(t, len(lines[1]), 4+3+maxExcerpt+3)
+	assert.True(t, strings.HasPrefix(lines[1], "    ...relu("), lines[1])
+	assert.True(t, strings.HasSuffix(lines[1], ")..."), lines[1])
+	caret := strings.Index(lines[2], "^")
+	assert.Equal(t, "x", lines[1][caret:caret+1], "the caret stays under the token")
+	assert.Equal(t, "x", lines[1][len("    ")+maxExcerpt/3+3:][:1])
+
+	// short lines are whole
+	d = Errorf(Pos{File: "m.cnn", Line: 1, Col: 3}, "x")
+	assert.Equal(t, "m.cnn:1:3: x\n    ab c\n      ^\n", d.Render([]byte("ab c")))
+}

@@ -21,7 +21,9 @@ import (
 //	arg     = [ Ident "=" ] expr
 //	list    = "[" [ expr { "," expr } [ "," ] ] "]"
 //
-// A syntax error names what was expected where it is missing: when the
+// Newlines matter in one place only: a statement's value starts on the
+// line of its "=" (so a missing value is reported on that line). A syntax
+// error names what was expected where it is missing: when the
 // token that does not fit starts a later line, the error points just past
 // the last token that did (the end of the line missing a ")"), not at the
 // next line.
