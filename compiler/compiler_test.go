@@ -266,7 +266,7 @@ func TestBatchFromOptionsIsChecked(t *testing.T) {
 	require.ErrorAs(t, err, &ds)
 	out := ds.RenderAll(nil)
 	assert.Contains(t, out, "m.cnn:2:7: at batch 1,024, c's kernels could launch up to 4,294,967,296 blocks")
-	assert.Contains(t, out, "the batch is --batch's")
+	assert.Contains(t, out, "the batch comes from --batch")
 	res, err := CompileSource("m.cnn", []byte(src), Options{Batch: 511})
 	require.NoError(t, err)
 	assert.Equal(t, int64(511), res.BatchLimit)

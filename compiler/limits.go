@@ -146,7 +146,7 @@ func checkBatch(g *ir.Graph, batch int64, train TrainConfig, source string, mode
 	d := dsl.Errorf(pos, "%s", tight.what(batch)).Span(span)
 	switch {
 	case source != "":
-		d.Hint("the batch is %s's", source)
+		d.Hint("the batch comes from %s", source)
 	case train.Pos["batch"].IsValid():
 		d.Hint("the batch is set at %s", train.Pos["batch"])
 	default:
