@@ -55,6 +55,8 @@ CUDA_HEADERS_TESTS := ^(TestDriver.*|TestDeviceInfo|TestErrors|TestSaxpyMatchesE
 test-cuda-headers:
 	@if ! command -v nvcc >/dev/null 2>&1 && [ "$$CNNC_REQUIRE_NVCC" != 1 ]; then \
 		echo "!!! SKIPPING test-cuda-headers: no nvcc (make cuda-toolkit)"; exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1 && [ "$$CNNC_REQUIRE_NVCC" != 1 ]; then \
+		echo "!!! SKIPPING test-cuda-headers: no apt-get to fetch Debian's CUDA headers"; exit 0; fi; \
 	set -e; inc=$$(bash scripts/fetch-cuda-headers.sh $(CUDA_HEADERS_CACHE)); \
 	ver=$$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' $$inc/cuda.h); \
 	cflags="-I$$inc -O2 -g"; echo "== -tags cuda with the CUDA_VERSION $$ver headers of $$inc"; \
