@@ -4,13 +4,14 @@ BIN     := bin
 CNNC    := $(BIN)/cnnc
 EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
 
-.PHONY: help build test test-fakecuda test-asan gpu-bundle-fake fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
+.PHONY: help build test test-fakecuda test-cuda-headers test-asan gpu-bundle-fake fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
 
 help:
 	@echo "make build         build bin/cnnc"
 	@echo "make test          run every test (CI runs this)"
 	@echo "make demo          the main job: check, plan, build the MNIST trainer and train it (~2 min)"
 	@echo "make test-fakecuda  the CUDA backend's tests on the CPU, under a fake libcuda (part of make test)"
+	@echo "make test-cuda-headers  the -tags cuda build against Debian's newest CUDA headers (12.4; part of make test)"
 	@echo "make test-asan     the CUDA emulator and kernel suites under AddressSanitizer"
 	@echo "make kernels-report  ptxas registers, shared memory and spills of the examples' kernels (needs nvcc)"
 	@echo "make fuzz-short    25 s of fuzzing each reader of untrusted input: DSL, checkpoints, IDX, images, image cache (CI runs it)"
@@ -26,6 +27,7 @@ build:
 test: lint
 	$(GO) test ./...
 	$(MAKE) test-fakecuda
+	$(MAKE) test-cuda-headers
 
 # The CUDA backend (runtime/cuda: gorgonia.org/cu, the cgo shim, graphs) and
 # its tests, built with -tags cuda, run without a GPU: a fake libcuda.so.1
@@ -38,6 +40,35 @@ test-fakecuda:
 		echo "!!! SKIPPING test-fakecuda: no nvcc (make cuda-toolkit)"; exit 0; fi; \
 	set -e; $(GO) run ./internal/fakecuda/cmd/fakecuda $(FAKECUDA); \
 	CNNC_FAKECUDA=$(FAKECUDA) LD_LIBRARY_PATH=$(FAKECUDA) $(GO) test -tags cuda -count=1 ./runtime/cuda/
+
+# The -tags cuda build against the newest CUDA headers in Debian's archive
+# (nvidia-cuda-dev 12.4 of trixie; scripts/fetch-cuda-headers.sh downloads it
+# with a private apt configuration, keeps cuda.h and cudaTypedefs.h in a cache
+# directory and installs nothing), as make test-fakecuda checks the installed
+# 11.8: go vet, the fake driver's symbol check, part of the backend's tests
+# built with those headers and run under the fake driver (acting as a driver of
+# that version), and a CUDA trainer for examples/mnist.cnn, whose binary must
+# bind CUDA 12's cuGetProcAddress_v2. Needs nvcc (the kernels) like test-fakecuda.
+# CNNC_CUDA_HEADERS_SUITE=experimental takes the headers from there (12.5 now).
+CUDA_HEADERS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cnnc/cuda-headers-$(or $(CNNC_CUDA_HEADERS_SUITE),trixie)
+CUDA_HEADERS_TESTS := ^(TestDriver.*|TestDeviceInfo|TestErrors|TestSaxpyMatchesEmulator|TestGraphCaptureAndSetParams)$$
+test-cuda-headers:
+	@if ! command -v nvcc >/dev/null 2>&1 && [ "$$CNNC_REQUIRE_NVCC" != 1 ]; then \
+		echo "!!! SKIPPING test-cuda-headers: no nvcc (make cuda-toolkit)"; exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1 && [ "$$CNNC_REQUIRE_NVCC" != 1 ]; then \
+		echo "!!! SKIPPING test-cuda-headers: no apt-get to fetch Debian's CUDA headers"; exit 0; fi; \
+	set -e; inc=$$(bash scripts/fetch-cuda-headers.sh $(CUDA_HEADERS_CACHE)); \
+	ver=$$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' $$inc/cuda.h); \
+	cflags="-I$$inc -O2 -g"; echo "== -tags cuda with the CUDA_VERSION $$ver headers of $$inc"; \
+	CGO_CFLAGS="$$cflags" $(GO) vet -tags cuda ./runtime/cuda/...; \
+	CNNC_CUDA_HEADERS=$$inc $(GO) test -count=1 -run '^TestDefinesEveryDriverSymbol$$' ./internal/fakecuda/; \
+	$(GO) run ./internal/fakecuda/cmd/fakecuda $(FAKECUDA); \
+	CGO_CFLAGS="$$cflags" CNNC_FAKECUDA=$(FAKECUDA) LD_LIBRARY_PATH=$(FAKECUDA) \
+		CNNC_FAKECUDA_DRIVER_VERSION=$$ver CNNC_CUDA_HEADER_VERSION=$$ver \
+		$(GO) test -tags cuda -count=1 -run '$(CUDA_HEADERS_TESTS)' ./runtime/cuda/; \
+	CGO_CFLAGS="$$cflags" $(GO) run ./cmd/cnnc build examples/mnist.cnn --target cuda -o out/mnist-cuda-$$ver; \
+	nm -D --undefined-only out/mnist-cuda-$$ver | grep -qw cuGetProcAddress_v2 || \
+		{ echo "out/mnist-cuda-$$ver was not built with the CUDA $$ver headers"; exit 1; }
 
 # Generated kernels run on the CPU emulator with every buffer its own C
 # allocation, so ASan reports out-of-bounds global and shared accesses.

@@ -38,4 +38,11 @@
 // updates a captured launch's parameter values, so that one graph serves
 // every training step although the step number, dropout's seed offsets
 // and a partial batch's size change (see graph.go).
+//
+// Driver versions: the calls whose default version depends on the CUDA
+// headers (cuCtxCreate, stream capture, graph instantiation and node
+// updates) are resolved at run time through cuGetProcAddress at fixed ABI
+// versions (driver.go), so the package makes the same driver calls whether
+// compiled with CUDA 11.8 or 12.x headers, and runs on drivers from CUDA
+// 11.4 (12.0 when compiled with 12.x headers) to 13.
 package cuda
