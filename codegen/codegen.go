@@ -75,6 +75,7 @@ type Kernel struct {
 	Name   string
 	Family string // the template it came from
 	Text   string
+	Params []Param // its signature
 }
 
 // Launch is one kernel launch of the step.
@@ -169,6 +170,11 @@ func (e *emitter) kernel(family, name string, data any) error {
 		return fmt.Errorf("codegen: template %s for %s: %v", family, name, err)
 	}
 	k := &Kernel{Name: name, Family: family, Text: strings.TrimLeft(b.String(), "\n")}
+	params, err := parseParams(k.Text, name)
+	if err != nil {
+		return err
+	}
+	k.Params = params
 	e.kernels[name] = k
 	e.prog.Kernels = append(e.prog.Kernels, k)
 	return nil
@@ -241,6 +247,9 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 		for _, l := range p.Launches[first:] {
 			l.Seq = seq
 		}
+	}
+	if err := checkRestrict(p); err != nil {
+		return nil, err
 	}
 	var src bytes.Buffer
 	name := opts.SourceName

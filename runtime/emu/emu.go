@@ -126,8 +126,66 @@ func buildLibrary(src []byte, name string, opts Options) (path string, kernels [
 	return path, kernels, err
 }
 
-// flagFillShared must match cnnc_emu::kFlagFillShared.
-const flagFillShared = 1
+// Launch flags; they must match cnnc_emu::kFlag* in cuda_emu.h.
+const (
+	flagFillShared   = 1
+	flagReverse      = 2
+	flagShuffle      = 4
+	flagPoisonShared = 8
+	flagSeedShift    = 8 // bits 8..31: the shuffle's seed
+)
+
+// Order is the order in which a launch runs the threads of each barrier interval of a block.
+type Order uint8
+
+const (
+	// OrderForward runs warp by warp, each warp's lanes in order (the default).
+	OrderForward Order = iota
+	// OrderReverse runs the warps, and each warp's lanes, last first.
+	OrderReverse
+	// OrderShuffle runs them in a random order drawn from Schedule.Seed, anew for every barrier
+	// interval, warp and sweep.
+	OrderShuffle
+)
+
+func (o Order) String() string {
+	switch o {
+	case OrderForward:
+		return "forward"
+	case OrderReverse:
+		return "reverse"
+	case OrderShuffle:
+		return "shuffle"
+	}
+	return fmt.Sprintf("Order(%d)", uint8(o))
+}
+
+// Schedule is the race mode: how a module's launches order the threads of a block between
+// barriers. A correct kernel gives the same bits in every order; one that reads what another
+// thread writes without a barrier (or warp synchronisation) in between, or that depends on the
+// element layout of wmma fragments, does not. Under a schedule — forward included, so that runs
+// compare — dynamic and static shared memory is filled with 0xFF bytes (NaN floats) at the start
+// of every block, and the orders other than forward also give wmma fragments another (seeded)
+// element layout.
+type Schedule struct {
+	Order Order
+	Seed  uint32 // OrderShuffle: the permutations' seed (its low 24 bits)
+}
+
+// SetSchedule makes later launches run in race mode with the given order. It must not be called
+// while launches of the module run.
+func (m *Module) SetSchedule(s Schedule) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.flags &= flagFillShared
+	m.flags |= flagPoisonShared | (s.Seed&0xFFFFFF)<<flagSeedShift
+	switch s.Order {
+	case OrderReverse:
+		m.flags |= flagReverse
+	case OrderShuffle:
+		m.flags |= flagShuffle
+	}
+}
 
 // SetWorkers sets how many OS threads later launches run blocks on (n <= 0: GOMAXPROCS).
 func (m *Module) SetWorkers(n int) {
@@ -184,6 +242,11 @@ func checkLaunch(grid, block Dim3, sharedBytes int) error {
 // Errors — unknown kernel, invalid shape, wrong parameter count, a kernel that traps or
 // misuses a barrier — are returned, never panicked.
 func (m *Module) Launch(kernelName string, grid, block Dim3, sharedBytes int, params []uint64) error {
+	return m.launch(kernelName, grid, block, sharedBytes, params, nil)
+}
+
+// launch runs a kernel; prepare, if given, is called with the C launch before any block runs.
+func (m *Module) launch(kernelName string, grid, block Dim3, sharedBytes int, params []uint64, prepare func(unsafe.Pointer) error) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.lib == nil {
@@ -209,6 +272,11 @@ func (m *Module) Launch(kernelName string, grid, block Dim3, sharedBytes int, pa
 		return fmt.Errorf("%w of %s: rejected by the runtime", ErrInvalidLaunch, kernelName)
 	}
 	defer m.lib.freeLaunch(launch)
+	if prepare != nil {
+		if err := prepare(launch); err != nil {
+			return fmt.Errorf("%w of %s: %v", ErrInvalidLaunch, kernelName, err)
+		}
+	}
 
 	n := uint64(m.workers)
 	if blocks := grid.count(); blocks < n {
