@@ -10,8 +10,10 @@
 // checks).
 //
 // Why it is shaped so: kernels come from text templates (templates/), one
-// per family, chosen by a table keyed by IR op (kernelRules) — so adding an
-// op is one template and one rule. Buffers are named by IR value, not
+// per family. Each op's binding is in its file in compiler/ops: an
+// elementwise template, which runs with no rule here (so adding an
+// elementwise op is its op file and its template), or a family whose rule
+// a file of this package registers (kernelRules). Buffers are named by IR value, not
 // address: the memory plan decides where each lives, and the same Program
 // drives the CPU emulator and the GPU through device.Device.
 package codegen
@@ -25,6 +27,7 @@ import (
 	"text/template"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/templates"
 )
 
@@ -135,9 +138,48 @@ type Options struct {
 // rule generates the kernels and launches of one node.
 type rule func(e *emitter, n *ir.Node) error
 
-// kernelRules: one entry per op that runs a kernel. Views (flatten,
-// reshape) are handled by Generate.
+// kernelRules: the rules of ops bound to a custom family (ops.Kernel.Custom).
+// Views (flatten, reshape) launch nothing; ops bound to an elementwise
+// template use elementwiseRule.
 var kernelRules = map[ir.Op]rule{}
+
+// ruleOf is the rule that generates op's kernels, if any.
+func ruleOf(op ir.Op) (rule, bool) {
+	if r, ok := kernelRules[op]; ok {
+		return r, true
+	}
+	if d := ops.Of(op); d != nil && d.Kernel.Elementwise != "" {
+		return elementwiseRule(d.Kernel), true
+	}
+	return nil, false
+}
+
+// CheckBinding says what is missing for op's kernel binding to generate:
+// the rule of a custom family, or the template an elementwise binding
+// names (the registry's tests run it for every op).
+func CheckBinding(op ir.Op) error {
+	d := ops.Of(op)
+	switch {
+	case d == nil:
+		return fmt.Errorf("%s is not registered", op)
+	case d.View || d.Kernel.ReplacedBy != "":
+		return nil
+	case d.Kernel.Elementwise != "":
+		if tmpl.Lookup(d.Kernel.Elementwise) == nil {
+			return fmt.Errorf("%s: no template %q in templates/", op, d.Kernel.Elementwise)
+		}
+		if _, custom := kernelRules[op]; custom {
+			return fmt.Errorf("%s: bound to an elementwise template and to a rule of codegen", op)
+		}
+		return nil
+	case d.Kernel.Custom != "":
+		if _, ok := kernelRules[op]; !ok {
+			return fmt.Errorf("%s: bound to family %q but codegen registers no rule for it", op, d.Kernel.Custom)
+		}
+		return nil
+	}
+	return fmt.Errorf("%s has no kernel binding", op)
+}
 
 // register adds rules; each family's file registers its ops in init.
 func register(op ir.Op, r rule) {
@@ -149,6 +191,11 @@ func register(op ir.Op, r rule) {
 
 var tmpl = template.Must(template.New("cu").Funcs(template.FuncMap{
 	"join": strings.Join,
+	// unknownOptimizer fails a template that reached an optimizer the
+	// table has no kernel blocks for (never another optimizer's).
+	"unknownOptimizer": func(kind string) (string, error) {
+		return "", fmt.Errorf("no kernel template for optimizer %s", kind)
+	},
 }).ParseFS(templates.FS, "*.cu.tmpl"))
 
 // emitter collects kernels and launches.
@@ -229,7 +276,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 				return nil, err
 			}
 		}
-		if n.Op == ir.OpFlatten || n.Op == ir.OpReshape || (opts.Eval && n.Op == ir.OpDropout) {
+		if info := n.Op.Info(); info.View || (opts.Eval && info.EvalIdentity) {
 			src := n.Ins[0]
 			if s, ok := p.Views[src]; ok {
 				src = s
@@ -237,7 +284,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 			p.Views[n.Out()] = src
 			continue
 		}
-		r, ok := kernelRules[n.Op]
+		r, ok := ruleOf(n.Op)
 		if !ok {
 			return nil, &NoRuleError{Op: n.Op, Node: n.Text()}
 		}
@@ -271,7 +318,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 // samples: its scratch buffers, each 256-byte aligned, one after another.
 // The memory planner places it (plan.Config.Workspace).
 func Workspace(n *ir.Node, samples int64) int64 {
-	if _, ok := kernelRules[n.Op]; !ok {
+	if _, ok := ruleOf(n.Op); !ok {
 		return 0
 	}
 	// the planner asks for every node of every candidate plan: remember

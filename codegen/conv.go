@@ -555,11 +555,11 @@ func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, par
 		if g.Bias {
 			d.BiasSite = newOptSite(opt, "gradSum", "bias", bStates, "at")
 		}
-		perElem := int64(4)
-		if opt.Kind != ir.SGD {
-			perElem = 12
+		info, err := opt.Info()
+		if err != nil {
+			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
-		flops += perElem * d.WE
+		flops += info.FLOPs(opt) * d.WE
 	}
 	d.Idx = indexType(d.Splits * d.WE)
 	if forceLongIndex {

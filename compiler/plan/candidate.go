@@ -148,10 +148,11 @@ func splitUpdate(g *ir.Graph, w *ir.Node) error {
 		return err
 	}
 	opt := w.Attrs.Opt
-	op := ir.OpSGDUpdate
-	if opt.Kind != ir.SGD {
-		op = ir.OpAdamUpdate
+	info, err := opt.Info()
+	if err != nil {
+		return fmt.Errorf("plan: %s: %v", w.Text(), err)
 	}
+	op := info.UpdateOp
 	w.Attrs.Opt = nil
 	w.Ins = w.Ins[:len(w.Ins)-len(p.Params)-len(p.State)]
 	per := len(opt.StateNames())

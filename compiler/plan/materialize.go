@@ -250,15 +250,8 @@ func (p *Plan) Check() error {
 // a separate update, the parameters of a kernel with its update fused.
 func updatedParams(n *ir.Node) []string {
 	var names []string
-	switch {
-	case n.Op == ir.OpSGDUpdate || n.Op == ir.OpAdamUpdate:
-		names = append(names, n.Ins[0].Name)
-	case n.Attrs.Opt != nil:
-		if p, err := n.Parts(); err == nil {
-			for _, v := range p.Params {
-				names = append(names, v.Name)
-			}
-		}
+	for _, p := range n.UpdatedParams() {
+		names = append(names, p.Name)
 	}
 	return names
 }

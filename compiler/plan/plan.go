@@ -211,7 +211,7 @@ type Step struct {
 // "conv2 weight update" (a separate update says which parameter),
 // "conv2d_block_grad_weight conv1 (+ weight, bias update)".
 func (s *Step) Label() string {
-	if s.Kernel == ir.OpSGDUpdate.String() || s.Kernel == ir.OpAdamUpdate.String() {
+	if op, ok := ir.OpByName(s.Kernel); ok && op.Info().Update {
 		return s.Layer + " " + strings.Join(s.updatedParts(), ", ") + " update"
 	}
 	l := s.Kernel + " " + s.Layer

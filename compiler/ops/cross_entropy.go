@@ -1,0 +1,129 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// cross_entropy: the model's loss, F.cross_entropy — the batch's mean of
+// logsumexp(logits) - logits[label]; its gradient is (softmax - onehot) /
+// batch. The fuse pass turns it into softmax_cross_entropy, one kernel
+// that also writes the logits' gradient and the correct count.
+
+var _ = Register(ir.OpCrossEntropy, &Def{
+	OpInfo: ir.OpInfo{Name: "cross_entropy", Infer: inferCrossEntropy, FLOPs: flopsCrossEntropy, Loss: true},
+	Doc:    "softmax cross-entropy of logits against class labels, mean over the batch",
+	DSL: &DSL{
+		Name: "cross_entropy", Order: 1000, Tensors: 2,
+		Shape:    "`[N]` logits and `class[N]` labels -> scalar: mean over the batch of `logsumexp(logits) - logits[label]`",
+		PyTorch:  "F.cross_entropy",
+		Examples: []string{"cross_entropy(x, label)"},
+	},
+	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
+		return []*ir.Value{b.Emit(ir.OpCrossEntropyGrad, n, ir.Attrs{}, n.Ins[0], n.Ins[0], n.Ins[1]), nil}
+	},
+	Ref:    refCrossEntropy,
+	Kernel: Kernel{ReplacedBy: "softmax_cross_entropy"},
+	NoONNX: "the loss is not exported: its logits are the exported model's output",
+})
+
+var _ = Register(ir.OpCrossEntropyGrad, &Def{
+	OpInfo: ir.OpInfo{Name: "cross_entropy_grad", Infer: inferCrossEntropyGrad, FLOPs: flopsCrossEntropy},
+	Doc:    "the gradient of the loss with respect to the logits",
+	NoGrad: "a gradient op",
+	Ref:    refCrossEntropyGrad,
+	Kernel: Kernel{ReplacedBy: "softmax_cross_entropy"},
+})
+
+func inferCrossEntropy(n *ir.Node) ([]ir.Type, error) {
+	if err := checkLogitsLabel(n); err != nil {
+		return nil, err
+	}
+	return []ir.Type{ir.F32Fixed()}, nil
+}
+
+func checkLogitsLabel(n *ir.Node) error {
+	logits, label := in(n, 0), in(n, 1)
+	if label.DType != ir.Class || !label.Batched || len(label.Dims) != 0 {
+		return fmt.Errorf("cross_entropy's second argument must be class labels (class[N]), but %s is %s", n.Ins[1].Name, label)
+	}
+	if err := needRank(n, 0, logits, 1, "[B,classes] logits"); err != nil {
+		return err
+	}
+	if logits.Dims[0] != label.Classes {
+		return fmt.Errorf("cross_entropy: %s has %d outputs but %s has %d classes", n.Ins[0].Name, logits.Dims[0], n.Ins[1].Name, label.Classes)
+	}
+	return nil
+}
+
+func inferCrossEntropyGrad(n *ir.Node) ([]ir.Type, error) {
+	if err := checkLogitsLabel(n); err != nil {
+		return nil, err
+	}
+	return []ir.Type{in(n, 0)}, nil
+}
+
+func flopsCrossEntropy(n *ir.Node) int64 {
+	// max, exp, sum, log per logit
+	return ir.MulSat(4, n.Ins[0].Type.SampleElems())
+}
+
+// logSumExp returns the row's log-sum-exp, computed stably.
+func logSumExp(row []float64) float64 {
+	m := math.Inf(-1)
+	for _, v := range row {
+		m = math.Max(m, v)
+	}
+	s := 0.0
+	for _, v := range row {
+		s += math.Exp(v - m)
+	}
+	return m + math.Log(s)
+}
+
+func refCrossEntropy(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
+	logits, labels := ins[0], ins[1]
+	c := int(n.Ins[0].Type.Dims[0])
+	loss := 0.0
+	for b := 0; b < env.Batch; b++ {
+		row := logits[b*c : (b+1)*c]
+		loss += logSumExp(row) - row[int(labels[b])]
+	}
+	return [][]float64{{loss / env.LossBatch()}}
+}
+
+func refCrossEntropyGrad(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
+	logits, labels := ins[0], ins[1]
+	c := int(n.Ins[0].Type.Dims[0])
+	d := make([]float64, len(logits))
+	inv := 1 / env.LossBatch()
+	for b := 0; b < env.Batch; b++ {
+		row := logits[b*c : (b+1)*c]
+		lse := logSumExp(row)
+		for j := range row {
+			d[b*c+j] = math.Exp(row[j]-lse) * inv
+		}
+		d[b*c+int(labels[b])] -= inv
+	}
+	return [][]float64{d}
+}
+
+// CountCorrect counts the rows of logits whose first maximum is the label.
+func CountCorrect(logits []float64, labels []int32, classes int) int {
+	correct := 0
+	for i, l := range labels {
+		row := logits[i*classes : (i+1)*classes]
+		best := 0
+		for c := range row {
+			if row[c] > row[best] {
+				best = c
+			}
+		}
+		if best == int(l) {
+			correct++
+		}
+	}
+	return correct
+}
