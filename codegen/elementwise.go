@@ -49,7 +49,7 @@ func elementwise(family string, extra func(n *ir.Node) map[string]any, consts ..
 		elems := out.Type.Elems(e.batch)
 		var suffix strings.Builder
 		for _, c := range consts {
-			fmt.Fprintf(&suffix, "_%s%s", strings.ToLower(c.Name), nameNumber(float64(float32(c.Value))))
+			fmt.Fprintf(&suffix, "_%s%s", strings.ToLower(c.Name), nameNumber(c.Value))
 		}
 		name := fmt.Sprintf("%s_%s_b%d%s", family, shapeName(out.Type.Dims), e.batch, suffix.String())
 		data := map[string]any{"Name": name, "Elems": elems}

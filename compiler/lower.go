@@ -130,8 +130,8 @@ func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
 		if math.Abs(v) > math.MaxFloat32 {
 			return dsl.Errorf(x.Pos, "%s: %s %s is beyond float32's range (%.3g): the trainers compute in float32", what, s.Name, x.Text, math.MaxFloat32).Span(exprSpan(x))
 		}
-		if v < s.Min || (s.Max > s.Min && v >= s.Max) {
-			if s.Max > s.Min {
+		if v < s.Min || (s.Max != 0 && v >= s.Max) {
+			if s.Max != 0 {
 				return dsl.Errorf(x.Pos, "%s: %s must be in [%g, %g), got %s", what, s.Name, s.Min, s.Max, x.Text).Span(exprSpan(x))
 			}
 			return dsl.Errorf(x.Pos, "%s: %s must be at least %g, got %s", what, s.Name, s.Min, x.Text).Span(exprSpan(x))

@@ -17,6 +17,7 @@ var _ = Register(ir.OpAdd, &Def{
 		Name: "add", Order: 80, Tensors: 2,
 		Shape: "two tensors of one shape -> that shape", PyTorch: "`a + b`",
 		Examples: []string{"add(x, y)"},
+		Torch:    []string{"x + y"},
 	},
 	Grad: passThrough,
 	Ref: func(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {

@@ -29,7 +29,7 @@ type ArgSpec struct {
 	Kind     ArgKind
 	Required bool
 	Min      float64 // inclusive lower bound for numbers
-	Max      float64 // exclusive upper bound when > Min (0: none)
+	Max      float64 // exclusive upper bound (0: none)
 	// MaxInt is an inclusive upper bound for integers (0: none) and MaxWhy
 	// says why, for the error.
 	MaxInt int64

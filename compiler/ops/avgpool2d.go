@@ -17,6 +17,8 @@ var _ = Register(ir.OpAvgPool2D, &Def{
 		Name: "avgpool2d", Aliases: []string{"avgpool"}, Order: 40, Tensors: 1, Args: poolArgs, Attrs: poolAttrsOf,
 		Shape: "as maxpool2d; padding counts in the average (PyTorch's `count_include_pad=True`)", PyTorch: "nn.AvgPool2d",
 		Examples: poolCalls("avgpool2d"),
+		Torch: []string{"F.avg_pool2d(x, 2)", "F.avg_pool2d(x, 3, stride=2, padding=1)",
+			"F.avg_pool2d(x, (3, 2), stride=(2, 1), padding=(1, 0))"},
 	},
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 		a := n.Attrs

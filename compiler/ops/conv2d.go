@@ -43,7 +43,7 @@ var _ = Register(ir.OpConv2D, &Def{
 		Name: "conv2d", Order: 10, Tensors: 1,
 		Args: []ArgSpec{
 			{Name: "out", Kind: ArgInt, Required: true, Min: 1, MaxInt: MaxOutFeatures, MaxWhy: outWhy, Doc: "output channels"},
-			{Name: "kernel", Kind: ArgIntPair, Required: true, Min: 1, MaxInt: MaxConvKernel, MaxWhy: "cnnc's convolution kernels take windows up to 32x32", Doc: "kernel size, k or [kh,kw]"},
+			{Name: "kernel", Kind: ArgIntPair, Required: true, Min: 1, MaxInt: MaxConvKernel, MaxWhy: "cnnc's convolution kernels take windows up to 32x32", Doc: "kernel size"},
 			{Name: "stride", Kind: ArgIntPair, Min: 1, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Default: "1", Doc: "stride"},
 			{Name: "padding", Kind: ArgIntPair, Min: 0, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Default: "0", Doc: "zero padding on each side"},
 			{Name: "bias", Kind: ArgBool, Default: "true", Doc: "learn a bias"},
@@ -57,6 +57,8 @@ var _ = Register(ir.OpConv2D, &Def{
 		PyTorch:  "nn.Conv2d",
 		Examples: []string{"conv2d(x, out=3, kernel=3)", "conv2d(x, out=3, kernel=3, stride=2, padding=1)",
 			"conv2d(x, out=3, kernel=[3,2], stride=[1,2], padding=[0,1], bias=false)"},
+		Torch: []string{"F.conv2d(x, weight, bias)", "F.conv2d(x, weight, bias, stride=2, padding=1)",
+			"F.conv2d(x, weight, None, stride=(1, 2), padding=(0, 1))"},
 	},
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, need []bool) []*ir.Value {
 		x, w := n.Ins[0], n.Ins[1]

@@ -16,7 +16,7 @@ var _ = Register(ir.OpCrossEntropy, &Def{
 	OpInfo: ir.OpInfo{Name: "cross_entropy", Infer: inferCrossEntropy, FLOPs: flopsCrossEntropy, Loss: true},
 	Doc:    "softmax cross-entropy of logits against class labels, mean over the batch",
 	DSL: &DSL{
-		Name: "cross_entropy", Order: 1000, Tensors: 2,
+		Name: "cross_entropy", Order: 1000, Tensors: 2, TensorNames: []string{"logits", "label"},
 		Shape:    "`[N]` logits and `class[N]` labels -> scalar: mean over the batch of `logsumexp(logits) - logits[label]`",
 		PyTorch:  "F.cross_entropy",
 		Examples: []string{"cross_entropy(x, label)"},

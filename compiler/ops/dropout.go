@@ -19,7 +19,7 @@ var _ = Register(ir.OpDropout, &Def{
 	Doc: "inverted dropout",
 	DSL: &DSL{
 		Name: "dropout", Order: 70, Tensors: 1,
-		Args:     []ArgSpec{{Name: "p", Kind: ArgFloat, Min: 0, Max: 1, Default: "0.5", Note: "in [0,1)", Doc: "probability of zeroing an element"}},
+		Args:     []ArgSpec{{Name: "p", Kind: ArgFloat, Min: 0, Max: 1, Default: "0.5", Doc: "probability of zeroing an element"}},
 		Attrs:    func(a Args) (ir.Attrs, error) { return ir.Attrs{P: a.Float("p", 0.5)}, nil },
 		Shape:    "same shape; kept elements scaled by 1/(1-p); the identity when evaluating",
 		PyTorch:  "nn.Dropout",

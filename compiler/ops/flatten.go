@@ -17,6 +17,7 @@ var _ = Register(ir.OpFlatten, &Def{
 		Name: "flatten", Order: 50, Tensors: 1,
 		Shape: "`[C,H,W]` -> `[C*H*W]`", PyTorch: "nn.Flatten",
 		Examples: []string{"flatten(x)"},
+		Torch:    []string{"torch.flatten(x, 1)"},
 	},
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.Emit(ir.OpReshape, n, ir.Attrs{Dims: n.Ins[0].Type.Dims}, n.Ins[0], dy)}

@@ -29,6 +29,8 @@ var _ = Register(ir.OpLinear, &Def{
 		ParamDoc: "`weight [out,F]`, `bias [out]`",
 		PyTorch:  "nn.Linear",
 		Examples: []string{"linear(x, out=5)", "linear(x, out=4, bias=false)"},
+		Torch:    []string{"F.linear(x, weight, bias)", "F.linear(x, weight)"},
+		Features: true,
 	},
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, need []bool) []*ir.Value {
 		x, w := n.Ins[0], n.Ins[1]

@@ -16,7 +16,7 @@ var poolAttrs = []ir.AttrSpec{ir.AttrKernel, ir.AttrStride, ir.AttrPad}
 
 // poolArgs are the arguments of both pools.
 var poolArgs = []ArgSpec{
-	{Name: "kernel", Kind: ArgIntPair, Required: true, Min: 1, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Doc: "window size, k or [kh,kw]"},
+	{Name: "kernel", Kind: ArgIntPair, Required: true, Min: 1, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Doc: "window size"},
 	{Name: "stride", Kind: ArgIntPair, Min: 1, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Default: "the kernel", Doc: "stride"},
 	{Name: "padding", Kind: ArgIntPair, Min: 0, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Default: "0", Note: "at most half the kernel", Doc: "padding on each side"},
 }
@@ -47,6 +47,8 @@ var _ = Register(ir.OpMaxPool2D, &Def{
 		Name: "maxpool2d", Aliases: []string{"maxpool"}, Order: 30, Tensors: 1, Args: poolArgs, Attrs: poolAttrsOf,
 		Shape: "`[C,H,W]` -> `[C, (H+2p-k)/s+1, ...]` (floor)", PyTorch: "nn.MaxPool2d",
 		Examples: poolCalls("maxpool2d"),
+		Torch: []string{"F.max_pool2d(x, 2)", "F.max_pool2d(x, 3, stride=2, padding=1)",
+			"F.max_pool2d(x, (3, 2), stride=(2, 1), padding=(1, 0))"},
 	},
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.Emit(ir.OpMaxPool2DGrad, n, n.Attrs, n.Ins[0], dy, n.Ins[0])}

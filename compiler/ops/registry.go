@@ -159,6 +159,7 @@ func Missing(d *Def) []string {
 		need(d.Grad != nil || d.NoGrad != "", "a gradient rule (Grad) or a reason for none (NoGrad)")
 		need(d.ONNX != nil || d.NoONNX != "", "an ONNX mapping (ONNX) or a reason for none (NoONNX)")
 		need(len(s.Examples) > 0, "example calls for the generic tests (DSL.Examples)")
+		need(len(s.Torch) == 0 || len(s.Torch) == len(s.Examples), "one PyTorch expression per example (DSL.Torch)")
 		for _, a := range s.Args {
 			need(a.Doc != "", fmt.Sprintf("a doc string for argument %s", a.Name))
 		}

@@ -17,6 +17,7 @@ var _ = Register(ir.OpReLU, &Def{
 		Name: "relu", Order: 20, Tensors: 1,
 		Shape: "same shape", PyTorch: "nn.ReLU",
 		Examples: []string{"relu(x)"},
+		Torch:    []string{"F.relu(x)"},
 	},
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.Emit(ir.OpReLUGrad, n, ir.Attrs{}, n.Ins[0], dy, n.Out())}

@@ -14,7 +14,9 @@ type DSL struct {
 	// the least number (concat takes two or more).
 	Tensors  int
 	Variadic bool
-	Args     []ArgSpec
+	// TensorNames name the tensor arguments in the docs (default x; a, b).
+	TensorNames []string
+	Args        []ArgSpec
 	// Attrs fills the IR attributes from the checked arguments (types are
 	// not known yet: padding="same" is resolved from kernel and dilation).
 	// An error is positioned at the argument it names (ArgError) or the
@@ -38,12 +40,21 @@ type DSL struct {
 	ParamDoc string // parameters and buffers with their shapes
 	PyTorch  string // the PyTorch module or function it matches
 
-	// Examples are calls on a tensor named x (and y, z for further
-	// tensor arguments) that the generic tests build models around:
-	// finite-difference gradients, kernels against the reference, PyTorch.
-	// x is [4,5,6] per sample (conv and pool ops) unless the op reads
-	// features ([F]): see the tests' harness.
-	Examples []string
+	// Examples are calls on tensors named x, y and z that the generic tests
+	// build models around (ExampleModel): finite-difference gradients in
+	// the reference, every kernel against the reference on the emulator,
+	// forward and backward against PyTorch. Features says the op reads
+	// feature vectors [F] (else maps [C,H,W]). TestScale, when set,
+	// scales the random inputs of the kernel and PyTorch tests so that
+	// every piece of a piecewise function is crossed (hardswish: ±3).
+	Examples  []string
+	Features  bool
+	TestScale float64
+	// Torch gives, per example, the PyTorch expression computing it from
+	// x, y, z and the parameters and buffers by suffix (weight, bias,
+	// running_mean, ...); F is torch.nn.functional. Empty: no PyTorch check
+	// (the op is checked against PyTorch elsewhere).
+	Torch []string
 }
 
 // ArgError is an error of DSL.Attrs about one argument, reported at it.
