@@ -21,6 +21,7 @@ type exampleCheck struct {
 	name  string
 	n     *ir.Node
 	scale float64 // of the random activations (ops.DSL.TestScale)
+	lr    float32 // the graph's learning rate (fused updates: the reference's)
 }
 
 // exampleChecks are the nodes of every DSL op's examples in the ops'
@@ -41,7 +42,7 @@ func exampleChecks(t *testing.T) ([]exampleCheck, []*ir.Node) {
 				if n.Name != ops.ExampleLayer || n.Op.Info().View {
 					continue
 				}
-				checks = append(checks, exampleCheck{name: call + ": " + n.Op.String(), n: n, scale: max(d.DSL.TestScale, 1)})
+				checks = append(checks, exampleCheck{name: call + ": " + n.Op.String(), n: n, scale: max(d.DSL.TestScale, 1), lr: float32(res.Graph.Opt.LR)})
 				nodes = append(nodes, n)
 			}
 		}
@@ -70,7 +71,7 @@ func TestEveryOpExampleKernels(t *testing.T) {
 				}
 			}
 			o := reference.NodeOptions{Training: true, Update: true, Seed: 7, Step: 3}
-			r, err := kernelcheck.Node(dev, prog, c.n, ins, kernelcheck.Scalars{LR: 0.05, Step: o.Step, Seed: o.Seed}, o)
+			r, err := kernelcheck.Node(dev, prog, c.n, ins, kernelcheck.Scalars{LR: c.lr, Step: o.Step, Seed: o.Seed}, o)
 			require.NoError(t, err, c.name)
 			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s: %s", c.name, r)
 			t.Logf("b%d %s: %s", batch, c.name, r)

@@ -10,7 +10,9 @@ import (
 //
 // Forward: conv2d [-> relu] [-> maxpool2d] becomes one conv2d_block (the
 // full-resolution conv output never exists; a pooled block saves its
-// pooled output and a packed argmax), linear [-> relu] one linear_block,
+// pooled output and a packed argmax) unless the conv is grouped or dilated
+// (then it runs its own direct kernels, and its parameters a separate
+// update), linear [-> relu] one linear_block,
 // cross_entropy one softmax_cross_entropy that also writes the logits'
 // gradient. Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
@@ -49,6 +51,13 @@ func fusePass(ctx *Context, g *ir.Graph) error {
 		}
 	}
 	return f.backward()
+}
+
+// fusableConv: the conv block kernels take plain convolutions; a grouped
+// or dilated conv2d runs its own (direct) kernels, reading the image as
+// f32 like any other layer.
+func fusableConv(n *ir.Node) bool {
+	return n.Op == ir.OpConv2D && n.Attrs.Dil() == [2]int64{1, 1} && n.Attrs.GroupCount() == 1
 }
 
 // MaxFusedPoolWindow is the largest max-pool window (in elements) a conv
@@ -93,7 +102,7 @@ func (f *fuser) convertImage(forward []*ir.Node) {
 		in.Type = ir.ImageU8Type(f32)
 		f.image = in
 		for _, r := range f.readers[in] {
-			if r.Op != ir.OpConv2D {
+			if !fusableConv(r) {
 				n := f.g.NewNode(ir.OpToTensor, in.Name, ir.Forward, in.Pos, []*ir.Value{in}, []string{in.Name + ".f32"}, ir.RoleActivation)
 				n.Out().Type = f32
 				f.g.Append(n)
@@ -109,12 +118,12 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 		return nil
 	}
 	var out *ir.Node
-	switch n.Op {
-	case ir.OpConv2D:
+	switch {
+	case fusableConv(n):
 		out = f.convBlock(n)
-	case ir.OpLinear:
+	case n.Op == ir.OpLinear:
 		out = f.linearBlock(n)
-	case ir.OpCrossEntropy:
+	case n.Op == ir.OpCrossEntropy:
 		out = f.g.NewNode(ir.OpSoftmaxCrossEntropy, n.Name, ir.Forward, n.Pos, []*ir.Value{f.val(n.Ins[0]), f.val(n.Ins[1])},
 			[]string{n.Out().Name, n.Ins[0].Name + ".grad", n.Name + ".correct"}, ir.RoleActivation)
 		out.Outs[0].Role = ir.RoleLoss

@@ -11,8 +11,9 @@ import (
 //
 //	y[b,o,oy,ox] = bias[o] + Σ_{c in o's group, ky, kx} w[o,c',ky,kx]·x[b,c,oy·sh-ph+ky·dh, ox·sw-pw+kx·dw]
 //
-// The fuse pass turns it (with a ReLU and a max-pool after it) into a
-// conv2d_block, whose kernels run it.
+// The fuse pass turns a plain one (with a ReLU and a max-pool after it)
+// into a conv2d_block, whose kernels run it; grouped and dilated convs run
+// the direct kernels (codegen/direct_conv.go).
 
 // Limits of the arguments, from what the generated kernels can launch.
 const (
@@ -45,20 +46,30 @@ var _ = Register(ir.OpConv2D, &Def{
 			{Name: "out", Kind: ArgInt, Required: true, Min: 1, MaxInt: MaxOutFeatures, MaxWhy: outWhy, Doc: "output channels"},
 			{Name: "kernel", Kind: ArgIntPair, Required: true, Min: 1, MaxInt: MaxConvKernel, MaxWhy: "cnnc's convolution kernels take windows up to 32x32", Doc: "kernel size"},
 			{Name: "stride", Kind: ArgIntPair, Min: 1, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Default: "1", Doc: "stride"},
-			{Name: "padding", Kind: ArgIntPair, Min: 0, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Default: "0", Doc: "zero padding on each side"},
+			{Name: "padding", Kind: ArgIntPairOrSame, Min: 0, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Default: "0",
+				Note: "`\"same\"` keeps the size: stride 1 and an odd kernel, padding dilation·(k-1)/2", Doc: "zero padding on each side"},
+			{Name: "dilation", Kind: ArgIntPair, Min: 1, MaxInt: MaxWindowArg, MaxWhy: windowWhy, Default: "1", Doc: "spacing of the kernel's taps"},
+			{Name: "groups", Kind: ArgInt, Min: 1, MaxInt: MaxOutFeatures, MaxWhy: outWhy, Default: "1",
+				Note: "divides the input channels and out; groups = input channels is a depthwise conv", Doc: "channel groups"},
 			{Name: "bias", Kind: ArgBool, Default: "true", Doc: "learn a bias"},
 		},
-		Attrs: func(a Args) (ir.Attrs, error) {
-			return ir.Attrs{Out: a.Int("out", 0), Kernel: a.Pair("kernel", 0), Stride: a.Pair("stride", 1), Pad: a.Pair("padding", 0)}, nil
-		},
+		Attrs: convAttrsOf,
 		Params:   weightAndBias,
-		Shape:    "`[C,H,W]` -> `[out, (H+2ph-kh)/sh+1, (W+2pw-kw)/sw+1]` (floor)",
-		ParamDoc: "`weight [out,C,kh,kw]`, `bias [out]`",
+		Shape:    "`[C,H,W]` -> `[out, (H+2ph-dh(kh-1)-1)/sh+1, (W+2pw-dw(kw-1)-1)/sw+1]` (floor)",
+		ParamDoc: "`weight [out,C/groups,kh,kw]`, `bias [out]`",
 		PyTorch:  "nn.Conv2d",
 		Examples: []string{"conv2d(x, out=3, kernel=3)", "conv2d(x, out=3, kernel=3, stride=2, padding=1)",
-			"conv2d(x, out=3, kernel=[3,2], stride=[1,2], padding=[0,1], bias=false)"},
+			"conv2d(x, out=3, kernel=[3,2], stride=[1,2], padding=[0,1], bias=false)",
+			"conv2d(x, out=6, kernel=3, groups=2, padding=\"same\")",
+			"conv2d(x, out=4, kernel=3, groups=4, stride=2, padding=1)",
+			"conv2d(x, out=5, kernel=[3,1], dilation=[2,3], padding=[2,1])",
+			"conv2d(x, out=4, kernel=[3,5], dilation=2, padding=\"same\", groups=4, bias=false)"},
 		Torch: []string{"F.conv2d(x, weight, bias)", "F.conv2d(x, weight, bias, stride=2, padding=1)",
-			"F.conv2d(x, weight, None, stride=(1, 2), padding=(0, 1))"},
+			"F.conv2d(x, weight, None, stride=(1, 2), padding=(0, 1))",
+			"F.conv2d(x, weight, bias, groups=2, padding='same')",
+			"F.conv2d(x, weight, bias, groups=4, stride=2, padding=1)",
+			"F.conv2d(x, weight, bias, dilation=(2, 3), padding=(2, 1))",
+			"F.conv2d(x, weight, None, dilation=2, padding='same', groups=4)"},
 	},
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, need []bool) []*ir.Value {
 		x, w := n.Ins[0], n.Ins[1]
@@ -74,8 +85,10 @@ var _ = Register(ir.OpConv2D, &Def{
 		}
 		return gs
 	},
-	Ref:    refConv2D,
-	Kernel: Kernel{ReplacedBy: "conv2d_block"},
+	Ref: refConv2D,
+	// plain convs run in conv2d_block (the fuse pass); grouped and dilated
+	// ones in the direct family
+	Kernel: Kernel{Custom: "direct_conv"},
 	ONNX: &ONNX{Op: "Conv", Attrs: func(n *ir.Node) []ONNXAttr {
 		// weight [out,C/groups,kh,kw] and bias [out] are Conv's W and B as they are
 		d := n.Attrs.Dil()
@@ -91,7 +104,7 @@ var _ = Register(ir.OpConv2DGradInput, &Def{
 	Doc:    "the gradient of a conv2d's input: the transposed convolution of dy",
 	NoGrad: "a gradient op",
 	Ref:    refConv2DGradInput,
-	Kernel: Kernel{ReplacedBy: "conv2d_block_grad_input"},
+	Kernel: Kernel{Custom: "direct_conv"},
 })
 
 var _ = Register(ir.OpConv2DGradWeight, &Def{
@@ -102,7 +115,7 @@ var _ = Register(ir.OpConv2DGradWeight, &Def{
 	Doc:    "the gradient of a conv2d's weight: dy correlated with the input",
 	NoGrad: "a gradient op",
 	Ref:    refConv2DGradWeight,
-	Kernel: Kernel{ReplacedBy: "conv2d_block_grad_weight"},
+	Kernel: Kernel{Custom: "direct_conv"},
 })
 
 var _ = Register(ir.OpConv2DGradBias, &Def{
@@ -110,8 +123,30 @@ var _ = Register(ir.OpConv2DGradBias, &Def{
 	Doc:    "the gradient of a conv2d's bias: dy summed over batch and space",
 	NoGrad: "a gradient op",
 	Ref:    refConv2DGradBias,
-	Kernel: Kernel{ReplacedBy: "conv2d_block_grad_weight"},
+	Kernel: Kernel{Custom: "direct_conv"},
 })
+
+// convAttrsOf reads a conv2d call's arguments; padding="same" becomes the
+// symmetric padding that keeps the size, which needs stride 1 (as
+// PyTorch) and an odd kernel (PyTorch would pad one side more).
+func convAttrsOf(a Args) (ir.Attrs, error) {
+	at := ir.Attrs{Out: a.Int("out", 0), Kernel: a.Pair("kernel", 0), Stride: a.Pair("stride", 1),
+		Dilation: a.Pair("dilation", 1), Groups: a.Int("groups", 1)}
+	if a.String("padding", "") != "same" {
+		at.Pad = a.Pair("padding", 0)
+		return at, nil
+	}
+	if at.Stride != [2]int64{1, 1} {
+		return at, &ArgError{Arg: "padding", Msg: fmt.Sprintf("padding=\"same\" needs stride 1 (the output keeps the input's size), but stride is %dx%d", at.Stride[0], at.Stride[1])}
+	}
+	for i, k := range at.Kernel {
+		if k%2 == 0 {
+			return at, &ArgError{Arg: "padding", Msg: fmt.Sprintf("padding=\"same\" needs an odd kernel, but it is %dx%d: an even one would pad one side more (write the padding out)", at.Kernel[0], at.Kernel[1])}
+		}
+		at.Pad[i] = at.Dilation[i] * (k - 1) / 2
+	}
+	return at, nil
+}
 
 // weightAndBias: a weight (kaiming_uniform) and, unless bias=false, a bias
 // (uniform over ±1/sqrt(fan_in)), PyTorch's defaults.
