@@ -53,7 +53,7 @@ var _ = Register(ir.OpConv2D, &Def{
 				Note: "divides the input channels and out; groups = input channels is a depthwise conv", Doc: "channel groups"},
 			{Name: "bias", Kind: ArgBool, Default: "true", Doc: "learn a bias"},
 		},
-		Attrs: convAttrsOf,
+		Attrs:    convAttrsOf,
 		Params:   weightAndBias,
 		Shape:    "`[C,H,W]` -> `[out, (H+2ph-dh(kh-1)-1)/sh+1, (W+2pw-dw(kw-1)-1)/sw+1]` (floor)",
 		ParamDoc: "`weight [out,C/groups,kh,kw]`, `bias [out]`",
