@@ -23,35 +23,45 @@ func init() {
 }
 
 // elementwiseRule is the rule of an op bound to an elementwise template:
-// its constants, as C float literals, go to the template (Consts) and into
-// the kernel's name.
+// its constants, as C float literals, go to the template (Consts) and
+// into the kernel's name, as do the binding's Data and Suffix.
 func elementwiseRule(k ops.Kernel) rule {
 	return func(e *emitter, n *ir.Node) error {
 		var consts []ops.Const
 		if k.Consts != nil {
 			consts = k.Consts(&n.Attrs)
 		}
+		var suffix strings.Builder
+		for _, c := range consts {
+			fmt.Fprintf(&suffix, "_%s%s", strings.ToLower(c.Name), nameNumber(c.Value))
+		}
+		if k.Suffix != nil {
+			suffix.WriteString("_" + k.Suffix(n))
+		}
 		return elementwise(k.Elementwise, func(*ir.Node) map[string]any {
 			cs := map[string]string{}
 			for _, c := range consts {
 				cs[c.Name] = cFloat(c.Value)
 			}
-			return map[string]any{"Consts": cs}
-		}, consts...)(e, n)
+			data := map[string]any{"Consts": cs}
+			if k.Data != nil {
+				for name, v := range k.Data(n) {
+					data[name] = v
+				}
+			}
+			return data
+		}, suffix.String())(e, n)
 	}
 }
 
 // elementwise makes the rule of a kernel whose arguments are the node's
-// inputs then its output, over the output's elements.
-func elementwise(family string, extra func(n *ir.Node) map[string]any, consts ...ops.Const) rule {
+// inputs then its output, over the output's elements; suffix ends the
+// kernel's name.
+func elementwise(family string, extra func(n *ir.Node) map[string]any, suffix ...string) rule {
 	return func(e *emitter, n *ir.Node) error {
 		out := n.Out()
 		elems := out.Type.Elems(e.batch)
-		var suffix strings.Builder
-		for _, c := range consts {
-			fmt.Fprintf(&suffix, "_%s%s", strings.ToLower(c.Name), nameNumber(c.Value))
-		}
-		name := fmt.Sprintf("%s_%s_b%d%s", family, shapeName(out.Type.Dims), e.batch, suffix.String())
+		name := fmt.Sprintf("%s_%s_b%d%s", family, shapeName(out.Type.Dims), e.batch, strings.Join(suffix, ""))
 		data := map[string]any{"Name": name, "Elems": elems}
 		if extra != nil {
 			for k, v := range extra(n) {

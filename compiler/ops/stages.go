@@ -153,6 +153,11 @@ type Kernel struct {
 	// slope): the template reads them by name as C float literals, and the
 	// kernel's name carries their values.
 	Consts func(a *ir.Attrs) []Const
+	// Data adds template fields computed from the node (the integer shapes
+	// a reduction or a copy compiles in), and Suffix names them in the
+	// kernel's name where its output's shape does not show them.
+	Data   func(n *ir.Node) map[string]any
+	Suffix func(n *ir.Node) string
 	// Custom names the template family of an op whose launches a rule in
 	// codegen makes (conv and linear blocks, pools, the loss, updates); the
 	// codegen tests check that every such op has its rule.

@@ -204,14 +204,27 @@ func torchOpCase(t *testing.T, g *ir.Graph, d *ops.Def, call, expr string, seed 
 			if v.Param != nil && v.Role == ir.RoleGrad {
 				r.grads[names[v.Param.Value]] = outs[i]
 			}
+			// an input the op reads twice (concat(x, x)) gets a gradient
+			// from each read, which the engine sums at its producer
 			for in, name := range names {
 				if v.Role == ir.RoleActGrad && (v.Name == in.Name+".grad" || strings.HasPrefix(v.Name, in.Name+".grad.")) {
-					r.grads[name] = outs[i] // the last is the sum
+					r.grads[name] = addTo(r.grads[name], outs[i])
 				}
 			}
 		}
 	}
 	return c, r
+}
+
+// addTo returns sum + x elementwise (x when sum is nil).
+func addTo(sum, x []float64) []float64 {
+	if sum == nil {
+		return append([]float64(nil), x...)
+	}
+	for i := range sum {
+		sum[i] += x[i]
+	}
+	return sum
 }
 
 func inputs(n *ir.Node, vals map[*ir.Value][]float64) [][]float64 {
