@@ -334,14 +334,16 @@ func (b *builder) Node(op string, ins, outs []string, attrs ...ops.ONNXAttr) {
 	b.node(Node{Name: outs[0], OpType: op, Inputs: ins, Outputs: outs, Attrs: as, DocString: b.doc})
 }
 
-// Const adds a float32 initializer that is not a parameter.
+// Const adds a float32 constant that is not a parameter: a Constant
+// operator, so that the initializers are the model's parameters only.
 func (b *builder) Const(base string, dims []int64, vals []float32) string {
 	name := b.names.unique(base)
 	raw := make([]byte, 4*len(vals))
 	for i, v := range vals {
 		binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
 	}
-	b.initializer(name, dims, raw)
+	t := &Tensor{Name: name, DataType: DataFloat, Dims: dims, Raw: raw}
+	b.node(Node{Name: name, OpType: "Constant", Outputs: []string{name}, Attrs: []Attr{{Name: "value", Type: AttrTensor, T: t}}, DocString: b.doc})
 	return name
 }
 

@@ -31,6 +31,7 @@ var models = []model{
 	{name: "mnist", path: "../../examples/mnist.cnn", trainBatch: 16, steps: 5, evalBatches: []int{8, 3}},
 	{name: "simplecnn", path: "../../examples/simplecnn.cnn", trainBatch: 4, steps: 2, evalBatches: []int{4, 2}},
 	{name: "allops", path: "testdata/allops.cnn", trainBatch: 8, steps: 10, evalBatches: []int{8, 3}},
+	{name: "newops", path: "testdata/newops.cnn", trainBatch: 8, steps: 10, evalBatches: []int{8, 3}},
 	{name: "names", path: "testdata/names.cnn", trainBatch: 8, steps: 5, evalBatches: []int{8}},
 }
 

@@ -50,22 +50,25 @@ type Node struct {
 	DocString string
 }
 
-// Attr is AttributeProto: a FLOAT, INT or INTS attribute (all cnnc needs).
+// Attr is AttributeProto: a FLOAT, INT, INTS or TENSOR attribute (all
+// cnnc needs).
 type Attr struct {
 	Name string
 	Type AttrType
 	F    float32
 	I    int64
 	Ints []int64
+	T    *Tensor
 }
 
 // AttrType is AttributeProto.AttributeType.
 type AttrType int64
 
 const (
-	AttrFloat AttrType = 1
-	AttrInt   AttrType = 2
-	AttrInts  AttrType = 7
+	AttrFloat  AttrType = 1
+	AttrInt    AttrType = 2
+	AttrTensor AttrType = 4
+	AttrInts   AttrType = 7
 )
 
 func intAttr(name string, v int64) Attr      { return Attr{Name: name, Type: AttrInt, I: v} }
@@ -171,6 +174,8 @@ func (a *Attr) marshal() []byte {
 		e.fixed32(2, math.Float32bits(a.F))
 	case AttrInt:
 		e.varint(3, uint64(a.I))
+	case AttrTensor:
+		e.msg(5, a.T.marshal())
 	case AttrInts:
 		for _, v := range a.Ints {
 			e.varint(8, uint64(v))
