@@ -202,6 +202,7 @@ var tmpl = template.Must(template.New("cu").Funcs(template.FuncMap{
 type emitter struct {
 	prog    *Program
 	batch   int64
+	eval    bool // evaluation's kernels (Options.Eval)
 	kernels map[string]*Kernel
 }
 
@@ -266,7 +267,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 		return nil, fmt.Errorf("codegen: batch must be positive, got %d", opts.Batch)
 	}
 	p := &Program{Model: model, Batch: opts.Batch, Views: map[*ir.Value]*ir.Value{}}
-	e := &emitter{prog: p, batch: opts.Batch, kernels: map[string]*Kernel{}}
+	e := &emitter{prog: p, batch: opts.Batch, eval: opts.Eval, kernels: map[string]*Kernel{}}
 	for seq, it := range items {
 		n := it.node
 		e.batch = it.batch

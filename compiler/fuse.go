@@ -138,9 +138,15 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 				ins[i] = f.tensor
 			}
 		}
-		out = f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, []string{n.Out().Name}, ir.RoleActivation)
+		var names []string
+		for _, o := range n.Outs {
+			names = append(names, o.Name)
+		}
+		out = f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, names, ir.RoleActivation)
 		out.Attrs = n.Attrs
-		f.repl[n.Out()] = out.Out()
+		for i, o := range n.Outs {
+			f.repl[o] = out.Outs[i]
+		}
 	}
 	if err := inferNode(out); err != nil {
 		return fmt.Errorf("fuse: %s: %v", out.Text(), err)

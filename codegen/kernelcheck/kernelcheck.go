@@ -68,6 +68,12 @@ func Encode(t ir.Type, vals []float64, batch int64) []byte {
 			binary.LittleEndian.PutUint32(out[4*i:], w)
 		}
 		return out
+	case ir.I64:
+		out := make([]byte, 8*len(vals))
+		for i, v := range vals {
+			binary.LittleEndian.PutUint64(out[8*i:], uint64(int64(v)))
+		}
+		return out
 	}
 	out := make([]byte, 4*len(vals))
 	for i, v := range vals {
@@ -98,6 +104,12 @@ func Decode(t ir.Type, b []byte, batch int64) []float64 {
 			words[i] = binary.LittleEndian.Uint32(b[4*i:])
 		}
 		return codegen.UnpackArgmax(words, t.Bits, n)
+	case ir.I64:
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = float64(int64(binary.LittleEndian.Uint64(b[8*i:])))
+		}
+		return out
 	}
 	out := make([]float64, n)
 	for i := range out {
@@ -165,10 +177,13 @@ func RandomInputs(n *ir.Node, batch int64, rng *rand.Rand) [][]float64 {
 				vals[j] = float64(rng.Int64N(t.Classes))
 			case ir.Argmax:
 				vals[j] = float64(rng.Int64N(windowElems(n)))
+			case ir.I64:
+				vals[j] = float64(rng.IntN(1000))
 			default:
 				vals[j] = float64(float32(2*rng.Float64() - 1))
-				if v.Role == ir.RoleOptState {
-					vals[j] = math.Abs(vals[j]) // Adam's second moment is non-negative
+				if v.Role == ir.RoleOptState || v.Role == ir.RoleBuffer {
+					// Adam's second moment, batch norm's running variance: non-negative
+					vals[j] = math.Abs(vals[j])
 				}
 			}
 		}
@@ -233,6 +248,11 @@ func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64,
 			for _, s := range p.State {
 				updated[s] = true
 			}
+		}
+	}
+	if o.Update && o.Training {
+		for _, i := range n.MutatedInputs() { // batch norm's running statistics
+			updated[n.Ins[i]] = true
 		}
 	}
 	ptrs := map[*ir.Value]device.Ptr{}

@@ -29,10 +29,11 @@ const (
 	Class         // class label, int32 in [0, Classes)
 	U8            // raw image bytes
 	Argmax        // a max-pool window's argmax index, Type.Bits bits each, packed in 32-bit words
+	I64           // a 64-bit integer (batch norm's num_batches_tracked)
 )
 
 func (d DType) String() string {
-	return [...]string{"?", "f32", "class", "u8", "argmax"}[d]
+	return [...]string{"?", "f32", "class", "u8", "argmax", "i64"}[d]
 }
 
 // ElemBytes is the size of one element in memory.
@@ -42,6 +43,8 @@ func (d DType) ElemBytes() int64 {
 		return 4
 	case U8:
 		return 1
+	case I64:
+		return 8
 	}
 	return 0
 }

@@ -169,6 +169,13 @@ func torchOpCase(t *testing.T, g *ir.Graph, d *ops.Def, call, expr string, seed 
 			if v.Role == ir.RoleParam {
 				c.Grad = append(c.Grad, name)
 			}
+			if v.Type.DType == ir.I64 {
+				// a counter (num_batches_tracked): PyTorch's functional
+				// batch norm has none
+				data[0] = 0
+				vals[v] = data
+				continue
+			}
 			vals[v], names[v] = data, name
 			c.Tensors[name] = torchTensor{Shape: shapeAt(v.Type, batch), Data: append([]float64(nil), data...)}
 		}
@@ -239,5 +246,5 @@ func shapeAt(t ir.Type, batch int64) []int64 {
 	if t.Batched {
 		return append([]int64{batch}, t.Dims...)
 	}
-	return append([]int64(nil), t.Dims...)
+	return append([]int64{}, t.Dims...)
 }
