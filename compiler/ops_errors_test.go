@@ -28,6 +28,18 @@ var opErrorCases = []struct {
 		[]string{"m.cnn:2:7: sigmoid takes 1 tensor argument, got 2"}},
 	{"activation keyword", header + "  a = gelu(image, approximate=\"tanh\")\n}\n",
 		[]string{"m.cnn:2:19: gelu has no argument \"approximate\"", "gelu takes no keyword arguments"}},
+	{"batch norm of one value per channel", "model M(image: f32[3,8,8], label: class[10]) {\n  h = linear(flatten(image), out=16)\n  n = batchnorm1d(h)\n  f = linear(n, out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  batch = 1\n}\n",
+		[]string{"m.cnn:3:7: n: batch norm needs more than one value per channel to train, but a batch of 1 [B,16] gives one", "the batch is set at m.cnn:8:11"}},
+	{"batch norm of maps as features", header + "  n = batchnorm1d(image)\n  f = linear(flatten(n), out=10)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:2:7: n: batchnorm1d normalises features [B,F], but image is f32[B,3,32,32]: batchnorm2d normalises maps"}},
+	{"batch norm of features as maps", header + "  h = linear(flatten(image), out=16)\n  n = batchnorm2d(h)\n  f = linear(n, out=10)\n  loss = cross_entropy(f, label)\n}\n",
+		[]string{"m.cnn:3:7: n: batchnorm2d normalises maps [B,C,H,W], but h is f32[B,16]: batchnorm1d normalises features"}},
+	{"batch norm momentum", header + "  n = batchnorm2d(image, momentum=2)\n}\n",
+		[]string{"m.cnn:2:35: batchnorm2d: momentum must be at most 1 (the batch's weight in the running statistics), got 2"}},
+	{"batch norm eps", header + "  n = batchnorm2d(image, eps=0)\n}\n",
+		[]string{"m.cnn:2:30: batchnorm2d: eps must be positive, got 0"}},
+	{"batch norm affine", header + "  n = batchnorm2d(image, affine=1)\n}\n",
+		[]string{"m.cnn:2:33: batchnorm2d: affine must be true or false, got integer 1"}},
 }
 
 func init() { errorCases = append(errorCases, opErrorCases...) }

@@ -92,6 +92,12 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 			return nil, err
 		}
 	}
+	for _, p := range g.Buffers {
+		persistent[p.Value] = true
+		if err := s.upload(p.Value, ref.Params[p]); err != nil {
+			return nil, err
+		}
+	}
 	var written []*ir.Value // what the step computes
 	for _, n := range g.Nodes {
 		for _, v := range n.Outs {
@@ -204,6 +210,11 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 		}
 		for _, v := range g.State {
 			if _, err := s.check(&rep, v, v.Name, ref.State[v], true); err != nil {
+				return reports, err
+			}
+		}
+		for _, p := range g.Buffers {
+			if _, err := s.check(&rep, p.Value, p.Name, ref.Params[p], true); err != nil {
 				return reports, err
 			}
 		}

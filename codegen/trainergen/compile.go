@@ -195,7 +195,7 @@ func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
+	isParam := persistentValue
 	inputs := []*ir.Value{res.Graph.Inputs[0], res.Graph.Inputs[1]}
 	place, err := NewPlanLayout(p, train)
 	if err != nil {

@@ -106,7 +106,7 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 	if p.EvalInTrainArena {
 		evalArena = trainer.TrainArena
 	}
-	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
+	isParam := persistentValue
 	place := func(prog *codegen.Program, v *ir.Value, eval bool) (trainer.Arena, int64, error) {
 		v = prog.Buffer(v)
 		if !eval || isParam(v) {
@@ -135,8 +135,16 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.InitBound = reference.InitBound(par.Init)
+		setInit(&t, par)
 		spec.Params = append(spec.Params, t)
+	}
+	for _, par := range g.Buffers {
+		t, err := tensor(p.Train, par.Value, par.Name, false)
+		if err != nil {
+			return nil, err
+		}
+		setInit(&t, par)
+		spec.Buffers = append(spec.Buffers, t)
 	}
 	for _, s := range g.State {
 		t, err := tensor(p.Train, s, "optimizer."+s.Name, false)
@@ -231,4 +239,23 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 		st.Launches = append(st.Launches, tl)
 	}
 	return st, nil
+}
+
+// persistentValue: the values that live in the training arena between
+// steps (parameters, buffers, optimizer state), which evaluation reads
+// where training keeps them.
+func persistentValue(v *ir.Value) bool {
+	return v.Role == ir.RoleParam || v.Role == ir.RoleOptState || v.Role == ir.RoleBuffer
+}
+
+// setInit gives a parameter's or buffer's tensor its initialisation (as
+// reference.InitParam's) and element type.
+func setInit(t *trainer.Tensor, par *ir.Param) {
+	t.InitBound = reference.InitBound(par.Init)
+	if par.Init.Kind == ir.InitOnes {
+		t.InitValue = 1
+	}
+	if par.Value.Type.DType == ir.I64 {
+		t.DType = trainer.DTypeI64
+	}
 }

@@ -129,6 +129,24 @@ func (a *analysis) ownerOf(n *ir.Node) int {
 	return -1
 }
 
+// coupledError: a micro-batch loop would hold a batch-coupled node.
+type coupledError struct{ n *ir.Node }
+
+func (e *coupledError) Error() string {
+	return fmt.Sprintf("%s (%s) reads the whole batch and cannot run in a micro-batch loop", e.n.Name, e.n.Op)
+}
+
+// firstCoupled is the first forward node whose output depends on other
+// samples of the batch (batch norm's statistics), or nil.
+func (a *analysis) firstCoupled() *ir.Node {
+	for _, n := range a.fwd {
+		if n.Op.Info().BatchCoupled {
+			return n
+		}
+	}
+	return nil
+}
+
 // layerName names a forward node for reports: its layer, or its output.
 func layerName(n *ir.Node) string {
 	if n.Name != "" {

@@ -100,6 +100,9 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 		}
 		p.Params = append(p.Params, pp)
 	}
+	for _, pr := range c.g.Buffers {
+		p.ModelBuffers = append(p.ModelBuffers, Param{Name: pr.Name, Shape: pr.Value.Type.Dims, Init: pr.Init.String(), Buffer: bufOf[pr.Value], State: []int{}})
+	}
 	split := map[string]bool{}
 	for _, w := range c.split {
 		split[w.Name] = true

@@ -148,13 +148,16 @@ func Export(g *ir.Graph, w Weights, opts Options) (*Model, error) {
 	b.names.reserve(InputName)
 	b.names.reserve(OutputName)
 	used := usedParams(nodes)
-	for _, p := range g.Params {
+	// the parameters, then the buffers the export reads (batch norm's
+	// running statistics; not its batch count), in the model's order (the
+	// checkpoint's)
+	state := append(append([]*ir.Param{}, g.Params...), g.Buffers...)
+	for _, p := range state {
 		if used[p] {
 			b.names.reserve(p.Name)
 		}
 	}
-	// the parameters, in the model's order (the checkpoint's)
-	for _, p := range g.Params {
+	for _, p := range state {
 		if !used[p] {
 			continue
 		}
@@ -256,7 +259,7 @@ func usedParams(nodes []*ir.Node) map[*ir.Param]bool {
 	used := map[*ir.Param]bool{}
 	for _, n := range nodes {
 		for _, v := range n.Ins {
-			if v.Role == ir.RoleParam {
+			if v.Role == ir.RoleParam || (v.Role == ir.RoleBuffer && v.Type.DType == ir.F32) {
 				used[v.Param] = true
 			}
 		}

@@ -147,12 +147,11 @@ func f32bytes(vals []float32) []byte { return checkpoint.F32Tensor("", nil, vals
 
 func bytesf32(b []byte) []float32 { return checkpoint.Tensor{Data: b}.Float32s() }
 
-// InitParams sets every parameter to its initial values for seed and
-// zeroes the optimizer state, as the float64 reference does.
+// InitParams sets every parameter and buffer to its initial values for
+// seed and zeroes the optimizer state, as the float64 reference does.
 func (s *Session) InitParams(seed uint64) error {
-	for _, p := range s.Spec.Params {
-		vals := initparam.Uniform(p.Name, seed, p.InitBound, int(p.Elems()))
-		if err := s.Dev.CopyIn(s.addr(p.Arena, p.Offset), f32bytes(vals)); err != nil {
+	for _, p := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...) {
+		if err := s.Dev.CopyIn(s.addr(p.Arena, p.Offset), initialBytes(p, seed)); err != nil {
 			return err
 		}
 	}
@@ -163,6 +162,25 @@ func (s *Session) InitParams(seed uint64) error {
 	}
 	s.Step = 0
 	return nil
+}
+
+// initialBytes are t's initial contents: uniform for seed, or constant.
+func initialBytes(t Tensor, seed uint64) []byte {
+	switch {
+	case t.DType == DTypeI64:
+		b := make([]byte, t.Bytes())
+		for i := int64(0); i < t.Elems(); i++ {
+			binary.LittleEndian.PutUint64(b[8*i:], uint64(int64(t.InitValue)))
+		}
+		return b
+	case t.InitBound == 0:
+		vals := make([]float32, t.Elems())
+		for i := range vals {
+			vals[i] = float32(t.InitValue)
+		}
+		return f32bytes(vals)
+	}
+	return f32bytes(initparam.Uniform(t.Name, seed, t.InitBound, int(t.Elems())))
 }
 
 // ReadTensor returns a tensor's values from the device.
@@ -516,13 +534,21 @@ const (
 	formatVersion = "cnnc-checkpoint-1"
 )
 
-// checkpointTensors reads the parameters and optimizer state from the
-// device. A non-finite value is an error naming the tensor: such a
+// checkpointTensors reads the parameters, buffers and optimizer state from
+// the device. A non-finite value is an error naming the tensor: such a
 // checkpoint could not be resumed (Load refuses it), so it must never
 // replace a good one.
 func (s *Session) checkpointTensors() ([]checkpoint.Tensor, error) {
 	var ts []checkpoint.Tensor
-	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
+	for _, t := range s.Spec.persistent() {
+		if t.DType == DTypeI64 {
+			b := make([]byte, t.Bytes())
+			if err := s.Dev.CopyOut(b, s.addr(t.Arena, t.Offset)); err != nil {
+				return nil, err
+			}
+			ts = append(ts, checkpoint.Tensor{Name: t.Name, DType: checkpoint.I64, Shape: t.Shape, Data: b})
+			continue
+		}
 		vals, err := s.ReadTensor(t)
 		if err != nil {
 			return nil, err
@@ -609,8 +635,8 @@ func (s *Session) Decode(r io.Reader, withState bool) (map[string]string, error)
 // anything is written to the device.
 func (s *Session) decode(r io.Reader, withState bool, check func(meta map[string]string) error) (map[string]string, error) {
 	limit := int64(8 + maxHeader)
-	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
-		limit += 4 * t.Elems()
+	for _, t := range s.Spec.persistent() {
+		limit += t.Bytes()
 	}
 	b, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
@@ -629,14 +655,23 @@ func (s *Session) decode(r io.Reader, withState bool, check func(meta map[string
 func (s *Session) load(f *checkpoint.File, name string, withState bool, check func(map[string]string) error) (map[string]string, error) {
 	type write struct {
 		t    Tensor
-		vals []float32
+		data []byte
 	}
 	var writes []write
-	want := s.Spec.Params
+	// the model's state: parameters and buffers; with state, the optimizer's
+	want := append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...)
 	if withState {
-		want = append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...)
+		want = append(want, s.Spec.State...)
 	}
 	for _, t := range want {
+		if t.DType == DTypeI64 {
+			ct, err := f.Expect(t.Name, checkpoint.I64, t.Shape)
+			if err != nil {
+				return nil, err
+			}
+			writes = append(writes, write{t, ct.Data})
+			continue
+		}
 		ct, err := f.Expect(t.Name, checkpoint.F32, t.Shape)
 		if err != nil {
 			return nil, err
@@ -645,7 +680,7 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 		if i, bad := firstNonFinite(vals); bad {
 			return nil, fmt.Errorf("%s: tensor %q holds %v at element %d", name, t.Name, vals[i], i)
 		}
-		writes = append(writes, write{t, vals})
+		writes = append(writes, write{t, ct.Data})
 	}
 	var step int64
 	if withState {
@@ -661,7 +696,7 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 		}
 	}
 	for _, w := range writes {
-		if err := s.WriteTensor(w.t, w.vals); err != nil {
+		if err := s.Dev.CopyIn(s.addr(w.t.Arena, w.t.Offset), w.data); err != nil {
 			return nil, err
 		}
 	}

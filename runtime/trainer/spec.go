@@ -68,8 +68,25 @@ type Tensor struct {
 	Arena  Arena
 	Offset int64
 	// InitBound is the half-width of the uniform initial distribution
-	// (parameters only; see runtime/initparam).
+	// (parameters only; see runtime/initparam); 0: every element starts
+	// as InitValue (batch norm's weight and running variance 1; its bias,
+	// running mean and batch count 0).
 	InitBound float64
+	InitValue float64
+	// DType is the element type: "" for float32, "i64" for a 64-bit
+	// integer (batch norm's num_batches_tracked).
+	DType string
+}
+
+// DTypeI64 marks an int64 tensor.
+const DTypeI64 = "i64"
+
+// Bytes is the tensor's size in memory.
+func (t Tensor) Bytes() int64 {
+	if t.DType == DTypeI64 {
+		return 8 * t.Elems()
+	}
+	return 4 * t.Elems()
 }
 
 // Elems is the element count.
@@ -129,9 +146,19 @@ type Spec struct {
 	// space, and the session then evaluates a batch in chunks.
 	EvalBatch int
 	Params    []Tensor
-	State     []Tensor // named optimizer.<param>.<state>
-	Train     Step
-	Eval      Step
+	// Buffers are the model's state that is not trained (batch norm's
+	// running statistics), saved with the parameters under their
+	// state_dict names.
+	Buffers []Tensor
+	State   []Tensor // named optimizer.<param>.<state>
+	Train   Step
+	Eval    Step
+}
+
+// persistent lists the tensors that outlive a step: parameters, buffers,
+// optimizer state.
+func (s *Spec) persistent() []Tensor {
+	return append(append(append([]Tensor{}, s.Params...), s.Buffers...), s.State...)
 }
 
 // Validate checks the spec's internal consistency (generated specs always
@@ -152,8 +179,8 @@ func (s *Spec) Validate() error {
 		}
 		return nil
 	}
-	for _, p := range append(append([]Tensor{}, s.Params...), s.State...) {
-		if err := check("tensor", p, 4*p.Elems()); err != nil {
+	for _, p := range s.persistent() {
+		if err := check("tensor", p, p.Bytes()); err != nil {
 			return err
 		}
 	}
