@@ -82,6 +82,15 @@ func errorBound(t *testing.T, ev *evaluation) ([]float64, int64) {
 			d = axpy(gamma(k+1), w.run(nd, abs), w.run(nd, id(in)))
 		case ops.Concat:
 			d = w.run(nd, w.errsOf(nd)...) // a copy: each element keeps its error
+		case ops.BatchNormStats:
+			// evaluation: the running statistics, exact inputs; the
+			// normalisation's bound covers computing invstd from them
+			for _, o := range nd.Outs {
+				w.errs[o] = zero(w.val(o))
+			}
+			continue
+		case ops.BatchNorm2D, ops.BatchNorm1D:
+			d = w.bnBound(nd, in)
 		default:
 			if f, ok := activations[nd.Op]; ok {
 				d = axpy(f.lipschitz(nd), in, f.rounding(w, nd))
@@ -152,6 +161,20 @@ func errorSigma(t *testing.T, ev *evaluation) []float64 {
 			}
 		case ops.Concat:
 			v = w.run(nd, w.errsOf(nd)...)
+		case ops.BatchNormStats:
+			for _, o := range nd.Outs {
+				w.errs[o] = zero(w.val(o))
+			}
+			continue
+		case ops.BatchNorm2D, ops.BatchNorm1D:
+			// the propagated variance times (invstd·w)², and the bound's own
+			// part as a uniform variable (bound²/3)
+			own := w.bnBound(nd, zero(in))
+			scale := w.bnScale(nd)
+			v = make([]float64, len(in))
+			for i := range v {
+				v[i] = scale[i]*scale[i]*in[i] + own[i]*own[i]/3
+			}
 		default:
 			if f, ok := activations[nd.Op]; ok {
 				// |f'| ≤ L propagates the variance times L²; the evaluation's
@@ -219,6 +242,45 @@ func (f activationError) rounding(w *walk, nd *ir.Node) []float64 {
 	return out
 }
 
+// bnScale is |invstd·weight| of each element's channel (batch norm in
+// evaluation: an affine map per channel).
+func (w *walk) bnScale(nd *ir.Node) []float64 {
+	x := nd.Ins[0].Type
+	c, s := int(x.Dims[0]), int(x.SampleElems()/x.Dims[0])
+	invstd := w.val(nd.Ins[2])
+	out := make([]float64, len(w.val(nd.Ins[0])))
+	for i := range out {
+		ch := (i / s) % c
+		out[i] = math.Abs(invstd[ch])
+		if len(nd.Ins) == 5 {
+			out[i] *= math.Abs(w.val(nd.Ins[3])[ch])
+		}
+	}
+	return out
+}
+
+// bnBound bounds batch norm's evaluation error: y = (x - mean)·invstd·w + b
+// is 1/sqrt(var + eps) (two roundings and a square root, each within an ulp:
+// invstd relatively within 3u), then at most four more roundings however
+// the runtime arranges it (say, x·scale + (b - mean·scale)), each relative
+// to the magnitudes it combines — so within 8u·(|x| + |mean|)·|invstd·w|
+// + 8u·|b| — plus the input's error times |invstd·w|.
+func (w *walk) bnBound(nd *ir.Node, in []float64) []float64 {
+	x, mean := w.val(nd.Ins[0]), w.val(nd.Ins[1])
+	xt := nd.Ins[0].Type
+	c, s := int(xt.Dims[0]), int(xt.SampleElems()/xt.Dims[0])
+	scale := w.bnScale(nd)
+	out := make([]float64, len(x))
+	for i := range out {
+		ch := (i / s) % c
+		out[i] = scale[i]*in[i] + 8*unitRoundoff*(math.Abs(x[i])+math.Abs(mean[ch]))*scale[i]
+		if len(nd.Ins) == 5 {
+			out[i] += 8 * unitRoundoff * math.Abs(w.val(nd.Ins[4])[ch])
+		}
+	}
+	return out
+}
+
 // errsOf is each input's error quantity, as run's input transforms.
 func (w *walk) errsOf(nd *ir.Node) []func([]float64) []float64 {
 	var fs []func([]float64) []float64
@@ -249,7 +311,7 @@ func (w *walk) nodes() []*ir.Node {
 		if nd.Phase == ir.Forward && nd.Op != ir.OpCrossEntropy {
 			switch nd.Op {
 			case ir.OpConv2D, ir.OpLinear, ir.OpAvgPool2D, ir.OpAdd, ir.OpReLU, ir.OpMaxPool2D, ir.OpFlatten, ir.OpDropout,
-				ops.GlobalAvgPool, ops.Concat:
+				ops.GlobalAvgPool, ops.Concat, ops.BatchNormStats, ops.BatchNorm2D, ops.BatchNorm1D:
 			default:
 				if _, ok := activations[nd.Op]; !ok {
 					w.t.Fatalf("error analysis: no rule for %s", nd.Op)

@@ -110,12 +110,12 @@ func Exportable(op ir.Op) bool {
 	return d != nil && d.ONNX != nil
 }
 
-// exportableOps lists the ops with a mapping, in the ops table's order.
+// exportableOps lists the DSL's ops with a mapping, as the docs order them.
 func exportableOps() string {
 	var names []string
-	for _, d := range ops.All() {
+	for _, d := range ops.DSLOps() {
 		if d.ONNX != nil {
-			names = append(names, d.Name)
+			names = append(names, d.DSL.Name)
 		}
 	}
 	return strings.Join(names, ", ")
