@@ -3,6 +3,7 @@ package reference
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -247,4 +248,77 @@ func shapeAt(t ir.Type, batch int64) []int64 {
 		return append([]int64{batch}, t.Dims...)
 	}
 	return append([]int64{}, t.Dims...)
+}
+
+// Batch norm's running statistics after several training calls (each
+// with its own batch, momentum 0.3, the unbiased variance) equal
+// PyTorch's, maps and features alike, and so does the last call's
+// normalisation.
+func TestBatchNormRunningStatisticsAgainstPyTorch(t *testing.T) {
+	py := requireTorch(t)
+	const batch, calls = 4, 3
+	var cases []torchCase
+	type want struct {
+		name    string
+		y       []float64
+		mean, v []float64
+	}
+	var wants []want
+	for _, name := range []string{"batchnorm2d", "batchnorm1d"} {
+		d := ops.ByDSLName(name)
+		call := name + "(x, momentum=0.3, affine=false)"
+		g := compileWith(t, ops.ExampleModel(d, call), "fuse")
+		var stats, apply *ir.Node
+		for _, n := range g.Nodes {
+			switch n.Op {
+			case ops.BatchNormStats:
+				stats = n
+			case d.Op:
+				apply = n
+			}
+		}
+		require.NotNil(t, stats)
+		rng := rand.New(rand.NewPCG(21, uint64(len(cases))))
+		x := stats.Ins[0].Type
+		c := torchCase{Expr: "(", Tensors: map[string]torchTensor{}, Grad: []string{}}
+		rm := InitParam(stats.Ins[1].Param, 0)
+		rv := InitParam(stats.Ins[2].Param, 0)
+		nbt := []float64{0}
+		var y []float64
+		for k := 0; k < calls; k++ {
+			data := make([]float64, x.Elems(batch))
+			for i := range data {
+				data[i] = 3*rng.Float64() - 1 // mean 1/2: the running mean moves
+			}
+			xn := fmt.Sprintf("x%d", k)
+			c.Tensors[xn] = torchTensor{Shape: shapeAt(x, batch), Data: data}
+			c.Expr += fmt.Sprintf("F.batch_norm(%s, running_mean, running_var, training=True, momentum=0.3), ", xn)
+			st, err := RunNode(stats, [][]float64{data, rm, rv, nbt}, batch, NodeOptions{Training: true, Update: true})
+			require.NoError(t, err)
+			out, err := RunNode(apply, [][]float64{data, st[0], st[1]}, batch, NodeOptions{Training: true})
+			require.NoError(t, err)
+			y = out[0]
+		}
+		c.Expr += ")[-1]"
+		require.Equal(t, float64(calls), nbt[0], "one count per training call")
+		c.Tensors["running_mean"] = torchTensor{Shape: []int64{x.Dims[0]}, Data: InitParam(stats.Ins[1].Param, 0)}
+		c.Tensors["running_var"] = torchTensor{Shape: []int64{x.Dims[0]}, Data: InitParam(stats.Ins[2].Param, 0)}
+		cases = append(cases, c)
+		wants = append(wants, want{name: name, y: y, mean: rm, v: rv})
+	}
+	in, err := json.Marshal(cases)
+	require.NoError(t, err)
+	cmd := exec.Command(py, "../../scripts/torch_ops.py")
+	cmd.Stdin = bytes.NewReader(in)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	var results []torchResult
+	require.NoError(t, json.Unmarshal(out, &results))
+	for i, w := range wants {
+		closeTo(t, w.name+" output", results[i].Out, w.y)
+		closeTo(t, w.name+" running_mean", results[i].After["running_mean"], w.mean)
+		closeTo(t, w.name+" running_var", results[i].After["running_var"], w.v)
+	}
 }
