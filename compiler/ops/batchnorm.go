@@ -112,7 +112,7 @@ func bnDef(name string, rank, order int, torch, shape string) *Def {
 			},
 			Buffers: func(Args) []ParamSpec {
 				return []ParamSpec{{Suffix: "running_mean", Init: ir.InitZeros}, {Suffix: "running_var", Init: ir.InitOnes},
-					{Suffix: "num_batches_tracked", Init: ir.InitZeros, Int64: true}}
+					{Suffix: "num_batches_tracked", Init: ir.InitZeros}}
 			},
 			Expand:   expandBN,
 			Shape:    shape,

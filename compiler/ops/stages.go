@@ -65,13 +65,11 @@ type ArgError struct {
 
 func (e *ArgError) Error() string { return e.Msg }
 
-// ParamSpec is a parameter or buffer a call owns.
+// ParamSpec is a parameter or buffer a call owns; its type comes from
+// the op's ParamTypes (num_batches_tracked: an int64 scalar).
 type ParamSpec struct {
 	Suffix string // weight, bias, running_mean, ...
 	Init   ir.InitKind
-	// Int64: the buffer is an int64 scalar in PyTorch's state_dict
-	// (num_batches_tracked).
-	Int64 bool
 }
 
 // GradBuilder is what a gradient rule may do: emit backward nodes, and
