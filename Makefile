@@ -17,7 +17,7 @@ help:
 	@echo "make bench         CPU benchmarks side by side with PyTorch -> bench-results.md"
 	@echo "make gpu-bundle    build gpu-bundle/ for the GPU machine (see README, Running on a GPU)"
 	@echo "make gpu-bundle-fake  rehearse the GPU check without a GPU (the bundle under the fake libcuda)"
-	@echo "make lint          gofmt -l and go vet"
+	@echo "make lint          gofmt -l, go vet, and no tracked binaries or files over 1 MB outside testdata"
 	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
 
 build:
@@ -48,6 +48,8 @@ test-asan:
 FUZZTIME ?= 30s
 fuzz-short:
 	$(GO) test ./compiler -run='^$$' -fuzz=FuzzCompile -fuzztime=$(FUZZTIME)
+	$(GO) test ./codegen/trainergen -run='^$$' -fuzz=FuzzGeneratedSources -fuzztime=$(FUZZTIME)
+	$(GO) test ./internal/gentext -run='^$$' -fuzz=FuzzComment -fuzztime=$(FUZZTIME)
 
 # Every kernel of the examples compiled for sm_80 and sm_90; fails on a
 # spill or a local-memory stack frame.
@@ -89,9 +91,11 @@ gpu-bundle-fake:
 	bash scripts/make-gpu-bundle.sh --fake out/fakecuda-bundle out/gpu-bundle-fake
 	python3 out/gpu-bundle-fake/gpu_check.py --fake out/fakecuda-bundle --out out/gpu-check-fake
 
+# gofmt, go vet, and no tracked binaries or files over 1 MB outside testdata
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run ./scripts/lint-tracked
 
 cuda-toolkit:
 	bash scripts/install-cuda-toolkit.sh

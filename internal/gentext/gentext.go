@@ -11,12 +11,14 @@
 // ASCII other than `\` and `"`, it contains neither "*/" (ends a /* */
 // comment: jen writes multi-line comments so) nor "??" (a trigraph: "??/"
 // is a backslash, which joins the next line to the comment in C compilers
-// that translate trigraphs), and it does not begin or end with a space.
+// that translate trigraphs) nor two backquotes or two single quotes in a
+// row (gofmt turns them into curly quotes in doc comments), and it does not
+// begin or end with a space.
 // Anything else — CR (a line break to g++ and nvcc though not to Go), LF,
 // U+2028/U+2029, NUL and other control bytes (Go refuses NUL in source),
 // invalid UTF-8 (Go refuses it), quotes, backslashes — is shown in Go's
-// double-quoted syntax using ASCII only, with `*` and `?` escaped too, so
-// strconv.Unquote gives the original bytes back.
+// double-quoted syntax using ASCII only, with `*`, `?`, "`" and `'`
+// escaped too, so strconv.Unquote gives the original bytes back.
 //
 // Strings in code (Go string literals) are not this package's business:
 // they are rendered by strconv.Quote (jen.Lit), which is exact.
@@ -36,8 +38,8 @@ func Comment(s string) string {
 	}
 	q := strconv.QuoteToASCII(s)
 	// QuoteToASCII's escapes are a backslash followed by letters and hex
-	// digits, so every `*` and `?` in q is one of s's own.
-	return strings.NewReplacer("*", `\x2a`, "?", `\x3f`).Replace(q)
+	// digits, so every `*`, `?`, "`" and `'` in q is one of s's own.
+	return quoteMore.Replace(q)
 }
 
 // plain reports whether s can be shown unquoted.
@@ -51,5 +53,12 @@ func plain(s string) bool {
 			return false
 		}
 	}
-	return !strings.Contains(s, "*/") && !strings.Contains(s, "??")
+	for _, seq := range []string{"*/", "??", "``", "''"} {
+		if strings.Contains(s, seq) {
+			return false
+		}
+	}
+	return true
 }
+
+var quoteMore = strings.NewReplacer("*", `\x2a`, "?", `\x3f`, "`", `\x60`, "'", `\x27`)
