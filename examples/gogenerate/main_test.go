@@ -19,13 +19,32 @@ func TestGeneratedPackageIsUpToDate(t *testing.T) {
 	dir := t.TempDir()
 	out, err := exec.Command("go", "run", "../../cmd/cnnc", "gen", "../mnist.cnn", "-o", dir, "-pkg", "mnistnet", "--batch", "32").CombinedOutput()
 	require.NoError(t, err, string(out))
-	for _, name := range []string{"model.go", "spec.go", "kernels.cu"} {
+	names := func(dir string) []string {
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		var out []string
+		for _, e := range entries {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	require.Equal(t, names(dir), names("mnistnet"), "run go generate ./examples/gogenerate")
+	for _, name := range names(dir) {
 		want, err := os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err)
 		got, err := os.ReadFile(filepath.Join("mnistnet", name))
 		require.NoError(t, err)
 		assert.Equal(t, string(want), string(got), "mnistnet/%s is stale: run go generate ./examples/gogenerate", name)
 	}
+}
+
+// The package's kernels are compiled into the program (cgo), so it needs
+// no C++ compiler when it runs.
+func TestGeneratedPackageRunsBuiltInKernels(t *testing.T) {
+	m, err := mnistnet.New(mnistnet.Options{Seed: 1, Device: "cpu"})
+	require.NoError(t, err)
+	defer m.Close()
+	assert.Equal(t, "cpu (CUDA emulator, kernels built in)", m.Device())
 }
 
 // The generated API trains: the loss falls, Save/Load round-trips.
