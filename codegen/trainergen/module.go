@@ -142,7 +142,30 @@ func GoBuild(dir, output string, tags []string, log func(string)) error {
 	if err := run("mod", "tidy"); err != nil {
 		return err
 	}
+	if err := checkCXX(dir); err != nil {
+		return err
+	}
 	return run(buildArgs(abs, tags)...)
+}
+
+// checkCXX: go build compiles the module's CPU kernels (kernels_cpu.cc)
+// with cgo's C++ compiler; without one, say so rather than leave it to
+// go's message about a missing executable.
+func checkCXX(dir string) error {
+	cmd := exec.Command("go", "env", "CXX")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("go env CXX: %v", err)
+	}
+	cxx := strings.Fields(string(out))
+	if len(cxx) == 0 {
+		return fmt.Errorf("building a trainer needs a C++ compiler (it compiles the CPU kernels into the binary), and go env CXX names none")
+	}
+	if _, err := exec.LookPath(cxx[0]); err != nil {
+		return fmt.Errorf("building a trainer needs a C++ compiler (it compiles the CPU kernels into the binary): %s (go env CXX) not found; install g++ or set CXX", cxx[0])
+	}
+	return nil
 }
 
 // buildArgs are go's arguments that build a trainer module into output

@@ -14,6 +14,7 @@ import (
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/internal/datasets"
 	"github.com/cnnc/cnnc/runtime/trainer"
+	"github.com/cnnc/cnnc/runtime/version"
 )
 
 // noToolsEnv is an environment with no compiler: PATH names one empty
@@ -76,4 +77,28 @@ func TestPackageFilesRefusesBadPackageNames(t *testing.T) {
 		_, err := trainergen.PackageFiles(pkg, spec, []byte("extern \"C\" __global__ void k() {}\n"), nil)
 		assert.ErrorContains(t, err, "is not a Go package name", "%q", pkg)
 	}
+}
+
+// go builds trainers stamped with cnnc's version, and the output path,
+// whatever it holds, is one argument of go's (no shell runs).
+func TestBuildArgs(t *testing.T) {
+	out := "/tmp/a b;$(touch x)\n-o"
+	args := trainergen.BuildArgs(out, []string{"cuda"})
+	assert.Equal(t, []string{"build", "-trimpath", "-ldflags=-s -w " + version.LDFlags(), "-o", out, "-tags", "cuda", "."}, args)
+	assert.Contains(t, version.LDFlags(), "-X github.com/cnnc/cnnc/runtime/version.stampedVersion=")
+}
+
+// Without a C++ compiler the build stops saying what it needs.
+func TestGoBuildNamesAMissingCompiler(t *testing.T) {
+	if testing.Short() {
+		t.Skip("go mod tidy of a trainer module")
+	}
+	c := compileExample(t, filepath.Join(moduleRoot(t), "examples/mnist.cnn"), 2)
+	dir := t.TempDir()
+	require.NoError(t, trainergen.WriteModule(dir, c.Spec, c.Kernels))
+	t.Setenv("CXX", "cnnc-no-such-compiler")
+	err := trainergen.GoBuild(dir, filepath.Join(dir, "t"), nil, func(string) {})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "building a trainer needs a C++ compiler (it compiles the CPU kernels into the binary): cnnc-no-such-compiler (go env CXX) not found")
+	assert.NoFileExists(t, filepath.Join(dir, "t"))
 }
