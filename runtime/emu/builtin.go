@@ -83,7 +83,9 @@ func BuiltinSource(src []byte, name string) (*Builtin, error) {
 	fmt.Fprintf(&b, "extern \"C\" __attribute__((weak, visibility(\"hidden\"))) void* %s(const char* name) {\n", symbol)
 	fmt.Fprintf(&b, "  for (const auto& s : cnnc_symbols_%s::table)\n", id)
 	b.WriteString("    if (strcmp(s.name, name) == 0) return s.addr;\n  return nullptr;\n}\n")
-	return &Builtin{Source: b.String(), Symbol: symbol, CXXFlags: []string{"-std=c++20", "-O3", "-fvisibility=hidden"}}, nil
+	// -g0: cgo's default flags ask for debug information, a third of the compile time, which
+	// trainers strip anyway; Compile's libraries have none either (unless Options.Debug)
+	return &Builtin{Source: b.String(), Symbol: symbol, CXXFlags: []string{"-std=c++20", "-O3", "-g0", "-fvisibility=hidden"}}, nil
 }
 
 // GoFile renders the Go file of package pkg that compiles the built-in library (its cgo

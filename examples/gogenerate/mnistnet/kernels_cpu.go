@@ -2,7 +2,7 @@
 
 package mnistnet
 
-// #cgo CXXFLAGS: -std=c++20 -O3 -fvisibility=hidden
+// #cgo CXXFLAGS: -std=c++20 -O3 -g0 -fvisibility=hidden
 // void* cnnc_emu_builtin_a8db122a4db9c33f(const char*);
 import "C"
 
