@@ -18,7 +18,7 @@ help:
 	@echo "make bench         CPU benchmarks side by side with PyTorch -> bench-results.md"
 	@echo "make gpu-bundle    build gpu-bundle/ for the GPU machine (see README, Running on a GPU)"
 	@echo "make gpu-bundle-fake  rehearse the GPU check without a GPU (the bundle under the fake libcuda)"
-	@echo "make lint          gofmt -l and go vet"
+	@echo "make lint          gofmt -l, go vet, and no tracked binaries or files over 1 MB outside testdata"
 	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
 
 build:
@@ -81,7 +81,8 @@ test-asan:
 # Interesting inputs are barely minimised (10 runs): that is for failures.
 FUZZTIME ?= 25s
 FUZZ_TARGETS := ./compiler:FuzzCompile ./runtime/checkpoint:FuzzRead \
-	./runtime/data:FuzzIDX ./runtime/data:FuzzDecodeImage ./runtime/data:FuzzImageCache
+	./runtime/data:FuzzIDX ./runtime/data:FuzzDecodeImage ./runtime/data:FuzzImageCache \
+	./codegen/trainergen:FuzzGeneratedSources ./internal/gentext:FuzzComment
 fuzz-short:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "$(GO) test $${t%%:*} -fuzz=$${t##*:} -fuzztime=$(FUZZTIME)"; \
@@ -128,9 +129,11 @@ gpu-bundle-fake:
 	bash scripts/make-gpu-bundle.sh --fake out/fakecuda-bundle out/gpu-bundle-fake
 	python3 out/gpu-bundle-fake/gpu_check.py --fake out/fakecuda-bundle --out out/gpu-check-fake
 
+# gofmt, go vet, and no tracked binaries or files over 1 MB outside testdata
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run ./scripts/lint-tracked
 
 cuda-toolkit:
 	bash scripts/install-cuda-toolkit.sh

@@ -25,6 +25,7 @@ import (
 	"text/template"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/internal/gentext"
 	"github.com/cnnc/cnnc/templates"
 )
 
@@ -256,7 +257,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 	if name == "" {
 		name = model
 	}
-	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": name, "Model": model, "Batch": opts.Batch}); err != nil {
+	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": gentext.Comment(name), "Model": gentext.Comment(model), "Batch": opts.Batch}); err != nil {
 		return nil, err
 	}
 	for _, k := range p.Kernels {
