@@ -25,7 +25,7 @@ build:
 	$(GO) build -o $(CNNC) ./cmd/cnnc
 
 test: lint
-	$(GO) test ./...
+	$(GO) test -timeout 30m ./...
 	$(MAKE) test-fakecuda
 	$(MAKE) test-cuda-headers
 

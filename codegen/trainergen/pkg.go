@@ -113,7 +113,7 @@ func cudaFile(pkg string, spec *trainer.Spec) ([]byte, error) {
 // runtime/data's types, each with its doc comment.
 func typeAliases(f *jen.File, spec *trainer.Spec) {
 	aliases := []struct{ doc, name, pkg, target string }{
-		{"Model is " + spec.Model + " on a device, its parameters and optimizer state in one planned arena.", "Model", trainerPkg, "Model"},
+		{"Model is " + gentext.Comment(spec.Model) + " on a device, its parameters and optimizer state in one planned arena.", "Model", trainerPkg, "Model"},
 		{"Options configure New: seed, learning rate, device, and Train's epochs, batch, step limit and metric callbacks.", "Options", trainerPkg, "Options"},
 		{"Batch is one step's input: Valid images of Height*Width*Channels uint8 pixels (HWC) and their labels.", "Batch", trainerPkg, "Batch"},
 		{"Dataset is what Train and Evaluate read (data.LoadMNIST, data.OpenImageFolder, or your own).", "Dataset", dataPkg, "Dataset"},
