@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/cnnc/cnnc/runtime/data"
+	"github.com/cnnc/cnnc/runtime/schedule"
 )
 
 // Position is where a run is: the epoch in progress (from 0) and the
@@ -41,6 +43,7 @@ type StepMetrics struct {
 	Loss    float32 `json:"loss"`  // the batch's mean loss, before this step's update
 	Correct int     `json:"correct"`
 	Size    int     `json:"size"` // samples in the batch
+	LR      float32 `json:"lr"`   // the learning rate of this step's update
 	// Batches is the number of batches per epoch.
 	Batches int `json:"-"`
 	// Input is the batch trained on, valid during the callback only.
@@ -55,8 +58,12 @@ type EpochMetrics struct {
 	TrainAcc  float64 `json:"train_accuracy"`
 	TestLoss  float64 `json:"test_loss,omitempty"`
 	TestAcc   float64 `json:"test_accuracy,omitempty"`
-	Partial   bool    `json:"partial,omitempty"` // the run stopped inside the epoch (MaxSteps)
-	Tested    bool    `json:"-"`                 // TestLoss and TestAcc are set
+	LR        float32 `json:"lr"` // the rate of the epoch's last step
+	// Throughput is the images trained per second of the epoch's training
+	// (data loading included, the evaluation after it not).
+	Throughput float64 `json:"images_per_second"`
+	Partial    bool    `json:"partial,omitempty"` // the run stopped inside the epoch (MaxSteps)
+	Tested     bool    `json:"-"`                 // TestLoss and TestAcc are set
 }
 
 // Loop trains a Session over a dataset: epochs of batches in the Loader's
@@ -68,9 +75,15 @@ type Loop struct {
 	Session *Session
 	Train   data.Dataset
 	// Test, when set, is evaluated after each epoch.
-	Test      data.Dataset
-	Epochs    int
-	Batch     int // samples per step; 0: the compiled batch
+	Test   data.Dataset
+	Epochs int
+	Batch  int // samples per step; 0: the compiled batch
+	// Schedule sets every step's learning rate from the session's base
+	// rate LR, the step's position, the batches per epoch and Epochs
+	// (schedule.Schedule.LR): a pure function of the position, so a
+	// resumed run has the rates of an uninterrupted one. The zero value
+	// keeps LR.
+	Schedule  schedule.Schedule
 	NoShuffle bool
 	// MaxSteps stops the run when Session.Step (steps in total, across
 	// resumed runs) reaches it; 0: no limit.
@@ -129,8 +142,17 @@ func (l *Loop) Prepare() error {
 	if err != nil {
 		return err
 	}
+	if err := l.Schedule.Check(loader.BatchesPerEpoch(), l.Epochs); err != nil {
+		return fmt.Errorf("learning-rate schedule: %w", err)
+	}
 	l.loader, l.perEpoch = loader, loader.BatchesPerEpoch()
 	return nil
+}
+
+// StepLR is the learning rate of the step at position (epoch, batch).
+func (l *Loop) StepLR(epoch, batch int) float32 {
+	step := int64(epoch)*int64(l.perEpoch) + int64(batch)
+	return float32(l.Schedule.LR(float64(l.Session.LR), step, l.perEpoch, l.Epochs))
 }
 
 // CheckDataset refuses data the model cannot take: images of another
@@ -176,16 +198,19 @@ func (l *Loop) atStepLimit() bool { return l.MaxSteps > 0 && l.Session.Step >= l
 type epochSums struct {
 	loss          float64
 	correct, seen int
+	lr            float32 // the last step's
 }
 
 // runEpoch trains the rest of res.At's epoch, evaluates and saves.
 func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 	epoch := res.At.Epoch
 	var sums epochSums
+	start := time.Now()
 	stop, err := l.trainBatches(ctx, &res.At, &sums)
 	if err != nil {
 		return err
 	}
+	elapsed := time.Since(start)
 	if stop == Interrupted {
 		res.Stop = Interrupted
 		return l.save(res.At)
@@ -196,9 +221,10 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 	} else {
 		res.At = Position{Epoch: epoch + 1}
 	}
-	ep := EpochMetrics{Epoch: epoch + 1, Step: l.Session.Step, Partial: partial}
+	ep := EpochMetrics{Epoch: epoch + 1, Step: l.Session.Step, Partial: partial, LR: sums.lr}
 	if sums.seen > 0 {
 		ep.TrainLoss, ep.TrainAcc = sums.loss/float64(sums.seen), float64(sums.correct)/float64(sums.seen)
+		ep.Throughput = float64(sums.seen) / max(elapsed.Seconds(), 1e-9)
 	}
 	if l.Test != nil {
 		ev, err := Evaluate(ctx, l.Session, l.Test, l.Batch)
@@ -237,6 +263,7 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position, sums *epochSums) 
 		sums.loss += float64(m.Loss) * float64(m.Size)
 		sums.correct += m.Correct
 		sums.seen += m.Size
+		sums.lr = m.LR
 		if l.OnStep != nil {
 			if err := l.OnStep(&m); err != nil {
 				return Finished, l.saveAfter(*at, err)
@@ -257,11 +284,13 @@ func (l *Loop) step(b Batch, epoch, number int) (StepMetrics, error) {
 	if l.guard.Valid == 0 && l.Save != nil {
 		l.guard = Batch{Pixels: append([]uint8(nil), b.Pixels...), Labels: append([]int32(nil), b.Labels...), Valid: b.Valid}
 	}
+	lr := l.StepLR(epoch, number)
+	l.Session.SetStepLR(lr)
 	loss, correct, err := l.Session.TrainStep(b)
 	if err != nil {
 		return StepMetrics{}, err
 	}
-	m := StepMetrics{Step: l.Session.Step, Epoch: epoch + 1, Batch: number, Loss: loss, Correct: correct, Size: b.Valid, Batches: l.perEpoch, Input: b}
+	m := StepMetrics{Step: l.Session.Step, Epoch: epoch + 1, Batch: number, Loss: loss, Correct: correct, Size: b.Valid, LR: lr, Batches: l.perEpoch, Input: b}
 	l.lastEpoch = m.Epoch
 	if l.firstLoss == 0 {
 		l.firstLoss = float64(loss)

@@ -130,7 +130,8 @@ func (m *Model) Train(ctx context.Context, train data.Dataset) error {
 	if m.samples != 0 && m.samples != train.Len() && m.at != (Position{}) {
 		return fmt.Errorf("%s: Train: the model is in an epoch over %d samples; this data has %d", m.sess.Spec.Model, m.samples, train.Len())
 	}
-	l := &Loop{Session: m.sess, Train: train, Epochs: m.o.Epochs, Batch: m.o.Batch, NoShuffle: m.o.NoShuffle, MaxSteps: m.o.MaxSteps, Start: m.at}
+	l := &Loop{Session: m.sess, Train: train, Epochs: m.o.Epochs, Batch: m.o.Batch, NoShuffle: m.o.NoShuffle, MaxSteps: m.o.MaxSteps, Start: m.at,
+		Schedule: m.sess.Spec.Schedule}
 	if f := m.o.OnStep; f != nil {
 		l.OnStep = func(s *StepMetrics) error { f(*s); return nil }
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/cnnc/cnnc/runtime/schedule"
 	"github.com/cnnc/cnnc/runtime/trainer"
 	"github.com/cnnc/cnnc/runtime/units"
 	"github.com/cnnc/cnnc/runtime/version"
@@ -160,7 +161,7 @@ func registerFlags(fs *pflag.FlagSet, spec *trainer.Spec, o *options) {
 	fs.IntVar(&o.batch, "batch", spec.Batch, fmt.Sprintf("samples per step; at most %d, the batch the kernels and memory plan were compiled for (rebuild with cnnc build --batch for more)", spec.Batch))
 	// the float32 default printed as written in the model, not as float64
 	lr, _ := strconv.ParseFloat(strconv.FormatFloat(float64(spec.LR), 'g', -1, 32), 64)
-	fs.Float64Var(&o.lr, "lr", lr, "learning rate (the kernels compute in float32: it must be a normal float32, 1.2e-38 to 3.4e38)")
+	fs.Float64Var(&o.lr, "lr", lr, lrHelp(spec))
 	fs.Uint64Var(&o.seed, "seed", spec.Seed, "seed for initialisation, shuffling and dropout")
 	fs.StringVar(&o.device, "device", "auto", "auto, cpu or cuda")
 	fs.StringVar(&o.memoryBudget, "memory-budget", "", "refuse to start if the compiled memory plan needs more than this (e.g. 40MB, 2GiB); the plan is fixed at build time: rebuild with cnnc build --memory-budget to fit another")
@@ -185,6 +186,19 @@ func registerFlags(fs *pflag.FlagSet, spec *trainer.Spec, o *options) {
 	fs.IntVar(&o.bench, "bench", 0, "time N training steps on one random batch (after 3 warm-up steps), print the median step time and images/s, and exit (needs no data)")
 	fs.StringVar(&o.roofline, "roofline", "", "GB/s,GFLOP/s peaks of the device: --profile then shows each kernel's fraction of its roofline bound")
 	fs.BoolVar(&o.cudaGraph, "cuda-graph", true, "on CUDA, replay the training step as one CUDA graph (captured at the second step; --cuda-graph=false launches kernel by kernel)")
+}
+
+// lrHelp says what --lr sets: the learning rate, or with a schedule its
+// base rate (onecycle's max_lr).
+func lrHelp(spec *trainer.Spec) string {
+	const f32 = " (the kernels compute in float32: it must be a normal float32, 1.2e-38 to 3.4e38)"
+	switch s := spec.Schedule; {
+	case s.Kind == schedule.OneCycle:
+		return "the peak learning rate, onecycle's max_lr: the train block's schedule " + s.String() + " sets every step's rate from it" + f32
+	case !s.IsConstant():
+		return "the base learning rate: the train block's schedule " + s.String() + " sets every step's rate from it" + f32
+	}
+	return "learning rate" + f32
 }
 
 // testSource is the data block's test source, or its kind when only the

@@ -244,8 +244,19 @@ func (r *runner) restore() error {
 	if err := r.adoptRunSettings(meta, st); err != nil {
 		return err
 	}
+	if saved, now := meta[trainer.MetaSchedule], r.spec.Schedule; saved != "" && saved != now.String() || saved == "" && !now.IsConstant() {
+		// a trainer rebuilt with another schedule: its rates from here on
+		fmt.Fprintf(r.out, "the train block's learning-rate schedule %s replaces the checkpoint's %s\n", now, orConstant(saved))
+	}
 	r.resumed = &st
 	return nil
+}
+
+func orConstant(schedule string) string {
+	if schedule == "" {
+		return "constant"
+	}
+	return schedule
 }
 
 // adoptRunSettings takes the resumed run's settings, except those given

@@ -92,9 +92,12 @@ func (r *runner) evalOnly() (int, error) {
 func (r *runner) runTraining() (int, error) {
 	o := r.o
 	loop := &trainer.Loop{Session: r.sess, Train: r.train, Test: r.test, Epochs: o.epochs, Batch: o.batch,
-		NoShuffle: o.noShuffle, MaxSteps: o.maxSteps}
+		NoShuffle: o.noShuffle, MaxSteps: o.maxSteps, Schedule: r.spec.Schedule}
 	if err := loop.Prepare(); err != nil {
 		return ExitError, err
+	}
+	if s := r.spec.Schedule; !s.IsConstant() {
+		fmt.Fprintf(r.out, "learning rate: %s of base %v (--lr) over %d epochs of %d steps\n", s, r.sess.LR, o.epochs, loop.BatchesPerEpoch())
 	}
 	if err := r.startPosition(loop); err != nil {
 		return ExitError, err
