@@ -54,19 +54,19 @@ func TestOneCycleChecksItsSteps(t *testing.T) {
 // needs it: see LR), on odd epoch lengths.
 func Runs() []torchtest.ScheduleRun {
 	return []torchtest.ScheduleRun{
-		{"constant", schedule.Schedule{}, 0.05, 7, 3},
-		{"warmup only", schedule.Schedule{Warmup: 10}, 0.05, 7, 3},
-		{"step", schedule.Schedule{Kind: schedule.Step, Every: 2, Gamma: 0.1}, 0.1, 5, 7},
-		{"step warmup across epochs", schedule.Schedule{Kind: schedule.Step, Every: 1, Gamma: 0.5, Warmup: 12}, 0.1, 5, 6},
-		{"multistep", schedule.Schedule{Kind: schedule.MultiStep, Milestones: []int{2, 5, 6}, Gamma: 0.3}, 0.2, 4, 8},
-		{"multistep warmup", schedule.Schedule{Kind: schedule.MultiStep, Milestones: []int{1, 3}, Gamma: 0.1, Warmup: 6}, 0.2, 4, 5},
-		{"cosine", schedule.Schedule{Kind: schedule.Cosine}, 0.1, 3, 11},
-		{"cosine eta_min warmup", schedule.Schedule{Kind: schedule.Cosine, EtaMin: 0.004, Warmup: 3}, 0.1, 5, 9},
-		{"cosine t_max beyond", schedule.Schedule{Kind: schedule.Cosine, EtaMin: 0.01, TMax: 4}, 0.1, 3, 11},
-		{"cosine warmup across epochs", schedule.Schedule{Kind: schedule.Cosine, Warmup: 8}, 0.1, 3, 6},
-		{"onecycle", schedule.Schedule{Kind: schedule.OneCycle}, 0.1, 9, 5},
-		{"onecycle options", schedule.Schedule{Kind: schedule.OneCycle, PctStart: 0.45, DivFactor: 10, FinalDivFactor: 100, LinearAnneal: true}, 0.3, 7, 3},
-		{"onecycle short warm-up", schedule.Schedule{Kind: schedule.OneCycle, PctStart: 0.05}, 0.1, 4, 3},
+		{Name: "constant", Schedule: schedule.Schedule{}, Base: 0.05, PerEpoch: 7, Epochs: 3},
+		{Name: "warmup only", Schedule: schedule.Schedule{Warmup: 10}, Base: 0.05, PerEpoch: 7, Epochs: 3},
+		{Name: "step", Schedule: schedule.Schedule{Kind: schedule.Step, Every: 2, Gamma: 0.1}, Base: 0.1, PerEpoch: 5, Epochs: 7},
+		{Name: "step warmup across epochs", Schedule: schedule.Schedule{Kind: schedule.Step, Every: 1, Gamma: 0.5, Warmup: 12}, Base: 0.1, PerEpoch: 5, Epochs: 6},
+		{Name: "multistep", Schedule: schedule.Schedule{Kind: schedule.MultiStep, Milestones: []int{2, 5, 6}, Gamma: 0.3}, Base: 0.2, PerEpoch: 4, Epochs: 8},
+		{Name: "multistep warmup", Schedule: schedule.Schedule{Kind: schedule.MultiStep, Milestones: []int{1, 3}, Gamma: 0.1, Warmup: 6}, Base: 0.2, PerEpoch: 4, Epochs: 5},
+		{Name: "cosine", Schedule: schedule.Schedule{Kind: schedule.Cosine}, Base: 0.1, PerEpoch: 3, Epochs: 11},
+		{Name: "cosine eta_min warmup", Schedule: schedule.Schedule{Kind: schedule.Cosine, EtaMin: 0.004, Warmup: 3}, Base: 0.1, PerEpoch: 5, Epochs: 9},
+		{Name: "cosine t_max beyond", Schedule: schedule.Schedule{Kind: schedule.Cosine, EtaMin: 0.01, TMax: 4}, Base: 0.1, PerEpoch: 3, Epochs: 11},
+		{Name: "cosine warmup across epochs", Schedule: schedule.Schedule{Kind: schedule.Cosine, Warmup: 8}, Base: 0.1, PerEpoch: 3, Epochs: 6},
+		{Name: "onecycle", Schedule: schedule.Schedule{Kind: schedule.OneCycle}, Base: 0.1, PerEpoch: 9, Epochs: 5},
+		{Name: "onecycle options", Schedule: schedule.Schedule{Kind: schedule.OneCycle, PctStart: 0.45, DivFactor: 10, FinalDivFactor: 100, LinearAnneal: true}, Base: 0.3, PerEpoch: 7, Epochs: 3},
+		{Name: "onecycle short warm-up", Schedule: schedule.Schedule{Kind: schedule.OneCycle, PctStart: 0.05}, Base: 0.1, PerEpoch: 4, Epochs: 3},
 	}
 }
 

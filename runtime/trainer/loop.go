@@ -30,9 +30,10 @@ func (p Position) Describe(perEpoch int) string {
 type StopReason int
 
 const (
-	Finished    StopReason = iota // every epoch trained
-	StepLimit                     // Session.Step reached MaxSteps
-	Interrupted                   // the context was cancelled
+	Finished     StopReason = iota // every epoch trained
+	StepLimit                      // Session.Step reached MaxSteps
+	Interrupted                    // the context was cancelled
+	EarlyStopped                   // Best's patience ran out
 )
 
 // StepMetrics is one training step (one line of a trainer's --log).
@@ -58,12 +59,17 @@ type EpochMetrics struct {
 	TrainAcc  float64 `json:"train_accuracy"`
 	TestLoss  float64 `json:"test_loss,omitempty"`
 	TestAcc   float64 `json:"test_accuracy,omitempty"`
-	LR        float32 `json:"lr"` // the rate of the epoch's last step
+	Partial   bool    `json:"partial,omitempty"` // the run stopped inside the epoch (MaxSteps)
+	Tested    bool    `json:"-"`                 // TestLoss and TestAcc are set
+
+	// LR is the rate of the epoch's last step.
+	LR float32 `json:"lr"`
 	// Throughput is the images trained per second of the epoch's training
 	// (data loading included, the evaluation after it not).
 	Throughput float64 `json:"images_per_second"`
-	Partial    bool    `json:"partial,omitempty"` // the run stopped inside the epoch (MaxSteps)
-	Tested     bool    `json:"-"`                 // TestLoss and TestAcc are set
+	// Best says the epoch improved on the best so far (Loop.Best), and
+	// was saved through SaveBest.
+	Best bool `json:"best,omitempty"`
 }
 
 // Loop trains a Session over a dataset: epochs of batches in the Loader's
@@ -97,6 +103,12 @@ type Loop struct {
 	// from them stops the run (after saving).
 	OnStep  func(m *StepMetrics) error
 	OnEpoch func(m *EpochMetrics) error
+	// Best, when set, observes every whole epoch's test evaluation (Test
+	// is needed); an epoch that improves on the best so far is written
+	// through SaveBest (before Save, which then carries Best's state), and
+	// the run stops (EarlyStopped) when Best's patience runs out.
+	Best     *Best
+	SaveBest func(pos Position) error
 
 	loader    *data.Loader
 	perEpoch  int
@@ -137,6 +149,8 @@ func (l *Loop) Prepare() error {
 		if err := CheckDataset(sp, l.Test); err != nil {
 			return err
 		}
+	} else if l.Best != nil {
+		return fmt.Errorf("choosing the best epoch by test %s needs test data", l.Best.By)
 	}
 	loader, err := data.NewLoader(l.Train, data.LoaderOptions{BatchSize: l.Batch, Seed: l.Session.Seed, NoShuffle: l.NoShuffle})
 	if err != nil {
@@ -178,6 +192,9 @@ func (l *Loop) Run(ctx context.Context) (Result, error) {
 	}
 	for res.At.Epoch < l.Epochs && res.Stop == Finished {
 		switch {
+		case l.Best != nil && l.Best.Exhausted():
+			res.Stop = EarlyStopped // a resumed run that had stopped early
+			return res, nil
 		case ctx.Err() != nil:
 			res.Stop = Interrupted
 			return res, l.save(res.At)
@@ -233,13 +250,42 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 		}
 		ep.TestLoss, ep.TestAcc, ep.Tested = ev.Loss, ev.Accuracy, true
 	}
+	if l.Best != nil && ep.Tested && !partial {
+		ep.Best = l.Best.Observe(ep)
+		if l.Best.Exhausted() {
+			res.Stop = EarlyStopped
+		}
+	}
 	res.Epochs = append(res.Epochs, ep)
 	if l.OnEpoch != nil {
 		if err := l.OnEpoch(&ep); err != nil {
 			return l.saveAfter(res.At, err)
 		}
 	}
-	return l.save(res.At)
+	return l.saveEpoch(res.At, ep.Best)
+}
+
+// saveEpoch saves at an epoch's end: the best checkpoint first when the
+// epoch improved (a crash between the two then repeats the epoch, which
+// improves again), then the checkpoint; both after one check of the
+// parameters. A failed best save still lets the checkpoint be written.
+func (l *Loop) saveEpoch(at Position, best bool) error {
+	if !best || l.SaveBest == nil {
+		return l.save(at)
+	}
+	if err := l.checkBeforeSave(); err != nil {
+		return err
+	}
+	var errs []error
+	if err := l.SaveBest(at); err != nil {
+		errs = append(errs, fmt.Errorf("writing the best checkpoint: %w", err))
+	}
+	if l.Save != nil {
+		if err := l.Save(at); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // trainBatches runs the batches of at's epoch from at.Batch on, moving at
@@ -281,7 +327,7 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position, sums *epochSums) 
 
 // step trains on b and applies the divergence rule to its loss.
 func (l *Loop) step(b Batch, epoch, number int) (StepMetrics, error) {
-	if l.guard.Valid == 0 && l.Save != nil {
+	if l.guard.Valid == 0 && (l.Save != nil || l.SaveBest != nil) {
 		l.guard = Batch{Pixels: append([]uint8(nil), b.Pixels...), Labels: append([]int32(nil), b.Labels...), Valid: b.Valid}
 	}
 	lr := l.StepLR(epoch, number)
@@ -350,16 +396,27 @@ func (l *Loop) save(at Position) error {
 	if l.Save == nil {
 		return nil
 	}
-	if l.guard.Valid > 0 {
-		loss, _, err := l.Session.EvalBatch(l.guard)
-		if err != nil {
-			return err
-		}
-		if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
-			return &DivergedError{Step: l.Session.Step, Epoch: l.lastEpoch, Loss: float64(loss), Why: why, AtSave: true}
-		}
+	if err := l.checkBeforeSave(); err != nil {
+		return err
 	}
 	return l.Save(at)
+}
+
+// checkBeforeSave runs the parameters forward on the guard batch (when
+// this run has trained): a diverging loss there stops the run before any
+// checkpoint of them is written.
+func (l *Loop) checkBeforeSave() error {
+	if l.guard.Valid == 0 {
+		return nil
+	}
+	loss, _, err := l.Session.EvalBatch(l.guard)
+	if err != nil {
+		return err
+	}
+	if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
+		return &DivergedError{Step: l.Session.Step, Epoch: l.lastEpoch, Loss: float64(loss), Why: why, AtSave: true}
+	}
+	return nil
 }
 
 // saveAfter saves at and returns err (with the save's error, if any).

@@ -36,10 +36,10 @@ func TestScheduleAcrossResumeIsPyTorchs(t *testing.T) {
 	const epochs = 4
 	base := float64(float32(0.05)) // the session's base rate is a float32
 	runs := []torchtest.ScheduleRun{
-		{"cosine warmup", schedule.Schedule{Kind: schedule.Cosine, EtaMin: 0.001, Warmup: 2}, base, 3, epochs},
-		{"multistep", schedule.Schedule{Kind: schedule.MultiStep, Milestones: []int{1, 3}, Gamma: 0.5}, base, 3, epochs},
-		{"step warmup", schedule.Schedule{Kind: schedule.Step, Every: 2, Gamma: 0.1, Warmup: 5}, base, 3, epochs},
-		{"onecycle", schedule.Schedule{Kind: schedule.OneCycle, PctStart: 0.3}, base, 3, epochs},
+		{Name: "cosine warmup", Schedule: schedule.Schedule{Kind: schedule.Cosine, EtaMin: 0.001, Warmup: 2}, Base: base, PerEpoch: 3, Epochs: epochs},
+		{Name: "multistep", Schedule: schedule.Schedule{Kind: schedule.MultiStep, Milestones: []int{1, 3}, Gamma: 0.5}, Base: base, PerEpoch: 3, Epochs: epochs},
+		{Name: "step warmup", Schedule: schedule.Schedule{Kind: schedule.Step, Every: 2, Gamma: 0.1, Warmup: 5}, Base: base, PerEpoch: 3, Epochs: epochs},
+		{Name: "onecycle", Schedule: schedule.Schedule{Kind: schedule.OneCycle, PctStart: 0.3}, Base: base, PerEpoch: 3, Epochs: epochs},
 	}
 	want, version := torchtest.ScheduleLRs(t, runs)
 	for _, r := range runs {
