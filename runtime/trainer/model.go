@@ -82,7 +82,8 @@ type Model struct {
 	o    Options
 	// at is where Train stands (restored by Load, moved by Train).
 	at      Position
-	samples int // the training data's size, once Train has seen it
+	samples int      // the training data's size, once Train has seen it
+	classes []string // class names, from the training data or a checkpoint
 }
 
 // NewModel opens the device (o.Device among backends), allocates the
@@ -138,6 +139,9 @@ func (m *Model) Train(ctx context.Context, train data.Dataset) error {
 	if f := m.o.OnEpoch; f != nil {
 		l.OnEpoch = func(e *EpochMetrics) error { f(*e); return nil }
 	}
+	if names := ClassNames(train); names != nil {
+		m.classes = names
+	}
 	res, err := l.Run(ctx)
 	m.at, m.samples = res.At, train.Len()
 	if err != nil {
@@ -167,10 +171,25 @@ func (m *Model) EvaluateBatch(b Batch) (loss float32, correct int, err error) {
 }
 
 // Predict returns, for each image of pixels (uint8 HWC, one image after
-// the other), its k most probable classes, most probable first.
+// the other), its k most probable classes, most probable first, named
+// when the model knows its classes' names (Classes).
 func (m *Model) Predict(pixels []uint8, k int) ([][]Prediction, error) {
-	return m.sess.Predict(pixels, k)
+	preds, err := m.sess.Predict(pixels, k)
+	if err != nil || m.classes == nil {
+		return preds, err
+	}
+	for _, top := range preds {
+		for i := range top {
+			top[i].Name = ClassName(m.classes, top[i].Class)
+		}
+	}
+	return preds, nil
 }
+
+// Classes are the class names in label order — an ImageFolder's folder
+// names, MNIST's digits — from the data Train last read or the checkpoint
+// Load read; nil when neither had them.
+func (m *Model) Classes() []string { return m.classes }
 
 // Save writes the model as a safetensors checkpoint to w: parameters
 // under PyTorch's state_dict names and layouts, optimizer state, step,
@@ -179,7 +198,11 @@ func (m *Model) Predict(pixels []uint8, k int) ([][]Prediction, error) {
 // (or use Session().Save, which does).
 func (m *Model) Save(w io.Writer) error {
 	st := RunState{Position: m.at, Epochs: m.o.Epochs, Batch: m.o.Batch, NoShuffle: m.o.NoShuffle, Samples: m.samples}
-	return m.sess.Encode(w, st.Meta())
+	meta := st.Meta()
+	if m.classes != nil {
+		meta[MetaClasses] = EncodeClassNames(m.classes)
+	}
+	return m.sess.Encode(w, meta)
 }
 
 // Load restores a checkpoint Save (or a trainer's --checkpoint) wrote:
@@ -192,6 +215,7 @@ func (m *Model) Load(r io.Reader) error {
 	sp := m.sess.Spec
 	var st RunState
 	var seed uint64
+	var classes []string
 	lr := m.sess.LR
 	check := func(meta map[string]string) error {
 		if got := meta[MetaModel]; got != "" && got != sp.Model {
@@ -203,6 +227,9 @@ func (m *Model) Load(r io.Reader) error {
 		}
 		if st.Has[metaBatchSize] && st.Batch > sp.Batch {
 			return fmt.Errorf("trained with batch %d; the model was compiled for at most %d", st.Batch, sp.Batch)
+		}
+		if classes, err = DecodeClassNames(meta, sp.Classes); err != nil {
+			return err
 		}
 		if seed, err = strconv.ParseUint(meta[MetaSeed], 10, 64); err != nil {
 			seed = m.sess.Seed
@@ -219,6 +246,9 @@ func (m *Model) Load(r io.Reader) error {
 	}
 	m.sess.Seed, m.sess.LR = seed, lr
 	m.at, m.samples = st.Position, st.Samples
+	if classes != nil {
+		m.classes = classes
+	}
 	if st.HasPosition() {
 		// the position counts batches of the saved run's size and order
 		if st.Has[metaBatchSize] {
