@@ -245,10 +245,7 @@ func (m *Model) Load(r io.Reader) error {
 		return err
 	}
 	m.sess.Seed, m.sess.LR = seed, lr
-	m.at, m.samples = st.Position, st.Samples
-	if classes != nil {
-		m.classes = classes
-	}
+	m.at, m.samples, m.classes = st.Position, st.Samples, classes
 	if st.HasPosition() {
 		// the position counts batches of the saved run's size and order
 		if st.Has[metaBatchSize] {
