@@ -51,8 +51,10 @@ type Options struct {
 	// Seed fixes the initial parameters (PyTorch's default distributions),
 	// the data order of Train and dropout.
 	Seed uint64
-	// LR is the learning rate; 0 keeps the model's. The kernels compute in
-	// float32: a rate it cannot hold is an error.
+	// LR is the learning rate; 0 keeps the model's. With the train block's
+	// schedule it is the base rate the schedule scales (onecycle: its
+	// max_lr). The kernels compute in float32: a rate it cannot hold is
+	// an error.
 	LR float64
 	// Device is "auto" or "" (the GPU when the program has CUDA kernels
 	// and is built with -tags cuda, else the CPU), "cpu" or "cuda".
@@ -154,7 +156,10 @@ func (m *Model) Train(ctx context.Context, train data.Dataset) error {
 }
 
 // Step runs one training step (forward, backward, update) on b and
-// returns its mean loss (before the update) and correct predictions.
+// returns its mean loss (before the update) and correct predictions. It
+// updates with the session's current rate (Session().StepLR(): the last
+// rate Train's schedule set, or the base rate): Train applies the
+// schedule, Step does not.
 func (m *Model) Step(b Batch) (loss float32, correct int, err error) {
 	return m.sess.TrainStep(b)
 }
@@ -207,10 +212,10 @@ func (m *Model) Save(w io.Writer) error {
 
 // Load restores a checkpoint Save (or a trainer's --checkpoint) wrote:
 // parameters, optimizer state, step, seed, the learning rate (unless
-// Options.LR was given) and Train's position with the batch size and
-// order it counts in. Everything is checked before anything changes: a
-// checkpoint of another model or a damaged one is an error naming what
-// is wrong, and the model stays as it was.
+// Options.LR was given), the class names and Train's position with the
+// batch size and order it counts in. Everything is checked before
+// anything changes: a checkpoint of another model or a damaged one is an
+// error naming what is wrong, and the model stays as it was.
 func (m *Model) Load(r io.Reader) error {
 	sp := m.sess.Spec
 	var st RunState
