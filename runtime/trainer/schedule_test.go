@@ -96,3 +96,26 @@ func TestLoopChecksTheSchedule(t *testing.T) {
 	err := mod.Train(context.Background(), trainertest.Data(tiny.Spec, 8, 1))
 	assert.ErrorContains(t, err, "learning-rate schedule: onecycle: pct_start 0.25 of 4 steps is one step")
 }
+
+// A rate that changes every step reaches a replayed graph: the launches
+// that take it are updated before each replay, and the parameters equal
+// those of kernel-by-kernel steps at the same rates.
+func TestScheduledRatesReachTheGraph(t *testing.T) {
+	m := trainertest.Tiny(t)
+	gd := &graphDevice{Device: cpuDevice(t, m)}
+	g, err := trainer.NewSession(m.Spec, gd, 2)
+	require.NoError(t, err)
+	defer g.Close()
+	g.UseGraphs = true
+	plain := m.Session(t, 2)
+	s := schedule.Schedule{Kind: schedule.OneCycle}
+	for i, b := range someBatches(m, 5) {
+		lr := float32(s.LR(0.1, int64(i), 5, 1))
+		g.SetStepLR(lr)
+		plain.SetStepLR(lr)
+		stepAlike(t, g, plain, []trainer.Batch{b})
+	}
+	assert.Equal(t, 1, gd.captures)
+	assert.GreaterOrEqual(t, gd.updates, 3, "the rate changed at each of the 3 replays after the capture")
+	sameState(t, plain, g)
+}
