@@ -81,6 +81,8 @@ func predict(spec *trainer.Spec, backends trainer.Backends, o *options, po *pred
 		return ExitUsage, fmt.Errorf("--top %d: want 1 to %d (the model's classes)", po.top, spec.Classes)
 	case po.device != "auto" && po.device != "cpu" && po.device != "cuda":
 		return ExitUsage, fmt.Errorf("--device %s: want auto, cpu or cuda", po.device)
+	case po.device != "auto" && backends[po.device] == nil:
+		return ExitUsage, fmt.Errorf("--device %s: this trainer was built without it (cnnc build --target cuda builds a CUDA trainer)", po.device)
 	}
 	m, err := openTrained(spec, backends, po)
 	if err != nil {

@@ -233,6 +233,7 @@ func TestPredict(t *testing.T) {
 		{[]string{"predict", one}, "--checkpoint is needed"},
 		{[]string{"predict", "--checkpoint", ck, "--top", "4", one}, "--top 4: want 1 to 3"},
 		{[]string{"predict", "--chekpoint", ck, one}, "unknown flag --chekpoint (did you mean --checkpoint?)"},
+		{[]string{"predict", "--checkpoint", ck, "--device", "cuda", one}, "--device cuda: this trainer was built without it"},
 	} {
 		r := run(t, spec, c.args...)
 		assert.Equal(t, 2, r.code, "%v: %s", c.args, r.err)
