@@ -252,8 +252,8 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 	}
 	if l.Best != nil && ep.Tested && !partial {
 		ep.Best = l.Best.Observe(ep)
-		if l.Best.Exhausted() {
-			res.Stop = EarlyStopped
+		if l.Best.Exhausted() && res.At.Epoch < l.Epochs {
+			res.Stop = EarlyStopped // (after the last epoch the run is simply done)
 		}
 	}
 	res.Epochs = append(res.Epochs, ep)
