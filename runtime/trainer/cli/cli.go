@@ -258,10 +258,10 @@ func description(spec *trainer.Spec, hasCUDA bool, prog string) string {
 	fmt.Fprintf(&b, "`%s predict --checkpoint CK IMAGE_OR_DIR...` predicts the classes of image files\n(see %s predict --help).\n\n", prog, prog)
 	b.WriteString(`Exit status: 0 trained (also when --max-steps or --patience ends the run),
 1 bad data, device or checkpoint, 2 bad command line, 3 interrupted by
-SIGINT/SIGTERM (the checkpoint is written: continue with --resume), 4 the
-loss diverged: it became NaN or infinite, or exceeded 100 times the larger
-of the run's first loss and ln(classes); the checkpoint then keeps the last
-good state.
+SIGINT/SIGTERM (the checkpoint is written: continue with --resume),
+4 the loss diverged: it became NaN or infinite, or exceeded 100 times the
+larger of the run's first loss and ln(classes); the checkpoint then keeps
+the last good state.
 `)
 	if hasCUDA {
 		b.WriteString("\n" + CUDANote)
