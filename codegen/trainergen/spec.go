@@ -94,6 +94,7 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		Classes: int(g.Inputs[1].Type.Classes),
 		Epochs:  int(p.Result.Train.Epochs), LR: float32(p.Result.Train.Optimizer.LR), Seed: p.Result.Train.Seed,
 		Optimizer:  p.Result.Train.Optimizer.String(),
+		Schedule:   p.Result.Train.Schedule,
 		ArenaBytes: p.TrainPlace.Bytes(),
 	}
 	if p.Eval != nil && p.Eval.Batch != p.Train.Batch {

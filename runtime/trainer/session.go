@@ -31,8 +31,15 @@ type Session struct {
 	// Step counts completed training steps (Adam's bias correction and the
 	// dropout RNG read it).
 	Step int64
+	// LR is the run's base learning rate: what checkpoints store, and what
+	// a schedule scales (Loop sets each step's rate with SetStepLR).
+	// Without a schedule the kernels use it as it is.
 	LR   float32
 	Seed uint64
+	// stepLR is the rate the next training step's kernels use, when
+	// hasStepLR (SetStepLR); else LR.
+	stepLR    float32
+	hasStepLR bool
 
 	// UseGraphs replays the training step as one captured graph on devices
 	// that can (device.Grapher). The graph is captured at the second step
@@ -165,6 +172,20 @@ func (s *Session) InitParams(seed uint64) error {
 	return nil
 }
 
+// SetStepLR sets the learning rate of the following training steps'
+// kernels — a schedule's rate for the step: Loop calls it before each
+// step — and leaves LR, the base rate checkpoints store, as it is.
+func (s *Session) SetStepLR(lr float32) { s.stepLR, s.hasStepLR = lr, true }
+
+// StepLR is the learning rate the next training step's kernels use: the
+// last SetStepLR's, or LR.
+func (s *Session) StepLR() float32 {
+	if s.hasStepLR {
+		return s.stepLR
+	}
+	return s.LR
+}
+
 // ReadTensor returns a tensor's values from the device.
 func (s *Session) ReadTensor(t Tensor) ([]float32, error) {
 	b := make([]byte, 4*t.Elems())
@@ -266,7 +287,7 @@ func (s *Session) args(l Launch, valid int, dst []uint64) []uint64 {
 		case ArgFloat:
 			v = uint64(math.Float32bits(a.Float))
 		case ArgLR:
-			v = uint64(math.Float32bits(s.LR))
+			v = uint64(math.Float32bits(s.StepLR()))
 		case ArgStep:
 			v = uint64(s.Step)
 		case ArgSeed:
@@ -505,11 +526,14 @@ func (s *Session) evalChunk() int {
 
 // Metadata keys in checkpoints.
 const (
-	MetaFormat    = "format"
-	MetaModel     = "model"
-	MetaStep      = "step"
-	MetaSeed      = "seed"
-	MetaLR        = "lr" // the float32 the kernels use, printed exactly
+	MetaFormat = "format"
+	MetaModel  = "model"
+	MetaStep   = "step"
+	MetaSeed   = "seed"
+	MetaLR     = "lr" // the base rate: the float32 the kernels use without a schedule, printed exactly
+	// MetaSchedule names the learning-rate schedule (schedule.Schedule's
+	// String), when there is one.
+	MetaSchedule  = "lr_schedule"
 	MetaOptimizer = "optimizer"
 	MetaVersion   = "cnnc_version" // the cnnc that generated the trainer (runtime/version)
 	MetaCommit    = "cnnc_commit"
@@ -555,6 +579,9 @@ func (s *Session) metadata(extra map[string]string) map[string]string {
 	}
 	if v.Commit != "" {
 		meta[MetaCommit] = v.Commit
+	}
+	if !s.Spec.Schedule.IsConstant() {
+		meta[MetaSchedule] = s.Spec.Schedule.String()
 	}
 	for k, v := range extra {
 		meta[k] = v
