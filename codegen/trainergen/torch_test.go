@@ -210,8 +210,9 @@ func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &torch), stdout.String())
 	loss, correct, err := s.EvalBatch(b)
 	require.NoError(t, err)
-	t.Logf("PyTorch %s, %s: loss %.7f (cnnc %.7f, bound %.1e; PyTorch float32 %.7f), correct %d (cnnc %d, %d may flip; PyTorch float32 %d)",
-		torch.Version, torch.Optimizer, torch.Loss, loss, torch.LossBound, torch.TorchLoss32, torch.Correct, correct, torch.MayFlip, torch.TorchCorrect32)
+	t.Logf("PyTorch %s, %s: loss %.7f, cnnc's error %.1e, bound %.1e (PyTorch float32's error %.1e); correct %d (cnnc %d, %d may flip; PyTorch float32 %d)",
+		torch.Version, torch.Optimizer, torch.Loss, math.Abs(float64(loss)-torch.Loss), torch.LossBound, math.Abs(torch.TorchLoss32-torch.Loss),
+		torch.Correct, correct, torch.MayFlip, torch.TorchCorrect32)
 	assert.LessOrEqual(t, math.Abs(float64(loss)-torch.Loss), torch.LossBound, "loss: cnnc's float32 error")
 	assert.LessOrEqual(t, abs(correct-torch.Correct), torch.MayFlip, "correct count")
 
@@ -246,8 +247,8 @@ func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
 			var moves, bounds []float64
 			for i := range hi {
 				truth := float64(hi[i]) + float64(lo[i])
-				e.add(i, math.Abs(float64(got[i])-truth), float64(bound[i]))
-				et.add(i, math.Abs(float64(torch32[i])-truth), float64(bound[i]))
+				e.add(i, math.Abs(float64(got[i])-truth), float64(bound[i]), truth)
+				et.add(i, math.Abs(float64(torch32[i])-truth), float64(bound[i]), truth)
 				moves = append(moves, math.Abs(truth-float64(init[i])))
 				bounds = append(bounds, float64(bound[i]))
 			}
@@ -287,13 +288,18 @@ func medianRatio(a, b []float64) float64 {
 	return r[len(r)/2]
 }
 
-// errorStats gathers |x - truth| against its bound over a tensor.
+// errorStats gathers |x - truth| against its bound over a tensor. Its
+// margins are bound / error at the worst element: over all elements, and
+// over those whose error exceeds half an ulp of the truth, the float32
+// rounding of the result itself (which the bound counts exactly, so that
+// the first is about 1 wherever that rounding is all the error there is).
 type errorStats struct {
 	n, over, worst int
-	sq, max, ratio float64 // ratio: the largest error / bound
+	sq, max        float64
+	ratio, arith   float64 // the largest error / bound, overall and past the result's rounding
 }
 
-func (s *errorStats) add(i int, err, bound float64) {
+func (s *errorStats) add(i int, err, bound, truth float64) {
 	s.n++
 	s.sq += err * err
 	s.max = math.Max(s.max, err)
@@ -303,16 +309,27 @@ func (s *errorStats) add(i int, err, bound float64) {
 	if r := err / bound; err > 0 && r > s.ratio {
 		s.ratio, s.worst = r, i
 	}
+	if r := err / bound; err > halfULP32(truth) && r > s.arith {
+		s.arith = r
+	}
+}
+
+// halfULP32 is half the spacing of float32 numbers at x.
+func halfULP32(x float64) float64 {
+	f := float32(math.Abs(x))
+	return float64(math.Nextafter32(f, float32(math.Inf(1)))-f) / 2
 }
 
 func (s *errorStats) rms() float64 { return math.Sqrt(s.sq / float64(max(s.n, 1))) }
 
-// margin is bound / error at the worst element ("exact" when no element differs).
 func (s *errorStats) margin() string {
-	if s.ratio == 0 {
-		return "exact"
+	m := func(r float64) string {
+		if r == 0 {
+			return "none"
+		}
+		return fmt.Sprintf("%.3g", 1/r)
 	}
-	return fmt.Sprintf("%.3g", 1/s.ratio)
+	return fmt.Sprintf("%s (past the result's rounding %s)", m(s.ratio), m(s.arith))
 }
 
 func abs(x int) int {
@@ -320,4 +337,69 @@ func abs(x int) int {
 		return -x
 	}
 	return x
+}
+
+// README's PyTorch snippet, run exactly as README.md shows it (read from
+// the file, so the two cannot drift) in a folder holding a checkpoint of
+// MNISTNet and cnnc's scripts/, loads it into PyTorch's model with
+// load_state_dict(strict=True), with Debian's torch (no safetensors
+// package): every parameter arrives bit for bit.
+func TestREADMELoadsCheckpointInPyTorch(t *testing.T) {
+	py := requireTorch(t)
+	root := moduleRoot(t)
+	snippet := readmeSnippet(t, filepath.Join(root, "README.md"), "cnnc_checkpoint")
+	src, err := os.ReadFile(filepath.Join(root, "examples/mnist.cnn"))
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("mnist.cnn", src, compiler.Options{Batch: 8})
+	require.NoError(t, err)
+	c, err := trainergen.Compile(res, 0, "")
+	require.NoError(t, err)
+	s := newSession(t, c, 3)
+	dir := t.TempDir()
+	require.NoError(t, s.Save(filepath.Join(dir, "m.safetensors"), nil))
+	require.NoError(t, os.Symlink(filepath.Join(root, "scripts"), filepath.Join(dir, "scripts")))
+	// the model before the snippet; after it, what PyTorch holds
+	program := fmt.Sprintf("import sys\nsys.path.insert(0, %q)\nfrom torch_train import MNISTNet\nmodel = MNISTNet()\n\n", filepath.Join(root, "scripts", "bench")) +
+		snippet +
+		"\nfrom torch_checkpoint import write_safetensors\nwrite_safetensors(\"loaded.safetensors\", model.state_dict())\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "snippet.py"), []byte(program), 0o644))
+	cmd := exec.Command(py, "snippet.py")
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "README's snippet:\n%s\n%s", snippet, out)
+	loaded, err := checkpoint.Read(filepath.Join(dir, "loaded.safetensors"))
+	require.NoError(t, err)
+	require.Len(t, loaded.Tensors, len(c.Spec.Params))
+	for _, p := range c.Spec.Params {
+		want, err := s.ReadTensor(p)
+		require.NoError(t, err)
+		got, err := loaded.Expect(p.Name, checkpoint.F32, p.Shape)
+		require.NoError(t, err)
+		assert.Equal(t, want, got.Float32s(), p.Name)
+	}
+}
+
+// readmeSnippet is the one ```python block of the README that mentions
+// marker, without the indentation of its list item.
+func readmeSnippet(t *testing.T, readme, marker string) string {
+	t.Helper()
+	b, err := os.ReadFile(readme)
+	require.NoError(t, err)
+	var found []string
+	lines := strings.Split(string(b), "\n")
+	for i := 0; i < len(lines); i++ {
+		if strings.TrimSpace(lines[i]) != "```python" {
+			continue
+		}
+		indent := lines[i][:strings.Index(lines[i], "`")]
+		var block []string
+		for i++; i < len(lines) && strings.TrimSpace(lines[i]) != "```"; i++ {
+			block = append(block, strings.TrimPrefix(lines[i], indent))
+		}
+		if code := strings.Join(block, "\n") + "\n"; strings.Contains(code, marker) {
+			found = append(found, code)
+		}
+	}
+	require.Len(t, found, 1, "%s: want one ```python block using %s", readme, marker)
+	return found[0]
 }
