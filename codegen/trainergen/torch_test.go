@@ -289,10 +289,12 @@ func medianRatio(a, b []float64) float64 {
 }
 
 // errorStats gathers |x - truth| against its bound over a tensor. Its
-// margins are bound / error at the worst element: over all elements, and
-// over those whose error exceeds half an ulp of the truth, the float32
-// rounding of the result itself (which the bound counts exactly, so that
-// the first is about 1 wherever that rounding is all the error there is).
+// margins are bound / error at the worst element, and the same for the
+// arithmetic before the result's own rounding: every bound holds u|x| for
+// that rounding, at most half an ulp, so where it is all the error there
+// is the first margin is 1 to 2 by construction; the second is
+// (bound - h) / (error - h), h half an ulp of the truth, over the elements
+// whose error exceeds h.
 type errorStats struct {
 	n, over, worst int
 	sq, max        float64
@@ -309,8 +311,8 @@ func (s *errorStats) add(i int, err, bound, truth float64) {
 	if r := err / bound; err > 0 && r > s.ratio {
 		s.ratio, s.worst = r, i
 	}
-	if r := err / bound; err > halfULP32(truth) && r > s.arith {
-		s.arith = r
+	if h := halfULP32(truth); err > h {
+		s.arith = math.Max(s.arith, (err-h)/(bound-h))
 	}
 }
 
@@ -329,7 +331,7 @@ func (s *errorStats) margin() string {
 		}
 		return fmt.Sprintf("%.3g", 1/r)
 	}
-	return fmt.Sprintf("%s (past the result's rounding %s)", m(s.ratio), m(s.arith))
+	return fmt.Sprintf("%s (arithmetic %s)", m(s.ratio), m(s.arith))
 }
 
 func abs(x int) int {
