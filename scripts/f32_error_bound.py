@@ -270,8 +270,8 @@ class Analysis:
     def _bwd_maxpool(self, n, vals, E, D, flip, G, ambiguous, sites):
         # a window with one candidate routes dy where the truth does (error
         # D_y); with several, each candidate may get dy or not: |dy| + D_y
-        # (none where the truth's gradient cannot pass: below a relu that is
-        # off in the truth, where a flip is the relu's own)
+        # (none below a relu that is surely off: no gradient passes there in
+        # either)
         a = n.args[0]
         cand, k = ambiguous[n]
         B, C, H, W = vals[a].shape
@@ -281,7 +281,8 @@ class Analysis:
         D[a] = fold(cand * torch.where(several, torch.zeros_like(Dy), Dy))
         flips = fold(cand * several * (dy.abs() + Df))
         if self.kinds[a] == "relu":
-            flips = flips * (vals[a.args[0]].detach() > 0)
+            pre = a.args[0]
+            flips = flips * (vals[pre].detach() + E[pre] > 0)
         _flips(D, sites, a, flips)
 
     def _bwd_reshape(self, n, vals, E, D, flip, G, ambiguous, sites):
