@@ -122,52 +122,60 @@ class Analysis:
             if n.op != "output":
                 E[n], ambiguous[n] = getattr(self, "_fwd_" + self.kinds[n])(n, vals, E)
         Dz, info = _cross_entropy(vals[self.out].detach(), E[self.out], y)
-        G, D = self._backward(vals, E, ambiguous, Dz, None, None)
+        flips = []
+        G, D = self._backward(vals, E, ambiguous, Dz, None, flips)
+        info["flips"] = sum(flips)
         if self.exact:
-            # the logits' error and the flips' exactly, the rest (each
-            # sum's own rounding) through magnitudes; a flip carries the
-            # whole error of dy there (D of the first pass)
-            sites = [(self.out, Dz)]
-            rest, _ = self._backward(vals, E, ambiguous, torch.zeros_like(Dz), D, sites)
-            exact = self._exactly(vals, sites)
+            # the logits' error and the flips' exactly, only each sum's own
+            # rounding through magnitudes
+            sites = []
+            rest, own = self._backward(vals, E, ambiguous, torch.zeros_like(Dz), sites, [])
+            exact = self._exactly(vals, Dz, sites, D, own)
             if exact is not None:
                 G = {k: torch.minimum(G[k], rest[k] + exact[k]) for k in G}
         return G, info
 
-    def _backward(self, vals, E, ambiguous, Dz, first, sites):
+    def _backward(self, vals, E, ambiguous, Dz, sites, flips):
         """The backward pass of the bounds: D bounds |grad32 - grad| of
         each node's output, from Dz at the logits. A flipped relu mask or
-        pool route adds |dy| + D_first there (D_first: this pass's D, or
-        first's), into D, or as (node, bound) into sites when given."""
+        pool route adds an error there, into D, or, when sites is given, as
+        (node, out, make) into sites: make(D_out) is the error at node's
+        gradient given the bound D_out on the flipping node out's. flips
+        gets the number of elements that may flip, node by node."""
         D, G = {self.out: Dz}, {}
         for n in reversed(self.nodes):
             if n.op not in ("output", "placeholder"):
-                getattr(self, "_bwd_" + self.kinds[n])(n, vals, E, D, first or D, G, ambiguous, sites)
+                getattr(self, "_bwd_" + self.kinds[n])(n, vals, E, D, G, ambiguous, (sites, flips))
         return G, D
 
-    def _exactly(self, vals, sites, budget=512):
-        """The sum over the elements i of every site (node, bound) of
-        |d grad / d g_i| bound_i, g being the node's gradient: the
-        parameters' gradients are linear in it, so this is how far an error
-        there moves them (first order), without the magnitudes'
-        overestimate of cancelling sums. One backward pass per element;
-        None past the budget."""
-        elements = []
-        for n, bound in sites:
-            flat = bound.flatten()
-            elements += [(n, i, flat[i].item()) for i in flat.nonzero().flatten().tolist()]
-        if len(elements) > budget:
+    def _exactly(self, vals, Dz, sites, D, own, budget=512):
+        """The gradients are linear in the logits' gradient dz and in a
+        flipped element's gradient, so an error there moves them by exactly
+        sum_i |d grad / d g_i| bound_i (first order), without the
+        magnitudes' overestimate of cancelling sums: one backward pass per
+        element, from the logits (bound Dz) and then from each flip, top
+        down. A flip's bound is make(D_out), D_out the error of dy where it
+        flips: the smaller of D (all through magnitudes) and own (each
+        sum's own rounding) plus what the logits and the flips above bring
+        there exactly. None past the budget of backward passes."""
+        plan = [(self.out, None, None)] + sites
+        if int((Dz != 0).sum()) + sum(int((make(D[out]) != 0).sum()) for _, out, make in sites) > budget:
             return None
         params = dict(self.model.named_parameters())
         G = {k: torch.zeros_like(p) for k, p in params.items()}
-        for n, i, w in elements:
-            e = torch.zeros(vals[n].numel(), dtype=vals[n].dtype)
-            e[i] = 1
-            e = e.reshape(vals[n].shape)
-            grads = torch.autograd.grad(vals[n], list(params.values()), e, retain_graph=True, allow_unused=True)
-            for k, g in zip(params, grads):
-                if g is not None:
-                    G[k] += g.abs() * w
+        brought = {out: torch.zeros_like(vals[out]) for _, out, _ in sites}
+        for k, (node, out, make) in enumerate(plan):
+            w = Dz if out is None else torch.minimum(make(D[out]), make(own[out] + brought[out]))
+            later = list(dict.fromkeys(o for _, o, _ in plan[k + 1:]))
+            flat = w.flatten()
+            for i in flat.nonzero().flatten().tolist():
+                e = torch.zeros(vals[node].numel(), dtype=vals[node].dtype)
+                e[i] = 1
+                grads = torch.autograd.grad(vals[node], list(params.values()) + [vals[o] for o in later],
+                                            e.reshape(vals[node].shape), retain_graph=True, allow_unused=True)
+                for key, g in zip(list(params) + later, grads):
+                    if g is not None:
+                        (G if key in G else brought)[key] += g.abs() * flat[i]
         return G
 
     # --- forward rules: (bound on the node's output error, what backward needs)
@@ -221,7 +229,7 @@ class Analysis:
 
     # --- backward rules: D of the node's inputs, G of its parameters
 
-    def _bwd_linear(self, n, vals, E, D, flip, G, ambiguous, sites):
+    def _bwd_linear(self, n, vals, E, D, G, ambiguous, sites):
         # dh = W^T dy (fan_out terms), dW = dy h^T (summed over the batch),
         # db = sum of dy:  |d dh| <= |W|^T D_y + gamma_sum(fan_out) |W|^T |dy|,
         # |d dW| <= D_y |h|^T + |dy| E_h^T + gamma_sum(B) |dy| |h|^T,
@@ -238,7 +246,7 @@ class Analysis:
         if mod.bias is not None:
             G[n.target + ".bias"] = Dy.sum(0) + gamma_sum(B) * ady.sum(0)
 
-    def _bwd_conv(self, n, vals, E, D, flip, G, ambiguous, sites):
+    def _bwd_conv(self, n, vals, E, D, G, ambiguous, sites):
         # the same as linear, with the sums of a convolution: dh sums
         # out_channels*kh*kw terms, dW and db sum batch*H_out*W_out
         mod = self.model.get_submodule(n.target)
@@ -257,7 +265,7 @@ class Analysis:
         if mod.bias is not None:
             G[n.target + ".bias"] = Dy.sum((0, 2, 3)) + gamma_sum(terms) * ady.sum((0, 2, 3))
 
-    def _bwd_relu(self, n, vals, E, D, flip, G, ambiguous, sites):
+    def _bwd_relu(self, n, vals, E, D, G, ambiguous, sites):
         # the mask is certain where |a| > E_a (a = 0 passes nothing in
         # either); elsewhere float32 may pass dy where the truth does not, or
         # the other way round: an error of up to |dy| + D_y
@@ -265,9 +273,9 @@ class Analysis:
         av, Ea, dy, Dy = vals[a].detach(), E[a], vals[n].grad, D[n]
         certain = (av - Ea > 0) | (av + Ea <= 0)
         D[a] = torch.where(av - Ea > 0, Dy, torch.zeros_like(Dy))
-        _flips(D, sites, a, torch.where(certain, torch.zeros_like(Dy), dy.abs() + flip[n]))
+        _flips(D, sites, a, n, lambda Dout: torch.where(certain, torch.zeros_like(Dout), dy.abs() + Dout))
 
-    def _bwd_maxpool(self, n, vals, E, D, flip, G, ambiguous, sites):
+    def _bwd_maxpool(self, n, vals, E, D, G, ambiguous, sites):
         # a window with one candidate routes dy where the truth does (error
         # D_y); with several, each candidate may get dy or not: |dy| + D_y
         # (none below a relu that is surely off: no gradient passes there in
@@ -275,27 +283,30 @@ class Analysis:
         a = n.args[0]
         cand, k = ambiguous[n]
         B, C, H, W = vals[a].shape
-        dy, Dy, Df = (t.reshape(B * C, 1, -1) for t in (vals[n].grad, D[n], flip[n]))
+        dy, Dy = vals[n].grad.reshape(B * C, 1, -1), D[n].reshape(B * C, 1, -1)
         several = cand.sum(1, keepdim=True) > 1
         fold = lambda t: F.fold(t, (H, W), k, stride=k).reshape(B, C, H, W)  # noqa: E731
         D[a] = fold(cand * torch.where(several, torch.zeros_like(Dy), Dy))
-        flips = fold(cand * several * (dy.abs() + Df))
+        live = 1
         if self.kinds[a] == "relu":
             pre = a.args[0]
-            flips = flips * (vals[pre].detach() + E[pre] > 0)
-        _flips(D, sites, a, flips)
+            live = vals[pre].detach() + E[pre] > 0
+        _flips(D, sites, a, n, lambda Dout: live * fold(cand * several * (dy.abs() + Dout.reshape(B * C, 1, -1))))
 
-    def _bwd_reshape(self, n, vals, E, D, flip, G, ambiguous, sites):
+    def _bwd_reshape(self, n, vals, E, D, G, ambiguous, sites):
         src = n.args[0]
         D[src] = D[n].reshape(vals[src].shape)
 
 
-def _flips(D, sites, node, bound):
-    """A flip's error bound at node's gradient: into D, or a site."""
+def _flips(D, sites, node, out, make):
+    """A flip's error at node's gradient, make(D[out]): into D, or a site."""
+    sites, flips = sites
+    bound = make(D[out])
+    flips.append(int((bound != 0).sum()))
     if sites is None:
         D[node] = D[node] + bound
     else:
-        sites.append((node, bound))
+        sites.append((node, out, make))
 
 
 def _cross_entropy(z, Ez, y):

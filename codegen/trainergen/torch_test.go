@@ -121,9 +121,12 @@ var torchSeeds = flag.Int("torch-seeds", 1, "TestCheckpointInPyTorch: seeds per 
 // float32 against the same bound. The test keeps its power: a wrong
 // layout, formula or constant moves parameters by a visible fraction of
 // their step, and each parameter's median bound is at most a quarter of
-// its step — except SimpleCNN's conv layers, whose weight gradients sum
-// 47,628 and 11,163 products each: bounded for every summation order,
-// their error may exceed their step, and they are checked only that far.
+// its step — except in a step where a relu or pool may flip (the bound
+// then holds the gradient the flip would send the other way, a real
+// float32 outcome however unlikely; such steps are logged), and except
+// SimpleCNN's conv layers, whose weight gradients sum 47,628 and 11,163
+// products each: bounded for every summation order, their error may
+// exceed their step, and they are checked only that far.
 func TestCheckpointInPyTorch(t *testing.T) {
 	py := requireTorch(t)
 	mnist, err := os.ReadFile("../../examples/mnist.cnn")
@@ -169,6 +172,7 @@ type torchResult struct {
 	TorchCorrect32 int     `json:"torch_correct32"`
 	Optimizer      string
 	Version        string `json:"torch"`
+	Flips          []int  // per step: relu or pool elements float32 may flip
 }
 
 func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
@@ -228,6 +232,10 @@ func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
 		}
 		_, _, err = s.TrainStep(b)
 		require.NoError(t, err)
+		require.Len(t, torch.Flips, steps)
+		if torch.Flips[step-1] > 0 {
+			t.Logf("step %d: %d relu or pool elements may flip in float32; the bounds below them hold the gradient that would go the other way", step, torch.Flips[step-1])
+		}
 		files := map[string]*checkpoint.File{}
 		for _, name := range []string{at + ".f64", at + ".bound", at + ".torch", start} {
 			files[name], err = checkpoint.Read(name)
@@ -256,7 +264,7 @@ func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
 				step, p.Name, rms(moves), e.rms(), e.max, rms(bounds), medianRatio(bounds, moves), e.margin(), et.rms(), et.margin())
 			assert.Zero(t, e.over, "step %d %s: %d of %d elements are farther from the float64 step than float32 rounding can take them; worst [%d]: cnnc %.9g, truth %.9g, bound %.3g",
 				step, p.Name, e.over, len(hi), e.worst, got[e.worst], float64(hi[e.worst])+float64(lo[e.worst]), bound[e.worst])
-			if i < len(sp.Params) && !slices.Contains(tc.coarse, p.Name) {
+			if i < len(sp.Params) && torch.Flips[step-1] == 0 && !slices.Contains(tc.coarse, p.Name) {
 				// the test's power: a wrong layout, formula or constant
 				// moves a parameter by a visible fraction of its step
 				assert.LessOrEqual(t, medianRatio(bounds, moves), 0.25, "step %d %s: the bound is not far below the step", step, p.Name)
