@@ -246,7 +246,7 @@ func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
 			require.NoError(t, err)
 			return v.Float32s()
 		}
-		for i, p := range append(append([]trainer.Tensor{}, sp.Params...), sp.State...) {
+		for k, p := range append(append([]trainer.Tensor{}, sp.Params...), sp.State...) {
 			hi, lo := read(at+".f64", p.Name, p.Shape), read(at+".f64", p.Name+".lo", p.Shape)
 			bound, torch32, init := read(at+".bound", p.Name, p.Shape), read(at+".torch", p.Name, p.Shape), read(start, p.Name, p.Shape)
 			got, err := s.ReadTensor(p)
@@ -264,7 +264,7 @@ func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
 				step, p.Name, rms(moves), e.rms(), e.max, rms(bounds), medianRatio(bounds, moves), e.margin(), et.rms(), et.margin())
 			assert.Zero(t, e.over, "step %d %s: %d of %d elements are farther from the float64 step than float32 rounding can take them; worst [%d]: cnnc %.9g, truth %.9g, bound %.3g",
 				step, p.Name, e.over, len(hi), e.worst, got[e.worst], float64(hi[e.worst])+float64(lo[e.worst]), bound[e.worst])
-			if i < len(sp.Params) && torch.Flips[step-1] == 0 && !slices.Contains(tc.coarse, p.Name) {
+			if k < len(sp.Params) && torch.Flips[step-1] == 0 && !slices.Contains(tc.coarse, p.Name) {
 				// the test's power: a wrong layout, formula or constant
 				// moves a parameter by a visible fraction of its step
 				assert.LessOrEqual(t, medianRatio(bounds, moves), 0.25, "step %d %s: the bound is not far below the step", step, p.Name)
