@@ -124,7 +124,8 @@ class Analysis:
         Dz, info = _cross_entropy(vals[self.out].detach(), E[self.out], y)
         flips = []
         G, D = self._backward(vals, E, ambiguous, Dz, None, flips)
-        info["flips"] = sum(flips)
+        info["flips"] = sum(count for _, count in flips)
+        info["unsettled"] = self._below([node for node, count in flips if count])
         if self.exact:
             # the logits' error and the flips' exactly, only each sum's own
             # rounding through magnitudes
@@ -135,13 +136,20 @@ class Analysis:
                 G = {k: torch.minimum(G[k], rest[k] + exact[k]) for k in G}
         return G, info
 
+    def _below(self, nodes):
+        """The parameters of the layers at or below any of nodes (whose
+        gradients a flip there reaches)."""
+        last = max((self.nodes.index(n) for n in nodes), default=-1)
+        return sorted(f"{n.target}.{name}" for n in self.nodes[:last + 1] if n.op == "call_module"
+                      for name, _ in self.model.get_submodule(n.target).named_parameters())
+
     def _backward(self, vals, E, ambiguous, Dz, sites, flips):
         """The backward pass of the bounds: D bounds |grad32 - grad| of
         each node's output, from Dz at the logits. A flipped relu mask or
         pool route adds an error there, into D, or, when sites is given, as
         (node, out, make) into sites: make(D_out) is the error at node's
         gradient given the bound D_out on the flipping node out's. flips
-        gets the number of elements that may flip, node by node."""
+        gets (node, how many of its elements may flip), node by node."""
         D, G = {self.out: Dz}, {}
         for n in reversed(self.nodes):
             if n.op not in ("output", "placeholder"):
@@ -302,7 +310,7 @@ def _flips(D, sites, node, out, make):
     """A flip's error at node's gradient, make(D[out]): into D, or a site."""
     sites, flips = sites
     bound = make(D[out])
-    flips.append(int((bound != 0).sum()))
+    flips.append((node, int((bound != 0).sum())))
     if sites is None:
         D[node] = D[node] + bound
     else:

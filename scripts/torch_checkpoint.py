@@ -28,8 +28,9 @@ Usage: torch_checkpoint.py MODEL CHECKPOINT PIXELS LABELS N STEPS OUT
   LABELS: N int32, little endian
 Prints one JSON object: the float64 loss and correct count on the batch at
 the checkpoint, their bounds, PyTorch's float32 loss and count, and for
-each step how many relu or pool elements float32 may flip (the bound widens
-there by the gradient that would take the other way).
+each step how many relu or pool elements float32 may flip and the
+parameters at or below them ("unsettled": their bounds hold the gradient a
+flip would send the other way).
 No safetensors package is needed (cnnc_checkpoint.py reads the format).
 """
 import json
@@ -175,6 +176,7 @@ def main():
         write_safetensors(f"{out}.{t + 1}.torch", step32(cls, tensors, t, x32, y, spec))
         info, truth, bounds = step64(cls, exact, tensors, t, x64, y, spec)
         result.setdefault("flips", []).append(info.pop("flips"))
+        result.setdefault("unsettled", []).append(info.pop("unsettled"))
         if t == 0:
             result.update(info)
         write_safetensors(f"{out}.{t + 1}.f64", split64(truth))

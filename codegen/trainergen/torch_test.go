@@ -121,9 +121,10 @@ var torchSeeds = flag.Int("torch-seeds", 1, "TestCheckpointInPyTorch: seeds per 
 // float32 against the same bound. The test keeps its power: a wrong
 // layout, formula or constant moves parameters by a visible fraction of
 // their step, and each parameter's median bound is at most a quarter of
-// its step — except in a step where a relu or pool may flip (the bound
-// then holds the gradient the flip would send the other way, a real
-// float32 outcome however unlikely; such steps are logged), and except
+// its step — except for the layers at or below a relu or pool that may
+// flip in that step (their bounds then hold the gradient the flip would
+// send the other way, a real float32 outcome however unlikely; logged),
+// and except
 // SimpleCNN's conv layers, whose weight gradients sum 47,628 and 11,163
 // products each: bounded for every summation order, their error may
 // exceed their step, and they are checked only that far.
@@ -171,8 +172,9 @@ type torchResult struct {
 	TorchLoss32    float64 `json:"torch_loss32"`
 	TorchCorrect32 int     `json:"torch_correct32"`
 	Optimizer      string
-	Version        string `json:"torch"`
-	Flips          []int  // per step: relu or pool elements float32 may flip
+	Version        string     `json:"torch"`
+	Flips          []int      // per step: relu or pool elements float32 may flip,
+	Unsettled      [][]string // and the parameters at or below them
 }
 
 func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
@@ -233,8 +235,11 @@ func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
 		_, _, err = s.TrainStep(b)
 		require.NoError(t, err)
 		require.Len(t, torch.Flips, steps)
+		require.Len(t, torch.Unsettled, steps)
+		unsettled := torch.Unsettled[step-1]
 		if torch.Flips[step-1] > 0 {
-			t.Logf("step %d: %d relu or pool elements may flip in float32; the bounds below them hold the gradient that would go the other way", step, torch.Flips[step-1])
+			t.Logf("step %d: %d relu or pool elements may flip in float32; the bounds of %v hold the gradient a flip would send the other way",
+				step, torch.Flips[step-1], unsettled)
 		}
 		files := map[string]*checkpoint.File{}
 		for _, name := range []string{at + ".f64", at + ".bound", at + ".torch", start} {
@@ -264,7 +269,7 @@ func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
 				step, p.Name, rms(moves), e.rms(), e.max, rms(bounds), medianRatio(bounds, moves), e.margin(), et.rms(), et.margin())
 			assert.Zero(t, e.over, "step %d %s: %d of %d elements are farther from the float64 step than float32 rounding can take them; worst [%d]: cnnc %.9g, truth %.9g, bound %.3g",
 				step, p.Name, e.over, len(hi), e.worst, got[e.worst], float64(hi[e.worst])+float64(lo[e.worst]), bound[e.worst])
-			if k < len(sp.Params) && torch.Flips[step-1] == 0 && !slices.Contains(tc.coarse, p.Name) {
+			if k < len(sp.Params) && !slices.Contains(unsettled, p.Name) && !slices.Contains(tc.coarse, p.Name) {
 				// the test's power: a wrong layout, formula or constant
 				// moves a parameter by a visible fraction of its step
 				assert.LessOrEqual(t, medianRatio(bounds, moves), 0.25, "step %d %s: the bound is not far below the step", step, p.Name)
