@@ -112,6 +112,7 @@ demo: build
 	@echo "\$$ cnnc plan --memory-budget 40MB examples/simplecnn.cnn | head -12"
 	@./$(CNNC) plan --memory-budget 40MB examples/simplecnn.cnn | head -12
 	@echo
+	@echo "# the first build compiles the trainer's dependencies: ~2 min on a cold machine, cached afterwards"
 	@echo "\$$ cnnc build examples/mnist.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)"
 	@./$(CNNC) build examples/mnist.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)
 	@echo
