@@ -68,7 +68,7 @@ type gAssign struct {
 	Value gValue     `parser:"@@ ';':Punct?"`
 }
 
-// gValue is a *gCall, a *gList or a *gAtom. Calls and lists keep their
+// gValue is a *gCall, a *gList, a *gAtom or a *gHole. Calls and lists keep their
 // tokens (the name or "[" first, the closer last) rather than capture
 // them: a capture costs participle an allocation, and they are many.
 type gValue interface{ value() }
@@ -99,7 +99,14 @@ type gAtom struct {
 	Is     bool `parser:"Size | Float | Int | String | Ident"`
 }
 
+// gHole is a chunk (tokens.go), parsed on its own.
+type gHole struct {
+	Tokens []plex.Token
+	Is     bool `parser:"Hole"`
+}
+
 func (*gCall) value() {}
+func (*gHole) value() {}
 func (*gList) value() {}
 func (*gAtom) value() {}
 
@@ -126,6 +133,18 @@ func buildGrammar() *participle.Parser[gFile] {
 		participle.Lexer(tokenDef{}),
 		participle.Elide("NL"),
 		participle.UseLookahead(0),
-		participle.Union[gValue](&gCall{}, &gList{}, &gAtom{}),
+		participle.Union[gValue](&gCall{}, &gList{}, &gAtom{}, &gHole{}),
 	)
 }
+
+// gChunk is a chunk's grammar: one value.
+type gChunk struct {
+	Value gValue `parser:"@@"`
+}
+
+var chunkGrammar = participle.MustBuild[gChunk](
+	participle.Lexer(tokenDef{}),
+	participle.Elide("NL"),
+	participle.UseLookahead(0),
+	participle.Union[gValue](&gCall{}, &gList{}, &gAtom{}, &gHole{}),
+)

@@ -22,31 +22,69 @@ func Parse(filename string, src []byte) (*File, error) {
 		return nil, Diagnostics{Errorf(Pos{File: filename, Line: 1, Col: 1}, "the file has %d bytes; a model file may have at most %d (%s)",
 			len(src), MaxSourceBytes, units.FormatBytes(MaxSourceBytes))}
 	}
-	ts := newTokenStream(filename, src)
-	peek, err := plex.Upgrade(ts, symNL) // tokenStream never fails
-	if err != nil {
-		return nil, Diagnostics{Errorf(Pos{File: filename, Line: 1, Col: 1}, "%v", err)}
-	}
-	g, err := grammar.ParseFromLexer(peek)
+	t := scanTokens(filename, src)
+	g, err := parseChunks(t)
 	if err != nil {
 		// participle's error stands unless the tokens were cut (an
 		// invalid character, nesting too deep) before it
-		if ts.cut == nil || errorOffset(err) < ts.cut.Pos.Offset {
-			return nil, Diagnostics{syntaxError(filename, peek.Range(0, plex.RawCursor(ts.emitted)), err)}
+		if t.cut == nil || errorOffset(err) < t.cut.Pos.Offset {
+			return nil, Diagnostics{syntaxError(filename, t.all, err)}
 		}
 	}
-	if ts.cut != nil {
-		return nil, Diagnostics{ts.cut}
+	if t.cut != nil {
+		return nil, Diagnostics{t.cut}
 	}
-	c := converter{}
-	f := &File{Name: filename, Model: c.model(g.Model)}
-	for _, s := range g.Sections {
+	c := converter{t: t, chunks: g.chunks}
+	f := &File{Name: filename, Model: c.model(g.file.Model)}
+	for _, s := range g.file.Sections {
 		f.Sections = append(f.Sections, &Section{Pos: fromLexer(s.Kind.Pos), Kind: s.Kind.Value, Stmts: c.block(s.Block)})
 	}
 	if len(c.diags) > 0 {
 		return nil, c.diags
 	}
 	return f, nil
+}
+
+// parsed is what participle made of a file and its chunks.
+type parsed struct {
+	file   *gFile
+	chunks []gValue
+}
+
+// parseChunks parses the file and each chunk, and returns the error that
+// comes first in the file, if any.
+func parseChunks(t *tokens) (*parsed, error) {
+	p := &parsed{chunks: make([]gValue, len(t.chunks))}
+	var first error
+	firstAt := 0
+	keep := func(err error) {
+		if at := errorOffset(err); first == nil || at < firstAt {
+			first, firstAt = err, at
+		}
+	}
+	peek, err := plex.Upgrade(t.lexer(-1), symNL)
+	if err == nil {
+		p.file, err = grammar.ParseFromLexer(peek)
+	}
+	if err != nil {
+		keep(err)
+	}
+	for i, c := range t.chunks {
+		if first != nil && t.all[c.start].Pos.Offset >= firstAt {
+			continue // an error in it would come later
+		}
+		peek, err := plex.Upgrade(t.lexer(i), symNL)
+		var g *gChunk
+		if err == nil {
+			g, err = chunkGrammar.ParseFromLexer(peek)
+		}
+		if err != nil {
+			keep(err)
+			continue
+		}
+		p.chunks[i] = g.Value
+	}
+	return p, first
 }
 
 // errorOffset is where in the source participle's error is.
@@ -68,7 +106,11 @@ func fromLexer(p plex.Position) Pos {
 
 // converter turns the grammar structs into the public AST and checks what
 // the grammar cannot: that numbers, sizes and strings have values.
-type converter struct{ diags Diagnostics }
+type converter struct {
+	t      *tokens
+	chunks []gValue
+	diags  Diagnostics
+}
 
 func (c *converter) model(g *gModel) *Model {
 	m := &Model{Pos: fromLexer(g.Keyword.Pos), Name: g.Name.Value, End: fromLexer(last(g.Block.Tokens).Pos)}
@@ -95,7 +137,10 @@ func (c *converter) value(g gValue) *Expr {
 	switch g := g.(type) {
 	case *gCall:
 		name := first(g.Tokens)
-		call := &Call{Pos: fromLexer(name.Pos), Name: name.Value, Args: make([]*Arg, 0, len(g.Args))}
+		call := &Call{Pos: fromLexer(name.Pos), Name: name.Value}
+		if len(g.Args) > 0 {
+			call.Args = make([]*Arg, 0, len(g.Args))
+		}
 		for _, a := range g.Args {
 			arg := &Arg{Value: c.value(a.Value)}
 			arg.Pos = arg.Value.Pos
@@ -113,6 +158,8 @@ func (c *converter) value(g gValue) *Expr {
 		return e
 	case *gAtom:
 		return c.atom(last(g.Tokens))
+	case *gHole:
+		return c.value(c.chunks[c.t.chunkAt(last(g.Tokens).Pos.Offset)])
 	}
 	panic(fmt.Sprintf("dsl: %T is no value", g))
 }
