@@ -7,32 +7,36 @@ import (
 
 // The grammar of a .cnn file, as participle grammar structs. They are
 // private: Parse converts them into the public AST (ast.go), so no other
-// package depends on participle. In EBNF:
+// package depends on participle. In EBNF (literals are typed in the tags,
+// "(":Punct, so that an elided NL token, which repeats the text of the
+// token after it, never matches one):
 //
 //	File    = Model Section* .
 //	Model   = "model" Ident "(" Input* ")" Block .
-//	Input   = Ident ":" Ident "[" Elem+ "]" Sep(")") .
+//	Input   = (?! ")") Ident ":" Ident "[" Elem+ "]" Sep(")") .
 //	Section = ( "train" | "data" ) Block .
 //	Block   = "{" Assign* "}" .
 //	Assign  = Ident "=" (?! NL) Value ";"? .
-//	Value   = Call | List | Atom .
-//	Call    = Ident "(" Arg* ")" .
-//	Arg     = ( Ident "=" )? Value Sep(")") .
+//	Value   = Call | List | Atom | Hole .
+//	Call    = Func "(" Arg* ")" .
+//	Arg     = (?! ")") ( Key "=" )? Value Sep(")") .
 //	List    = "[" Elem* "]" .
-//	Elem    = Value Sep("]") .
-//	Atom    = Size | Float | Int | String | Ident .
+//	Elem    = (?! "]") Value Sep("]") .
+//	Atom    = Ident | Int | Float | String | Size .
 //	Sep(c)  = (?= "," | c) ","? .    // a comma, optional before the closer c
 //
-// The parser runs without lookahead (UseLookahead(0)): a branch that
+// The parser runs without lookahead (UseLookahead(0)): a branch that has
 // consumed a token is taken, so participle's error is at the first token
-// that does not fit, as a reader sees it. Where one token does not decide
-// (a name or a call; a positional or a keyword argument) a lookahead
-// group does, and (?! c) keeps a list's loop from trying an element at
-// its closer.
-//
-// (?! NL): a statement's value starts on the line of its "=" (NL is the
-// elided token before a token that starts a line), so a missing value is
-// reported on that line rather than taking the next statement's name.
+// that does not fit, where a reader sees it (syntax.go says what was
+// expected there). Func and Key are names the token stream marks by the
+// token after them (an op's name before "(", an argument's keyword before
+// "="; tokens.go), so no branch needs to look ahead to choose; (?! c)
+// keeps a loop from trying one more element at its closer. (?! NL): a
+// statement's value starts on the line of its "=" (NL is the elided token
+// before a token that starts a line), so a missing value is reported on
+// that line rather than taking the next statement's name. A Hole is a
+// call or list nested so deep that it is parsed on its own (a chunk,
+// tokens.go).
 
 type gFile struct {
 	Model    *gModel     `parser:"@@"`
@@ -68,9 +72,10 @@ type gAssign struct {
 	Value gValue     `parser:"@@ ';':Punct?"`
 }
 
-// gValue is a *gCall, a *gList, a *gAtom or a *gHole. Calls and lists keep their
-// tokens (the name or "[" first, the closer last) rather than capture
-// them: a capture costs participle an allocation, and they are many.
+// gValue is a *gCall, a *gList, a *gAtom or a *gHole. Values keep their
+// Tokens (a call's name or a list's "[" first, after any elided ones; the
+// closer last) rather than capture them: each capture costs participle an
+// allocation, and values are most of a file.
 type gValue interface{ value() }
 
 type gCall struct {
@@ -96,7 +101,7 @@ type gElem struct {
 // gAtom is one token, the last of its Tokens.
 type gAtom struct {
 	Tokens []plex.Token
-	Is     bool `parser:"Size | Float | Int | String | Ident"`
+	Is     bool `parser:"Ident | Int | Float | String | Size"`
 }
 
 // gHole is a chunk (tokens.go), parsed on its own.
@@ -106,12 +111,12 @@ type gHole struct {
 }
 
 func (*gCall) value() {}
-func (*gHole) value() {}
 func (*gList) value() {}
 func (*gAtom) value() {}
+func (*gHole) value() {}
 
-// first and last are the first and last tokens of a value (its Tokens
-// may start with elided ones).
+// first and last are the first and last tokens of a value's Tokens,
+// elided ones aside.
 func first(toks []plex.Token) plex.Token {
 	for _, t := range toks {
 		if t.Type != symNL {
@@ -123,28 +128,24 @@ func first(toks []plex.Token) plex.Token {
 
 func last(toks []plex.Token) plex.Token { return toks[len(toks)-1] }
 
-var grammar = buildGrammar()
-
-func buildGrammar() *participle.Parser[gFile] {
-	// participle stops a loop after MaxIterations rounds (a million by
-	// default); a file of MaxSourceBytes has fewer tokens than bytes.
-	participle.MaxIterations = max(participle.MaxIterations, MaxSourceBytes)
-	return participle.MustBuild[gFile](
-		participle.Lexer(tokenDef{}),
-		participle.Elide("NL"),
-		participle.UseLookahead(0),
-		participle.Union[gValue](&gCall{}, &gList{}, &gAtom{}, &gHole{}),
-	)
-}
-
 // gChunk is a chunk's grammar: one value.
 type gChunk struct {
 	Value gValue `parser:"@@"`
 }
 
-var chunkGrammar = participle.MustBuild[gChunk](
-	participle.Lexer(tokenDef{}),
-	participle.Elide("NL"),
-	participle.UseLookahead(0),
-	participle.Union[gValue](&gCall{}, &gList{}, &gAtom{}, &gHole{}),
+var (
+	grammar      = participle.MustBuild[gFile](grammarOptions()...)
+	chunkGrammar = participle.MustBuild[gChunk](grammarOptions()...)
 )
+
+func grammarOptions() []participle.Option {
+	// participle stops a loop after MaxIterations rounds (a million by
+	// default); a file of MaxSourceBytes has fewer tokens than bytes.
+	participle.MaxIterations = max(participle.MaxIterations, MaxSourceBytes)
+	return []participle.Option{
+		participle.Lexer(tokenDef{}),
+		participle.Elide("NL"),
+		participle.UseLookahead(0),
+		participle.Union[gValue](&gCall{}, &gList{}, &gAtom{}, &gHole{}),
+	}
+}

@@ -55,11 +55,11 @@ type parsed struct {
 // comes first in the file, if any.
 func parseChunks(t *tokens) (*parsed, error) {
 	p := &parsed{chunks: make([]gValue, len(t.chunks))}
-	var first error
+	var firstErr error
 	firstAt := 0
 	keep := func(err error) {
-		if at := errorOffset(err); first == nil || at < firstAt {
-			first, firstAt = err, at
+		if at := errorOffset(err); firstErr == nil || at < firstAt {
+			firstErr, firstAt = err, at
 		}
 	}
 	peek, err := plex.Upgrade(t.lexer(-1), symNL)
@@ -70,7 +70,7 @@ func parseChunks(t *tokens) (*parsed, error) {
 		keep(err)
 	}
 	for i, c := range t.chunks {
-		if first != nil && t.all[c.start].Pos.Offset >= firstAt {
+		if firstErr != nil && t.all[c.start].Pos.Offset >= firstAt {
 			continue // an error in it would come later
 		}
 		peek, err := plex.Upgrade(t.lexer(i), symNL)
@@ -84,7 +84,7 @@ func parseChunks(t *tokens) (*parsed, error) {
 		}
 		p.chunks[i] = g.Value
 	}
-	return p, first
+	return p, firstErr
 }
 
 // errorOffset is where in the source participle's error is.
