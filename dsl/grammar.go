@@ -46,14 +46,14 @@ type gFile struct {
 type gModel struct {
 	Keyword plex.Token `parser:"@'model':Ident"`
 	Name    plex.Token `parser:"@Ident '(':Punct"`
-	Inputs  []*gInput  `parser:"@@* ')':Punct"`
+	Inputs  []*gInput  `parser:"( @@ ( (?! ',':Punct ')':Punct) ',':Punct @@ )* ',':Punct? )? ')':Punct"`
 	Block   *gBlock    `parser:"@@"`
 }
 
 type gInput struct {
-	Name plex.Token `parser:"(?! ')':Punct) @Ident ':':Punct"`
+	Name plex.Token `parser:"@Ident ':':Punct"`
 	Type plex.Token `parser:"@Ident '[':Punct"`
-	Dims []*gElem   `parser:"@@+ ']':Punct (?= ',':Punct | ')':Punct) ',':Punct?"`
+	Dims []gValue   `parser:"@@ ( (?! ',':Punct ']':Punct) ',':Punct @@ )* ',':Punct? ']':Punct"`
 }
 
 type gSection struct {
@@ -80,22 +80,17 @@ type gValue interface{ value() }
 
 type gCall struct {
 	Tokens []plex.Token
-	Args   []*gArg `parser:"Func '(':Punct @@* ')':Punct"`
+	Args   []*gArg `parser:"Func '(':Punct ( @@ ( (?! ',':Punct ')':Punct) ',':Punct @@ )* ',':Punct? )? ')':Punct"`
 }
 
 type gArg struct {
-	Key   *plex.Token `parser:"(?! ')':Punct) ( @Key '=':Punct )?"`
-	Value gValue      `parser:"@@ (?= ',':Punct | ')':Punct) ',':Punct?"`
+	Key   *plex.Token `parser:"( @Key '=':Punct )?"`
+	Value gValue      `parser:"@@"`
 }
 
 type gList struct {
 	Tokens []plex.Token
-	Elems  []*gElem `parser:"'[':Punct @@* ']':Punct"`
-}
-
-// gElem is a list element or an input's dimension.
-type gElem struct {
-	Value gValue `parser:"(?! ']':Punct) @@ (?= ',':Punct | ']':Punct) ',':Punct?"`
+	Elems  []gValue `parser:"'[':Punct ( @@ ( (?! ',':Punct ']':Punct) ',':Punct @@ )* ',':Punct? )? ']':Punct"`
 }
 
 // gAtom is one token, the last of its Tokens.

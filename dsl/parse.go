@@ -117,7 +117,7 @@ func (c *converter) model(g *gModel) *Model {
 	for _, in := range g.Inputs {
 		x := &Input{Pos: fromLexer(in.Name.Pos), Name: in.Name.Value, TypePos: fromLexer(in.Type.Pos), Type: in.Type.Value}
 		for _, d := range in.Dims {
-			x.Dims = append(x.Dims, c.value(d.Value))
+			x.Dims = append(x.Dims, c.value(d))
 		}
 		m.Inputs = append(m.Inputs, x)
 	}
@@ -153,7 +153,7 @@ func (c *converter) value(g gValue) *Expr {
 	case *gList:
 		e := &Expr{Pos: fromLexer(first(g.Tokens).Pos), EndPos: endOf(last(g.Tokens)), Kind: ExprList}
 		for _, x := range g.Elems {
-			e.List = append(e.List, c.value(x.Value))
+			e.List = append(e.List, c.value(x))
 		}
 		return e
 	case *gAtom:
