@@ -11,32 +11,32 @@ import (
 // "(":Punct, so that an elided NL token, which repeats the text of the
 // token after it, never matches one):
 //
-//	File    = Model Section* .
-//	Model   = "model" Ident "(" Input* ")" Block .
-//	Input   = (?! ")") Ident ":" Ident "[" Elem+ "]" Sep(")") .
-//	Section = ( "train" | "data" ) Block .
-//	Block   = "{" Assign* "}" .
-//	Assign  = Ident "=" (?! NL) Value ";"? .
-//	Value   = Call | List | Atom | Hole .
-//	Call    = Func "(" Arg* ")" .
-//	Arg     = (?! ")") ( Key "=" )? Value Sep(")") .
-//	List    = "[" Elem* "]" .
-//	Elem    = (?! "]") Value Sep("]") .
-//	Atom    = Ident | Int | Float | String | Size .
-//	Sep(c)  = (?= "," | c) ","? .    // a comma, optional before the closer c
+//	File      = Model Section* .
+//	Model     = "model" Ident "(" Items(Input, ")")? ")" Block .
+//	Input     = Ident ":" Ident "[" Items(Value, "]") "]" .
+//	Section   = ( "train" | "data" ) Block .
+//	Block     = "{" Assign* "}" .
+//	Assign    = Ident "=" (?! NL) Value ";"? .
+//	Value     = Call | List | Atom | Hole .
+//	Call      = Func "(" Items(Arg, ")")? ")" .
+//	Arg       = ( Key "=" )? Value .
+//	List      = "[" Items(Value, "]")? "]" .
+//	Atom      = Ident | Int | Float | String | Size .
+//	Items(x, c) = x ( (?! "," c) "," x )* ","? .  // a comma before the closer c is allowed
 //
 // The parser runs without lookahead (UseLookahead(0)): a branch that has
 // consumed a token is taken, so participle's error is at the first token
 // that does not fit, where a reader sees it (syntax.go says what was
 // expected there). Func and Key are names the token stream marks by the
 // token after them (an op's name before "(", an argument's keyword before
-// "="; tokens.go), so no branch needs to look ahead to choose; (?! c)
-// keeps a loop from trying one more element at its closer. (?! NL): a
-// statement's value starts on the line of its "=" (NL is the elided token
-// before a token that starts a line), so a missing value is reported on
-// that line rather than taking the next statement's name. A Hole is a
-// call or list nested so deep that it is parsed on its own (a chunk,
-// tokens.go).
+// "="; tokens.go), so no branch needs to look ahead to choose between a
+// name and a call or a positional and a keyword argument; (?! "," c)
+// keeps a list of items from taking a trailing comma for the start of one
+// more item. (?! NL): a statement's value starts on the line of its "="
+// (NL is the elided token before a token that starts a line), so a
+// missing value is reported on that line rather than taking the next
+// statement's name. A Hole is a call or list nested so deep that it is
+// parsed on its own (a chunk, tokens.go).
 
 type gFile struct {
 	Model    *gModel     `parser:"@@"`
