@@ -308,9 +308,10 @@ type slot struct {
 	done   func(StepResult) error
 }
 
-// pipelined says whether steps can be queued while the host prepares the
-// next: the device has page-locked memory, asynchronous copies and fences.
-func (s *Session) pipelined() bool {
+// Pipelined says whether the session queues steps PipelineDepth deep
+// (and times them with the device's fences under TraceGaps): the device
+// has page-locked memory, asynchronous copies and fences.
+func (s *Session) Pipelined() bool {
 	_, ha := s.Dev.(device.HostAllocator)
 	_, ac := s.Dev.(device.AsyncCopier)
 	_, f := s.Dev.(device.Fencer)
@@ -336,7 +337,7 @@ func (s *Session) ensureSlots() error {
 		return nil
 	}
 	depth := 1
-	if s.pipelined() {
+	if s.Pipelined() {
 		depth = PipelineDepth
 	}
 	slots := make([]slot, depth)
@@ -624,7 +625,7 @@ func (s *Session) traceStart(step int64) *mark {
 	}
 	m := &s.marks[step%int64(len(s.marks))]
 	m.step = step
-	if fr, ok := s.Dev.(device.Fencer); ok && s.pipelined() {
+	if fr, ok := s.Dev.(device.Fencer); ok && s.Pipelined() {
 		if m.start == nil {
 			var err error
 			if m.start, err = fr.NewFence(true); err == nil {

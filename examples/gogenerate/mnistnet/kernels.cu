@@ -24,6 +24,7 @@ struct CnncStepScalars {
 };
 static_assert(sizeof(CnncStepScalars) == 32, "CnncStepScalars is runtime/device.StepScalars: 32 bytes");
 #endif
+
 // conv_block_fwd_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32: conv 3x3 stride 1x1 pad 1x1 of u8 [B,28,28,1] (HWC, /255 in the loads) to [B,8,28,28] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,8,14,14].
 // Implicit GEMM: M = 8 output channels, N = the 4x16 conv outputs under a 2x8 tile of pooled outputs,
 // K = C*KH*KW = 9 in 1 chunks of 1 channel(s) x 3 kernel row(s). 64 threads compute a 8x64 tile,

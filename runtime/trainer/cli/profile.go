@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"time"
 
@@ -82,6 +83,29 @@ func printProfile(s *trainer.Session, b trainer.Batch, w io.Writer, roofline str
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// printHostGaps summarises the host gap of the traced training steps: how
+// long the device had nothing to do between one step's end and the next
+// step's start because the host was not ready (zero when the host loop
+// keeps it fed), beside the steps' own time.
+func printHostGaps(w io.Writer, s *trainer.Session, times, gaps []time.Duration) {
+	if len(gaps) == 0 {
+		fmt.Fprintf(w, "host gap per step: needs two steps (--profile 2 or more)\n")
+		return
+	}
+	how := "the host's clock from one step's end to the next step's launch (the device runs each step before the host goes on)"
+	if s.Pipelined() {
+		how = fmt.Sprintf("CUDA events around each step: the device idle between one step's end and the next one's start (%d steps queued at a time)", trainer.PipelineDepth)
+	}
+	q := func(ds []time.Duration, f float64) float64 {
+		ds = slices.Clone(ds)
+		slices.Sort(ds)
+		return ms(ds[min(len(ds)-1, int(f*float64(len(ds))))])
+	}
+	fmt.Fprintf(w, "host gap per step over %d steps, from %s:\n", len(gaps), how)
+	fmt.Fprintf(w, "  gap:  median %.3f ms, 90th percentile %.3f ms, max %.3f ms\n", q(gaps, 0.5), q(gaps, 0.9), q(gaps, 1))
+	fmt.Fprintf(w, "  step: median %.3f ms, 90th percentile %.3f ms, max %.3f ms\n", q(times, 0.5), q(times, 0.9), q(times, 1))
+}
 
 // runBench times training steps on one random batch; a step ends when
 // its loss is read back, so device work is included.
