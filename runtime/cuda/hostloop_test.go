@@ -8,8 +8,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,6 +21,7 @@ import (
 	"github.com/cnnc/cnnc/examples"
 	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/nvcc"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -146,4 +149,67 @@ func TestDriverCallsChild(t *testing.T) {
 	_, err = fmt.Fprintln(trace, "# end")
 	require.NoError(t, err)
 	require.NoError(t, sess.Flush())
+}
+
+// The fake driver runs a launched graph when something waits for it, as
+// late as a GPU may: a graph's copy reads page-locked memory as it is
+// then, and waiting for a fence the graph records runs the graphs queued
+// up to it and no further. (On a GPU the first is a race; the fake makes
+// the late outcome certain, so host code that rewrites a staging buffer
+// too early fails its tests.) Fences record inside graphs, and time.
+func TestFakeDriverRunsGraphsWhenWaitedFor(t *testing.T) {
+	if fakecuda.Dir() == "" {
+		t.Skip("on a GPU the outcome is a race")
+	}
+	d := open(t, testFatbin(t))
+	const n = 64
+	px, err := d.Alloc(4 * n)
+	require.NoError(t, err)
+	py, err := d.Alloc(4 * n)
+	require.NoError(t, err)
+	require.NoError(t, d.CopyIn(py, make([]byte, 4*n)))
+	in, err := d.AllocHost(4 * n)
+	require.NoError(t, err)
+	defer d.FreeHost(in)
+	out, err := d.AllocHost(4 * n)
+	require.NoError(t, err)
+	defer d.FreeHost(out)
+	f, err := d.NewFence(true)
+	require.NoError(t, err)
+	defer f.Close()
+	start, err := d.NewFence(true)
+	require.NoError(t, err)
+	defer start.Close()
+	// y += x, x from in; y to out; the fence
+	g, err := d.CaptureGraph(func() error {
+		if err := d.CopyInAsync(px, in); err != nil {
+			return err
+		}
+		if err := d.Launch("saxpy", device.Dim3{1, 1, 1}, device.Dim3{n, 1, 1}, 0, []uint64{f32arg(1), uint64(px), uint64(py), n}); err != nil {
+			return err
+		}
+		if err := d.CopyOutAsync(out, py); err != nil {
+			return err
+		}
+		return f.Record()
+	})
+	require.NoError(t, err)
+	defer g.Close()
+	fill := func(v float32) { copy(in, f32bytes(slices.Repeat([]float32{v}, n))) }
+
+	fill(1)
+	require.NoError(t, start.Record())
+	require.NoError(t, g.Replay())
+	fill(2) // too early: the graph has not read in yet
+	require.NoError(t, f.Wait())
+	assert.Equal(t, float32(2), bytesf32(out)[5], "the copy read in when the graph ran")
+	el, err := f.Since(start)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, el, time.Duration(0))
+
+	require.NoError(t, g.Replay()) // y = 2 + 3
+	fill(3)
+	require.NoError(t, g.Replay()) // y = 5 + 3 when both have run
+	require.NoError(t, d.Sync())
+	assert.Equal(t, float32(8), bytesf32(out)[5])
 }
