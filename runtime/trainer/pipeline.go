@@ -345,7 +345,8 @@ func (s *Session) ensureSlots() error {
 	for i := range slots {
 		sl := &slots[i]
 		sl.io = io
-		buf, err := s.allocStaging(io.bytes)
+		var err error
+		sl.buf, err = s.allocStaging(io.bytes)
 		if err == nil && depth > 1 {
 			sl.fence, err = s.Dev.(device.Fencer).NewFence(false)
 		}
@@ -354,7 +355,6 @@ func (s *Session) ensureSlots() error {
 			s.closeSlots()
 			return err
 		}
-		sl.buf = buf
 	}
 	s.slots = slots
 	return nil
