@@ -544,3 +544,53 @@ func TestLoopOnAPipelinedDevice(t *testing.T) {
 	run(part, context.Background(), res.At, nil)
 	sameState(t, plain, part)
 }
+
+// The loop's guarantees hold with losses arriving late: an OnStep error
+// stops the run after saving where the submitted steps end; an exploding
+// loss, or an update that wrecks the parameters, never reaches a
+// checkpoint.
+func TestLoopGuaranteesOnAPipelinedDevice(t *testing.T) {
+	m := trainertest.TinyAdamDropout(t)
+	ds := trainertest.Data(m.Spec, 22, 3) // 6 batches per epoch
+	session := func() *trainer.Session {
+		s, err := trainer.NewSession(m.Spec, newPipelined(t, m), 4)
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		s.UseGraphs = true
+		return s
+	}
+
+	sess := session()
+	loop, sv := newLoop(sess, ds, 2)
+	full := errors.New("disk full")
+	loop.OnStep = func(s *trainer.StepMetrics) error {
+		if s.Step == 2 { // arrives while the fourth batch is submitted, which then is not
+			return full
+		}
+		return nil
+	}
+	_, err := loop.Run(context.Background())
+	assert.ErrorIs(t, err, full)
+	assert.Equal(t, []trainer.Position{{Batch: 3}}, sv.at)
+	assert.Equal(t, []int64{3}, sv.steps)
+
+	sess = session()
+	sess.LR = 50
+	loop, sv = newLoop(sess, ds, 3)
+	_, err = loop.Run(context.Background())
+	var div *trainer.DivergedError
+	require.ErrorAs(t, err, &div)
+	assert.Empty(t, sv.at)
+
+	sess = session()
+	loop, sv = newLoop(sess, ds, 2)
+	loop.OnStep = func(s *trainer.StepMetrics) error {
+		if s.Step == 9 { // steps submitted from now on (11, 12: epoch 2's last) use it
+			sess.LR = 1e30
+		}
+		return nil
+	}
+	_, err = loop.Run(context.Background())
+	require.ErrorAs(t, err, &div)
+	assert.Equal(t, []trainer.Position{{Epoch: 1}}, sv.at, "only epoch 1's checkpoint: %v", err)
+}

@@ -367,6 +367,9 @@ func (e *DivergedError) Error() string {
 // the guard batch (when this run has trained), then calls Save.
 func (l *Loop) save(at Position) error {
 	if err := l.Session.Flush(); err != nil {
+		if l.stepErr != nil && errors.Is(err, l.stepErr) {
+			return l.saveAfter(at, err) // OnStep failed on a step in flight
+		}
 		return err // a diverging step, or the device's error: nothing is saved
 	}
 	if l.Save == nil {
