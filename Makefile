@@ -4,20 +4,21 @@ BIN     := bin
 CNNC    := $(BIN)/cnnc
 EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
 
-.PHONY: help build test test-fakecuda test-asan gpu-bundle-fake fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
+.PHONY: help build test test-fakecuda test-cuda-headers test-asan gpu-bundle-fake fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
 
 help:
 	@echo "make build         build bin/cnnc"
 	@echo "make test          run every test (CI runs this)"
 	@echo "make demo          the main job: check, plan, build the MNIST trainer and train it (~2 min)"
 	@echo "make test-fakecuda  the CUDA backend's tests on the CPU, under a fake libcuda (part of make test)"
+	@echo "make test-cuda-headers  the -tags cuda build against Debian's newest CUDA headers (12.4; part of make test)"
 	@echo "make test-asan     the CUDA emulator and kernel suites under AddressSanitizer"
 	@echo "make kernels-report  ptxas registers, shared memory and spills of the examples' kernels (needs nvcc)"
-	@echo "make fuzz-short    30 s of fuzzing the DSL front end (CI runs it)"
+	@echo "make fuzz-short    25 s of fuzzing each reader of untrusted input: DSL, checkpoints, IDX, images, image cache (CI runs it)"
 	@echo "make bench         CPU benchmarks side by side with PyTorch -> bench-results.md"
 	@echo "make gpu-bundle    build gpu-bundle/ for the GPU machine (see README, Running on a GPU)"
 	@echo "make gpu-bundle-fake  rehearse the GPU check without a GPU (the bundle under the fake libcuda)"
-	@echo "make lint          gofmt -l and go vet"
+	@echo "make lint          gofmt -l, go vet, and no tracked binaries or files over 1 MB outside testdata"
 	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
 
 build:
@@ -26,6 +27,7 @@ build:
 test: lint
 	$(GO) test ./...
 	$(MAKE) test-fakecuda
+	$(MAKE) test-cuda-headers
 
 # The CUDA backend (runtime/cuda: gorgonia.org/cu, the cgo shim, graphs) and
 # its tests, built with -tags cuda, run without a GPU: a fake libcuda.so.1
@@ -39,15 +41,53 @@ test-fakecuda:
 	set -e; $(GO) run ./internal/fakecuda/cmd/fakecuda $(FAKECUDA); \
 	CNNC_FAKECUDA=$(FAKECUDA) LD_LIBRARY_PATH=$(FAKECUDA) $(GO) test -tags cuda -count=1 ./runtime/cuda/
 
+# The -tags cuda build against the newest CUDA headers in Debian's archive
+# (nvidia-cuda-dev 12.4 of trixie; scripts/fetch-cuda-headers.sh downloads it
+# with a private apt configuration, keeps cuda.h and cudaTypedefs.h in a cache
+# directory and installs nothing), as make test-fakecuda checks the installed
+# 11.8: go vet, the fake driver's symbol check, part of the backend's tests
+# built with those headers and run under the fake driver (acting as a driver of
+# that version), and a CUDA trainer for examples/mnist.cnn, whose binary must
+# bind CUDA 12's cuGetProcAddress_v2. Needs nvcc (the kernels) like test-fakecuda.
+# CNNC_CUDA_HEADERS_SUITE=experimental takes the headers from there (12.5 now).
+CUDA_HEADERS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cnnc/cuda-headers-$(or $(CNNC_CUDA_HEADERS_SUITE),trixie)
+CUDA_HEADERS_TESTS := ^(TestDriver.*|TestDeviceInfo|TestErrors|TestSaxpyMatchesEmulator|TestGraphCaptureAndSetParams)$$
+test-cuda-headers:
+	@if ! command -v nvcc >/dev/null 2>&1 && [ "$$CNNC_REQUIRE_NVCC" != 1 ]; then \
+		echo "!!! SKIPPING test-cuda-headers: no nvcc (make cuda-toolkit)"; exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1 && [ "$$CNNC_REQUIRE_NVCC" != 1 ]; then \
+		echo "!!! SKIPPING test-cuda-headers: no apt-get to fetch Debian's CUDA headers"; exit 0; fi; \
+	set -e; inc=$$(bash scripts/fetch-cuda-headers.sh $(CUDA_HEADERS_CACHE)); \
+	ver=$$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' $$inc/cuda.h); \
+	cflags="-I$$inc -O2 -g"; echo "== -tags cuda with the CUDA_VERSION $$ver headers of $$inc"; \
+	CGO_CFLAGS="$$cflags" $(GO) vet -tags cuda ./runtime/cuda/...; \
+	CNNC_CUDA_HEADERS=$$inc $(GO) test -count=1 -run '^TestDefinesEveryDriverSymbol$$' ./internal/fakecuda/; \
+	$(GO) run ./internal/fakecuda/cmd/fakecuda $(FAKECUDA); \
+	CGO_CFLAGS="$$cflags" CNNC_FAKECUDA=$(FAKECUDA) LD_LIBRARY_PATH=$(FAKECUDA) \
+		CNNC_FAKECUDA_DRIVER_VERSION=$$ver CNNC_CUDA_HEADER_VERSION=$$ver \
+		$(GO) test -tags cuda -count=1 -run '$(CUDA_HEADERS_TESTS)' ./runtime/cuda/; \
+	CGO_CFLAGS="$$cflags" $(GO) run ./cmd/cnnc build examples/mnist.cnn --target cuda -o out/mnist-cuda-$$ver; \
+	nm -D --undefined-only out/mnist-cuda-$$ver | grep -qw cuGetProcAddress_v2 || \
+		{ echo "out/mnist-cuda-$$ver was not built with the CUDA $$ver headers"; exit 1; }
+
 # Generated kernels run on the CPU emulator with every buffer its own C
 # allocation, so ASan reports out-of-bounds global and shared accesses.
 ASAN_PKGS := ./runtime/emu/... ./codegen
 test-asan:
 	CGO_CFLAGS=-fsanitize=address CGO_LDFLAGS=-fsanitize=address $(GO) test -asan $(ASAN_PKGS)
 
-FUZZTIME ?= 30s
+# Every fuzz target of a reader of untrusted input, FUZZTIME each (go test
+# fuzzes one target per run): 5 x 25 s keeps CI's fuzzing near 2 minutes.
+# Interesting inputs are barely minimised (10 runs): that is for failures.
+FUZZTIME ?= 25s
+FUZZ_TARGETS := ./compiler:FuzzCompile ./runtime/checkpoint:FuzzRead \
+	./runtime/data:FuzzIDX ./runtime/data:FuzzDecodeImage ./runtime/data:FuzzImageCache \
+	./codegen/trainergen:FuzzGeneratedSources ./internal/gentext:FuzzComment
 fuzz-short:
-	$(GO) test ./compiler -run='^$$' -fuzz=FuzzCompile -fuzztime=$(FUZZTIME)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "$(GO) test $${t%%:*} -fuzz=$${t##*:} -fuzztime=$(FUZZTIME)"; \
+		$(GO) test $${t%%:*} -run='^$$' -fuzz="^$${t##*:}\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=10x; \
+	done
 
 # Every kernel of the examples compiled for sm_80 and sm_90; fails on a
 # spill or a local-memory stack frame.
@@ -89,9 +129,11 @@ gpu-bundle-fake:
 	bash scripts/make-gpu-bundle.sh --fake out/fakecuda-bundle out/gpu-bundle-fake
 	python3 out/gpu-bundle-fake/gpu_check.py --fake out/fakecuda-bundle --out out/gpu-check-fake
 
+# gofmt, go vet, and no tracked binaries or files over 1 MB outside testdata
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run ./scripts/lint-tracked
 
 cuda-toolkit:
 	bash scripts/install-cuda-toolkit.sh

@@ -25,6 +25,7 @@ import (
 	"text/template"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/internal/gentext"
 	"github.com/cnnc/cnnc/templates"
 )
 
@@ -70,6 +71,7 @@ type Kernel struct {
 	Name   string
 	Family string // the template it came from
 	Text   string
+	Params []Param // its signature
 }
 
 // Launch is one kernel launch of the step.
@@ -164,6 +166,11 @@ func (e *emitter) kernel(family, name string, data any) error {
 		return fmt.Errorf("codegen: template %s for %s: %v", family, name, err)
 	}
 	k := &Kernel{Name: name, Family: family, Text: strings.TrimLeft(b.String(), "\n")}
+	params, err := parseParams(k.Text, name)
+	if err != nil {
+		return err
+	}
+	k.Params = params
 	e.kernels[name] = k
 	e.prog.Kernels = append(e.prog.Kernels, k)
 	return nil
@@ -237,12 +244,15 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 			l.Seq = seq
 		}
 	}
+	if err := checkRestrict(p); err != nil {
+		return nil, err
+	}
 	var src bytes.Buffer
 	name := opts.SourceName
 	if name == "" {
 		name = model
 	}
-	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": name, "Model": model, "Batch": opts.Batch}); err != nil {
+	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": gentext.Comment(name), "Model": gentext.Comment(model), "Batch": opts.Batch}); err != nil {
 		return nil, err
 	}
 	for _, k := range p.Kernels {

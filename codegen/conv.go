@@ -362,11 +362,12 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 	params := []string{"const float* __restrict__ dout", "const float* __restrict__ w"}
 	args := []Arg{buf(p.DOut), buf(p.W)}
 	params, args = appendDYArgs(g, p, params, args)
+	// with the maskout epilogue dx may be written over xmask (in place)
 	if g.MaskOut {
-		params = append(params, "const float* __restrict__ xmask")
+		params = append(params, "const float* "+restrictIf(!aliasable(n, p.XMask))+"xmask")
 		args = append(args, buf(p.XMask))
 	}
-	params = append(params, "float* __restrict__ dx")
+	params = append(params, "float* "+restrictIf(!aliasable(n, n.Out()))+"dx")
 	args = append(args, buf(n.Out()))
 	d.Params = strings.Join(params, ", ")
 	if err := e.kernel("conv_block_dgrad", d.Name, d); err != nil {
@@ -439,15 +440,8 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	d.SharedFloats = d.BQ*(d.XS+d.DS) + 2*d.BN // + the column table (two ints per column)
 	d.LoadA = fragLoad("a", "Ds", fmt.Sprintf("r * %d + tm * %d", d.DS, d.TM), d.TM)
 	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.XS, d.TN), d.TN)
-	// split the reduction over positions so that the grid fills the GPU,
-	// with at least 4 chunks per split
 	d.Q = g.B * g.HWO
-	chunks := (d.Q + d.BQ - 1) / d.BQ
-	tiles := (g.O + d.BM - 1) / d.BM * ((g.K + d.BN - 1) / d.BN)
-	splits := min((wgradTargetBlocks+tiles-1)/tiles, max(1, chunks/4), 65535)
-	perSplit := (chunks + splits - 1) / splits
-	d.Splits = (chunks + perSplit - 1) / perSplit
-	d.QPerSplit = perSplit * d.BQ
+	d.Splits, d.QPerSplit = wgradSplits(g, d.gemmTile, d.BQ, g.B)
 	d.WE = g.O * g.K
 	if g.Bias {
 		d.WE += g.O
@@ -464,7 +458,10 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	params := []string{"const float* __restrict__ dout", "const " + xt + "* __restrict__ x"}
 	args := []Arg{buf(p.DOut), buf(p.X)}
 	params, args = appendDYArgs(g, p, params, args)
-	partial := e.scratch(n, "dw_partials", ir.F32Fixed(d.Splits, d.WE))
+	// sized for the most splits any batch up to this one takes, so that the
+	// workspace planned for a micro-batch also holds a smaller last one's
+	maxSplits := maxOver(g.B, func(b int64) int64 { s, _ := wgradSplits(g, d.gemmTile, d.BQ, b); return s })
+	partial := e.scratch(n, "dw_partials", ir.F32Fixed(maxSplits, d.WE))
 	params = append(params, "float* __restrict__ partial")
 	args = append(args, buf(partial))
 	d.Params = strings.Join(params, ", ")
@@ -482,6 +479,29 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(d.SharedFloats * 4),
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: inBytes})
 	return convWeightReduce(e, n, p, d, partial)
+}
+
+// wgradSplits splits the weight gradient's reduction over the positions of
+// batch samples so that the grid fills the GPU, with at least 4 chunks of
+// bq positions per split, no split empty: the number of splits and the
+// positions of each.
+func wgradSplits(g *convGeom, tile gemmTile, bq, batch int64) (splits, perSplit int64) {
+	chunks := (batch*g.HWO + bq - 1) / bq
+	tiles := (g.O + tile.BM - 1) / tile.BM * ((g.K + tile.BN - 1) / tile.BN)
+	want := min((wgradTargetBlocks+tiles-1)/tiles, max(1, chunks/4), 65535)
+	chunksPer := (chunks + want - 1) / want
+	return (chunks + chunksPer - 1) / chunksPer, chunksPer * bq
+}
+
+// maxOver is the largest f(s) over s = 1..n: a scratch buffer sized for it
+// serves every batch up to n (a micro-batch loop's last iteration may be
+// smaller, and split counts do not grow with the batch monotonically).
+func maxOver(n int64, f func(s int64) int64) int64 {
+	best := int64(0)
+	for s := int64(1); s <= n; s++ {
+		best = max(best, f(s))
+	}
+	return best
 }
 
 // convWeightReduce emits the kernel that adds the splits' partial sums in

@@ -138,7 +138,15 @@ func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, 
 			Args: append(mainArgs, epilogueArgs...), FLOPs: flops, MinBytes: mainBytes + epilogueBytes})
 		return nil
 	}
-	scratch := e.scratch(n, k.Epilogue+"_splitk", ir.F32Fixed(k.Splits, k.M, k.N))
+	// sized for the most partial rows (splits x M) of any M up to this one
+	// (M is the batch): the workspace planned for a micro-batch then also
+	// holds a smaller last one's
+	rows := maxOver(k.M, func(m int64) int64 {
+		km := gemmKernel{M: m, N: k.N, K: k.K}
+		km.plan(true)
+		return km.Splits * m
+	})
+	scratch := e.scratch(n, k.Epilogue+"_splitk", ir.F32Fixed(rows, k.N))
 	partial := *k
 	partial.Name = partialName
 	partial.Doc = "the partial sums of " + name + " per k slice."
@@ -225,12 +233,13 @@ func linearGradInputRule(e *emitter, n *ir.Node) error {
 		k.Doc += ", then masked by the producer's ReLU (x > 0)"
 	}
 	k.Doc += "."
+	// with the maskout epilogue dx may be written over xmask (in place)
 	var epiParams []string
 	var epiArgs []Arg
 	if p.XMask != nil {
-		epiParams, epiArgs = append(epiParams, inParam("xmask")), append(epiArgs, buf(p.XMask))
+		epiParams, epiArgs = append(epiParams, "const float* "+restrictIf(!aliasable(n, p.XMask))+"xmask"), append(epiArgs, buf(p.XMask))
 	}
-	epiParams, epiArgs = append(epiParams, outParam("dx")), append(epiArgs, buf(n.Out()))
+	epiParams, epiArgs = append(epiParams, "float* "+restrictIf(!aliasable(n, n.Out()))+"dx"), append(epiArgs, buf(n.Out()))
 	shape := fmt.Sprintf("b%d_out%d_in%d", b, outF, in)
 	mask := flags("relumask", p.Y != nil)
 	name := "linear_block_grad_input_" + shape + mask

@@ -239,7 +239,10 @@ func TestGemmPlans(t *testing.T) {
 		"linear_block_grad_weight_b32_out128_in28800_bias_sgd_mom0p9 grid=[450 2 1] block=[256 1 1] shared=8320",
 	}, names)
 	require.Len(t, prog.Scratch, 1)
-	require.Equal(t, "f32[120,32,128]", prog.Scratch[0].Type.String())
+	// partial rows: the most splits x rows any batch up to 32 takes (here
+	// batch 32's own 120 x 32), so a micro-batch loop's smaller last
+	// iteration fits the workspace planned for it
+	require.Equal(t, "f32[3840,128]", prog.Scratch[0].Type.String())
 }
 
 // Two runs of the same launches give the same bits, whatever order the

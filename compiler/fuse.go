@@ -50,6 +50,12 @@ func fusePass(ctx *Context, g *ir.Graph) error {
 	return f.backward()
 }
 
+// MaxFusedPoolWindow is the largest max-pool window (in elements) a conv
+// block pools in its epilogue: the window's conv outputs must fit one tile
+// of the forward kernel's 64 columns (codegen's tileFor). A larger pool
+// stays a max-pool of its own.
+const MaxFusedPoolWindow = 64
+
 type fuser struct {
 	g        *ir.Graph
 	readers  map[*ir.Value][]*ir.Node // in the unfused forward graph
@@ -155,7 +161,7 @@ func (f *fuser) blockStart(n *ir.Node) (ir.Attrs, []*ir.Value, *ir.Node) {
 
 func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	a, ins, last := f.blockStart(n)
-	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil {
+	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
 		a.Pool = &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}
 		f.absorbed[p] = true
 		last = p

@@ -2,6 +2,7 @@ package compiler
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 
@@ -29,6 +30,13 @@ type argSpec struct {
 	required bool
 	min      float64 // inclusive lower bound for numbers
 	max      float64 // exclusive upper bound when > min (0: none)
+	// maxInt is an inclusive upper bound for integers (0: none) and
+	// maxWhy says why, for the error.
+	maxInt int64
+	maxWhy string
+	// positive: a number must be above 0 (and, being used as a float32,
+	// at least float32's smallest normal number).
+	positive bool
 	doc      string
 }
 
@@ -51,10 +59,10 @@ var dslOps = []*dslOp{
 	{
 		name: "conv2d", tensors: 1, op: ir.OpConv2D,
 		args: []argSpec{
-			{name: "out", kind: argInt, required: true, min: 1, doc: "output channels"},
-			{name: "kernel", kind: argIntPair, required: true, min: 1, doc: "kernel size, k or [kh,kw]"},
-			{name: "stride", kind: argIntPair, min: 1, doc: "stride (default 1)"},
-			{name: "padding", kind: argIntPair, min: 0, doc: "zero padding on each side (default 0)"},
+			{name: "out", kind: argInt, required: true, min: 1, maxInt: MaxOutFeatures, maxWhy: outWhy, doc: "output channels"},
+			{name: "kernel", kind: argIntPair, required: true, min: 1, maxInt: MaxConvKernel, maxWhy: "cnnc's convolution kernels take windows up to 32x32", doc: "kernel size, k or [kh,kw]"},
+			{name: "stride", kind: argIntPair, min: 1, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "stride (default 1)"},
+			{name: "padding", kind: argIntPair, min: 0, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "zero padding on each side (default 0)"},
 			{name: "bias", kind: argBool, doc: "learn a bias (default true)"},
 		},
 		attrs: func(a args) ir.Attrs {
@@ -76,7 +84,7 @@ var dslOps = []*dslOp{
 	{
 		name: "linear", tensors: 1, op: ir.OpLinear,
 		args: []argSpec{
-			{name: "out", kind: argInt, required: true, min: 1, doc: "output features"},
+			{name: "out", kind: argInt, required: true, min: 1, maxInt: MaxOutFeatures, maxWhy: outWhy, doc: "output features"},
 			{name: "in", kind: argInt, min: 1, doc: "input features; checked against the input when given"},
 			{name: "bias", kind: argBool, doc: "learn a bias (default true)"},
 		},
@@ -95,10 +103,27 @@ var dslOps = []*dslOp{
 }
 
 var poolArgs = []argSpec{
-	{name: "kernel", kind: argIntPair, required: true, min: 1, doc: "window size, k or [kh,kw]"},
-	{name: "stride", kind: argIntPair, min: 1, doc: "stride (default: the kernel size)"},
-	{name: "padding", kind: argIntPair, min: 0, doc: "padding on each side (default 0, at most half the kernel)"},
+	{name: "kernel", kind: argIntPair, required: true, min: 1, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "window size, k or [kh,kw]"},
+	{name: "stride", kind: argIntPair, min: 1, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "stride (default: the kernel size)"},
+	{name: "padding", kind: argIntPair, min: 0, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "padding on each side (default 0, at most half the kernel)"},
 }
+
+// Limits of the arguments, from what the generated kernels can launch.
+const (
+	// MaxConvKernel: the conv templates unroll windows up to 32x32.
+	MaxConvKernel = 32
+	// MaxOutFeatures: a conv's or linear layer's output channels are a
+	// grid dimension of 64-row tiles, and CUDA allows 65,535 blocks there.
+	MaxOutFeatures = 65535 * 64
+	// MaxWindowArg bounds window sizes, strides and padding (sizes stay
+	// far from overflowing).
+	MaxWindowArg = 1 << 20
+)
+
+const (
+	outWhy    = "the kernels tile output channels 64 at a time over at most 65,535 blocks"
+	windowWhy = "no image is that large"
+)
 
 func poolAttrs(a args) ir.Attrs {
 	k := a.pair("kernel", 0)
@@ -255,7 +280,7 @@ func exprSpan(e *dsl.Expr) int {
 
 func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
 	bad := func(format string, a ...any) *dsl.Diagnostic {
-		return dsl.Errorf(e.Pos, "%s: %s=%s", what, s.name, fmt.Sprintf(format, a...)).Span(exprSpan(e))
+		return dsl.Errorf(e.Pos, "%s: %s %s", what, s.name, fmt.Sprintf(format, a...)).Span(exprSpan(e))
 	}
 	checkInt := func(x *dsl.Expr) *dsl.Diagnostic {
 		if x.Kind != dsl.ExprInt {
@@ -264,6 +289,9 @@ func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
 		if float64(x.Int) < s.min {
 			return dsl.Errorf(x.Pos, "%s: %s must be at least %g, got %d", what, s.name, s.min, x.Int).Span(exprSpan(x))
 		}
+		if s.maxInt > 0 && x.Int > s.maxInt {
+			return dsl.Errorf(x.Pos, "%s: %s must be at most %s, got %s", what, s.name, Commas(s.maxInt), Commas(x.Int)).Span(exprSpan(x)).Hint("%s", s.maxWhy)
+		}
 		return nil
 	}
 	checkNum := func(x *dsl.Expr) *dsl.Diagnostic {
@@ -271,6 +299,15 @@ func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
 			return bad("must be a number, got %s", describe(x))
 		}
 		v := numberOf(x)
+		if s.positive && !(v > 0) {
+			return dsl.Errorf(x.Pos, "%s: %s must be positive, got %s", what, s.name, x.Text).Span(exprSpan(x))
+		}
+		if s.positive && v < smallestNormalFloat32 {
+			return dsl.Errorf(x.Pos, "%s: %s %s is below float32's smallest normal number (%.3g): the trainers compute in float32, where it would be 0 or lose its precision", what, s.name, x.Text, smallestNormalFloat32).Span(exprSpan(x))
+		}
+		if math.Abs(v) > math.MaxFloat32 {
+			return dsl.Errorf(x.Pos, "%s: %s %s is beyond float32's range (%.3g): the trainers compute in float32", what, s.name, x.Text, math.MaxFloat32).Span(exprSpan(x))
+		}
 		if v < s.min || (s.max > s.min && v >= s.max) {
 			if s.max > s.min {
 				return dsl.Errorf(x.Pos, "%s: %s must be in [%g, %g), got %s", what, s.name, s.min, s.max, x.Text).Span(exprSpan(x))
@@ -326,6 +363,10 @@ func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
 	return nil
 }
 
+// smallestNormalFloat32 is 2^-126: below it float32 loses precision (and
+// below 2^-149 it is 0).
+const smallestNormalFloat32 = 0x1p-126
+
 func describe(e *dsl.Expr) string {
 	switch e.Kind {
 	case dsl.ExprCall:
@@ -349,6 +390,14 @@ type lowerer struct {
 	state  map[string]int // 0 unvisited, 1 in progress, 2 done
 	path   []string
 	stream int64
+	// nested counts the statement's nested calls per op, for their names
+	nested map[string]int
+	// known caches the sorted names suggestions are drawn from; unknown
+	// counts unknown names (only the first few get suggestions)
+	known   []string
+	unknown int
+	// badInputs are inputs already reported (their uses are not)
+	badInputs map[string]bool
 }
 
 // Lower builds the forward graph of f's model. Parameter and activation
@@ -384,7 +433,9 @@ func (l *lowerer) inputs(m *dsl.Model) {
 		l.diags = append(l.diags, dsl.Errorf(m.Pos, "model %s has no inputs", m.Name).
 			Hint("declare them, e.g. model %s(image: f32[3,128,128], label: class[10])", m.Name))
 	}
+	l.badInputs = map[string]bool{}
 	for _, in := range m.Inputs {
+		l.badInputs[in.Name] = true // until it is added
 		if _, dup := l.values[in.Name]; dup {
 			l.diags = append(l.diags, dsl.Errorf(in.Pos, "input %s declared twice", in.Name).Span(len(in.Name)))
 			continue
@@ -410,14 +461,18 @@ func (l *lowerer) inputs(m *dsl.Model) {
 				l.diags = append(l.diags, dsl.Errorf(in.TypePos, "input %s: images are f32[C,H,W] (channels, height, width), got %d dimensions", in.Name, len(dims)).Span(len(in.Type)))
 				continue
 			}
+			t = ir.F32Batched(dims...)
 			if _, fits := ir.MulChecked(dims...); !fits {
-				l.diags = append(l.diags, dsl.Errorf(in.TypePos, "input %s: %v has more elements than any GPU can hold", in.Name, dims).Span(len(in.Type)))
+				l.diags = append(l.diags, dsl.Errorf(in.TypePos, "input %s: f32[%s] has more than 2^40 elements per sample; no GPU can hold it", in.Name, strings.ReplaceAll(t.DimsString(), "x", ",")).Span(len(in.Type)))
 				continue
 			}
-			t = ir.F32Batched(dims...)
 		case "class":
 			if len(dims) != 1 {
 				l.diags = append(l.diags, dsl.Errorf(in.TypePos, "input %s: labels are class[N] with N the number of classes", in.Name).Span(len(in.Type)))
+				continue
+			}
+			if dims[0] > MaxClasses {
+				l.diags = append(l.diags, dsl.Errorf(in.Dims[0].Pos, "input %s: class[%d] has more classes than the %s labels can name (int32 labels)", in.Name, dims[0], Commas(MaxClasses)).Span(exprSpan(in.Dims[0])))
 				continue
 			}
 			t = ir.Type{DType: ir.Class, Batched: true, Classes: dims[0]}
@@ -429,6 +484,32 @@ func (l *lowerer) inputs(m *dsl.Model) {
 			continue
 		}
 		l.values[in.Name] = l.g.AddInput(in.Name, t, role, in.Pos)
+		delete(l.badInputs, in.Name)
+	}
+	l.checkInputOrder(m)
+}
+
+// MaxClasses is the most classes a label may have: labels are int32.
+const MaxClasses = 1<<31 - 1
+
+// checkInputOrder: a model is an image classifier with two inputs, the
+// image f32[C,H,W] first and its class labels second — what the fuse
+// pass, the planner and the generated trainers read.
+func (l *lowerer) checkInputOrder(m *dsl.Model) {
+	want := []string{"f32", "class"}
+	what := []string{"the image, f32[C,H,W]", "the labels, class[N]"}
+	for i, in := range m.Inputs {
+		switch {
+		case i >= len(want):
+			l.diags = append(l.diags, dsl.Errorf(in.Pos, "model %s takes two inputs, an image and its labels; %s is a third", m.Name, in.Name).Span(len(in.Name)).
+				Hint("declare model %s(image: f32[C,H,W], label: class[N])", m.Name))
+		case in.Type != want[i] && (in.Type == "f32" || in.Type == "class"):
+			l.diags = append(l.diags, dsl.Errorf(in.TypePos, "input %d of model %s must be %s; %s is %s[...]", i+1, m.Name, what[i], in.Name, in.Type).Span(len(in.Type)).
+				Hint("declare model %s(image: f32[C,H,W], label: class[N])", m.Name))
+		}
+	}
+	if len(m.Inputs) == 1 && m.Inputs[0].Type == "f32" {
+		l.diags = append(l.diags, dsl.Errorf(m.Inputs[0].Pos, "model %s has no labels: declare them after the image, e.g. label: class[10]", m.Name).Span(len(m.Inputs[0].Name)))
 	}
 }
 
@@ -449,7 +530,10 @@ func (l *lowerer) visit(s *dsl.Assign) *ir.Value {
 	}
 	l.state[s.Name] = 1
 	l.path = append(l.path, s.Name)
+	outer := l.nested // a statement read before its line is lowered inside another
+	l.nested = nil
 	v := l.tensor(s.Value, s.Name, l.layerNames(s))
+	l.nested = outer
 	l.path = l.path[:len(l.path)-1]
 	l.state[s.Name] = 2
 	if v != nil {
@@ -497,9 +581,14 @@ func (l *lowerer) tensor(e *dsl.Expr, name string, layers map[*dsl.Call]string) 
 		if s, ok := l.stmts[e.Ident]; ok {
 			return l.visit(s)
 		}
+		if l.badInputs[e.Ident] {
+			return nil // its declaration is reported
+		}
 		d := dsl.Errorf(e.Pos, "unknown name %s", e.Ident).Span(len(e.Ident))
-		if s := suggest(e.Ident, l.knownNames()); s != "" {
-			d.Hint("did you mean %s?", s)
+		if l.unknown++; l.unknown <= maxSuggestions {
+			if s := suggest(e.Ident, l.knownNames()); s != "" {
+				d.Hint("did you mean %s?", s)
+			}
 		}
 		l.diags = append(l.diags, d)
 		return nil
@@ -510,7 +599,14 @@ func (l *lowerer) tensor(e *dsl.Expr, name string, layers map[*dsl.Call]string) 
 	return nil
 }
 
+// maxSuggestions bounds the "did you mean" searches (each compares with
+// every name), so that a file of unknown names stays linear.
+const maxSuggestions = 20
+
 func (l *lowerer) knownNames() []string {
+	if l.known != nil {
+		return l.known
+	}
 	var names []string
 	for n := range l.values {
 		names = append(names, n)
@@ -519,6 +615,7 @@ func (l *lowerer) knownNames() []string {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	l.known = names
 	return names
 }
 
@@ -545,7 +642,7 @@ func (l *lowerer) call(c *dsl.Call, name string, layers map[*dsl.Call]string) *i
 	ok := len(l.diags) == before
 	for _, p := range pos {
 		// a nested call is named after its statement: fc1.flatten
-		v := l.tensor(p.Value, nestedName(name, p.Value), layers)
+		v := l.tensor(p.Value, l.nestedName(p.Value), layers)
 		if v == nil {
 			ok = false
 		}
@@ -583,11 +680,24 @@ func (l *lowerer) call(c *dsl.Call, name string, layers map[*dsl.Call]string) *i
 	return n.Out()
 }
 
-func nestedName(parent string, e *dsl.Expr) string {
-	if e.Kind == dsl.ExprCall {
-		return parent + "." + e.Call.Name
+// nestedName names a nested call's output after its statement and op —
+// fc1.flatten — numbering further calls of one op in the statement
+// (a.relu, a.relu_2, ...), so that names stay short and unique however
+// deep calls nest. Other expressions keep the statement's name.
+func (l *lowerer) nestedName(e *dsl.Expr) string {
+	stmt := l.path[len(l.path)-1]
+	if e.Kind != dsl.ExprCall {
+		return stmt
 	}
-	return parent
+	op := e.Call.Name
+	if l.nested == nil {
+		l.nested = map[string]int{}
+	}
+	l.nested[op]++
+	if k := l.nested[op]; k > 1 {
+		return fmt.Sprintf("%s.%s_%d", stmt, op, k)
+	}
+	return stmt + "." + op
 }
 
 // findLoss marks the model's loss: exactly one cross_entropy result.

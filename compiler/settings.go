@@ -36,10 +36,18 @@ const (
 	DefaultEpochs = 1
 )
 
+// MaxBatch is the largest batch cnnc compiles a training step for (its
+// kernels' grids and the memory plan's sizes stay far within their
+// limits); `cnnc plan --max-batch` searches up to it.
+const MaxBatch = 1 << 20
+
+// MaxEpochs bounds the train block's epochs.
+const MaxEpochs = 1_000_000
+
 var trainSettings = []argSpec{
 	{name: "optimizer", doc: "sgd(...), adam(...) or adamw(...)"},
-	{name: "batch", kind: argInt, min: 1, doc: "samples per step (default 32)"},
-	{name: "epochs", kind: argInt, min: 1, doc: "passes over the training data (default 1)"},
+	{name: "batch", kind: argInt, min: 1, maxInt: MaxBatch, maxWhy: "cnnc compiles training steps of at most 1,048,576 samples (2^20)", doc: "samples per step (default 32)"},
+	{name: "epochs", kind: argInt, min: 1, maxInt: MaxEpochs, maxWhy: "a run of more epochs is better split over several (--resume)", doc: "passes over the training data (default 1)"},
 	{name: "memory_budget", kind: argSize, doc: "device memory the step may use, e.g. 64MiB"},
 	{name: "seed", kind: argInt, min: 0, doc: "seed for initialisation, shuffling and dropout (default 0)"},
 }
@@ -53,7 +61,7 @@ type optimizerDef struct {
 
 var optimizerDefs = map[string]optimizerDef{
 	"sgd": {kind: ir.SGD, lr: 0.01, args: []argSpec{
-		{name: "lr", kind: argFloat, min: 0, doc: "learning rate (default 0.01)"},
+		{name: "lr", kind: argFloat, positive: true, doc: "learning rate (default 0.01)"},
 		{name: "momentum", kind: argFloat, min: 0, doc: "momentum factor (default 0)"},
 		{name: "nesterov", kind: argBool, doc: "Nesterov momentum (default false)"},
 		{name: "weight_decay", kind: argFloat, min: 0, doc: "L2 penalty (default 0)"},
@@ -63,7 +71,7 @@ var optimizerDefs = map[string]optimizerDef{
 }
 
 var adamArgs = []argSpec{
-	{name: "lr", kind: argFloat, min: 0, doc: "learning rate (default 0.001)"},
+	{name: "lr", kind: argFloat, positive: true, doc: "learning rate (default 0.001)"},
 	{name: "betas", kind: argFloatPair, min: 0, max: 1, doc: "moment decay rates (default [0.9, 0.999])"},
 	{name: "eps", kind: argFloat, min: 0, doc: "added to the denominator (default 1e-8)"},
 	{name: "weight_decay", kind: argFloat, min: 0, doc: "L2 penalty for adam, decoupled decay for adamw (defaults 0 and 0.01)"},
@@ -174,8 +182,9 @@ var datasetArgs = map[string][]argSpec{
 	"mnist":       {},
 }
 
-// ParseData reads the data block (nil: no data configured).
-func ParseData(s *dsl.Section, image ir.Type) (DataConfig, dsl.Diagnostics) {
+// ParseData reads the data block (nil: no data configured) and checks
+// each dataset against the model's image and label types (when known).
+func ParseData(s *dsl.Section, image, label ir.Type) (DataConfig, dsl.Diagnostics) {
 	var cfg DataConfig
 	var diags dsl.Diagnostics
 	if s == nil {
@@ -187,7 +196,7 @@ func ParseData(s *dsl.Section, image ir.Type) (DataConfig, dsl.Diagnostics) {
 		if e == nil {
 			continue
 		}
-		ds := parseDataset(e, image, &diags)
+		ds := parseDataset(e, image, label, &diags)
 		if key == "train" {
 			cfg.Train = ds
 		} else {
@@ -197,7 +206,10 @@ func ParseData(s *dsl.Section, image ir.Type) (DataConfig, dsl.Diagnostics) {
 	return cfg, diags
 }
 
-func parseDataset(e *dsl.Expr, image ir.Type, diags *dsl.Diagnostics) *DataSource {
+// MNISTClasses is the number of MNIST's labels, the digits 0..9.
+const MNISTClasses = 10
+
+func parseDataset(e *dsl.Expr, image, label ir.Type, diags *dsl.Diagnostics) *DataSource {
 	if e.Kind != dsl.ExprCall {
 		*diags = append(*diags, dsl.Errorf(e.Pos, "a dataset is imagefolder(\"path\") or mnist(\"path\"), got %s", describe(e)).Span(exprSpan(e)))
 		return nil
@@ -233,6 +245,10 @@ func parseDataset(e *dsl.Expr, image ir.Type, diags *dsl.Diagnostics) *DataSourc
 		if c.Name == "mnist" && (image.Dims[0] != 1 || image.Dims[1] != 28 || image.Dims[2] != 28) {
 			*diags = append(*diags, dsl.Errorf(c.Pos, "mnist images are 1x28x28 but the model's input is %s", image.DimsString()).Span(len(c.Name)))
 		}
+	}
+	if c.Name == "mnist" && label.DType == ir.Class && label.Classes < MNISTClasses {
+		*diags = append(*diags, dsl.Errorf(c.Pos, "mnist has %d classes (the digits 0 to 9) but the model's labels are class[%d]", MNISTClasses, label.Classes).Span(len(c.Name)).
+			Hint("declare label: class[10] and give the last layer out=10"))
 	}
 	return ds
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // shapesPass infers every tensor's type in schedule order. A parametric
@@ -58,9 +59,9 @@ func checkParamBytes(ctx *Context, g *ir.Graph) {
 		}
 	}
 	if total > MaxDeviceBytes {
-		ctx.Diags = append(ctx.Diags, dsl.Errorf(largest.Value.Pos, "the parameters need %s, more than any GPU holds", dsl.FormatSize(total)).
+		ctx.Diags = append(ctx.Diags, dsl.Errorf(largest.Value.Pos, "the parameters need %s, more than any GPU holds (cnnc allows %s)", units.FormatBytes(total), units.FormatBytes(MaxDeviceBytes)).
 			Span(len(largest.Layer)).
-			Hint("%s alone has %s parameters (%s); shrink it", largest.Name, Commas(largest.Value.Type.SampleElems()), dsl.FormatSize(largest.Value.Type.Bytes(1))))
+			Hint("%s alone has %s parameters (%s); shrink it", largest.Name, Commas(largest.Value.Type.SampleElems()), units.FormatBytes(largest.Value.Type.Bytes(1))))
 	}
 }
 

@@ -77,7 +77,7 @@ func TestExportCommandErrors(t *testing.T) {
 
 	code, _, stderr = cnnc("export", "--onnx", out, "--checkpoint", filepath.Join(dir, "missing.safetensors"), "../../examples/mnist.cnn")
 	assert.Equal(t, 1, code)
-	assert.Contains(t, stderr, "cnnc export: --checkpoint: open "+filepath.Join(dir, "missing.safetensors"))
+	assert.Contains(t, stderr, "cnnc export: --checkpoint: stat "+filepath.Join(dir, "missing.safetensors")+": no such file or directory")
 	// a checkpoint of another model names the tensor it lacks
 	code, _, stderr = cnnc("export", "--onnx", out, "--checkpoint", ck, "../../examples/simplecnn.cnn")
 	assert.Equal(t, 1, code)

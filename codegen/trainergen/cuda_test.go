@@ -197,6 +197,7 @@ func TestBuildCUDATrainer(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, trainergen.WriteModuleCUDA(dir, c.Spec, c.Kernels, fatbin))
 	for _, f := range []string{"main.go", "spec.go", "help/help.go", "kernels.cu", "kernels.fatbin", "go.mod", "go.sum",
+		"kernels_cpu.cc", "kernels_cpu.go", "cuda_emu.h", // the "cpu" device's kernels, built in
 		"cnnc-runtime/runtime/cuda/device.go", "cnnc-runtime/runtime/cuda/shim.go"} {
 		assert.FileExists(t, filepath.Join(dir, f))
 	}

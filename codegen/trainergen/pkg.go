@@ -2,9 +2,11 @@ package trainergen
 
 import (
 	"fmt"
+	"go/token"
 
 	"github.com/dave/jennifer/jen"
 
+	"github.com/cnnc/cnnc/internal/gentext"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -28,6 +30,9 @@ import (
 // replayed as a CUDA graph. Without the tag the package never links
 // gorgonia.org/cu.
 func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[string][]byte, error) {
+	if !token.IsIdentifier(pkg) || token.IsKeyword(pkg) || pkg == "_" {
+		return nil, fmt.Errorf("trainergen: %q is not a Go package name", pkg)
+	}
 	specSrc, err := SpecFile(pkg, spec)
 	if err != nil {
 		return nil, err
@@ -38,7 +43,7 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 	if fatbin != nil {
 		where = "on an NVIDIA GPU when built with -tags cuda, else on the CPU (the CUDA C kernels through cnnc's emulator)"
 	}
-	f.PackageComment(fmt.Sprintf("Package %s trains model %s (compiled by cnnc from %s for batches of up to %d %dx%dx%d images, %d classes) %s.", pkg, spec.Model, spec.Source, spec.Batch, spec.H, spec.W, spec.C, spec.Classes, where))
+	f.PackageComment(fmt.Sprintf("Package %s trains model %s (compiled by cnnc from %s for batches of up to %d %dx%dx%d images, %d classes) %s.", pkg, gentext.Comment(spec.Model), gentext.Comment(spec.Source), spec.Batch, spec.H, spec.W, spec.C, spec.Classes, where))
 	f.PackageComment("")
 	f.PackageComment("New returns a Model: Train it on a Dataset, Step it batch by batch, Evaluate, Predict, Save and Load it;")
 	f.PackageComment("its methods are runtime/trainer's (github.com/cnnc/cnnc/runtime/trainer).")
@@ -72,6 +77,9 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 		return nil, err
 	}
 	files := map[string][]byte{"spec.go": specSrc, "model.go": model, "kernels.cu": kernels}
+	if err := addBuiltinKernels(files, pkg, spec, kernels); err != nil {
+		return nil, err
+	}
 	if fatbin != nil {
 		if files["cuda.go"], err = cudaFile(pkg, spec); err != nil {
 			return nil, err

@@ -315,16 +315,15 @@ func inferSoftmaxCE(n *Node) ([]Type, error) {
 // FLOPs of fused ops: the sum of what they fuse.
 
 func convBlockFLOPs(n *Node, outElems, convElems int64, cin int64) int64 {
-	k := n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
-	f := 2 * convElems * cin * k
+	f := MulSat(2, convElems, cin, n.Attrs.Kernel[0], n.Attrs.Kernel[1])
 	if n.Attrs.Bias {
-		f += convElems
+		f = AddSat(f, convElems)
 	}
 	if n.Attrs.ReLU {
-		f += convElems
+		f = AddSat(f, convElems)
 	}
 	if pw := n.Attrs.Pool; pw != nil {
-		f += outElems * pw.Kernel[0] * pw.Kernel[1]
+		f = AddSat(f, MulSat(outElems, pw.Kernel[0], pw.Kernel[1]))
 	}
 	return f
 }
@@ -345,7 +344,7 @@ func flopsConvBlockGradInput(n *Node) int64 {
 	if err != nil {
 		return 0
 	}
-	return 2 * conv.SampleElems() * x.Dims[0] * n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
+	return MulSat(2, conv.SampleElems(), x.Dims[0], n.Attrs.Kernel[0], n.Attrs.Kernel[1])
 }
 
 func flopsConvBlockGradWeight(n *Node) int64 {
@@ -356,9 +355,9 @@ func flopsConvBlockGradWeight(n *Node) int64 {
 	if err != nil {
 		return 0
 	}
-	f := 2 * conv.SampleElems() * x.Dims[0] * n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
+	f := MulSat(2, conv.SampleElems(), x.Dims[0], n.Attrs.Kernel[0], n.Attrs.Kernel[1])
 	if n.Attrs.Bias {
-		f += conv.SampleElems()
+		f = AddSat(f, conv.SampleElems())
 	}
 	return f
 }
@@ -366,12 +365,12 @@ func flopsConvBlockGradWeight(n *Node) int64 {
 func flopsLinearBlock(n *Node) int64 {
 	p, _ := n.Parts()
 	w := p.W.Type
-	f := 2 * w.Dims[0] * w.Dims[1]
+	f := MulSat(2, w.Dims[0], w.Dims[1])
 	if n.Attrs.Bias {
-		f += w.Dims[0]
+		f = AddSat(f, w.Dims[0])
 	}
 	if n.Attrs.ReLU {
-		f += w.Dims[0]
+		f = AddSat(f, w.Dims[0])
 	}
 	return f
 }
@@ -379,7 +378,7 @@ func flopsLinearBlock(n *Node) int64 {
 func flopsLinearBlockGrad(n *Node) int64 {
 	p, _ := n.Parts()
 	if n.Op == OpLinearBlockGradInput {
-		return 2 * p.W.Type.SampleElems()
+		return MulSat(2, p.W.Type.SampleElems())
 	}
-	return 2 * n.Attrs.Out * p.X.Type.Dims[0]
+	return MulSat(2, n.Attrs.Out, p.X.Type.Dims[0])
 }

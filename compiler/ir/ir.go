@@ -141,6 +141,18 @@ func (t Type) ShapeString() string {
 	return "[" + strings.Join(parts, ",") + "]"
 }
 
+// ShapeStringAt is the shape at a batch size: [32,16,126,126].
+func (t Type) ShapeStringAt(batch int64) string {
+	parts := make([]string, 0, len(t.Dims)+1)
+	if t.Batched {
+		parts = append(parts, fmt.Sprint(batch))
+	}
+	for _, d := range t.Dims {
+		parts = append(parts, fmt.Sprint(d))
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
 // DimsString prints per-sample dims as "32x124x124".
 func (t Type) DimsString() string {
 	parts := make([]string, len(t.Dims))

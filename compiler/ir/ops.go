@@ -2,7 +2,7 @@ package ir
 
 import (
 	"fmt"
-
+	"math"
 	"math/bits"
 )
 
@@ -152,6 +152,37 @@ func MulChecked(xs ...int64) (int64, bool) {
 		n = int64(lo)
 	}
 	return n, true
+}
+
+// MulSat multiplies non-negative counts (FLOPs, bytes), saturating at
+// math.MaxInt64 instead of wrapping: an absurd model's count stays huge
+// and positive, and the compiler's limits (which bound every count a
+// model may reach) report it rather than printing a negative number.
+func MulSat(xs ...int64) int64 {
+	n := int64(1)
+	for _, x := range xs {
+		if x <= 0 {
+			return 0
+		}
+		hi, lo := bits.Mul64(uint64(n), uint64(x))
+		if hi != 0 || lo > math.MaxInt64 {
+			return math.MaxInt64
+		}
+		n = int64(lo)
+	}
+	return n
+}
+
+// AddSat adds non-negative counts, saturating at math.MaxInt64.
+func AddSat(xs ...int64) int64 {
+	var n int64
+	for _, x := range xs {
+		if n > math.MaxInt64-x {
+			return math.MaxInt64
+		}
+		n += x
+	}
+	return n
 }
 
 // checkSize rejects types whose element count is absurd.
@@ -452,43 +483,43 @@ func inferUpdate(n *Node) ([]Type, error) {
 func flopsNone(*Node) int64 { return 0 }
 
 func flopsPerOutput(k int64) func(*Node) int64 {
-	return func(n *Node) int64 { return k * n.Outs[0].Type.SampleElems() }
+	return func(n *Node) int64 { return MulSat(k, n.Outs[0].Type.SampleElems()) }
 }
 
 func flopsInput0(n *Node) int64 { return n.Ins[0].Type.SampleElems() }
 
 func convMACs(out Type, w Type) int64 {
 	// per output element: Cin*kh*kw multiply-adds
-	return out.SampleElems() * w.Dims[1] * w.Dims[2] * w.Dims[3]
+	return MulSat(out.SampleElems(), w.Dims[1], w.Dims[2], w.Dims[3])
 }
 
 func flopsConv2D(n *Node) int64 {
-	f := 2 * convMACs(n.Outs[0].Type, n.Ins[1].Type)
+	f := MulSat(2, convMACs(n.Outs[0].Type, n.Ins[1].Type))
 	if len(n.Ins) > 2 {
-		f += n.Outs[0].Type.SampleElems()
+		f = AddSat(f, n.Outs[0].Type.SampleElems())
 	}
 	return f
 }
 
-func flopsConv2DGradInput(n *Node) int64 { return 2 * convMACs(n.Ins[0].Type, n.Ins[1].Type) }
+func flopsConv2DGradInput(n *Node) int64 { return MulSat(2, convMACs(n.Ins[0].Type, n.Ins[1].Type)) }
 
 func flopsConv2DGradWeight(n *Node) int64 {
-	return 2 * convMACs(n.Ins[0].Type, n.Outs[0].Type)
+	return MulSat(2, convMACs(n.Ins[0].Type, n.Outs[0].Type))
 }
 
 func flopsPool(n *Node) int64 {
-	return n.Outs[0].Type.SampleElems() * n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
+	return MulSat(n.Outs[0].Type.SampleElems(), n.Attrs.Kernel[0], n.Attrs.Kernel[1])
 }
 
 func flopsPoolGrad(n *Node) int64 {
-	return n.Ins[0].Type.SampleElems() * n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
+	return MulSat(n.Ins[0].Type.SampleElems(), n.Attrs.Kernel[0], n.Attrs.Kernel[1])
 }
 
 func flopsLinear(n *Node) int64 {
 	w := n.Ins[1].Type
-	f := 2 * w.Dims[0] * w.Dims[1]
+	f := MulSat(2, w.Dims[0], w.Dims[1])
 	if len(n.Ins) > 2 {
-		f += w.Dims[0]
+		f = AddSat(f, w.Dims[0])
 	}
 	return f
 }
@@ -496,14 +527,14 @@ func flopsLinear(n *Node) int64 {
 func flopsLinearGrad(n *Node) int64 {
 	// dx = dy·W and dW = dyᵀ·x both cost 2·out·in per sample
 	if n.Op == OpLinearGradInput {
-		return 2 * n.Ins[1].Type.SampleElems()
+		return MulSat(2, n.Ins[1].Type.SampleElems())
 	}
-	return 2 * n.Outs[0].Type.SampleElems()
+	return MulSat(2, n.Outs[0].Type.SampleElems())
 }
 
 func flopsCrossEntropy(n *Node) int64 {
 	// max, exp, sum, log per logit
-	return 4 * n.Ins[0].Type.SampleElems()
+	return MulSat(4, n.Ins[0].Type.SampleElems())
 }
 
 func flopsUpdate(n *Node) int64 {
@@ -511,20 +542,20 @@ func flopsUpdate(n *Node) int64 {
 	if n.Op == OpAdamUpdate {
 		per = 12
 	}
-	return per * n.Ins[0].Type.SampleElems()
+	return MulSat(per, n.Ins[0].Type.SampleElems())
 }
 
 // FLOPs returns the node's floating-point operations at the given batch.
 func (n *Node) FLOPs(batch int64) int64 {
 	f := n.Op.Info().FLOPs(n)
-	if n.isBatched() {
-		f *= batch
+	if n.IsBatched() {
+		f = MulSat(f, batch)
 	}
 	return f
 }
 
-// isBatched reports whether the node's work scales with the batch.
-func (n *Node) isBatched() bool {
+// IsBatched reports whether the node's work scales with the batch.
+func (n *Node) IsBatched() bool {
 	for _, v := range n.Ins {
 		if v.Type.Batched {
 			return true

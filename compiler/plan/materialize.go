@@ -63,6 +63,7 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 		if s.loop >= 0 {
 			ps.Samples = c.loops[s.loop].micro
 		}
+		ps.Updates = updatedParams(n)
 		for j, in := range s.ins {
 			ps.Ins = append(ps.Ins, Operand{Value: n.Ins[j].Name, Buffer: in.buf.id, Slice: s.loop >= 0 && in.loop < 0 && in.v.Type.Batched})
 		}
@@ -243,4 +244,21 @@ func (p *Plan) Check() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// updatedParams names the parameters node n updates: the first input of
+// a separate update, the parameters of a kernel with its update fused.
+func updatedParams(n *ir.Node) []string {
+	var names []string
+	switch {
+	case n.Op == ir.OpSGDUpdate || n.Op == ir.OpAdamUpdate:
+		names = append(names, n.Ins[0].Name)
+	case n.Attrs.Opt != nil:
+		if p, err := n.Parts(); err == nil {
+			for _, v := range p.Params {
+				names = append(names, v.Name)
+			}
+		}
+	}
+	return names
 }

@@ -26,6 +26,7 @@ package plan
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
@@ -198,8 +199,36 @@ type Step struct {
 	Pos       Source `json:"pos"`
 	// Text is the IR node, as printed.
 	Text string `json:"text"`
+	// Updates names the parameters the step updates (state_dict names):
+	// one for a separate sgd_update/adam_update, a layer's weight and bias
+	// for a weight-gradient kernel with its update fused.
+	Updates []string `json:"updates,omitempty"`
 
 	Node *ir.Node `json:"-"`
+}
+
+// Label names the step for people: "linear_block_grad_input fc1",
+// "conv2 weight update" (a separate update says which parameter),
+// "conv2d_block_grad_weight conv1 (+ weight, bias update)".
+func (s *Step) Label() string {
+	if s.Kernel == ir.OpSGDUpdate.String() || s.Kernel == ir.OpAdamUpdate.String() {
+		return s.Layer + " " + strings.Join(s.updatedParts(), ", ") + " update"
+	}
+	l := s.Kernel + " " + s.Layer
+	if len(s.Updates) > 0 {
+		l += " (+ " + strings.Join(s.updatedParts(), ", ") + " update)"
+	}
+	return l
+}
+
+// updatedParts are the updated parameters without the layer's prefix:
+// "weight", "bias".
+func (s *Step) updatedParts() []string {
+	parts := make([]string, len(s.Updates))
+	for i, u := range s.Updates {
+		parts[i] = strings.TrimPrefix(u, s.Layer+".")
+	}
+	return parts
 }
 
 // Operand is a value a step reads or writes, and where it lives.

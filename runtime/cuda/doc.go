@@ -40,4 +40,11 @@
 // reaches the kernels through the step's scalar block, which the graph
 // copies in. Fences (fence.go, device.Fencer) are CUDA events; recorded
 // during a capture they become event record nodes of the graph.
+//
+// Driver versions: the calls whose default version depends on the CUDA
+// headers (cuCtxCreate, stream capture, graph instantiation and node
+// updates) are resolved at run time through cuGetProcAddress at fixed ABI
+// versions (driver.go), so the package makes the same driver calls whether
+// compiled with CUDA 11.8 or 12.x headers, and runs on drivers from CUDA
+// 11.4 (12.0 when compiled with 12.x headers) to 13.
 package cuda

@@ -74,7 +74,18 @@ type Module struct {
 // are the non-template __global__ functions of the source; their parameters must be pointers
 // or scalars of at most 8 bytes. Compiled libraries are cached by content, so compiling the
 // same source again only loads it. A compiler failure is a *CompileError.
+//
+// When the program carries a library built from the same source (RegisterBuiltin) and opts
+// ask for no other compiler, flags or debug build, Compile loads that one and runs no
+// compiler at all: so a trainer runs where none is installed.
 func Compile(src []byte, name string, opts Options) (*Module, error) {
+	if lookup := builtinFor(src, opts); lookup != nil {
+		lib, err := openBuiltin(lookup)
+		if err != nil {
+			return nil, err
+		}
+		return newModule(lib, "", findKernels(string(src)), opts)
+	}
 	path, names, err := buildLibrary(src, name, opts)
 	if err != nil {
 		return nil, err
@@ -83,6 +94,11 @@ func Compile(src []byte, name string, opts Options) (*Module, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newModule(lib, path, names, opts)
+}
+
+// newModule looks up the kernels' entry points in an open library.
+func newModule(lib *library, path string, names []string, opts Options) (*Module, error) {
 	m := &Module{lib: lib, path: path, kernels: map[string]kernel{}}
 	for _, k := range names {
 		entry, err := lib.symbol(entrySymbol(k))
@@ -126,8 +142,66 @@ func buildLibrary(src []byte, name string, opts Options) (path string, kernels [
 	return path, kernels, err
 }
 
-// flagFillShared must match cnnc_emu::kFlagFillShared.
-const flagFillShared = 1
+// Launch flags; they must match cnnc_emu::kFlag* in cuda_emu.h.
+const (
+	flagFillShared   = 1
+	flagReverse      = 2
+	flagShuffle      = 4
+	flagPoisonShared = 8
+	flagSeedShift    = 8 // bits 8..31: the shuffle's seed
+)
+
+// Order is the order in which a launch runs the threads of each barrier interval of a block.
+type Order uint8
+
+const (
+	// OrderForward runs warp by warp, each warp's lanes in order (the default).
+	OrderForward Order = iota
+	// OrderReverse runs the warps, and each warp's lanes, last first.
+	OrderReverse
+	// OrderShuffle runs them in a random order drawn from Schedule.Seed, anew for every barrier
+	// interval, warp and sweep.
+	OrderShuffle
+)
+
+func (o Order) String() string {
+	switch o {
+	case OrderForward:
+		return "forward"
+	case OrderReverse:
+		return "reverse"
+	case OrderShuffle:
+		return "shuffle"
+	}
+	return fmt.Sprintf("Order(%d)", uint8(o))
+}
+
+// Schedule is the race mode: how a module's launches order the threads of a block between
+// barriers. A correct kernel gives the same bits in every order; one that reads what another
+// thread writes without a barrier (or warp synchronisation) in between, or that depends on the
+// element layout of wmma fragments, does not. Under a schedule — forward included, so that runs
+// compare — dynamic and static shared memory is filled with 0xFF bytes (NaN floats) at the start
+// of every block, and the orders other than forward also give wmma fragments another (seeded)
+// element layout.
+type Schedule struct {
+	Order Order
+	Seed  uint32 // OrderShuffle: the permutations' seed (its low 24 bits)
+}
+
+// SetSchedule makes later launches run in race mode with the given order. It must not be called
+// while launches of the module run.
+func (m *Module) SetSchedule(s Schedule) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.flags &= flagFillShared
+	m.flags |= flagPoisonShared | (s.Seed&0xFFFFFF)<<flagSeedShift
+	switch s.Order {
+	case OrderReverse:
+		m.flags |= flagReverse
+	case OrderShuffle:
+		m.flags |= flagShuffle
+	}
+}
 
 // SetWorkers sets how many OS threads later launches run blocks on (n <= 0: GOMAXPROCS).
 func (m *Module) SetWorkers(n int) {
@@ -139,8 +213,13 @@ func (m *Module) SetWorkers(n int) {
 	m.mu.Unlock()
 }
 
-// Path is the compiled shared library; the .cu it was built from lies next to it.
+// Path is the compiled shared library; the .cu it was built from lies next to it. It is ""
+// for a library built into the program.
 func (m *Module) Path() string { return m.path }
+
+// Builtin reports whether the module's library was built into the program (RegisterBuiltin)
+// rather than compiled when the program ran.
+func (m *Module) Builtin() bool { return m.path == "" }
 
 // Kernels lists the module's kernel names, sorted.
 func (m *Module) Kernels() []string {
@@ -184,6 +263,11 @@ func checkLaunch(grid, block Dim3, sharedBytes int) error {
 // Errors — unknown kernel, invalid shape, wrong parameter count, a kernel that traps or
 // misuses a barrier — are returned, never panicked.
 func (m *Module) Launch(kernelName string, grid, block Dim3, sharedBytes int, params []uint64) error {
+	return m.launch(kernelName, grid, block, sharedBytes, params, nil)
+}
+
+// launch runs a kernel; prepare, if given, is called with the C launch before any block runs.
+func (m *Module) launch(kernelName string, grid, block Dim3, sharedBytes int, params []uint64, prepare func(unsafe.Pointer) error) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.lib == nil {
@@ -209,6 +293,11 @@ func (m *Module) Launch(kernelName string, grid, block Dim3, sharedBytes int, pa
 		return fmt.Errorf("%w of %s: rejected by the runtime", ErrInvalidLaunch, kernelName)
 	}
 	defer m.lib.freeLaunch(launch)
+	if prepare != nil {
+		if err := prepare(launch); err != nil {
+			return fmt.Errorf("%w of %s: %v", ErrInvalidLaunch, kernelName, err)
+		}
+	}
 
 	n := uint64(m.workers)
 	if blocks := grid.count(); blocks < n {

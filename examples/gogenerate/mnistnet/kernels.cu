@@ -600,7 +600,7 @@ extern "C" __global__ void __launch_bounds__(256) softmax_cross_entropy_b32_c10(
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out10_in64_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* __restrict__ xmask, float* __restrict__ dx) {
+extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out10_in64_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -760,7 +760,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_o
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out64_in784_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* __restrict__ xmask, float* __restrict__ dx) {
+extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out64_in784_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -1111,7 +1111,7 @@ extern "C" __global__ void sgd_update_16_sgd_mom0p9(float* __restrict__ param, c
 // 3x3 taps with no per-tap tests and no zero products. Per chunk of 7 output channel(s) it gathers the 10x10 dy
 // region the tile reads into shared memory (dy is formed there from the output gradient; it never exists in global memory) and the
 // phase's weights of its 8 input channels; 64 threads keep 2 channels x 4 pixels (tn + 16j) in registers.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_dgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_maskout_b32(const float* __restrict__ dout, const float* __restrict__ w, const unsigned int* __restrict__ argmax, const float* __restrict__ xmask, float* __restrict__ dx) {
+extern "C" __global__ void __launch_bounds__(64, 1) conv_block_dgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_maskout_b32(const float* __restrict__ dout, const float* __restrict__ w, const unsigned int* __restrict__ argmax, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                                  // w(o0 + oc, c0 + m, ky0 + SH*a, kx0 + SW*b) at ((oc*KHP + a)*KWP + b)*12 + m
     float* const Ds = smem + 7 * 3 * 3 * 12;  // dy(o0 + oc, oyLo + ry, oxLo + rx) at (oc*10 + ry)*10 + rx

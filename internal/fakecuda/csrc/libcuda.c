@@ -18,6 +18,11 @@
 // on a GPU; everything else runs when it is called, after the queued graphs, and events
 // measure CPU time. Memory: device pointers are host allocations; the device's total memory is
 // $CNNC_FAKECUDA_MEMORY bytes (default 16 GiB) and allocations beyond it fail.
+//
+// Versions: cuGetProcAddress (CUDA 11.3's) and cuGetProcAddress_v2 (CUDA 12's) hand out the
+// versioned entry points cnnc resolves at run time, by base name and ABI version, as the
+// driver does. The driver reports the fake's header version; $CNNC_FAKECUDA_DRIVER_VERSION
+// makes it an older driver and $CNNC_FAKECUDA_HIDE (names) one without those entry points.
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
@@ -273,9 +278,16 @@ CUresult cuInit(unsigned int flags) {
 	return CUDA_SUCCESS;
 }
 
+// The driver's CUDA version: the headers' the fake is built with, or $CNNC_FAKECUDA_DRIVER_VERSION
+// (e.g. 11020) to act as an older driver (cuGetProcAddress then finds only older entry points).
+static int driver_version(void) {
+	const char* v = getenv("CNNC_FAKECUDA_DRIVER_VERSION");
+	return v && *v ? atoi(v) : CUDA_VERSION;
+}
+
 CUresult cuDriverGetVersion(int* v) {
 	if (!v) return CUDA_ERROR_INVALID_VALUE;
-	*v = CUDA_VERSION;
+	*v = driver_version();
 	return CUDA_SUCCESS;
 }
 
@@ -1051,5 +1063,83 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction f, int b
 	int by_threads = 2048 / block, by_shared = shared ? (int)((228 << 10) / shared) : 32;
 	*n = by_threads < by_shared ? by_threads : by_shared;
 	if (*n > 32) *n = 32;
+	return CUDA_SUCCESS;
+}
+
+// ---- entry points by name and version (cuGetProcAddress) -------------------------------
+
+// The versioned entry points the fake hands out: a base name, the CUDA version that introduced
+// that ABI, and the function. cnnc's runtime/cuda resolves these (driver.c); a lookup of any
+// other name says so on stderr, so a new one shows up here.
+static const struct {
+	const char* name;
+	int version;
+	void* fn;
+} proc_table[] = {
+    {"cuCtxCreate", 3020, (void*)cuCtxCreate},
+    {"cuCtxDestroy", 4000, (void*)cuCtxDestroy},
+    {"cuStreamBeginCapture", 10010, (void*)cuStreamBeginCapture},
+    {"cuStreamGetCaptureInfo", 11030, (void*)cuStreamGetCaptureInfo_v2},
+    {"cuGraphInstantiateWithFlags", 11040, (void*)cuGraphInstantiateWithFlags},
+    {"cuGraphExecKernelNodeSetParams", 10010, (void*)cuGraphExecKernelNodeSetParams},
+};
+
+enum { PROC_FOUND = 0, PROC_SYMBOL_NOT_FOUND = 1, PROC_VERSION_NOT_SUFFICIENT = 2 }; // CUdriverProcAddressQueryResult
+
+// hidden reports whether $CNNC_FAKECUDA_HIDE (comma-separated names) hides symbol, to act as
+// a driver without it.
+static int hidden(const char* symbol) {
+	const char* h = getenv("CNNC_FAKECUDA_HIDE");
+	size_t n = strlen(symbol);
+	for (const char* p = h; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (strncmp(p, symbol, n) == 0 && (p[n] == ',' || p[n] == 0)) return 1;
+	return 0;
+}
+
+// proc_lookup finds the newest version of symbol not newer than the requested CUDA version
+// nor than the driver, as the driver does.
+static int proc_lookup(const char* symbol, int version, void** fn) {
+	int best = -1, named = 0;
+	for (size_t i = 0; i < sizeof proc_table / sizeof proc_table[0]; i++) {
+		if (strcmp(proc_table[i].name, symbol) != 0 || proc_table[i].version > driver_version() || hidden(symbol))
+			continue;
+		named = 1;
+		if (proc_table[i].version <= version && (best < 0 || proc_table[i].version > proc_table[best].version))
+			best = (int)i;
+	}
+	*fn = best >= 0 ? proc_table[best].fn : NULL;
+	if (best >= 0) return PROC_FOUND;
+	if (!named) note("cuGetProcAddress: %s is not emulated (or hidden, or newer than driver %d)", symbol, driver_version());
+	return named ? PROC_VERSION_NOT_SUFFICIENT : PROC_SYMBOL_NOT_FOUND;
+}
+
+static CUresult proc_args(const char* symbol, void** fn, unsigned long long flags) {
+	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+	if (!symbol || !fn || flags > 3) return CUDA_ERROR_INVALID_VALUE; // LEGACY_STREAM | PER_THREAD_DEFAULT_STREAM
+	return CUDA_SUCCESS;
+}
+
+// CUDA 11.3-11.8's cuGetProcAddress: a missing symbol is CUDA_ERROR_NOT_FOUND.
+#undef cuGetProcAddress
+CUresult cuGetProcAddress(const char* symbol, void** fn, int version, cuuint64_t flags) {
+	CUresult r = proc_args(symbol, fn, flags);
+	if (r != CUDA_SUCCESS) return r;
+	return proc_lookup(symbol, version, fn) == PROC_FOUND ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+// CUDA 12's (what cuGetProcAddress means in 12.x and 13 headers): a missing symbol succeeds
+// with a NULL function, and the query result says why. Declared here, as the fake's own
+// headers may predate it.
+#if CUDA_VERSION >= 12000
+typedef CUdriverProcAddressQueryResult proc_status;
+#else
+typedef int proc_status;
+CUresult cuGetProcAddress_v2(const char* symbol, void** fn, int version, cuuint64_t flags, proc_status* status);
+#endif
+CUresult cuGetProcAddress_v2(const char* symbol, void** fn, int version, cuuint64_t flags, proc_status* status) {
+	CUresult r = proc_args(symbol, fn, flags);
+	if (r != CUDA_SUCCESS) return r;
+	int found = proc_lookup(symbol, version, fn);
+	if (status) *status = (proc_status)found;
 	return CUDA_SUCCESS;
 }

@@ -1,0 +1,142 @@
+package codegen_test
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/runtime/device"
+	"github.com/cnnc/cnnc/runtime/emu"
+	"github.com/cnnc/cnnc/runtime/trainer"
+)
+
+// The emulator runs a block's threads one after another, so a kernel that
+// reads what another thread wrote without a barrier in between can be right
+// by luck in its default order. Race mode (emu.Module.SetSchedule) runs the
+// threads of every barrier interval in reverse and in seeded random orders,
+// with shared memory poisoned at every block: every kernel family of the
+// examples — their planned training steps, in-place aliasing and
+// micro-batch loops included — must give the same bits in every order,
+// launch by launch. (runtime/emu's race tests show that a kernel missing a
+// barrier does not.)
+func TestKernelsAreRaceFree(t *testing.T) {
+	simple, err := os.ReadFile("../examples/simplecnn.cnn")
+	require.NoError(t, err)
+	mnist, err := os.ReadFile("../examples/mnist.cnn")
+	require.NoError(t, err)
+	for _, c := range []struct {
+		name  string
+		src   []byte
+		batch int64
+		cfg   plan.Config
+	}{
+		{"simplecnn.cnn", simple, 2, plan.Config{}},
+		{"mnist.cnn", mnist, 3, plan.Config{}},
+		// a micro-batched trunk: accumulating weight gradients, the loss's
+		// accumulating variant, zero fills, sliced operands
+		{"mnist.cnn", mnist, 5, plan.Config{MicroBatch: 2, Trunk: "conv2"}},
+	} {
+		t.Run(fmt.Sprintf("%s_b%d_mb%d", c.name, c.batch, c.cfg.MicroBatch), func(t *testing.T) {
+			checkRaceFree(t, c.name, c.src, c.batch, c.cfg)
+		})
+	}
+}
+
+// raceSchedules are the orders compared with the forward one.
+var raceSchedules = []emu.Schedule{{Order: emu.OrderReverse}, {Order: emu.OrderShuffle, Seed: 1}, {Order: emu.OrderShuffle, Seed: 77}}
+
+func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.Config) {
+	res, err := compiler.CompileSource(name, src, compiler.Options{Batch: batch})
+	require.NoError(t, err)
+	comp, err := trainergen.CompilePlan(res, cfg)
+	require.NoError(t, err)
+	spec := comp.Spec
+	mod, err := emu.Compile(comp.Train.Source, "race.cu", emu.Options{})
+	require.NoError(t, err)
+	defer mod.Close()
+	arena, err := emu.Alloc(int(spec.ArenaBytes))
+	require.NoError(t, err)
+	defer emu.Free(arena)
+
+	// the arena starts as random floats in [-1, 1) (parameters, state,
+	// pixels alike), the labels valid classes
+	rng := rand.New(rand.NewPCG(uint64(batch), 31))
+	init := make([]byte, spec.ArenaBytes)
+	for i := 0; i+4 <= len(init); i += 4 {
+		binary.LittleEndian.PutUint32(init[i:], math.Float32bits(float32(2*rng.Float64()-1)))
+	}
+	for i := int64(0); i < spec.Train.Labels.Elems(); i++ {
+		binary.LittleEndian.PutUint32(init[spec.Train.Labels.Offset+4*i:], uint32(rng.IntN(spec.Classes)))
+	}
+	device.StepScalars{Step: 0, Seed: 5, Valid: int64(spec.Batch), LR: 0.01}.Put(init[spec.Scalars:])
+
+	// run returns, per launch, a hash of every buffer argument after it,
+	// and the whole arena after the step
+	seed := maphash.MakeSeed()
+	run := func() ([]uint64, []byte) {
+		require.NoError(t, emu.CopyIn(arena, init))
+		var hashes []uint64
+		for i, l := range spec.Train.Launches {
+			params := make([]uint64, len(l.Args))
+			for j, a := range l.Args {
+				params[j] = launchArg(a, arena, spec)
+			}
+			require.NoError(t, mod.Launch(l.Kernel, emu.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]},
+				emu.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}, l.SharedBytes, params), "launch %d", i)
+			var h maphash.Hash
+			h.SetSeed(seed)
+			for j, a := range l.Args {
+				if a.Kind != trainer.ArgBuffer {
+					continue
+				}
+				v := comp.Train.Launches[i].Args[j].Value
+				n := v.Type.Bytes(launchSamples(comp.Plan, comp.Train.Launches[i]))
+				buf := make([]byte, n)
+				require.NoError(t, emu.CopyOut(buf, arena+emu.Ptr(a.Offset)))
+				h.Write(buf)
+			}
+			hashes = append(hashes, h.Sum64())
+		}
+		final := make([]byte, spec.ArenaBytes)
+		require.NoError(t, emu.CopyOut(final, arena))
+		return hashes, final
+	}
+	mod.SetSchedule(emu.Schedule{Order: emu.OrderForward})
+	want, wantArena := run()
+	for _, s := range raceSchedules {
+		mod.SetSchedule(s)
+		got, gotArena := run()
+		for i := range want {
+			l := comp.Train.Launches[i]
+			require.Equal(t, want[i], got[i], "%s order: launch %d (%s, %s) gives other bits than the forward order: a race",
+				s.Order, i, l.Kernel, l.Node.Text())
+		}
+		require.True(t, string(wantArena) == string(gotArena), "%s order: the arena after the step differs", s.Order)
+	}
+	t.Logf("%s at batch %d: %d launches of %d kernels give the same bits in the forward order and %d race orders",
+		name, batch, len(spec.Train.Launches), len(comp.Train.Kernels), len(raceSchedules))
+}
+
+// launchArg is a launch argument's 8-byte value with the arena at base.
+func launchArg(a trainer.Arg, base emu.Ptr, spec *trainer.Spec) uint64 {
+	switch a.Kind {
+	case trainer.ArgBuffer:
+		return uint64(base) + uint64(a.Offset)
+	case trainer.ArgInt:
+		return uint64(a.Int)
+	case trainer.ArgFloat:
+		return uint64(math.Float32bits(a.Float))
+	case trainer.ArgScalars:
+		return uint64(base) + uint64(spec.Scalars)
+	}
+	panic(fmt.Sprintf("unknown argument kind %d", a.Kind))
+}
