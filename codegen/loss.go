@@ -19,10 +19,20 @@ func init() {
 func softmaxCrossEntropyRule(e *emitter, n *ir.Node) error {
 	classes := n.Ins[0].Type.Dims[0]
 	name := fmt.Sprintf("softmax_cross_entropy_b%d_c%d", e.batch, classes)
+	eps := n.Attrs.Smoothing
+	if eps != 0 {
+		name += "_ls" + nameNumber(eps)
+	}
 	if n.Attrs.Accumulate {
 		name += "_acc" // a micro-batch of a loop: adds its share of the batch's loss
 	}
 	data := map[string]any{"Name": name, "Batch": e.batch, "Classes": classes, "Idx": indexType(e.batch * classes), "Accumulate": n.Attrs.Accumulate}
+	if eps != 0 {
+		// the smoothed target's weights, rounded once to float32 here
+		data["Smoothing"] = eps
+		data["OnTarget"] = cFloat(1 - eps)
+		data["OffTarget"] = cFloat(eps / float64(classes))
+	}
 	if e.batch > 1<<31-1 {
 		return fmt.Errorf("codegen: %s: batch %d is too large", n.Text(), e.batch)
 	}

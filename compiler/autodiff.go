@@ -63,7 +63,7 @@ var gradRules = map[ir.Op]gradRule{
 		return []*ir.Value{dy, dy}
 	},
 	ir.OpCrossEntropy: func(b *gradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
-		return []*ir.Value{b.emit(ir.OpCrossEntropyGrad, n, ir.Attrs{}, n.Ins[0], n.Ins[0], n.Ins[1]), nil}
+		return []*ir.Value{b.emit(ir.OpCrossEntropyGrad, n, ir.Attrs{Smoothing: n.Attrs.Smoothing}, n.Ins[0], n.Ins[0], n.Ins[1]), nil}
 	},
 }
 

@@ -99,7 +99,13 @@ var dslOps = []*dslOp{
 		doc:   "inverted dropout (scales kept elements by 1/(1-p)); identity when evaluating",
 	},
 	{name: "add", tensors: 2, op: ir.OpAdd, doc: "elementwise sum of two tensors of one shape (residual connections)"},
-	{name: "cross_entropy", tensors: 2, op: ir.OpCrossEntropy, doc: "softmax cross-entropy of logits [B,C] against class labels, mean over the batch"},
+	{
+		name: "cross_entropy", tensors: 2, op: ir.OpCrossEntropy,
+		args: []argSpec{{name: "label_smoothing", kind: argFloat, min: 0, max: 1,
+			doc: "ε in [0, 1): the target is (1-ε)·onehot(label) + ε/classes, PyTorch's label_smoothing (default 0)"}},
+		attrs: func(a args) ir.Attrs { return ir.Attrs{Smoothing: a.float("label_smoothing", 0)} },
+		doc:   "softmax cross-entropy of logits [B,C] against class labels, mean over the batch",
+	},
 }
 
 var poolArgs = []argSpec{

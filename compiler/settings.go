@@ -5,6 +5,7 @@ import (
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/schedule"
 )
 
 // TrainConfig is the train block with defaults filled in.
@@ -14,7 +15,10 @@ type TrainConfig struct {
 	Epochs       int64
 	MemoryBudget int64 // bytes; 0 means none
 	Seed         uint64
-	Pos          map[string]dsl.Pos // where each setting was written
+	// Schedule is the learning-rate schedule (schedule, warmup); with
+	// onecycle, Optimizer.LR is its max_lr, the run's base rate.
+	Schedule schedule.Schedule
+	Pos      map[string]dsl.Pos // where each setting was written
 }
 
 // DataSource is one dataset of the data block.
@@ -50,6 +54,8 @@ var trainSettings = []argSpec{
 	{name: "epochs", kind: argInt, min: 1, maxInt: MaxEpochs, maxWhy: "a run of more epochs is better split over several (--resume)", doc: "passes over the training data (default 1)"},
 	{name: "memory_budget", kind: argSize, doc: "device memory the step may use, e.g. 64MiB"},
 	{name: "seed", kind: argInt, min: 0, doc: "seed for initialisation, shuffling and dropout (default 0)"},
+	{name: "schedule", kind: -1, doc: "learning-rate schedule: step(...), multistep(...), cosine(...) or onecycle(...)"},
+	{name: "warmup", kind: argInt, min: 1, doc: "steps of linear warmup before the schedule"},
 }
 
 type optimizerDef struct {
@@ -101,6 +107,11 @@ func ParseTrain(s *dsl.Section) (TrainConfig, dsl.Diagnostics) {
 	cfg.Batch = vals.int("batch", DefaultBatch)
 	cfg.Epochs = vals.int("epochs", DefaultEpochs)
 	cfg.Seed = uint64(vals.int("seed", 0))
+	var maxLR float64
+	if cfg.Schedule, maxLR = parseSchedule(vals["schedule"], vals["warmup"], &diags); maxLR > 0 {
+		cfg.Optimizer.LR = maxLR
+		warnUnusedLR(vals["optimizer"], maxLR, &diags)
+	}
 	if e := vals["memory_budget"]; e != nil {
 		cfg.MemoryBudget = e.Size
 		if e.Size <= 0 {

@@ -100,6 +100,7 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		Classes: int(g.Inputs[1].Type.Classes),
 		Epochs:  int(p.Result.Train.Epochs), LR: float32(p.Result.Train.Optimizer.LR), Seed: p.Result.Train.Seed,
 		Optimizer:  p.Result.Train.Optimizer.String(),
+		Schedule:   p.Result.Train.Schedule,
 		ArenaBytes: max(p.TrainPlace.Bytes(), p.ArenaBytes),
 		Scalars:    p.Scalars,
 	}

@@ -120,7 +120,7 @@ func registerFusedOps() {
 	opTable[OpLinearBlock] = OpInfo{"linear_block", lin, inferLinearBlock, flopsLinearBlock}
 	opTable[OpLinearBlockGradInput] = OpInfo{"linear_block_grad_input", append(lin[:len(lin):len(lin)], AttrMasked, AttrMaskOut), inferLinearBlockGradInput, flopsLinearBlockGrad}
 	opTable[OpLinearBlockGradWeight] = OpInfo{"linear_block_grad_weight", append(lin[:len(lin):len(lin)], AttrMasked, AttrOpt), inferLinearBlockGradWeight, flopsLinearBlockGrad}
-	opTable[OpSoftmaxCrossEntropy] = OpInfo{"softmax_cross_entropy", nil, inferSoftmaxCE, flopsCrossEntropy}
+	opTable[OpSoftmaxCrossEntropy] = OpInfo{"softmax_cross_entropy", []string{AttrSmoothing}, inferSoftmaxCE, flopsCrossEntropy}
 }
 
 // ImageU8Type is how images arrive on the device: decoded uint8 HWC.

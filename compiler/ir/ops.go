@@ -66,6 +66,11 @@ const (
 	AttrMaskOut = "maskout"
 )
 
+// AttrSmoothing is cross_entropy's label smoothing. It is printed only
+// when it is not 0 (see Node.omitted), so that the text of a model without
+// label smoothing is what it always was.
+const AttrSmoothing = "label_smoothing"
+
 // OpInfo is one row of the ops table.
 type OpInfo struct {
 	Name string
@@ -93,7 +98,7 @@ func init() {
 		OpLinear:       {"linear", []string{AttrOut}, inferLinear, flopsLinear},
 		OpDropout:      {"dropout", []string{AttrP, AttrStream}, inferSameAsInput, flopsPerOutput(1)},
 		OpAdd:          {"add", nil, inferAdd, flopsPerOutput(1)},
-		OpCrossEntropy: {"cross_entropy", nil, inferCrossEntropy, flopsCrossEntropy},
+		OpCrossEntropy: {"cross_entropy", []string{AttrSmoothing}, inferCrossEntropy, flopsCrossEntropy},
 
 		OpConv2DGradInput:  {"conv2d_grad_input", append(conv[:len(conv):len(conv)], AttrDims), inferConv2DGradInput, flopsConv2DGradInput},
 		OpConv2DGradWeight: {"conv2d_grad_weight", conv, inferConv2DGradWeight, flopsConv2DGradWeight},
@@ -106,7 +111,7 @@ func init() {
 		OpLinearGradWeight: {"linear_grad_weight", nil, inferLinearGradWeight, flopsLinearGrad},
 		OpLinearGradBias:   {"linear_grad_bias", nil, inferLinearGradBias, flopsInput0},
 		OpDropoutGrad:      {"dropout_grad", []string{AttrP, AttrStream}, inferSameAsInput, flopsPerOutput(1)},
-		OpCrossEntropyGrad: {"cross_entropy_grad", nil, inferCrossEntropyGrad, flopsCrossEntropy},
+		OpCrossEntropyGrad: {"cross_entropy_grad", []string{AttrSmoothing}, inferCrossEntropyGrad, flopsCrossEntropy},
 
 		OpSGDUpdate:  {"sgd_update", []string{AttrOpt}, inferUpdate, flopsUpdate},
 		OpAdamUpdate: {"adam_update", []string{AttrOpt}, inferUpdate, flopsUpdate},

@@ -72,6 +72,9 @@ func (n *Node) Text() string {
 	}
 	b.WriteByte(')')
 	for _, a := range n.Op.Info().Attrs {
+		if n.omitted(a) {
+			continue
+		}
 		b.WriteByte(' ')
 		b.WriteString(a)
 		b.WriteByte('=')
@@ -90,6 +93,13 @@ func (n *Node) Text() string {
 	return b.String()
 }
 
+// omitted says whether attribute name is left out of n's text: optional
+// attributes at their default (label_smoothing 0), so that adding one to an
+// op does not change the text of every model that does not use it.
+func (n *Node) omitted(name string) bool {
+	return name == AttrSmoothing && n.Attrs.Smoothing == 0
+}
+
 func (n *Node) attrText(name string) string {
 	a := n.Attrs
 	pair := func(p [2]int64) string { return fmt.Sprintf("%dx%d", p[0], p[1]) }
@@ -104,6 +114,8 @@ func (n *Node) attrText(name string) string {
 		return fmt.Sprint(a.Out)
 	case AttrP:
 		return fmt.Sprint(a.P)
+	case AttrSmoothing:
+		return fmt.Sprint(a.Smoothing)
 	case AttrStream:
 		return fmt.Sprint(a.Stream)
 	case AttrDims:

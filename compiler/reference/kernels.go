@@ -432,29 +432,44 @@ func logSumExp(row []float64) float64 {
 	return m + math.Log(s)
 }
 
+// crossEntropy is PyTorch's F.cross_entropy with label_smoothing ε: the
+// target distribution is q = (1-ε)·onehot(label) + ε/C, so a row's loss is
+// -Σ_c q_c·log softmax_c = lse - (1-ε)·x_label - ε·mean(x) (ε = 0: the
+// plain lse - x_label).
 func crossEntropy(env *env, n *ir.Node, ins [][]float64) [][]float64 {
 	logits, labels := ins[0], ins[1]
 	c := int(n.Ins[0].Type.Dims[0])
+	eps := n.Attrs.Smoothing
 	loss := 0.0
 	for b := 0; b < env.batch; b++ {
 		row := logits[b*c : (b+1)*c]
-		loss += logSumExp(row) - row[int(labels[b])]
+		l := logSumExp(row) - (1-eps)*row[int(labels[b])]
+		if eps != 0 {
+			sum := 0.0
+			for _, v := range row {
+				sum += v
+			}
+			l -= eps * sum / float64(c)
+		}
+		loss += l
 	}
 	return [][]float64{{loss / env.lossBatch()}}
 }
 
+// crossEntropyGrad is the loss's gradient: (softmax - q) / batch.
 func crossEntropyGrad(env *env, n *ir.Node, ins [][]float64) [][]float64 {
 	logits, labels := ins[0], ins[1]
 	c := int(n.Ins[0].Type.Dims[0])
+	eps := n.Attrs.Smoothing
 	d := make([]float64, len(logits))
 	inv := 1 / env.lossBatch()
 	for b := 0; b < env.batch; b++ {
 		row := logits[b*c : (b+1)*c]
 		lse := logSumExp(row)
 		for j := range row {
-			d[b*c+j] = math.Exp(row[j]-lse) * inv
+			d[b*c+j] = (math.Exp(row[j]-lse) - eps/float64(c)) * inv
 		}
-		d[b*c+int(labels[b])] -= inv
+		d[b*c+int(labels[b])] -= (1 - eps) * inv
 	}
 	return [][]float64{d}
 }

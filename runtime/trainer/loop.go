@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cnnc/cnnc/runtime/data"
+	"github.com/cnnc/cnnc/runtime/schedule"
 )
 
 // Position is where a run is: the epoch in progress (from 0) and the
@@ -29,9 +30,10 @@ func (p Position) Describe(perEpoch int) string {
 type StopReason int
 
 const (
-	Finished    StopReason = iota // every epoch trained
-	StepLimit                     // Session.Step reached MaxSteps
-	Interrupted                   // the context was cancelled
+	Finished     StopReason = iota // every epoch trained
+	StepLimit                      // Session.Step reached MaxSteps
+	Interrupted                    // the context was cancelled
+	EarlyStopped                   // Best's patience ran out
 )
 
 // StepMetrics is one training step (one line of a trainer's --log).
@@ -42,6 +44,7 @@ type StepMetrics struct {
 	Loss    float32 `json:"loss"`  // the batch's mean loss, before this step's update
 	Correct int     `json:"correct"`
 	Size    int     `json:"size"` // samples in the batch
+	LR      float32 `json:"lr"`   // the learning rate of this step's update
 	// Batches is the number of batches per epoch.
 	Batches int `json:"-"`
 	// Input is the batch trained on, valid during the callback only.
@@ -62,6 +65,15 @@ type EpochMetrics struct {
 	TestAcc   float64 `json:"test_accuracy,omitempty"`
 	Partial   bool    `json:"partial,omitempty"` // the run stopped inside the epoch (MaxSteps)
 	Tested    bool    `json:"-"`                 // TestLoss and TestAcc are set
+
+	// LR is the rate of the epoch's last step.
+	LR float32 `json:"lr"`
+	// Throughput is the images trained per second of the epoch's training
+	// (data loading included, the evaluation after it not).
+	Throughput float64 `json:"images_per_second"`
+	// Best says the epoch improved on the best so far (Loop.Best), and
+	// was saved through SaveBest.
+	Best bool `json:"best,omitempty"`
 }
 
 // Loop trains a Session over a dataset: epochs of batches in the Loader's
@@ -80,9 +92,15 @@ type Loop struct {
 	Session *Session
 	Train   data.Dataset
 	// Test, when set, is evaluated after each epoch.
-	Test      data.Dataset
-	Epochs    int
-	Batch     int // samples per step; 0: the compiled batch
+	Test   data.Dataset
+	Epochs int
+	Batch  int // samples per step; 0: the compiled batch
+	// Schedule sets every step's learning rate from the session's base
+	// rate LR, the step's position, the batches per epoch and Epochs
+	// (schedule.Schedule.LR): a pure function of the position, so a
+	// resumed run has the rates of an uninterrupted one. The zero value
+	// keeps LR.
+	Schedule  schedule.Schedule
 	NoShuffle bool
 	// MaxSteps stops the run when Session.Step (steps in total, across
 	// resumed runs) reaches it; 0: no limit.
@@ -96,6 +114,12 @@ type Loop struct {
 	// from them stops the run (after saving).
 	OnStep  func(m *StepMetrics) error
 	OnEpoch func(m *EpochMetrics) error
+	// Best, when set, observes every whole epoch's test evaluation (Test
+	// is needed); an epoch that improves on the best so far is written
+	// through SaveBest (before Save, which then carries Best's state), and
+	// the run stops (EarlyStopped) when Best's patience runs out.
+	Best     *Best
+	SaveBest func(pos Position) error
 
 	loader    *data.Loader
 	perEpoch  int
@@ -140,13 +164,24 @@ func (l *Loop) Prepare() error {
 		if err := CheckDataset(sp, l.Test); err != nil {
 			return err
 		}
+	} else if l.Best != nil {
+		return fmt.Errorf("choosing the best epoch by test %s needs test data", l.Best.By)
 	}
 	loader, err := data.NewLoader(l.Train, data.LoaderOptions{BatchSize: l.Batch, Seed: l.Session.Seed, NoShuffle: l.NoShuffle})
 	if err != nil {
 		return err
 	}
+	if err := l.Schedule.Check(loader.BatchesPerEpoch(), l.Epochs); err != nil {
+		return fmt.Errorf("learning-rate schedule: %w", err)
+	}
 	l.loader, l.perEpoch = loader, loader.BatchesPerEpoch()
 	return nil
+}
+
+// StepLR is the learning rate of the step at position (epoch, batch).
+func (l *Loop) StepLR(epoch, batch int) float32 {
+	step := int64(epoch)*int64(l.perEpoch) + int64(batch)
+	return float32(l.Schedule.LR(float64(l.Session.LR), step, l.perEpoch, l.Epochs))
 }
 
 // CheckDataset refuses data the model cannot take: images of another
@@ -172,6 +207,9 @@ func (l *Loop) Run(ctx context.Context) (Result, error) {
 	}
 	for res.At.Epoch < l.Epochs && res.Stop == Finished {
 		switch {
+		case l.Best != nil && l.Best.Exhausted():
+			res.Stop = EarlyStopped // a resumed run that had stopped early
+			return res, nil
 		case ctx.Err() != nil:
 			res.Stop = Interrupted
 			return res, l.save(res.At)
@@ -192,6 +230,7 @@ func (l *Loop) atStepLimit() bool { return l.MaxSteps > 0 && l.Session.Step >= l
 type epochSums struct {
 	loss          float64
 	correct, seen int
+	lr            float32 // the last step's
 }
 
 // runEpoch trains the rest of res.At's epoch, evaluates and saves.
@@ -199,6 +238,7 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 	epoch := res.At.Epoch
 	var sums epochSums
 	l.sums = &sums
+	start := time.Now()
 	stop, err := l.trainBatches(ctx, &res.At)
 	if err == nil && stop != Interrupted {
 		err = l.flush(res.At) // every step's loss is in the epoch's sums
@@ -206,6 +246,7 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 	if err != nil {
 		return err
 	}
+	elapsed := time.Since(start)
 	if stop == Interrupted {
 		res.Stop = Interrupted
 		return l.save(res.At)
@@ -216,9 +257,10 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 	} else {
 		res.At = Position{Epoch: epoch + 1}
 	}
-	ep := EpochMetrics{Epoch: epoch + 1, Step: l.Session.Step, Partial: partial}
+	ep := EpochMetrics{Epoch: epoch + 1, Step: l.Session.Step, Partial: partial, LR: sums.lr}
 	if sums.seen > 0 {
 		ep.TrainLoss, ep.TrainAcc = sums.loss/float64(sums.seen), float64(sums.correct)/float64(sums.seen)
+		ep.Throughput = float64(sums.seen) / max(elapsed.Seconds(), 1e-9)
 	}
 	if l.Test != nil {
 		ev, err := Evaluate(ctx, l.Session, l.Test, l.Batch)
@@ -227,13 +269,42 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 		}
 		ep.TestLoss, ep.TestAcc, ep.Tested = ev.Loss, ev.Accuracy, true
 	}
+	if l.Best != nil && ep.Tested && !partial {
+		ep.Best = l.Best.Observe(ep)
+		if l.Best.Exhausted() && res.At.Epoch < l.Epochs {
+			res.Stop = EarlyStopped // (after the last epoch the run is simply done)
+		}
+	}
 	res.Epochs = append(res.Epochs, ep)
 	if l.OnEpoch != nil {
 		if err := l.OnEpoch(&ep); err != nil {
 			return l.saveAfter(res.At, err)
 		}
 	}
-	return l.save(res.At)
+	return l.saveEpoch(res.At, ep.Best)
+}
+
+// saveEpoch saves at an epoch's end: the best checkpoint first when the
+// epoch improved (a crash between the two then repeats the epoch, which
+// improves again), then the checkpoint; both after one check of the
+// parameters. A failed best save still lets the checkpoint be written.
+func (l *Loop) saveEpoch(at Position, best bool) error {
+	if !best || l.SaveBest == nil {
+		return l.save(at)
+	}
+	if err := l.checkBeforeSave(); err != nil {
+		return err
+	}
+	var errs []error
+	if err := l.SaveBest(at); err != nil {
+		errs = append(errs, fmt.Errorf("writing the best checkpoint: %w", err))
+	}
+	if l.Save != nil {
+		if err := l.Save(at); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // trainBatches runs the batches of at's epoch from at.Batch on, moving at
@@ -267,19 +338,21 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, erro
 	return Finished, nil
 }
 
-// step submits a training step on b; the divergence rule and OnStep see
-// its result when it arrives (finish).
+// step submits a training step on b at the schedule's rate; the
+// divergence rule and OnStep see its result when it arrives (finish).
 func (l *Loop) step(b Batch, epoch, number int) error {
-	if l.guard.Valid == 0 && l.Save != nil {
+	if l.guard.Valid == 0 && (l.Save != nil || l.SaveBest != nil) {
 		l.guard = Batch{Pixels: append([]uint8(nil), b.Pixels...), Labels: append([]int32(nil), b.Labels...), Valid: b.Valid}
 	}
-	return l.Session.Submit(b, func(r StepResult) error { return l.finish(r, epoch, number) })
+	lr := l.StepLR(epoch, number)
+	l.Session.SetStepLR(lr)
+	return l.Session.Submit(b, func(r StepResult) error { return l.finish(r, epoch, number, lr) })
 }
 
 // finish applies the divergence rule to a step's loss, adds the step to
 // the epoch's sums and calls OnStep.
-func (l *Loop) finish(r StepResult, epoch, number int) error {
-	m := StepMetrics{Step: r.Step, Epoch: epoch + 1, Batch: number, Loss: r.Loss, Correct: r.Correct, Size: r.Valid, Batches: l.perEpoch, Input: r.Input,
+func (l *Loop) finish(r StepResult, epoch, number int, lr float32) error {
+	m := StepMetrics{Step: r.Step, Epoch: epoch + 1, Batch: number, Loss: r.Loss, Correct: r.Correct, Size: r.Valid, LR: lr, Batches: l.perEpoch, Input: r.Input,
 		HostGap: r.Gap, DeviceTime: r.Time, Timed: r.Timed, HasGap: r.HasGap}
 	l.lastEpoch = m.Epoch
 	if l.firstLoss == 0 {
@@ -292,6 +365,7 @@ func (l *Loop) finish(r StepResult, epoch, number int) error {
 		l.sums.loss += float64(m.Loss) * float64(m.Size)
 		l.sums.correct += m.Correct
 		l.sums.seen += m.Size
+		l.sums.lr = m.LR
 	}
 	if l.OnStep != nil && l.stepErr == nil {
 		if err := l.OnStep(&m); err != nil {
@@ -375,16 +449,27 @@ func (l *Loop) save(at Position) error {
 	if l.Save == nil {
 		return nil
 	}
-	if l.guard.Valid > 0 {
-		loss, _, err := l.Session.EvalBatch(l.guard)
-		if err != nil {
-			return err
-		}
-		if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
-			return &DivergedError{Step: l.Session.Step, Epoch: l.lastEpoch, Loss: float64(loss), Why: why, AtSave: true}
-		}
+	if err := l.checkBeforeSave(); err != nil {
+		return err
 	}
 	return l.Save(at)
+}
+
+// checkBeforeSave runs the parameters forward on the guard batch (when
+// this run has trained): a diverging loss there stops the run before any
+// checkpoint of them is written.
+func (l *Loop) checkBeforeSave() error {
+	if l.guard.Valid == 0 {
+		return nil
+	}
+	loss, _, err := l.Session.EvalBatch(l.guard)
+	if err != nil {
+		return err
+	}
+	if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
+		return &DivergedError{Step: l.Session.Step, Epoch: l.lastEpoch, Loss: float64(loss), Why: why, AtSave: true}
+	}
+	return nil
 }
 
 // saveAfter saves at and returns err (with the save's error, if any).

@@ -176,7 +176,7 @@ func (s *Session) checkBatch(b Batch, batch int) error {
 
 // scalars are the step scalars of the next training step for valid samples.
 func (s *Session) scalars(valid int) device.StepScalars {
-	return device.StepScalars{Step: s.Step, Seed: s.Seed, Valid: int64(valid), LR: s.LR}
+	return device.StepScalars{Step: s.Step, Seed: s.Seed, Valid: int64(valid), LR: s.StepLR()}
 }
 
 // allocStaging returns n bytes of staging memory: page-locked on devices

@@ -30,10 +30,16 @@ type Session struct {
 	// number (Adam's bias correction and the dropout RNG read it). After
 	// Flush every one of them has completed.
 	Step int64
-	// LR and Seed are the learning rate and seed of the steps submitted
-	// from now on.
+	// LR is the run's base learning rate: what checkpoints store, and what
+	// a schedule scales (Loop sets each step's rate with SetStepLR).
+	// Without a schedule the kernels use it as it is. LR, the step's rate
+	// and Seed apply to the steps submitted from then on.
 	LR   float32
 	Seed uint64
+	// stepLR is the rate the next training step's kernels use, when
+	// hasStepLR (SetStepLR); else LR.
+	stepLR    float32
+	hasStepLR bool
 
 	// UseGraphs replays the training step as a captured graph on devices
 	// that can (device.Grapher). The first step runs launch by launch (so
@@ -127,6 +133,20 @@ func (s *Session) InitParams(seed uint64) error {
 	return nil
 }
 
+// SetStepLR sets the learning rate of the following training steps'
+// kernels — a schedule's rate for the step: Loop calls it before each
+// step — and leaves LR, the base rate checkpoints store, as it is.
+func (s *Session) SetStepLR(lr float32) { s.stepLR, s.hasStepLR = lr, true }
+
+// StepLR is the learning rate the next training step's kernels use: the
+// last SetStepLR's, or LR.
+func (s *Session) StepLR() float32 {
+	if s.hasStepLR {
+		return s.stepLR
+	}
+	return s.LR
+}
+
 // ReadTensor returns a tensor's values from the device.
 func (s *Session) ReadTensor(t Tensor) ([]float32, error) {
 	b := make([]byte, 4*t.Elems())
@@ -211,11 +231,14 @@ func (s *Session) evalChunk() int {
 
 // Metadata keys in checkpoints.
 const (
-	MetaFormat    = "format"
-	MetaModel     = "model"
-	MetaStep      = "step"
-	MetaSeed      = "seed"
-	MetaLR        = "lr" // the float32 the kernels use, printed exactly
+	MetaFormat = "format"
+	MetaModel  = "model"
+	MetaStep   = "step"
+	MetaSeed   = "seed"
+	MetaLR     = "lr" // the base rate: the float32 the kernels use without a schedule, printed exactly
+	// MetaSchedule names the learning-rate schedule (schedule.Schedule's
+	// String), when there is one.
+	MetaSchedule  = "lr_schedule"
 	MetaOptimizer = "optimizer"
 	MetaVersion   = "cnnc_version" // the cnnc that generated the trainer (runtime/version)
 	MetaCommit    = "cnnc_commit"
@@ -261,6 +284,9 @@ func (s *Session) metadata(extra map[string]string) map[string]string {
 	}
 	if v.Commit != "" {
 		meta[MetaCommit] = v.Commit
+	}
+	if !s.Spec.Schedule.IsConstant() {
+		meta[MetaSchedule] = s.Spec.Schedule.String()
 	}
 	for k, v := range extra {
 		meta[k] = v

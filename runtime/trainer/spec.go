@@ -23,6 +23,7 @@ import (
 	"fmt"
 
 	"github.com/cnnc/cnnc/runtime/device"
+	"github.com/cnnc/cnnc/runtime/schedule"
 )
 
 // ArgKind says what a kernel argument is.
@@ -120,6 +121,11 @@ type Spec struct {
 	Seed   uint64
 	// Optimizer describes the update (for checkpoints and messages).
 	Optimizer string
+	// Schedule is the train block's learning-rate schedule (the zero
+	// value: LR at every step). Loop sets each step's rate from it and the
+	// run's base rate (LR, or --lr); with onecycle the base rate is its
+	// max_lr.
+	Schedule schedule.Schedule
 	// TrainData and TestData are the data block's sources (defaults for
 	// --data and --test).
 	TrainData, TestData DataSource

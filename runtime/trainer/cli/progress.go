@@ -68,6 +68,14 @@ func (rec *recorder) epoch(e *trainer.EpochMetrics) error {
 	if e.Tested {
 		line += fmt.Sprintf(", test loss %.4f, test accuracy %.2f%%", e.TestLoss, 100*e.TestAcc)
 	}
+	line += fmt.Sprintf(", lr %.4g, %.0f images/s", e.LR, e.Throughput)
+	if e.Best {
+		line += " (best so far"
+		if o.keepBest != "" {
+			line += ": written to " + o.keepBest
+		}
+		line += ")"
+	}
 	fmt.Fprintln(rec.r.out, line)
 	if o.plot != "" {
 		rec.curves.epochs = append(rec.curves.epochs, *e)
