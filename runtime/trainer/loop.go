@@ -199,6 +199,7 @@ func CheckDataset(sp *Spec, ds data.Dataset) error {
 // Run trains until the last epoch, MaxSteps or ctx stops it.
 func (l *Loop) Run(ctx context.Context) (Result, error) {
 	res := Result{At: l.Start}
+	l.stepErr = nil
 	if err := l.Prepare(); err != nil {
 		return res, err
 	}
