@@ -58,11 +58,13 @@ func partialBatchCE(t *testing.T, eps float64) {
 	bufs := []device.Ptr{ptr(kernelcheck.Encode(logits.Type, ins[0], batch)), ptr(kernelcheck.Encode(label.Type, ins[1], batch)),
 		ptr(nan(1)), ptr(nan(batch * classes)), ptr(nan(1))}
 	l := prog.Launches[0]
+	block, err := kernelcheck.ScalarBlock(dev, kernelcheck.Scalars{Valid: valid}, batch)
+	require.NoError(t, err)
 	var params []uint64
 	for i, a := range l.Args {
 		switch a.Kind {
-		case codegen.ArgValid:
-			params = append(params, valid)
+		case codegen.ArgScalars:
+			params = append(params, uint64(block))
 		case codegen.ArgInt:
 			params = append(params, uint64(a.Int))
 		default:

@@ -12,7 +12,9 @@ import (
 // parameters whose gradient is accumulated before the update, e.g. over
 // micro-batches) and the update fused into weight-gradient epilogues share
 // the "opt_step" template. Hyper-parameters are compiled in; the learning
-// rate (trainers may schedule it) and the step are run-time arguments.
+// rate (trainers may schedule it) and the step are read at run time from
+// the step's scalar block: a kernel that updates parameters takes
+// scalarsParam, which "opt_prologue" reads.
 
 const updateBlock = 256
 
@@ -105,9 +107,9 @@ func optName(o *ir.Optimizer) string {
 func optDoc(o *ir.Optimizer) string {
 	switch o.Kind {
 	case ir.SGD:
-		return fmt.Sprintf("sgd(momentum=%g, nesterov=%t, weight_decay=%g), learning rate and step at run time", o.Momentum, o.Nesterov, o.WeightDecay)
+		return fmt.Sprintf("sgd(momentum=%g, nesterov=%t, weight_decay=%g), learning rate and step from the step's scalars", o.Momentum, o.Nesterov, o.WeightDecay)
 	}
-	return fmt.Sprintf("%s(betas=[%g,%g], eps=%g, weight_decay=%g), learning rate and step at run time", o.Kind, o.Beta1, o.Beta2, o.Eps, o.WeightDecay)
+	return fmt.Sprintf("%s(betas=[%g,%g], eps=%g, weight_decay=%g), learning rate and step from the step's scalars", o.Kind, o.Beta1, o.Beta2, o.Eps, o.WeightDecay)
 }
 
 // indexType is the C type that holds every index below maxIndex: int
@@ -147,7 +149,7 @@ func updateRule(e *emitter, n *ir.Node) error {
 	for _, s := range states {
 		params = append(params, "float* __restrict__ "+s)
 	}
-	params = append(params, "float lr", "long long step")
+	params = append(params, scalarsParam)
 	data := map[string]any{
 		"Name": name, "Elems": elems, "Idx": indexType(elems),
 		"Doc":    fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, optDoc(opt)),
@@ -161,7 +163,7 @@ func updateRule(e *emitter, n *ir.Node) error {
 	for _, v := range n.Ins {
 		args = append(args, buf(v))
 	}
-	args = append(args, Arg{Kind: ArgLR}, Arg{Kind: ArgStep})
+	args = append(args, scalarsArg)
 	e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, updateBlock), Block: [3]uint32{updateBlock, 1, 1},
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch) + int64(len(n.Ins)-1)*p.Type.Bytes(e.batch)})
 	return nil

@@ -132,7 +132,7 @@ func literal(v reflect.Value) jen.Code {
 var enumNames = map[reflect.Type]map[uint64]string{
 	reflect.TypeOf(trainer.ArgBuffer): {
 		uint64(trainer.ArgBuffer): "ArgBuffer", uint64(trainer.ArgInt): "ArgInt", uint64(trainer.ArgFloat): "ArgFloat",
-		uint64(trainer.ArgLR): "ArgLR", uint64(trainer.ArgStep): "ArgStep", uint64(trainer.ArgSeed): "ArgSeed", uint64(trainer.ArgValid): "ArgValid",
+		uint64(trainer.ArgScalars): "ArgScalars",
 	},
 	reflect.TypeOf(trainer.TrainArena): {uint64(trainer.TrainArena): "TrainArena", uint64(trainer.EvalArena): "EvalArena"},
 	reflect.TypeOf(schedule.Constant): {

@@ -49,6 +49,10 @@ type StepMetrics struct {
 	Batches int `json:"-"`
 	// Input is the batch trained on, valid during the callback only.
 	Input Batch `json:"-"`
+	// With Session.TraceGaps (Timed): the step's device time, and (HasGap)
+	// how long the device waited for the host before it (StepResult).
+	DeviceTime, HostGap time.Duration `json:"-"`
+	Timed, HasGap       bool          `json:"-"`
 }
 
 // EpochMetrics ends an epoch, or the part of it a run trained (Partial).
@@ -77,6 +81,13 @@ type EpochMetrics struct {
 // Epochs, MaxSteps, an error, a diverging loss or the context stops it.
 // Checkpoints go through Save at the end of each epoch and when the run
 // stops early, only after the new parameters have given a finite loss.
+//
+// Steps are submitted to the session without waiting for them
+// (Session.Submit): their losses arrive up to PipelineDepth steps late on
+// a pipelined device, so the divergence rule and OnStep see a step while
+// the next ones run, and the epoch's end, an evaluation and every save
+// first wait for all of them (Session.Flush) — a checkpoint never holds
+// parameters whose loss was not seen to be good.
 type Loop struct {
 	Session *Session
 	Train   data.Dataset
@@ -115,6 +126,10 @@ type Loop struct {
 	firstLoss float64 // this run's first step loss (the divergence rule's scale)
 	guard     Batch   // a copy of this run's first batch: checks parameters before a save
 	lastEpoch int     // the epoch (from 1) of the last step
+	sums      *epochSums
+	// stepErr is the error OnStep returned: the run stops with it, and the
+	// steps still in flight then skip OnStep.
+	stepErr error
 }
 
 // Result is how a run ended.
@@ -184,6 +199,7 @@ func CheckDataset(sp *Spec, ds data.Dataset) error {
 // Run trains until the last epoch, MaxSteps or ctx stops it.
 func (l *Loop) Run(ctx context.Context) (Result, error) {
 	res := Result{At: l.Start}
+	l.stepErr = nil
 	if err := l.Prepare(); err != nil {
 		return res, err
 	}
@@ -222,8 +238,12 @@ type epochSums struct {
 func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 	epoch := res.At.Epoch
 	var sums epochSums
+	l.sums = &sums
 	start := time.Now()
-	stop, err := l.trainBatches(ctx, &res.At, &sums)
+	stop, err := l.trainBatches(ctx, &res.At)
+	if err == nil && stop != Interrupted {
+		err = l.flush(res.At) // every step's loss is in the epoch's sums
+	}
 	if err != nil {
 		return err
 	}
@@ -289,8 +309,8 @@ func (l *Loop) saveEpoch(at Position, best bool) error {
 }
 
 // trainBatches runs the batches of at's epoch from at.Batch on, moving at
-// past each one trained.
-func (l *Loop) trainBatches(ctx context.Context, at *Position, sums *epochSums) (StopReason, error) {
+// past each one submitted.
+func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, error) {
 	for b, err := range l.loader.Epoch(ctx, at.Epoch, at.Batch) {
 		if err != nil {
 			if ctx.Err() != nil {
@@ -301,19 +321,13 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position, sums *epochSums) 
 		if l.atStepLimit() {
 			return StepLimit, nil
 		}
-		m, err := l.step(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size()}, at.Epoch, b.Number)
-		if err != nil {
-			return Finished, err
+		before := l.Session.Step
+		err = l.step(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size()}, at.Epoch, b.Number)
+		if l.Session.Step > before {
+			at.Batch = b.Number + 1
 		}
-		at.Batch = b.Number + 1
-		sums.loss += float64(m.Loss) * float64(m.Size)
-		sums.correct += m.Correct
-		sums.seen += m.Size
-		sums.lr = m.LR
-		if l.OnStep != nil {
-			if err := l.OnStep(&m); err != nil {
-				return Finished, l.saveAfter(*at, err)
-			}
+		if err != nil {
+			return Finished, l.stopped(*at, err)
 		}
 		if ctx.Err() != nil && at.Batch < l.perEpoch {
 			return Interrupted, nil
@@ -325,26 +339,60 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position, sums *epochSums) 
 	return Finished, nil
 }
 
-// step trains on b and applies the divergence rule to its loss.
-func (l *Loop) step(b Batch, epoch, number int) (StepMetrics, error) {
+// step submits a training step on b at the schedule's rate; the
+// divergence rule and OnStep see its result when it arrives (finish).
+func (l *Loop) step(b Batch, epoch, number int) error {
 	if l.guard.Valid == 0 && (l.Save != nil || l.SaveBest != nil) {
 		l.guard = Batch{Pixels: append([]uint8(nil), b.Pixels...), Labels: append([]int32(nil), b.Labels...), Valid: b.Valid}
 	}
 	lr := l.StepLR(epoch, number)
 	l.Session.SetStepLR(lr)
-	loss, correct, err := l.Session.TrainStep(b)
-	if err != nil {
-		return StepMetrics{}, err
-	}
-	m := StepMetrics{Step: l.Session.Step, Epoch: epoch + 1, Batch: number, Loss: loss, Correct: correct, Size: b.Valid, LR: lr, Batches: l.perEpoch, Input: b}
+	return l.Session.Submit(b, func(r StepResult) error { return l.finish(r, epoch, number, lr) })
+}
+
+// finish applies the divergence rule to a step's loss, adds the step to
+// the epoch's sums and calls OnStep.
+func (l *Loop) finish(r StepResult, epoch, number int, lr float32) error {
+	m := StepMetrics{Step: r.Step, Epoch: epoch + 1, Batch: number, Loss: r.Loss, Correct: r.Correct, Size: r.Valid, LR: lr, Batches: l.perEpoch, Input: r.Input,
+		HostGap: r.Gap, DeviceTime: r.Time, Timed: r.Timed, HasGap: r.HasGap}
 	l.lastEpoch = m.Epoch
 	if l.firstLoss == 0 {
-		l.firstLoss = float64(loss)
+		l.firstLoss = float64(r.Loss)
 	}
-	if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
-		return m, &DivergedError{Step: m.Step, Epoch: m.Epoch, Batch: number, Loss: float64(loss), Why: why}
+	if why := Diverging(float64(r.Loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
+		return &DivergedError{Step: m.Step, Epoch: m.Epoch, Batch: number, Loss: float64(r.Loss), Why: why}
 	}
-	return m, nil
+	if l.sums != nil {
+		l.sums.loss += float64(m.Loss) * float64(m.Size)
+		l.sums.correct += m.Correct
+		l.sums.seen += m.Size
+		l.sums.lr = m.LR
+	}
+	if l.OnStep != nil && l.stepErr == nil {
+		if err := l.OnStep(&m); err != nil {
+			l.stepErr = err
+			return err
+		}
+	}
+	return nil
+}
+
+// stopped ends the run after err from a step: a diverging loss or a
+// device error as it is, an error of OnStep after saving at.
+func (l *Loop) stopped(at Position, err error) error {
+	if l.stepErr != nil && errors.Is(err, l.stepErr) {
+		return l.saveAfter(at, err)
+	}
+	return err
+}
+
+// flush waits for the steps in flight and sees their results (as
+// stopped says when one of them stops the run).
+func (l *Loop) flush(at Position) error {
+	if err := l.Session.Flush(); err != nil {
+		return l.stopped(at, err)
+	}
+	return nil
 }
 
 // ExplodeFactor is the divergence rule's factor: see Diverging.
@@ -390,9 +438,15 @@ func (e *DivergedError) Error() string {
 	return fmt.Sprintf("%s at step %d (epoch %d, batch %d)", e.Why, e.Step, e.Epoch, e.Batch)
 }
 
-// save checks the parameters on the guard batch (when this run has
-// trained), then calls Save.
+// save sees the results of the steps in flight, checks the parameters on
+// the guard batch (when this run has trained), then calls Save.
 func (l *Loop) save(at Position) error {
+	if err := l.Session.Flush(); err != nil {
+		if l.stepErr != nil && errors.Is(err, l.stepErr) {
+			return l.saveAfter(at, err) // OnStep failed on a step in flight
+		}
+		return err // a diverging step, or the device's error: nothing is saved
+	}
 	if l.Save == nil {
 		return nil
 	}

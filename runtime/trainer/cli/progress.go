@@ -19,6 +19,8 @@ type recorder struct {
 	progress *progress
 	curves   curves
 	steps    int // steps of this run
+	// the traced steps' device times and host gaps, for --profile
+	times, gaps []time.Duration
 }
 
 func newRecorder(r *runner, perEpoch int) *recorder {
@@ -40,8 +42,17 @@ func (rec *recorder) step(m *trainer.StepMetrics) error {
 			return err
 		}
 	}
+	if m.Timed {
+		rec.times = append(rec.times, m.DeviceTime)
+		if m.HasGap {
+			rec.gaps = append(rec.gaps, m.HostGap)
+		}
+	}
 	if p := rec.r.o.profile; p > 0 && rec.steps == p {
-		return printProfile(rec.r.sess, m.Input, rec.r.out, rec.r.o.roofline)
+		if err := printProfile(rec.r.sess, m.Input, rec.r.out, rec.r.o.roofline); err != nil {
+			return err
+		}
+		printHostGaps(rec.r.out, rec.r.sess, rec.times, rec.gaps)
 	}
 	return nil
 }

@@ -114,6 +114,7 @@ func (r *runner) runTraining() (int, error) {
 	}
 	rec := newRecorder(r, loop.BatchesPerEpoch())
 	loop.OnStep, loop.OnEpoch = rec.step, rec.epoch
+	r.sess.TraceGaps = o.profile > 0 // --profile shows the host gap per step
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	res, err := loop.Run(ctx)
