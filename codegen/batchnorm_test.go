@@ -101,6 +101,9 @@ func launchPartial(t *testing.T, dev device.Device, prog *codegen.Program, n *ir
 		}
 		alloc(v, kernelcheck.Encode(v.Type, nan, batch))
 	}
+	block, err := kernelcheck.ScalarBlock(dev, kernelcheck.Scalars{Valid: valid}, batch)
+	require.NoError(t, err)
+	defer dev.Free(block)
 	for _, l := range prog.Launches {
 		if l.Node != n {
 			continue
@@ -110,8 +113,8 @@ func launchPartial(t *testing.T, dev device.Device, prog *codegen.Program, n *ir
 			switch a.Kind {
 			case codegen.ArgBuffer:
 				params = append(params, uint64(ptrs[a.Value]))
-			case codegen.ArgValid:
-				params = append(params, uint64(valid))
+			case codegen.ArgScalars:
+				params = append(params, uint64(block))
 			default:
 				params = append(params, uint64(a.Int))
 			}

@@ -5,9 +5,9 @@
 // Out: a Program — one .cu source (every kernel extern "C", shapes compiled
 // in), the kernels by name, and the launches in schedule order, each with
 // grid, block, dynamic shared bytes, arguments (IR values standing for
-// device buffers, or runtime scalars such as the learning rate and step),
-// and the FLOPs and minimum bytes it must move (for profiling and roofline
-// checks).
+// device buffers, or the block of run-time scalars: learning rate, step,
+// seed, valid count), and the FLOPs and minimum bytes it must move (for
+// profiling and roofline checks).
 //
 // Why it is shaped so: kernels come from text templates (templates/), one
 // per family. Each op's binding is in its file in compiler/ops: an
@@ -28,6 +28,7 @@ import (
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
+	"github.com/cnnc/cnnc/internal/gentext"
 	"github.com/cnnc/cnnc/templates"
 )
 
@@ -38,10 +39,11 @@ const (
 	ArgBuffer ArgKind = iota // device pointer to an IR value's buffer
 	ArgInt                   // compile-time integer passed at run time
 	ArgFloat                 // compile-time float passed at run time
-	ArgLR                    // the learning rate (trainers may override it)
-	ArgStep                  // the 0-based training step (Adam bias correction, dropout RNG)
-	ArgSeed                  // the run's seed (dropout RNG)
-	ArgValid                 // samples of the batch that are real (a partial last batch is padded)
+	// ArgScalars points to the step's scalar block (CnncStepScalars,
+	// runtime/device.StepScalars): learning rate, step, seed and valid
+	// count, which change from step to step. Kernels read them there, so
+	// their arguments never change and a captured step replays as it is.
+	ArgScalars
 )
 
 // Arg is one kernel argument.
@@ -63,14 +65,8 @@ func (a Arg) String() string {
 		return fmt.Sprint(a.Int)
 	case ArgFloat:
 		return fmt.Sprint(a.Float)
-	case ArgLR:
-		return "lr"
-	case ArgStep:
-		return "step"
-	case ArgValid:
-		return "valid"
 	}
-	return "seed"
+	return "scalars"
 }
 
 // Kernel is one generated kernel.
@@ -304,7 +300,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 	if name == "" {
 		name = model
 	}
-	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": name, "Model": model, "Batch": opts.Batch}); err != nil {
+	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": gentext.Comment(name), "Model": gentext.Comment(model), "Batch": opts.Batch}); err != nil {
 		return nil, err
 	}
 	for _, k := range p.Kernels {
@@ -402,3 +398,9 @@ func gridFor(n int64, block uint32) [3]uint32 {
 }
 
 func buf(v *ir.Value) Arg { return Arg{Kind: ArgBuffer, Value: v} }
+
+// scalarsParam is the kernel parameter that points to the step's scalar
+// block, and scalarsArg its argument.
+const scalarsParam = "const CnncStepScalars* __restrict__ scalars"
+
+var scalarsArg = Arg{Kind: ArgScalars}

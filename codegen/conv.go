@@ -549,8 +549,8 @@ func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, par
 			args = append(args, buf(v))
 			moved += 2 * v.Type.Bytes(e.batch) // read and written
 		}
-		params = append(params, "float lr", "long long step")
-		args = append(args, Arg{Kind: ArgLR}, Arg{Kind: ArgStep})
+		params = append(params, scalarsParam)
+		args = append(args, scalarsArg)
 		d.Site = newOptSite(opt, "gradSum", "w", wStates, "at")
 		if g.Bias {
 			d.BiasSite = newOptSite(opt, "gradSum", "bias", bStates, "at")

@@ -13,7 +13,9 @@ import (
 // parameters whose gradient is accumulated before the update, e.g. over
 // micro-batches) and the update fused into weight-gradient epilogues share
 // the "opt_step" template. Hyper-parameters are compiled in; the learning
-// rate (trainers may schedule it) and the step are run-time arguments.
+// rate (trainers may schedule it) and the step are read at run time from
+// the step's scalar block: a kernel that updates parameters takes
+// scalarsParam, which "opt_prologue" reads.
 
 const updateBlock = 256
 
@@ -107,7 +109,7 @@ func optDoc(o *ir.Optimizer) string {
 	if def, err := ops.OptimizerOf(o.Kind); err == nil {
 		what = def.KernelDoc(o)
 	}
-	return what + ", learning rate and step at run time"
+	return what + ", learning rate and step from the step's scalars"
 }
 
 // indexType is the C type that holds every index below maxIndex: int
@@ -150,7 +152,7 @@ func updateRule(e *emitter, n *ir.Node) error {
 	for _, s := range states {
 		params = append(params, "float* __restrict__ "+s)
 	}
-	params = append(params, "float lr", "long long step")
+	params = append(params, scalarsParam)
 	data := map[string]any{
 		"Name": name, "Elems": elems, "Idx": indexType(elems),
 		"Doc":    fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, optDoc(opt)),
@@ -164,7 +166,7 @@ func updateRule(e *emitter, n *ir.Node) error {
 	for _, v := range n.Ins {
 		args = append(args, buf(v))
 	}
-	args = append(args, Arg{Kind: ArgLR}, Arg{Kind: ArgStep})
+	args = append(args, scalarsArg)
 	e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, updateBlock), Block: [3]uint32{updateBlock, 1, 1},
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch) + int64(len(n.Ins)-1)*p.Type.Bytes(e.batch)})
 	return nil

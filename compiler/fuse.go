@@ -126,6 +126,7 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 	case n.Op == ir.OpCrossEntropy:
 		out = f.g.NewNode(ir.OpSoftmaxCrossEntropy, n.Name, ir.Forward, n.Pos, []*ir.Value{f.val(n.Ins[0]), f.val(n.Ins[1])},
 			[]string{n.Out().Name, n.Ins[0].Name + ".grad", n.Name + ".correct"}, ir.RoleActivation)
+		out.Attrs.Smoothing = n.Attrs.Smoothing
 		out.Outs[0].Role = ir.RoleLoss
 		out.Outs[1].Role = ir.RoleActGrad
 		f.repl[n.Out()] = out.Outs[0]

@@ -6,6 +6,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/schedule"
 )
 
 // TrainConfig is the train block with defaults filled in.
@@ -15,7 +16,10 @@ type TrainConfig struct {
 	Epochs       int64
 	MemoryBudget int64 // bytes; 0 means none
 	Seed         uint64
-	Pos          map[string]dsl.Pos // where each setting was written
+	// Schedule is the learning-rate schedule (schedule, warmup); with
+	// onecycle, Optimizer.LR is its max_lr, the run's base rate.
+	Schedule schedule.Schedule
+	Pos      map[string]dsl.Pos // where each setting was written
 }
 
 // DataSource is one dataset of the data block.
@@ -51,6 +55,8 @@ var trainSettings = []argSpec{
 	{Name: "epochs", Kind: ops.ArgInt, Min: 1, MaxInt: MaxEpochs, MaxWhy: "a run of more epochs is better split over several (--resume)", Doc: "passes over the training data (default 1)"},
 	{Name: "memory_budget", Kind: ops.ArgSize, Doc: "device memory the step may use, e.g. 64MiB"},
 	{Name: "seed", Kind: ops.ArgInt, Min: 0, Doc: "seed for initialisation, shuffling and dropout (default 0)"},
+	{Name: "schedule", Kind: ops.ArgCustom, Doc: "learning-rate schedule: step(...), multistep(...), cosine(...) or onecycle(...)"},
+	{Name: "warmup", Kind: ops.ArgInt, Min: 1, Doc: "steps of linear warmup before the schedule"},
 }
 
 // ParseTrain reads the train block (nil gives the defaults).
@@ -77,6 +83,11 @@ func ParseTrain(s *dsl.Section) (TrainConfig, dsl.Diagnostics) {
 	cfg.Batch = vals.Int("batch", DefaultBatch)
 	cfg.Epochs = vals.Int("epochs", DefaultEpochs)
 	cfg.Seed = uint64(vals.Int("seed", 0))
+	var maxLR float64
+	if cfg.Schedule, maxLR = parseSchedule(vals["schedule"], vals["warmup"], &diags); maxLR > 0 {
+		cfg.Optimizer.LR = maxLR
+		warnUnusedLR(vals["optimizer"], maxLR, &diags)
+	}
 	if e := vals["memory_budget"]; e != nil {
 		cfg.MemoryBudget = e.Size
 		if e.Size <= 0 {

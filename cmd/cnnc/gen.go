@@ -37,7 +37,8 @@ Put "//go:generate cnnc gen model.cnn -o NAME -pkg NAME" in your project. The
 package imports github.com/cnnc/cnnc/runtime/trainer, runtime/data and the
 CPU backend (no command line, progress bar or plotting), so your go.mod
 requires github.com/cnnc/cnnc. It runs on the CPU emulator and never links
-gorgonia.org/cu.
+gorgonia.org/cu; go build compiles its kernels into the program (cgo:
+a C++ compiler when building, none when running).
 
 --cuda also compiles the kernels with nvcc (sm_80 and sm_90, with PTX) into
 kernels.fatbin and writes cuda.go, which only builds with -tags cuda: a

@@ -73,7 +73,7 @@ func TestGenCUDAPackage(t *testing.T) {
 	proj := t.TempDir()
 	code, out, errOut := cnnc("gen", filepath.Join(root, "examples/mnist.cnn"), "-o", filepath.Join(proj, "mnistnet"), "--cuda", "--batch", "16")
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
-	assert.Contains(t, out, "cuda.go kernels.cu kernels.fatbin model.go spec.go")
+	assert.Contains(t, out, "cuda.go cuda_emu.h kernels.cu kernels.fatbin kernels_cpu.cc kernels_cpu.go model.go spec.go")
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(proj, "go.sum"), sum, 0o644))

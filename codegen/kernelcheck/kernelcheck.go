@@ -199,7 +199,8 @@ func windowElems(n *ir.Node) int64 {
 	return n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
 }
 
-// Scalars gives the run-time scalar arguments of a launch.
+// Scalars are the run-time scalars of a launch, which kernels read from
+// the step's scalar block (codegen.ArgScalars).
 type Scalars struct {
 	LR   float32
 	Step int64
@@ -208,23 +209,39 @@ type Scalars struct {
 	Valid int64
 }
 
-func scalarArg(a codegen.Arg, s Scalars, batch int64) uint64 {
+// Block is s as the step's scalar block holds it, for a batch.
+func (s Scalars) Block(batch int64) device.StepScalars {
+	valid := s.Valid
+	if valid == 0 {
+		valid = batch
+	}
+	return device.StepScalars{Step: s.Step, Seed: s.Seed, Valid: valid, LR: s.LR}
+}
+
+// ScalarBlock allocates a scalar block on dev holding s for batch (free it
+// with dev.Free).
+func ScalarBlock(dev device.Device, s Scalars, batch int64) (device.Ptr, error) {
+	p, err := dev.Alloc(device.StepScalarsBytes)
+	if err != nil {
+		return 0, err
+	}
+	if err := dev.CopyIn(p, s.Block(batch).Bytes()); err != nil {
+		dev.Free(p)
+		return 0, err
+	}
+	return p, nil
+}
+
+// scalarArg is the value of a launch argument that is not a buffer;
+// block is the scalar block's address.
+func scalarArg(a codegen.Arg, block device.Ptr) uint64 {
 	switch a.Kind {
 	case codegen.ArgInt:
 		return uint64(a.Int)
 	case codegen.ArgFloat:
 		return uint64(math.Float32bits(a.Float))
-	case codegen.ArgLR:
-		return uint64(math.Float32bits(s.LR))
-	case codegen.ArgStep:
-		return uint64(s.Step)
-	case codegen.ArgValid:
-		if s.Valid == 0 {
-			return uint64(batch)
-		}
-		return uint64(s.Valid)
 	}
-	return s.Seed
+	return uint64(block) // codegen.ArgScalars
 }
 
 // Node checks node n's generated kernels on dev (whose module must hold
@@ -261,6 +278,11 @@ func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64,
 			dev.Free(p)
 		}
 	}()
+	block, err := ScalarBlock(dev, s, batch)
+	if err != nil {
+		return r, err
+	}
+	defer dev.Free(block)
 	alloc := func(v *ir.Value, data []byte) error {
 		p, err := dev.Alloc(int64(len(data)))
 		if err != nil {
@@ -299,7 +321,7 @@ func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64,
 				}
 				params = append(params, uint64(p))
 			} else {
-				params = append(params, scalarArg(a, s, batch))
+				params = append(params, scalarArg(a, block))
 			}
 		}
 		if err := dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params); err != nil {

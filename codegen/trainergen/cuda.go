@@ -8,6 +8,7 @@ import (
 
 	"github.com/dave/jennifer/jen"
 
+	"github.com/cnnc/cnnc/internal/gentext"
 	"github.com/cnnc/cnnc/runtime/trainer"
 	"github.com/cnnc/cnnc/runtime/trainer/cli"
 	"github.com/cnnc/cnnc/runtime/trainer/cli/early"
@@ -33,7 +34,7 @@ func MainFileCUDA(spec *trainer.Spec) ([]byte, error) {
 	f := jen.NewFile("main")
 	f.HeaderComment(header(spec.Source))
 	for _, line := range []string{
-		fmt.Sprintf("Command %s trains model %s on an NVIDIA GPU (or the CPU emulator).", strings.ToLower(spec.Model), spec.Model),
+		fmt.Sprintf("Command %s trains model %s on an NVIDIA GPU (or the CPU emulator).", gentext.Comment(strings.ToLower(spec.Model)), gentext.Comment(spec.Model)),
 		"",
 		"Build with `go build -tags cuda`: the binary links the CUDA driver",
 		"(gorgonia.org/cu), whose initialisation exits the process on a machine",

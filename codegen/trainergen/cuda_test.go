@@ -85,7 +85,7 @@ func TestMainFileCUDA(t *testing.T) {
 		`"cuda": func(spec *trainer.Spec) (device.Device, error) {`,
 		"return cuda.New(fatbin)",
 		`return cpu.New(kernels, "kernels.cu", cpu.Options{})`,
-		`_ "cnnc.local/trainer/m/help"`,
+		`_ "cnnc.local/trainer/help"`,
 		"os.Exit(cli.Main(Spec, backends, os.Args[1:], os.Stdout, os.Stderr))",
 		"go build -tags cuda",
 		`"github.com/cnnc/cnnc/runtime/cuda"`,
@@ -197,6 +197,7 @@ func TestBuildCUDATrainer(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, trainergen.WriteModuleCUDA(dir, c.Spec, c.Kernels, fatbin))
 	for _, f := range []string{"main.go", "spec.go", "help/help.go", "kernels.cu", "kernels.fatbin", "go.mod", "go.sum",
+		"kernels_cpu.cc", "kernels_cpu.go", "cuda_emu.h", // the "cpu" device's kernels, built in
 		"cnnc-runtime/runtime/cuda/device.go", "cnnc-runtime/runtime/cuda/shim.go"} {
 		assert.FileExists(t, filepath.Join(dir, f))
 	}

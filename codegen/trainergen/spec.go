@@ -79,6 +79,12 @@ type Programs struct {
 	// (evaluation borrows its temporary space) rather than an arena of
 	// their own.
 	EvalInTrainArena bool
+	// Scalars is the offset of the step's scalar block in the training
+	// arena (trainer.Spec.Scalars), in bytes no value of TrainPlace or
+	// (with EvalInTrainArena) EvalPlace holds; ArenaBytes, when not 0,
+	// is the training arena's size with it (it lies past TrainPlace's).
+	Scalars    int64
+	ArenaBytes int64
 }
 
 // BuildSpec assembles the trainer.Spec of a compiled model.
@@ -94,7 +100,9 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		Classes: int(g.Inputs[1].Type.Classes),
 		Epochs:  int(p.Result.Train.Epochs), LR: float32(p.Result.Train.Optimizer.LR), Seed: p.Result.Train.Seed,
 		Optimizer:  p.Result.Train.Optimizer.String(),
-		ArenaBytes: p.TrainPlace.Bytes(),
+		Schedule:   p.Result.Train.Schedule,
+		ArenaBytes: max(p.TrainPlace.Bytes(), p.ArenaBytes),
+		Scalars:    p.Scalars,
 	}
 	if p.Eval != nil && p.Eval.Batch != p.Train.Batch {
 		spec.EvalBatch = int(p.Eval.Batch) // evaluated in chunks
@@ -223,14 +231,8 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 				ta.Kind = trainer.ArgInt
 			case codegen.ArgFloat:
 				ta.Kind = trainer.ArgFloat
-			case codegen.ArgLR:
-				ta.Kind = trainer.ArgLR
-			case codegen.ArgStep:
-				ta.Kind = trainer.ArgStep
-			case codegen.ArgSeed:
-				ta.Kind = trainer.ArgSeed
-			case codegen.ArgValid:
-				ta.Kind = trainer.ArgValid
+			case codegen.ArgScalars:
+				ta.Kind = trainer.ArgScalars
 			default:
 				return st, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
 			}

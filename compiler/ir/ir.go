@@ -306,6 +306,10 @@ type Attrs struct {
 	// instead of writing them (micro-batch loops sum over micro-batches).
 	// Set by codegen from the memory plan; not part of the IR's meaning.
 	Accumulate bool
+
+	// Smoothing is cross_entropy's label smoothing ε in [0,1): the target
+	// is (1-ε)·onehot(label) + ε/classes, as PyTorch's label_smoothing.
+	Smoothing float64
 }
 
 // Dil is the convolution's dilation (1 where unset).

@@ -7,22 +7,32 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 )
 
-// cross_entropy: the model's loss, F.cross_entropy — the batch's mean of
-// logsumexp(logits) - logits[label]; its gradient is (softmax - onehot) /
+// cross_entropy: the model's loss, F.cross_entropy with label_smoothing ε
+// — the target is q = (1-ε)·onehot(label) + ε/classes, a row's loss
+// -Σ q·log softmax = logsumexp(logits) - (1-ε)·logits[label] -
+// ε·mean(logits), averaged over the batch; its gradient is (softmax - q) /
 // batch. The fuse pass turns it into softmax_cross_entropy, one kernel
 // that also writes the logits' gradient and the correct count.
 
+// attrSmoothing is printed only when it is not 0, so that the text of a
+// model without label smoothing is what it always was.
+var attrSmoothing = ir.AttrSpec{Name: "label_smoothing", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.Smoothing) },
+	Default: func(a *ir.Attrs) bool { return a.Smoothing == 0 }}
+
 var _ = Register(ir.OpCrossEntropy, &Def{
-	OpInfo: ir.OpInfo{Name: "cross_entropy", Infer: inferCrossEntropy, FLOPs: flopsCrossEntropy, Loss: true},
+	OpInfo: ir.OpInfo{Name: "cross_entropy", Attrs: []ir.AttrSpec{attrSmoothing}, Infer: inferCrossEntropy, FLOPs: flopsCrossEntropy, Loss: true},
 	Doc:    "softmax cross-entropy of logits against class labels, mean over the batch",
 	DSL: &DSL{
 		Name: "cross_entropy", Order: 1000, Tensors: 2, TensorNames: []string{"logits", "label"},
-		Shape:    "`[N]` logits and `class[N]` labels -> scalar: mean over the batch of `logsumexp(logits) - logits[label]`",
+		Args: []ArgSpec{{Name: "label_smoothing", Kind: ArgFloat, Min: 0, Max: 1, Default: "0",
+			Doc: "ε: the target is (1-ε)·onehot(label) + ε/classes, PyTorch's label_smoothing"}},
+		Attrs:    func(a Args) (ir.Attrs, error) { return ir.Attrs{Smoothing: a.Float("label_smoothing", 0)}, nil },
+		Shape:    "`[N]` logits and `class[N]` labels -> scalar: mean over the batch of `logsumexp(logits) - logits[label]` (with smoothing ε: `- ε·(mean(logits) - logits[label])`)",
 		PyTorch:  "F.cross_entropy",
-		Examples: []string{"cross_entropy(x, label)"},
+		Examples: []string{"cross_entropy(x, label)", "cross_entropy(x, label, label_smoothing=0.2)"},
 	},
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
-		return []*ir.Value{b.Emit(ir.OpCrossEntropyGrad, n, ir.Attrs{}, n.Ins[0], n.Ins[0], n.Ins[1]), nil}
+		return []*ir.Value{b.Emit(ir.OpCrossEntropyGrad, n, ir.Attrs{Smoothing: n.Attrs.Smoothing}, n.Ins[0], n.Ins[0], n.Ins[1]), nil}
 	},
 	Ref:    refCrossEntropy,
 	Kernel: Kernel{ReplacedBy: "softmax_cross_entropy"},
@@ -30,7 +40,7 @@ var _ = Register(ir.OpCrossEntropy, &Def{
 })
 
 var _ = Register(ir.OpCrossEntropyGrad, &Def{
-	OpInfo: ir.OpInfo{Name: "cross_entropy_grad", Infer: inferCrossEntropyGrad, FLOPs: flopsCrossEntropy},
+	OpInfo: ir.OpInfo{Name: "cross_entropy_grad", Attrs: []ir.AttrSpec{attrSmoothing}, Infer: inferCrossEntropyGrad, FLOPs: flopsCrossEntropy},
 	Doc:    "the gradient of the loss with respect to the logits",
 	NoGrad: "a gradient op",
 	Ref:    refCrossEntropyGrad,
@@ -83,29 +93,42 @@ func logSumExp(row []float64) float64 {
 	return m + math.Log(s)
 }
 
+// refCrossEntropy: a row's loss is lse - (1-ε)·x_label - ε·mean(x) (ε = 0:
+// the plain lse - x_label).
 func refCrossEntropy(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	logits, labels := ins[0], ins[1]
 	c := int(n.Ins[0].Type.Dims[0])
+	eps := n.Attrs.Smoothing
 	loss := 0.0
 	for b := 0; b < env.Batch; b++ {
 		row := logits[b*c : (b+1)*c]
-		loss += logSumExp(row) - row[int(labels[b])]
+		l := logSumExp(row) - (1-eps)*row[int(labels[b])]
+		if eps != 0 {
+			sum := 0.0
+			for _, v := range row {
+				sum += v
+			}
+			l -= eps * sum / float64(c)
+		}
+		loss += l
 	}
 	return [][]float64{{loss / env.LossBatch()}}
 }
 
+// refCrossEntropyGrad is the loss's gradient: (softmax - q) / batch.
 func refCrossEntropyGrad(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	logits, labels := ins[0], ins[1]
 	c := int(n.Ins[0].Type.Dims[0])
+	eps := n.Attrs.Smoothing
 	d := make([]float64, len(logits))
 	inv := 1 / env.LossBatch()
 	for b := 0; b < env.Batch; b++ {
 		row := logits[b*c : (b+1)*c]
 		lse := logSumExp(row)
 		for j := range row {
-			d[b*c+j] = math.Exp(row[j]-lse) * inv
+			d[b*c+j] = (math.Exp(row[j]-lse) - eps/float64(c)) * inv
 		}
-		d[b*c+int(labels[b])] -= inv
+		d[b*c+int(labels[b])] -= (1 - eps) * inv
 	}
 	return [][]float64{d}
 }

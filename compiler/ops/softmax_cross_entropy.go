@@ -11,7 +11,7 @@ import (
 // for nothing.
 
 var _ = Register(ir.OpSoftmaxCrossEntropy, &Def{
-	OpInfo: ir.OpInfo{Name: "softmax_cross_entropy", Infer: inferSoftmaxCE, FLOPs: flopsCrossEntropy, Loss: true},
+	OpInfo: ir.OpInfo{Name: "softmax_cross_entropy", Attrs: []ir.AttrSpec{attrSmoothing}, Infer: inferSoftmaxCE, FLOPs: flopsCrossEntropy, Loss: true},
 	Doc:    "the loss, the logits' gradient and the correct count, in one kernel",
 	Grad: func(_ GradBuilder, n *ir.Node, _ *ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{n.Outs[1], nil}

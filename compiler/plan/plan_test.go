@@ -28,11 +28,11 @@ func compileFile(t testing.TB, path string) *compiler.Result {
 
 func build(t *testing.T, g *ir.Graph, cfg plan.Config) *plan.Plan {
 	t.Helper()
-	start := time.Now()
+	// Planning time (SimpleCNN well under 100 ms) is a benchmark,
+	// BenchmarkPlanSimpleCNN, recorded in BENCHMARKS.md: a wall-clock
+	// bound here fails on a loaded machine and says nothing of the code.
 	p, err := plan.Build(g, cfg)
 	require.NoError(t, err)
-	// the target: planning SimpleCNN takes well under 100 ms
-	assert.Less(t, time.Since(start), 100*time.Millisecond, "planning %s %+v", g.Name, cfg)
 	require.NoError(t, p.Check())
 	return p
 }

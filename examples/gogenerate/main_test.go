@@ -23,7 +23,17 @@ func TestGeneratedPackageIsUpToDate(t *testing.T) {
 	dir := t.TempDir()
 	out, err := exec.Command("go", "run", "../../cmd/cnnc", "gen", "../mnist.cnn", "-o", dir, "-pkg", "mnistnet", "--batch", "32").CombinedOutput()
 	require.NoError(t, err, string(out))
-	for _, name := range []string{"model.go", "spec.go", "kernels.cu"} {
+	names := func(dir string) []string {
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		var out []string
+		for _, e := range entries {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	require.Equal(t, names(dir), names("mnistnet"), "run go generate ./examples/gogenerate")
+	for _, name := range names(dir) {
 		want, err := os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err)
 		got, err := os.ReadFile(filepath.Join("mnistnet", name))
@@ -61,6 +71,15 @@ func TestGeneratedPackageHasNoCLIDependencies(t *testing.T) {
 	out, err = exec.Command("go", "list", "-deps", "github.com/cnnc/cnnc/runtime/trainer/cli").Output()
 	require.NoError(t, err)
 	assert.NotEmpty(t, forbidden(string(out)), "the trainers' command line does link them")
+}
+
+// The package's kernels are compiled into the program (cgo), so it needs
+// no C++ compiler when it runs.
+func TestGeneratedPackageRunsBuiltInKernels(t *testing.T) {
+	m, err := mnistnet.New(mnistnet.Options{Seed: 1, Device: "cpu"})
+	require.NoError(t, err)
+	defer m.Close()
+	assert.Equal(t, "cpu (CUDA emulator, kernels built in)", m.Device())
 }
 
 // The generated API trains: the loss falls, Save/Load round-trips through

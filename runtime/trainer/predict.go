@@ -13,6 +13,10 @@ import (
 type Prediction struct {
 	Class int
 	Prob  float64
+	// Name is the class's name, when the model knows it (Model.Predict
+	// after training on named classes or loading a checkpoint that has
+	// them); "" otherwise.
+	Name string
 }
 
 // Predict runs the forward pass (dropout off) on the images in pixels

@@ -19,6 +19,8 @@ type recorder struct {
 	progress *progress
 	curves   curves
 	steps    int // steps of this run
+	// the traced steps' device times and host gaps, for --profile
+	times, gaps []time.Duration
 }
 
 func newRecorder(r *runner, perEpoch int) *recorder {
@@ -40,8 +42,17 @@ func (rec *recorder) step(m *trainer.StepMetrics) error {
 			return err
 		}
 	}
+	if m.Timed {
+		rec.times = append(rec.times, m.DeviceTime)
+		if m.HasGap {
+			rec.gaps = append(rec.gaps, m.HostGap)
+		}
+	}
 	if p := rec.r.o.profile; p > 0 && rec.steps == p {
-		return printProfile(rec.r.sess, m.Input, rec.r.out, rec.r.o.roofline)
+		if err := printProfile(rec.r.sess, m.Input, rec.r.out, rec.r.o.roofline); err != nil {
+			return err
+		}
+		printHostGaps(rec.r.out, rec.r.sess, rec.times, rec.gaps)
 	}
 	return nil
 }
@@ -56,6 +67,14 @@ func (rec *recorder) epoch(e *trainer.EpochMetrics) error {
 	line := fmt.Sprintf("%s: train loss %.4f, train accuracy %.2f%%", head, e.TrainLoss, 100*e.TrainAcc)
 	if e.Tested {
 		line += fmt.Sprintf(", test loss %.4f, test accuracy %.2f%%", e.TestLoss, 100*e.TestAcc)
+	}
+	line += fmt.Sprintf(", lr %.4g, %.0f images/s", e.LR, e.Throughput)
+	if e.Best {
+		line += " (best so far"
+		if o.keepBest != "" {
+			line += ": written to " + o.keepBest
+		}
+		line += ")"
 	}
 	fmt.Fprintln(rec.r.out, line)
 	if o.plot != "" {

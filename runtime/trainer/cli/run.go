@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -44,6 +45,8 @@ type runner struct {
 	dev      device.Device
 	sess     *trainer.Session
 	resumed  *trainer.RunState // the checkpoint's run, when resuming
+	meta     map[string]string // the --resume checkpoint's metadata
+	best     *trainer.Best     // --keep-best, --patience
 	train    data.Dataset
 	test     data.Dataset
 	log      *jsonLog
@@ -101,10 +104,51 @@ func (r *runner) checkOptions() error {
 	case o.plot != "" && !strings.HasSuffix(strings.ToLower(o.plot), ".png") && !strings.HasSuffix(strings.ToLower(o.plot), ".svg"):
 		return usagef("--plot %s: write a .png or .svg file", o.plot)
 	}
+	if err := r.checkBestOptions(); err != nil {
+		return err
+	}
 	if _, _, err := parseRoofline(o.roofline); err != nil {
 		return usageError{err}
 	}
 	return r.checkMemoryBudget()
+}
+
+// checkBestOptions checks --keep-best, --keep-best-by and --patience.
+func (r *runner) checkBestOptions() error {
+	o := r.o
+	if o.keepBest == "" && o.patience == 0 {
+		if o.changed("keep-best-by") {
+			return usagef("--keep-best-by chooses the best epoch for --keep-best or --patience: give one of them")
+		}
+		return nil
+	}
+	best, err := trainer.NewBest(o.keepBestBy, o.patience)
+	if err != nil {
+		if o.patience < 0 {
+			return usagef("--patience %d: want 0 (never stop early) or more epochs", o.patience)
+		}
+		return usagef("--keep-best-by %w", err)
+	}
+	flag := "--keep-best"
+	if o.keepBest == "" {
+		flag = "--patience"
+	}
+	switch {
+	case o.test == "":
+		return usagef("%s needs --test: the best epoch is the one with the best test %s", flag, o.keepBestBy)
+	case o.keepBest != "" && o.checkpoint != "" && samePath(o.keepBest, o.checkpoint):
+		return usagef("--keep-best %s is the --checkpoint: give the best epoch a file of its own", o.keepBest)
+	}
+	r.best = best
+	return nil
+}
+
+// samePath says whether two paths name the same file (by their absolute
+// forms: neither need exist yet).
+func samePath(a, b string) bool {
+	x, errA := filepath.Abs(a)
+	y, errB := filepath.Abs(b)
+	return errA == nil && errB == nil && x == y
 }
 
 func (r *runner) checkMemoryBudget() error {
@@ -130,21 +174,33 @@ func sizeWithBytes(n int64) string { return fmt.Sprintf("%s (%d bytes)", units.F
 // same file, stops the run here. Temporary files of earlier writers are
 // removed: whoever held the lock is gone.
 func (r *runner) lockCheckpoint() error {
-	path := r.o.checkpoint
-	if path == "" || r.o.evalOnly {
+	if r.o.evalOnly {
+		return nil
+	}
+	if err := r.lockFile("checkpoint", r.o.checkpoint); err != nil {
+		return err
+	}
+	return r.lockFile("keep-best", r.o.keepBest)
+}
+
+// lockFile takes the lock of a checkpoint file a flag names (when given).
+func (r *runner) lockFile(flag, path string) error {
+	if path == "" {
 		return nil
 	}
 	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
-		return usagef("--checkpoint %s: not a regular file", path)
+		return usagef("--%s %s: not a regular file", flag, path)
 	}
 	lock, err := checkpoint.Acquire(path, fmt.Sprintf("a trainer of model %s", r.spec.Model))
 	if err != nil {
-		return fmt.Errorf("--checkpoint: %w", err)
+		return fmt.Errorf("--%s: %w", flag, err)
 	}
-	r.lock = lock
+	if flag == "checkpoint" {
+		r.lock = lock
+	}
 	r.closers = append(r.closers, lock.Release)
 	if _, err := checkpoint.RemoveStaleTemps(path); err != nil {
-		return fmt.Errorf("--checkpoint %s: removing an earlier writer's temporary files: %w", path, err)
+		return fmt.Errorf("--%s %s: removing an earlier writer's temporary files: %w", flag, path, err)
 	}
 	return nil
 }
@@ -244,8 +300,20 @@ func (r *runner) restore() error {
 	if err := r.adoptRunSettings(meta, st); err != nil {
 		return err
 	}
+	r.meta = meta
+	if saved, now := meta[trainer.MetaSchedule], r.spec.Schedule; saved != "" && saved != now.String() || saved == "" && !now.IsConstant() {
+		// a trainer rebuilt with another schedule: its rates from here on
+		fmt.Fprintf(r.out, "the train block's learning-rate schedule %s replaces the checkpoint's %s\n", now, orConstant(saved))
+	}
 	r.resumed = &st
 	return nil
+}
+
+func orConstant(schedule string) string {
+	if schedule == "" {
+		return "constant"
+	}
+	return schedule
 }
 
 // adoptRunSettings takes the resumed run's settings, except those given
