@@ -149,6 +149,9 @@ func (l *Loop) Prepare() error {
 		if err := CheckDataset(sp, l.Test); err != nil {
 			return err
 		}
+		if err := CheckSameClasses(l.Train, l.Test); err != nil {
+			return fmt.Errorf("test data: %w", err)
+		}
 	} else if l.Best != nil {
 		return fmt.Errorf("choosing the best epoch by test %s needs test data", l.Best.By)
 	}
@@ -387,7 +390,7 @@ func (e *DivergedError) Error() string {
 	if e.AtSave {
 		return fmt.Sprintf("after step %d (epoch %d) the parameters diverge: on a training batch %s; nothing was saved", e.Step, e.Epoch, e.Why)
 	}
-	return fmt.Sprintf("%s at step %d (epoch %d, batch %d)", e.Why, e.Step, e.Epoch, e.Batch)
+	return fmt.Sprintf("%s at step %d (epoch %d, batch %d)", e.Why, e.Step, e.Epoch, e.Batch+1) // batches count from 1 where users read them
 }
 
 // save checks the parameters on the guard batch (when this run has

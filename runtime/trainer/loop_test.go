@@ -3,6 +3,7 @@ package trainer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -184,6 +185,10 @@ func TestLoopStopsAnExplodingLoss(t *testing.T) {
 	assert.False(t, div.AtSave)
 	assert.Less(t, div.Step, int64(10), "%v", err)
 	assert.Empty(t, sv.at)
+	// the message counts batches from 1, as every other message does: the
+	// step's batch within its epoch of 8 batches
+	inEpoch := div.Step - int64(div.Epoch-1)*8
+	assert.Contains(t, err.Error(), fmt.Sprintf("at step %d (epoch %d, batch %d)", div.Step, div.Epoch, inEpoch))
 }
 
 func TestDivergingRule(t *testing.T) {
