@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -70,6 +71,22 @@ type EpochMetrics struct {
 	// Best says the epoch improved on the best so far (Loop.Best), and
 	// was saved through SaveBest.
 	Best bool `json:"best,omitempty"`
+}
+
+// MarshalJSON writes test_loss and test_accuracy exactly when the epoch
+// was tested, zeros included: a log reader must tell a test accuracy of
+// 0 from no test.
+func (m EpochMetrics) MarshalJSON() ([]byte, error) {
+	type plain EpochMetrics // without this method
+	v := struct {
+		plain
+		TestLoss *float64 `json:"test_loss,omitempty"`
+		TestAcc  *float64 `json:"test_accuracy,omitempty"`
+	}{plain: plain(m)}
+	if m.Tested {
+		v.TestLoss, v.TestAcc = &m.TestLoss, &m.TestAcc
+	}
+	return json.Marshal(v)
 }
 
 // Loop trains a Session over a dataset: epochs of batches in the Loader's

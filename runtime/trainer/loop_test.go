@@ -2,6 +2,7 @@ package trainer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -217,4 +218,15 @@ func TestEvaluate(t *testing.T) {
 	bad.Classes = 4
 	_, err = trainer.Evaluate(context.Background(), sess, &bad, 0)
 	assert.ErrorContains(t, err, "the data has 4 classes but model Tiny predicts 3")
+}
+
+// An epoch's log line has test_loss and test_accuracy exactly when it was
+// tested: a test accuracy of 0 is written, not dropped as empty.
+func TestEpochMetricsJSONKeepsZeroTestAccuracy(t *testing.T) {
+	b, err := json.Marshal(trainer.EpochMetrics{Epoch: 1, Step: 3, TrainLoss: 2.5, Tested: true, TestLoss: 2.75, TestAcc: 0})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"epoch":1,"step":3,"train_loss":2.5,"train_accuracy":0,"test_loss":2.75,"test_accuracy":0,"lr":0,"images_per_second":0}`, string(b))
+	b, err = json.Marshal(trainer.EpochMetrics{Epoch: 1, Step: 3, Partial: true, Best: true})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"epoch":1,"step":3,"train_loss":0,"train_accuracy":0,"partial":true,"lr":0,"images_per_second":0,"best":true}`, string(b))
 }
