@@ -63,6 +63,7 @@ the exit status is 1 (2: a bad command line).`, channelsWord(spec.C), spec.H, sp
 	fs.IntVar(&po.top, "top", min(3, spec.Classes), fmt.Sprintf("how many of the most probable classes to print per image (1 to %d)", spec.Classes))
 	fs.BoolVar(&po.json, "json", false, "print one JSON object per file: {\"file\", \"top\": [{\"class\", \"name\", \"probability\"}]}, or {\"file\", \"error\"}")
 	fs.StringVar(&po.device, "device", "auto", "auto, cpu or cuda")
+	fs.BoolP("help", "h", false, "help for predict") // cobra's would name the trainer
 	return cmd
 }
 
