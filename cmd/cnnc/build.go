@@ -142,7 +142,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "the trainer `BINARY` to build")
-	cmd.Flags().StringVar(&target, "target", "cpu", "`cpu, cuda or auto` (cuda when nvcc is present)")
+	cmd.Flags().StringVar(&target, "target", "cpu", "the `TARGET` the trainer runs on: cpu, cuda, or auto (cuda when nvcc is present)")
 	cmd.Flags().StringVar(&emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
 	cmd.Flags().StringVar(&workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
 	cmd.Flags().StringVar(&budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")

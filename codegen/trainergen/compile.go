@@ -12,6 +12,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/runtime/trainer"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // PlanLayout places values where the memory plan put them, including the
@@ -299,7 +300,7 @@ func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
 
 func planSummary(p *plan.Plan) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "memory plan: peak %d bytes (%.2f MB), kernel workspace included", p.PeakBytes, float64(p.PeakBytes)/1e6)
+	fmt.Fprintf(&b, "memory plan: peak %s (%d bytes), kernel workspace included", units.FormatBytes(p.PeakBytes), p.PeakBytes)
 	fmt.Fprintf(&b, "; strategy %s; in place: %s; recomputed: %s\n", p.Choices.Strategy, orNone(p.Choices.InPlace), orNone(p.Choices.Recompute))
 	return b.String()
 }

@@ -3,7 +3,9 @@ package trainer
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/cnnc/cnnc/runtime/data"
 )
@@ -67,4 +69,58 @@ func ClassName(names []string, c int) string {
 		return names[c]
 	}
 	return strconv.Itoa(c)
+}
+
+// CheckSameClasses refuses test data whose classes are not the training
+// data's. Labels are positions in the class list (an ImageFolder's sorted
+// folder names), so a test set without one of the classes would shift
+// every later label and be scored against the wrong names, silently.
+// Datasets without class names (nil) are not compared.
+func CheckSameClasses(train, test data.Dataset) error {
+	return SameClasses(ClassNames(train), ClassNames(test))
+}
+
+// SameClasses says how the class list got differs from want (both in
+// label order), or nil when they are equal or either is unknown (nil).
+func SameClasses(want, got []string) error {
+	if want == nil || got == nil || slices.Equal(want, got) {
+		return nil
+	}
+	var missing, extra []string
+	for _, n := range want {
+		if !slices.Contains(got, n) {
+			missing = append(missing, n)
+		}
+	}
+	for _, n := range got {
+		if !slices.Contains(want, n) {
+			extra = append(extra, n)
+		}
+	}
+	var what []string
+	if len(missing) > 0 {
+		what = append(what, "it lacks "+quoteNames(missing))
+	}
+	if len(extra) > 0 {
+		what = append(what, "it has "+quoteNames(extra)+" besides")
+	}
+	if len(what) == 0 {
+		what = append(what, "they are in another order")
+	}
+	return fmt.Errorf("its %d classes are not the training data's %d (%s): a label is a class's position in the sorted list, so its labels would name other classes",
+		len(got), len(want), strings.Join(what, "; "))
+}
+
+// quoteNames lists class names quoted, the first few of many.
+func quoteNames(names []string) string {
+	const shown = 5
+	q := make([]string, 0, shown)
+	for _, n := range names[:min(len(names), shown)] {
+		q = append(q, strconv.Quote(n))
+	}
+	s := strings.Join(q, ", ")
+	if len(names) > shown {
+		s += fmt.Sprintf(" and %d more", len(names)-shown)
+	}
+	return s
 }

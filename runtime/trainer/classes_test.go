@@ -57,3 +57,35 @@ func TestModelNamesItsClasses(t *testing.T) {
 	assert.ErrorContains(t, err, "is not a JSON list of class names")
 	assert.Equal(t, "7", trainer.ClassName(nil, 7))
 }
+
+// named is an in-memory dataset with class names, as an ImageFolder has.
+type named struct {
+	*trainertest.Memory
+	names []string
+}
+
+func (n named) Classes() []string { return n.names }
+
+// Test data whose classes are not the training data's is refused: labels
+// are positions in the class list, so a test set without one class (an
+// ImageFolder without one folder) would be scored against shifted names.
+func TestLoopRefusesTestDataWithOtherClasses(t *testing.T) {
+	m := trainertest.Tiny(t)
+	mem := trainertest.Data(m.Spec, 12, 1)
+	train := named{mem, []string{"cat", "dog", "emu"}}
+	for _, c := range []struct {
+		names []string
+		want  string
+	}{
+		{[]string{"cat", "emu"}, `test data: its 2 classes are not the training data's 3 (it lacks "dog")`},
+		{[]string{"cat", "dog", "eel"}, `(it lacks "emu"; it has "eel" besides)`},
+		{[]string{"dog", "cat", "emu"}, "(they are in another order)"},
+	} {
+		loop := &trainer.Loop{Session: m.Session(t, 1), Train: train, Test: named{mem, c.names}, Epochs: 1}
+		assert.ErrorContains(t, loop.Prepare(), c.want, "%v", c.names)
+	}
+	same := &trainer.Loop{Session: m.Session(t, 1), Train: train, Test: named{mem, []string{"cat", "dog", "emu"}}, Epochs: 1}
+	assert.NoError(t, same.Prepare())
+	unnamed := &trainer.Loop{Session: m.Session(t, 1), Train: train, Test: mem, Epochs: 1}
+	assert.NoError(t, unnamed.Prepare(), "a dataset without names is not compared")
+}

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -74,6 +75,22 @@ type EpochMetrics struct {
 	// Best says the epoch improved on the best so far (Loop.Best), and
 	// was saved through SaveBest.
 	Best bool `json:"best,omitempty"`
+}
+
+// MarshalJSON writes test_loss and test_accuracy exactly when the epoch
+// was tested, zeros included: a log reader must tell a test accuracy of
+// 0 from no test.
+func (m EpochMetrics) MarshalJSON() ([]byte, error) {
+	type plain EpochMetrics // without this method
+	v := struct {
+		plain
+		TestLoss *float64 `json:"test_loss,omitempty"`
+		TestAcc  *float64 `json:"test_accuracy,omitempty"`
+	}{plain: plain(m)}
+	if m.Tested {
+		v.TestLoss, v.TestAcc = &m.TestLoss, &m.TestAcc
+	}
+	return json.Marshal(v)
 }
 
 // Loop trains a Session over a dataset: epochs of batches in the Loader's
@@ -163,6 +180,9 @@ func (l *Loop) Prepare() error {
 	if l.Test != nil {
 		if err := CheckDataset(sp, l.Test); err != nil {
 			return err
+		}
+		if err := CheckSameClasses(l.Train, l.Test); err != nil {
+			return fmt.Errorf("test data: %w", err)
 		}
 	} else if l.Best != nil {
 		return fmt.Errorf("choosing the best epoch by test %s needs test data", l.Best.By)
@@ -435,7 +455,7 @@ func (e *DivergedError) Error() string {
 	if e.AtSave {
 		return fmt.Sprintf("after step %d (epoch %d) the parameters diverge: on a training batch %s; nothing was saved", e.Step, e.Epoch, e.Why)
 	}
-	return fmt.Sprintf("%s at step %d (epoch %d, batch %d)", e.Why, e.Step, e.Epoch, e.Batch)
+	return fmt.Sprintf("%s at step %d (epoch %d, batch %d)", e.Why, e.Step, e.Epoch, e.Batch+1) // batches count from 1 where users read them
 }
 
 // save sees the results of the steps in flight, checks the parameters on

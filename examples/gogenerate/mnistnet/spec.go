@@ -128,7 +128,7 @@ var Spec = &trainer.Spec{
 		Offset:    418304,
 		Shape:     []int64{10},
 	}},
-	PlanSummary: "memory plan: peak 1227012 bytes (1.23 MB), kernel workspace included; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
+	PlanSummary: "memory plan: peak 1.23 MB (1227012 bytes), kernel workspace included; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
 	Scalars:     288,
 	Seed:        1,
 	Source:      "../mnist.cnn",

@@ -85,7 +85,10 @@ func Main(spec *trainer.Spec, backends trainer.Backends, args []string, stdout, 
 	cmd := newCommand(spec, o, func() error {
 		var err error
 		code, err = run(spec, backends, o)
-		if err != nil {
+		switch {
+		case err != nil && code == ExitUsage:
+			fmt.Fprintf(stderr, "%s: %v; see --help\n", o.programName, err)
+		case err != nil:
 			fmt.Fprintf(stderr, "%s: %v\n", o.programName, err)
 		}
 		return nil
@@ -149,7 +152,7 @@ func newCommand(spec *trainer.Spec, o *options, runE func() error) *cobra.Comman
 	cmd.SetOut(o.stdout)
 	cmd.SetErr(o.stderr)
 	cmd.SetVersionTemplate("{{.Version}}\n")
-	cmd.SetFlagErrorFunc(flagError)
+	cmd.SetFlagErrorFunc(FlagError)
 	registerFlags(cmd.Flags(), spec, o)
 	o.changed = func(name string) bool { return cmd.Flags().Changed(name) }
 	return cmd
@@ -279,9 +282,10 @@ cannot be opened. CNNC_CUDA_DEBUG=1 synchronises after every kernel launch,
 so that a fault names its kernel.
 `
 
-// flagError turns pflag's errors into one line naming the flag and what
-// it wants.
-func flagError(cmd *cobra.Command, err error) error {
+// FlagError turns pflag's errors into one line naming the flag and what
+// it wants, with the closest flag for a misspelt one. cnnc's own commands
+// use it too, so that cnnc and its trainers speak one language.
+func FlagError(cmd *cobra.Command, err error) error {
 	var invalid *pflag.InvalidValueError
 	var missing *pflag.NotExistError
 	var noValue *pflag.ValueRequiredError
@@ -319,9 +323,10 @@ func wants(typ string) string {
 }
 
 // suggest names the visible flag closest to name in edit distance, when
-// it is close enough to be a typo.
+// it is close enough to be a typo: a few edits in a long name, never more
+// than half of the name (-x is no typo of --lr).
 func suggest(fs *pflag.FlagSet, name string) string {
-	best, bestD := "", 1+max(2, len(name)/4)
+	best, bestD := "", 1+min(max(2, len(name)/4), len(name)/2)
 	fs.VisitAll(func(f *pflag.Flag) {
 		if f.Hidden {
 			return

@@ -45,7 +45,7 @@ func smoothing(n int) float64 {
 func (c *curves) draw(path, model string) error {
 	ext := strings.ToLower(filepath.Ext(path))
 	if ext != ".png" && ext != ".svg" {
-		return fmt.Errorf("--plot %s: write a .png or .svg file", path)
+		return fmt.Errorf("write a .png or .svg file")
 	}
 	loss := newPanel(model+": loss", "cross-entropy")
 	acc := newPanel(model+": accuracy", "accuracy (%)")
@@ -107,6 +107,12 @@ func (c *curves) lrPanel(model string) (*plot.Plot, error) {
 	l.Width = vg.Points(1.5)
 	p.Add(l)
 	p.Legend.Add("per step", l)
+	// from 0, so that a rate reads as its size: a constant rate would
+	// otherwise get an axis centred on it, its line at the 0 tick
+	p.Y.Min = 0
+	if top := p.Y.Max; top > 0 {
+		p.Y.Max = 1.1 * top
+	}
 	return p, nil
 }
 

@@ -45,7 +45,10 @@ the exit status is 1 (2: a bad command line).`, channelsWord(spec.C), spec.H, sp
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			*code, err = predict(spec, backends, o, po, args)
-			if err != nil {
+			switch {
+			case err != nil && *code == ExitUsage:
+				fmt.Fprintf(o.stderr, "%s predict: %v; see %s predict --help\n", o.programName, err, o.programName)
+			case err != nil:
 				fmt.Fprintf(o.stderr, "%s predict: %v\n", o.programName, err)
 			}
 			return nil
@@ -53,13 +56,14 @@ the exit status is 1 (2: a bad command line).`, channelsWord(spec.C), spec.H, sp
 	}
 	cmd.SetOut(o.stdout)
 	cmd.SetErr(o.stderr)
-	cmd.SetFlagErrorFunc(flagError)
+	cmd.SetFlagErrorFunc(FlagError)
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	fs.StringVar(&po.checkpoint, "checkpoint", "", "the trained parameters: a checkpoint this trainer wrote (required)")
 	fs.IntVar(&po.top, "top", min(3, spec.Classes), fmt.Sprintf("how many of the most probable classes to print per image (1 to %d)", spec.Classes))
 	fs.BoolVar(&po.json, "json", false, "print one JSON object per file: {\"file\", \"top\": [{\"class\", \"name\", \"probability\"}]}, or {\"file\", \"error\"}")
 	fs.StringVar(&po.device, "device", "auto", "auto, cpu or cuda")
+	fs.BoolP("help", "h", false, "help for predict") // cobra's would name the trainer
 	return cmd
 }
 
@@ -74,7 +78,7 @@ type input struct {
 func predict(spec *trainer.Spec, backends trainer.Backends, o *options, po *predictOptions, args []string) (int, error) {
 	switch {
 	case len(args) == 0:
-		return ExitUsage, errors.New("give the image files or folders to predict; see --help")
+		return ExitUsage, errors.New("give the image files or folders to predict")
 	case po.checkpoint == "":
 		return ExitUsage, errors.New("--checkpoint is needed: the trained parameters to predict with")
 	case po.top < 1 || po.top > spec.Classes:

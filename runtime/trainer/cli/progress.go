@@ -90,7 +90,10 @@ func (rec *recorder) plot() error {
 	if rec.r.o.plot == "" || rec.steps == 0 {
 		return nil
 	}
-	return rec.curves.draw(rec.r.o.plot, rec.r.spec.Model)
+	if err := rec.curves.draw(rec.r.o.plot, rec.r.spec.Model); err != nil {
+		return fmt.Errorf("--plot %s: %w", rec.r.o.plot, err)
+	}
+	return nil
 }
 
 // isTerminal says whether w is a terminal (not a file or a pipe).

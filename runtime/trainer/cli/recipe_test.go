@@ -238,10 +238,13 @@ func TestPredict(t *testing.T) {
 		r := run(t, spec, c.args...)
 		assert.Equal(t, 2, r.code, "%v: %s", c.args, r.err)
 		assert.Contains(t, r.err, c.want, "%v", c.args)
+		assert.True(t, strings.HasSuffix(r.err, "; see cli.test predict --help\n"), "%v: one line, then where help is: %q", c.args, r.err)
+		assert.Equal(t, 1, strings.Count(r.err, "\n"), "%v", c.args)
 	}
 	r = run(t, spec, "predict", "--checkpoint", filepath.Join(dir, "nope.safetensors"), one)
 	assert.Equal(t, 1, r.code)
 	assert.Contains(t, r.err, "--checkpoint: ")
 	assert.Contains(t, run(t, spec, "predict", "--help").out, "exactly as the training")
+	assert.Contains(t, run(t, spec, "predict", "-h").out, "help for predict")
 	assert.Contains(t, run(t, spec, "--help").out, "predict --checkpoint CK IMAGE_OR_DIR...")
 }

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -97,12 +99,26 @@ func (r *runner) checkOptions() error {
 		return usagef("--device %s: want auto, cpu or cuda", o.device)
 	case o.evalOnly:
 		return r.checkMemoryBudget()
-	case o.epochs < 0 || o.maxSteps < 0 || o.profile < 0 || o.bench < 0:
-		return usagef("--epochs, --max-steps, --profile and --bench must not be negative")
 	case o.init != "" && o.resume != "":
 		return usagef("--init and --resume exclude each other: --resume continues a run, --init starts one from given weights")
 	case o.plot != "" && !strings.HasSuffix(strings.ToLower(o.plot), ".png") && !strings.HasSuffix(strings.ToLower(o.plot), ".svg"):
 		return usagef("--plot %s: write a .png or .svg file", o.plot)
+	}
+	if o.bench == 0 {
+		if err := r.checkDataGiven(); err != nil {
+			return err
+		}
+	}
+	if o.resume == "" { // else the checkpoint's rate may replace it
+		if _, err := r.lr32(); err != nil {
+			return err
+		}
+	}
+	if err := checkOutputFolder("plot", o.plot); err != nil {
+		return err
+	}
+	if err := checkNotNegative(map[string]int64{"epochs": int64(o.epochs), "max-steps": o.maxSteps, "profile": int64(o.profile), "bench": int64(o.bench)}); err != nil {
+		return err
 	}
 	if err := r.checkBestOptions(); err != nil {
 		return err
@@ -111,6 +127,36 @@ func (r *runner) checkOptions() error {
 		return usageError{err}
 	}
 	return r.checkMemoryBudget()
+}
+
+// checkOutputFolder refuses a file a flag names (when given) in a folder
+// that does not exist, before any work: --plot is written after training.
+func checkOutputFolder(flag, path string) error {
+	if path == "" {
+		return nil
+	}
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("--%s %s: the folder %s does not exist", flag, path, dir)
+	case err != nil:
+		return fmt.Errorf("--%s %s: %w", flag, path, err)
+	case !fi.IsDir():
+		return fmt.Errorf("--%s %s: %s is not a folder", flag, path, dir)
+	}
+	return nil
+}
+
+// checkNotNegative refuses a negative count, naming its flag (the first
+// in alphabetical order when several are).
+func checkNotNegative(counts map[string]int64) error {
+	for _, flag := range slices.Sorted(maps.Keys(counts)) {
+		if n := counts[flag]; n < 0 {
+			return usagef("--%s %d: want 0 or more", flag, n)
+		}
+	}
+	return nil
 }
 
 // checkBestOptions checks --keep-best, --keep-best-by and --patience.
@@ -366,6 +412,17 @@ func (r *runner) useLR() error {
 	if r.o.evalOnly {
 		return nil // evaluation does not read it
 	}
+	lr, err := r.lr32()
+	if err != nil {
+		return err
+	}
+	r.sess.LR = lr
+	return nil
+}
+
+// lr32 is --lr as the kernels' float32, or a usage error naming where
+// the rate came from.
+func (r *runner) lr32() (float32, error) {
 	lr, err := trainer.LR32(r.o.lr)
 	if err != nil {
 		from := ""
@@ -376,8 +433,7 @@ func (r *runner) useLR() error {
 		default:
 			from = " (the train block's)"
 		}
-		return usagef("--lr %v%s: %v", r.o.lr, from, err)
+		return 0, usagef("--lr %v%s: %v", r.o.lr, from, err)
 	}
-	r.sess.LR = lr
-	return nil
+	return lr, nil
 }

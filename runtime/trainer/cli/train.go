@@ -28,18 +28,34 @@ func (r *runner) openData() error {
 			return nil
 		}
 	}
-	if o.data == "" {
-		switch {
-		case o.evalOnly:
-			return usagef("--eval-only evaluates --test, or --data when --test is empty: give one")
-		case r.spec.TrainData.Path == "":
-			return usagef("--data is needed: model %s has no data block to take it from", r.spec.Model)
-		}
-		return usagef("--data is empty: give the training data")
+	if err := r.checkDataGiven(); err != nil {
+		return err
 	}
 	ds, err := r.openSource("data", o.data, r.spec.TrainData)
 	r.train = ds
-	return err
+	if err != nil || r.test == nil {
+		return err
+	}
+	if err := trainer.CheckSameClasses(r.train, r.test); err != nil {
+		return fmt.Errorf("%s: %s: %w; give it the class folders of --data %s (an empty one needs --skip-bad)",
+			r.origin("test", testSource(r.spec)), o.test, err, o.data)
+	}
+	return nil
+}
+
+// checkDataGiven refuses an empty --data where the run needs it: for
+// training, or for --eval-only without --test.
+func (r *runner) checkDataGiven() error {
+	o := r.o
+	switch {
+	case o.data != "" || o.evalOnly && o.test != "":
+		return nil
+	case o.evalOnly:
+		return usagef("--eval-only evaluates --test, or --data when --test is empty: give one")
+	case r.spec.TrainData.Path == "":
+		return usagef("--data is needed: model %s has no data block to take it from", r.spec.Model)
+	}
+	return usagef("--data is empty: give the training data")
 }
 
 // openSource opens one data flag's dataset.
