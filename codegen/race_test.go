@@ -13,6 +13,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/perf"
 	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/emu"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -71,9 +72,11 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 	require.NoError(t, err)
 	defer emu.Free(arena)
 
-	// the arena starts as random floats (parameters, state, pixels alike),
-	// the labels valid classes
+	// the arena starts as random floats in [-1, 1) (parameters, state,
+	// pixels alike), the labels valid classes; the scalar block as main's
+	// race test set it (step 0, the first step's branches)
 	init := perf.InitArena(spec, uint64(batch))
+	device.StepScalars{Step: 0, Seed: 5, Valid: int64(spec.Batch), LR: 0.01}.Put(init[spec.Scalars:])
 
 	// run returns, per launch, a hash of every buffer argument after it,
 	// and the whole arena after the step

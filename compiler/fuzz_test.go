@@ -24,6 +24,9 @@ func addSeeds(f *testing.F) {
 	for _, c := range errorCases {
 		f.Add(c.src)
 	}
+	for _, m := range scaleModels { // deep nesting, many statements
+		f.Add(m.gen(50))
+	}
 }
 
 // FuzzCompile: on any input the front end finishes quickly, never panics,
@@ -49,13 +52,18 @@ func FuzzCompile(f *testing.F) {
 				t.Fatalf("rejection is not a diagnostic: %T %v", err, err)
 			}
 			for _, d := range ds {
-				if !d.Pos.IsValid() || d.Pos.File != "f.cnn" {
+				if !d.Pos.IsValid() || d.Pos.File != "f.cnn" || d.Pos.Col < 1 {
 					t.Fatalf("diagnostic without a position: %v", d)
 				}
 			}
 			out := ds.RenderAll(map[string][]byte{"f.cnn": []byte(src)})
 			if !strings.HasPrefix(out, "f.cnn:") {
 				t.Fatalf("rendered diagnostic does not start with the position: %q", out)
+			}
+			for _, r := range out {
+				if (r < 0x20 && r != '\n') || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+					t.Fatalf("rendered diagnostics carry a control character %U from the file: %q", r, out)
+				}
 			}
 			return
 		}

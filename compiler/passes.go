@@ -61,8 +61,10 @@ type Options struct {
 	// AfterPass, when set, is called with each pass's name and the graph
 	// after it ran (for --dump-after and for tests that verify every pass).
 	AfterPass func(pass string, g *ir.Graph) error
-	// Batch overrides the train block's batch size when > 0.
-	Batch int64
+	// Batch overrides the train block's batch size when > 0, and
+	// BatchSource names where it comes from in errors (e.g. "--batch").
+	Batch       int64
+	BatchSource string
 }
 
 // Result is a compiled model.
@@ -75,6 +77,9 @@ type Result struct {
 	// Summary describes the model layer by layer, as written (taken before
 	// fusion), at the train block's batch size.
 	Summary *Summary
+	// BatchLimit is the largest batch the model's step allows (the size
+	// limits of limits.go, at most MaxBatch).
+	BatchLimit int64
 }
 
 // CompileSource parses src (named filename in diagnostics) and compiles it.
@@ -99,11 +104,16 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 	if opts.Batch > 0 {
 		train.Batch = opts.Batch
 	}
-	var image ir.Type
-	if len(g.Inputs) > 0 {
-		image = g.Inputs[0].Type
+	var image, label ir.Type
+	for _, in := range g.Inputs {
+		switch in.Role {
+		case ir.RoleInput:
+			image = in.Type
+		case ir.RoleLabel:
+			label = in.Type
+		}
 	}
-	data, d := ParseData(f.Section("data"), image)
+	data, d := ParseData(f.Section("data"), image, label)
 	diags = append(diags, d...)
 	for _, s := range f.Sections {
 		if first := f.Section(s.Kind); first != s {
@@ -120,7 +130,16 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 	user := opts.AfterPass
 	opts.AfterPass = func(pass string, g *ir.Graph) error {
 		if pass == "autodiff" {
+			// every tensor and FLOP of the step exists now: check the
+			// batch against them before anything multiplies by it
+			if d := checkBatch(g, train.Batch, train, opts.BatchSource, f.Model.Pos); d != nil {
+				return dsl.Diagnostics{d}
+			}
+			if d := checkBatchStatistics(g, train.Batch, train, opts.BatchSource); d != nil {
+				return dsl.Diagnostics{d}
+			}
 			res.Summary = Summarize(g, train.Batch)
+			res.BatchLimit = BatchLimit(g)
 		}
 		if user != nil {
 			return user(pass, g)

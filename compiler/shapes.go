@@ -3,9 +3,11 @@ package compiler
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // shapesPass infers every tensor's type in schedule order. A parametric
@@ -58,32 +60,32 @@ func checkParamBytes(ctx *Context, g *ir.Graph) {
 		}
 	}
 	if total > MaxDeviceBytes {
-		ctx.Diags = append(ctx.Diags, dsl.Errorf(largest.Value.Pos, "the parameters need %s, more than any GPU holds", dsl.FormatSize(total)).
+		ctx.Diags = append(ctx.Diags, dsl.Errorf(largest.Value.Pos, "the parameters need %s, more than any GPU holds (cnnc allows %s)", units.FormatBytes(total), units.FormatBytes(MaxDeviceBytes)).
 			Span(len(largest.Layer)).
-			Hint("%s alone has %s parameters (%s); shrink it", largest.Name, Commas(largest.Value.Type.SampleElems()), dsl.FormatSize(largest.Value.Type.Bytes(1))))
+			Hint("%s alone has %s parameters (%s); shrink it", largest.Name, Commas(largest.Value.Type.SampleElems()), units.FormatBytes(largest.Value.Type.Bytes(1))))
 	}
 }
 
 func inferNode(n *ir.Node) error {
-	if w, b, ok := ir.ParamTypes(n); ok {
-		if _, fits := ir.MulChecked(w.Dims...); !fits {
-			return fmt.Errorf("its weight %s would have more than 2^40 elements; no GPU can hold it", w.ShapeString())
-		}
-		fanIn := w.SampleElems() / w.Dims[0]
-		for i, v := range n.Ins[1:] {
-			if v.Role != ir.RoleParam {
+	if types, fanIn, ok := ir.ParamTypes(n); ok {
+		for _, v := range n.Ins {
+			if v.Role != ir.RoleParam && v.Role != ir.RoleBuffer {
 				continue
 			}
-			if i == 0 {
-				v.Type = w
-			} else {
-				v.Type = b
+			suffix := strings.TrimPrefix(v.Param.Name, v.Param.Layer+".")
+			t, known := types[suffix]
+			if !known {
+				return fmt.Errorf("%s has no %s", n.Op, suffix)
 			}
+			if _, fits := ir.MulChecked(t.Dims...); !fits {
+				return fmt.Errorf("its %s %s would have more than 2^40 elements; no GPU can hold it", suffix, t.ShapeString())
+			}
+			v.Type = t
 			v.Param.Init.FanIn = fanIn
 		}
 	}
 	for _, v := range n.Ins {
-		if v.Role == ir.RoleParam && !v.Type.IsKnown() {
+		if (v.Role == ir.RoleParam || v.Role == ir.RoleBuffer) && !v.Type.IsKnown() {
 			// The type rule below explains why the input does not fit;
 			// give the parameter a placeholder so it can run.
 			v.Type = ir.F32Fixed()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // SummaryRow is one forward layer of the model summary.
@@ -44,12 +45,12 @@ func Summarize(g *ir.Graph, batch int64) *Summary {
 				}
 			}
 			out := n.Out().Type
-			shape := strings.Replace(out.ShapeString(), "B", fmt.Sprint(batch), 1)
+			shape := out.ShapeStringAt(batch)
 			s.Rows = append(s.Rows, SummaryRow{Layer: n.Out().Name, Op: n.Op.String(), Output: shape, Params: params, FLOPs: n.FLOPs(batch), Pos: n.Pos})
-			s.ForwardFLOPs += n.FLOPs(batch)
-			s.ActivationsFP += out.Bytes(batch)
+			s.ForwardFLOPs = ir.AddSat(s.ForwardFLOPs, n.FLOPs(batch))
+			s.ActivationsFP = ir.AddSat(s.ActivationsFP, out.Bytes(batch))
 		}
-		s.TrainFLOPs += n.FLOPs(batch)
+		s.TrainFLOPs = ir.AddSat(s.TrainFLOPs, n.FLOPs(batch))
 	}
 	s.Params = g.ParamCount()
 	s.ParamBytes = 4 * s.Params
@@ -70,27 +71,14 @@ func (s *Summary) Print(w io.Writer) {
 	}
 	PrintTable(w, rows, []bool{false, false, false, true, true, true}, "")
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "total params:        %s (%s as f32)\n", Commas(s.Params), dsl.FormatSize(s.ParamBytes))
+	fmt.Fprintf(w, "total params:        %s (%s as f32)\n", Commas(s.Params), units.FormatBytes(s.ParamBytes))
 	fmt.Fprintf(w, "forward FLOPs:       %s per step\n", humanFLOPs(s.ForwardFLOPs))
 	fmt.Fprintf(w, "training FLOPs:      %s per step (forward, backward, update)\n", humanFLOPs(s.TrainFLOPs))
-	fmt.Fprintf(w, "input batch:         %s as f32\n", dsl.FormatSize(s.InputBytes))
-	fmt.Fprintf(w, "forward activations: %s if every forward output were kept\n", dsl.FormatSize(s.ActivationsFP))
+	fmt.Fprintf(w, "input batch:         %s as f32\n", units.FormatBytes(s.InputBytes))
+	fmt.Fprintf(w, "forward activations: %s if every forward output were kept\n", units.FormatBytes(s.ActivationsFP))
 }
 
-func humanFLOPs(f int64) string {
-	x := float64(f)
-	switch {
-	case f >= 1e12:
-		return fmt.Sprintf("%.2fT", x/1e12)
-	case f >= 1e9:
-		return fmt.Sprintf("%.2fG", x/1e9)
-	case f >= 1e6:
-		return fmt.Sprintf("%.2fM", x/1e6)
-	case f >= 1e3:
-		return fmt.Sprintf("%.2fK", x/1e3)
-	}
-	return fmt.Sprint(f)
-}
+func humanFLOPs(f int64) string { return humanCount(f) }
 
 // PrintTable prints rows as aligned columns, each line after indent;
 // right[i] right-aligns column i.

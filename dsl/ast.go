@@ -1,10 +1,6 @@
 package dsl
 
-import (
-	"fmt"
-
-	"github.com/alecthomas/participle/v2/lexer"
-)
+import "fmt"
 
 // Pos is a position in a source file; Line and Col are 1-based.
 type Pos struct {
@@ -14,19 +10,17 @@ type Pos struct {
 	Offset int
 }
 
+// String is "file:line:col", the file's name escaped for a terminal
+// (Printable): reports print it as it is.
 func (p Pos) String() string {
 	if p.Line == 0 {
-		return p.File
+		return Printable(p.File)
 	}
-	return fmt.Sprintf("%s:%d:%d", p.File, p.Line, p.Col)
+	return fmt.Sprintf("%s:%d:%d", Printable(p.File), p.Line, p.Col)
 }
 
 // IsValid reports whether p points into a file.
 func (p Pos) IsValid() bool { return p.Line > 0 }
-
-func fromLexer(p lexer.Position) Pos {
-	return Pos{File: p.Filename, Line: p.Line, Col: p.Column, Offset: p.Offset}
-}
 
 // File is a whole .cnn file: one model and any number of settings blocks.
 type File struct {

@@ -7,103 +7,37 @@ import (
 	"strconv"
 
 	"github.com/alecthomas/participle/v2"
-	"github.com/alecthomas/participle/v2/lexer"
+	plex "github.com/alecthomas/participle/v2/lexer"
 
 	"github.com/cnnc/cnnc/runtime/units"
 )
 
-// The lexer. Order matters: sizes before floats before integers, so that
-// "64MiB" is one Size token and "0.9" one Float.
-var cnnLexer = lexer.MustSimple([]lexer.SimpleRule{
-	{Name: "Comment", Pattern: `(#|//)[^\n]*`},
-	{Name: "Whitespace", Pattern: `[ \t\r\n]+`},
-	{Name: "Size", Pattern: `[0-9]+(\.[0-9]+)?(KiB|MiB|GiB|TiB|KB|MB|GB|TB|B)\b`},
-	{Name: "Float", Pattern: `-?([0-9]+\.[0-9]*([eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|\.[0-9]+([eE][-+]?[0-9]+)?)`},
-	{Name: "Int", Pattern: `-?[0-9]+`},
-	{Name: "String", Pattern: `"(\\.|[^"\\\n])*"`},
-	{Name: "Ident", Pattern: `[A-Za-z_][A-Za-z0-9_]*`},
-	{Name: "Punct", Pattern: `[(){}\[\],=:;]`},
-})
-
-// Grammar structs: participle fills these; toAST converts them into the
-// public AST so that no other package depends on participle.
-type gFile struct {
-	Model    *gModel     `parser:"@@"`
-	Sections []*gSection `parser:"@@*"`
-}
-
-type gModel struct {
-	Pos    lexer.Position
-	Name   string     `parser:"'model' @Ident"`
-	Inputs []*gInput  `parser:"'(' ( @@ ( ',' @@ )* ','? )? ')'"`
-	Stmts  []*gAssign `parser:"'{' @@* '}'"`
-	EndPos lexer.Position
-}
-
-type gInput struct {
-	Pos  lexer.Position
-	Name string   `parser:"@Ident ':'"`
-	Type *gTypeEx `parser:"@@"`
-}
-
-type gTypeEx struct {
-	Pos  lexer.Position
-	Name string   `parser:"@Ident"`
-	Dims []*gExpr `parser:"'[' @@ ( ',' @@ )* ']'"`
-}
-
-type gSection struct {
-	Pos   lexer.Position
-	Kind  string     `parser:"@( 'train' | 'data' )"`
-	Stmts []*gAssign `parser:"'{' @@* '}'"`
-}
-
-type gAssign struct {
-	Pos   lexer.Position
-	Name  string `parser:"@Ident '='"`
-	Value *gExpr `parser:"@@ ';'?"`
-}
-
-type gExpr struct {
-	Pos    lexer.Position
-	EndPos lexer.Position
-	Call   *gCall   `parser:"  @@"`
-	Size   *string  `parser:"| @Size"`
-	Float  *string  `parser:"| @Float"`
-	Int    *string  `parser:"| @Int"`
-	Str    *string  `parser:"| @String"`
-	List   []*gExpr `parser:"| '[' ( @@ ( ',' @@ )* ','? )? ']'"`
-	Ident  *string  `parser:"| @Ident"`
-}
-
-type gCall struct {
-	Pos  lexer.Position
-	Name string  `parser:"@Ident '('"`
-	Args []*gArg `parser:"( @@ ( ',' @@ )* ','? )? ')'"`
-}
-
-type gArg struct {
-	Pos   lexer.Position
-	Key   string `parser:"( @Ident '=' )?"`
-	Value *gExpr `parser:"@@"`
-}
-
-var parser = participle.MustBuild[gFile](
-	participle.Lexer(cnnLexer),
-	participle.Elide("Comment", "Whitespace"),
-	participle.UseLookahead(2),
-)
+// MaxNesting bounds how deeply calls and lists may nest (each level is a
+// few stack frames in every stage that walks expressions).
+const MaxNesting = 200_000
 
 // Parse parses a .cnn file. On failure the error is Diagnostics.
 func Parse(filename string, src []byte) (*File, error) {
-	g, err := parser.ParseBytes(filename, src)
-	if err != nil {
-		return nil, Diagnostics{syntaxDiagnostic(filename, src, err)}
+	if len(src) > MaxSourceBytes {
+		return nil, Diagnostics{Errorf(Pos{File: filename, Line: 1, Col: 1}, "the file has %d bytes; a model file may have at most %d (%s)",
+			len(src), MaxSourceBytes, units.FormatBytes(MaxSourceBytes))}
 	}
-	c := converter{}
-	f := &File{Name: filename, Model: c.model(g.Model)}
-	for _, s := range g.Sections {
-		f.Sections = append(f.Sections, c.section(s))
+	t := scanTokens(filename, src)
+	g, err := parseChunks(t)
+	if err != nil {
+		// participle's error stands unless the tokens were cut (an
+		// invalid character, nesting too deep) before it
+		if t.cut == nil || errorOffset(err) < t.cut.Pos.Offset {
+			return nil, Diagnostics{syntaxError(filename, t.all, err)}
+		}
+	}
+	if t.cut != nil {
+		return nil, Diagnostics{t.cut}
+	}
+	c := converter{t: t, chunks: g.chunks}
+	f := &File{Name: filename, Model: c.model(g.file.Model)}
+	for _, s := range g.file.Sections {
+		f.Sections = append(f.Sections, &Section{Pos: fromLexer(s.Kind.Pos), Kind: s.Kind.Value, Stmts: c.block(s.Block)})
 	}
 	if len(c.diags) > 0 {
 		return nil, c.diags
@@ -111,123 +45,161 @@ func Parse(filename string, src []byte) (*File, error) {
 	return f, nil
 }
 
-// syntaxDiagnostic rewords participle's messages into plain language.
-func syntaxDiagnostic(filename string, src []byte, err error) *Diagnostic {
-	var perr participle.Error
-	if !errors.As(err, &perr) {
-		return Errorf(Pos{File: filename}, "%v", err)
-	}
-	pos := fromLexer(perr.Position())
-	if pos.File == "" {
-		pos.File = filename
-	}
-	msg := perr.Message()
-	var uerr *participle.UnexpectedTokenError
-	if errors.As(err, &uerr) {
-		tok := uerr.Unexpected
-		switch {
-		case tok.EOF():
-			msg = "unexpected end of file"
-		default:
-			msg = fmt.Sprintf("unexpected %q", tok.Value)
-		}
-		if uerr.Expect != "" {
-			msg += fmt.Sprintf(" (expected %s)", uerr.Expect)
-		}
-		d := Errorf(pos, "syntax error: %s", msg).Span(len(tok.Value))
-		return d
-	}
-	var lerr *lexer.Error
-	if errors.As(err, &lerr) {
-		bad := ""
-		if pos.Offset < len(src) {
-			bad = string([]rune(string(src[pos.Offset:]))[:1])
-		}
-		return Errorf(pos, "syntax error: invalid character %q", bad)
-	}
-	return Errorf(pos, "syntax error: %s", msg)
+// parsed is what participle made of a file and its chunks.
+type parsed struct {
+	file   *gFile
+	chunks []gValue
 }
 
-type converter struct{ diags Diagnostics }
+// parseChunks parses the file and each chunk, and returns the error that
+// comes first in the file, if any.
+func parseChunks(t *tokens) (*parsed, error) {
+	p := &parsed{chunks: make([]gValue, len(t.chunks))}
+	var firstErr error
+	firstAt := 0
+	keep := func(err error) {
+		if at := errorOffset(err); firstErr == nil || at < firstAt {
+			firstErr, firstAt = err, at
+		}
+	}
+	peek, err := plex.Upgrade(t.lexer(-1), symNL)
+	if err == nil {
+		p.file, err = grammar.ParseFromLexer(peek)
+	}
+	if err != nil {
+		keep(err)
+	}
+	for i, c := range t.chunks {
+		if firstErr != nil && t.all[c.start].Pos.Offset >= firstAt {
+			continue // an error in it would come later
+		}
+		peek, err := plex.Upgrade(t.lexer(i), symNL)
+		var g *gChunk
+		if err == nil {
+			g, err = chunkGrammar.ParseFromLexer(peek)
+		}
+		if err != nil {
+			keep(err)
+			continue
+		}
+		p.chunks[i] = g.Value
+	}
+	return p, firstErr
+}
+
+// errorOffset is where in the source participle's error is.
+func errorOffset(err error) int {
+	var uerr *participle.UnexpectedTokenError
+	if errors.As(err, &uerr) {
+		return uerr.Unexpected.Pos.Offset
+	}
+	var perr participle.Error
+	if errors.As(err, &perr) {
+		return perr.Position().Offset
+	}
+	return 0
+}
+
+func fromLexer(p plex.Position) Pos {
+	return Pos{File: p.Filename, Line: p.Line, Col: p.Column, Offset: p.Offset}
+}
+
+// converter turns the grammar structs into the public AST and checks what
+// the grammar cannot: that numbers, sizes and strings have values.
+type converter struct {
+	t      *tokens
+	chunks []gValue
+	diags  Diagnostics
+}
 
 func (c *converter) model(g *gModel) *Model {
-	m := &Model{Pos: fromLexer(g.Pos), Name: g.Name, End: fromLexer(g.EndPos)}
+	m := &Model{Pos: fromLexer(g.Keyword.Pos), Name: g.Name.Value, End: fromLexer(last(g.Block.Tokens).Pos)}
 	for _, in := range g.Inputs {
-		x := &Input{Pos: fromLexer(in.Pos), Name: in.Name, TypePos: fromLexer(in.Type.Pos), Type: in.Type.Name}
-		for _, d := range in.Type.Dims {
-			x.Dims = append(x.Dims, c.expr(d))
+		x := &Input{Pos: fromLexer(in.Name.Pos), Name: in.Name.Value, TypePos: fromLexer(in.Type.Pos), Type: in.Type.Value}
+		for _, d := range in.Dims {
+			x.Dims = append(x.Dims, c.value(d))
 		}
 		m.Inputs = append(m.Inputs, x)
 	}
-	for _, s := range g.Stmts {
-		m.Stmts = append(m.Stmts, c.assign(s))
-	}
+	m.Stmts = c.block(g.Block)
 	return m
 }
 
-func (c *converter) section(g *gSection) *Section {
-	s := &Section{Pos: fromLexer(g.Pos), Kind: g.Kind}
-	for _, a := range g.Stmts {
-		s.Stmts = append(s.Stmts, c.assign(a))
+func (c *converter) block(b *gBlock) []*Assign {
+	var out []*Assign
+	for _, a := range b.Stmts {
+		out = append(out, &Assign{Pos: fromLexer(a.Name.Pos), Name: a.Name.Value, Value: c.value(a.Value)})
 	}
-	return s
+	return out
 }
 
-func (c *converter) assign(g *gAssign) *Assign {
-	return &Assign{Pos: fromLexer(g.Pos), Name: g.Name, Value: c.expr(g.Value)}
+func (c *converter) value(g gValue) *Expr {
+	switch g := g.(type) {
+	case *gCall:
+		name := first(g.Tokens)
+		call := &Call{Pos: fromLexer(name.Pos), Name: name.Value}
+		if len(g.Args) > 0 {
+			call.Args = make([]*Arg, 0, len(g.Args))
+		}
+		for _, a := range g.Args {
+			arg := &Arg{Value: c.value(a.Value)}
+			arg.Pos = arg.Value.Pos
+			if a.Key != nil {
+				arg.Pos, arg.Key = fromLexer(a.Key.Pos), a.Key.Value
+			}
+			call.Args = append(call.Args, arg)
+		}
+		return &Expr{Pos: call.Pos, EndPos: endOf(last(g.Tokens)), Kind: ExprCall, Call: call}
+	case *gList:
+		e := &Expr{Pos: fromLexer(first(g.Tokens).Pos), EndPos: endOf(last(g.Tokens)), Kind: ExprList}
+		for _, x := range g.Elems {
+			e.List = append(e.List, c.value(x))
+		}
+		return e
+	case *gAtom:
+		return c.atom(last(g.Tokens))
+	case *gHole:
+		return c.value(c.chunks[c.t.chunkAt(last(g.Tokens).Pos.Offset)])
+	}
+	panic(fmt.Sprintf("dsl: %T is no value", g))
 }
 
-func (c *converter) expr(g *gExpr) *Expr {
-	e := &Expr{Pos: fromLexer(g.Pos), EndPos: fromLexer(g.EndPos)}
-	switch {
-	case g.Call != nil:
-		e.Kind = ExprCall
-		call := &Call{Pos: fromLexer(g.Call.Pos), Name: g.Call.Name}
-		for _, a := range g.Call.Args {
-			call.Args = append(call.Args, &Arg{Pos: fromLexer(a.Pos), Key: a.Key, Value: c.expr(a.Value)})
-		}
-		e.Call = call
-	case g.Size != nil:
-		e.Kind = ExprSize
-		e.Text = *g.Size
-		n, err := ParseSize(*g.Size)
-		if err != nil {
-			c.diags = append(c.diags, Errorf(e.Pos, "%v", err).Span(len(e.Text)))
-		}
-		e.Size = n
-	case g.Float != nil:
-		e.Kind = ExprFloat
-		e.Text = *g.Float
-		f, err := strconv.ParseFloat(*g.Float, 64)
-		if err != nil || math.IsInf(f, 0) {
-			c.diags = append(c.diags, Errorf(e.Pos, "number %s is out of range", *g.Float).Span(len(e.Text)))
-		}
-		e.Float = f
-	case g.Int != nil:
+func (c *converter) atom(t plex.Token) *Expr {
+	e := &Expr{Pos: fromLexer(t.Pos), EndPos: endOf(t), Text: t.Value}
+	switch t.Type {
+	case symIdent:
+		e.Kind, e.Ident = ExprIdent, t.Value
+	case symInt:
 		e.Kind = ExprInt
-		e.Text = *g.Int
-		n, err := strconv.ParseInt(*g.Int, 10, 64)
+		n, err := strconv.ParseInt(t.Value, 10, 64)
 		if err != nil {
-			c.diags = append(c.diags, Errorf(e.Pos, "integer %s does not fit in 64 bits", *g.Int).Span(len(e.Text)))
+			c.diags = append(c.diags, Errorf(e.Pos, "integer %s does not fit in 64 bits", t.Value).Span(len(t.Value)))
 		}
 		e.Int = n
-	case g.Str != nil:
-		e.Kind = ExprString
-		e.Text = *g.Str
-		s, err := strconv.Unquote(*g.Str)
+	case symFloat:
+		e.Kind = ExprFloat
+		f, err := strconv.ParseFloat(t.Value, 64)
+		if err != nil || math.IsInf(f, 0) {
+			c.diags = append(c.diags, Errorf(e.Pos, "number %s is out of range", t.Value).Span(len(t.Value)))
+		}
+		e.Float = f
+	case symSize:
+		e.Kind = ExprSize
+		n, err := ParseSize(t.Value)
 		if err != nil {
-			c.diags = append(c.diags, Errorf(e.Pos, "bad string literal %s", *g.Str))
+			c.diags = append(c.diags, Errorf(e.Pos, "%v", err).Span(len(t.Value)))
+		}
+		e.Size = n
+	case symString:
+		e.Kind = ExprString
+		s, err := strconv.Unquote(t.Value)
+		if err != nil {
+			c.diags = append(c.diags, Errorf(e.Pos, "bad string literal %s", t.Value).Span(len(t.Value)).
+				Hint(`escapes are Go's: \\ \" \n \t \xFF \u00e9`))
 		}
 		e.String = s
-	case g.Ident != nil:
-		e.Kind = ExprIdent
-		e.Ident = *g.Ident
-		e.Text = *g.Ident
 	default:
-		e.Kind = ExprList
-		for _, x := range g.List {
-			e.List = append(e.List, c.expr(x))
-		}
+		panic(fmt.Sprintf("dsl: token type %d is no value", t.Type))
 	}
 	return e
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/internal/nvcc"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 func newBuildCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -59,7 +60,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			}
 			start := time.Now()
 			step := func(format string, a ...any) {
-				fmt.Fprintf(stdout, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+				fmt.Fprintf(stdout, "[%6.2fs] %s\n", time.Since(start).Seconds(), dsl.Printable(fmt.Sprintf(format, a...)))
 			}
 			res, err := loadModel(args[0], &f, stdout, stderr)
 			if err != nil {
@@ -70,27 +71,27 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			if budget != "" {
 				if budget == "none" {
 					budgetBytes = 0
-				} else if budgetBytes, err = dsl.ParseSize(budget); err != nil {
-					fmt.Fprintf(stderr, "cnnc build: --memory-budget: %v\n", err)
+				} else if budgetBytes, err = dsl.ParseSize(budget); err != nil || budgetBytes <= 0 {
+					fmt.Fprintf(stderr, "cnnc build: --memory-budget %q: want a size such as 40MB or 64MiB, or none\n", budget)
 					return exitError{exitUsage}
 				}
 				source = "--memory-budget"
 			}
 			c, err := trainergen.Compile(res, budgetBytes, source)
 			if err != nil {
-				return planError(args[0], err, stderr)
+				return backendError(args[0], res, err, stderr)
 			}
-			step("planned memory: arena %s bytes (%s)", compiler.Commas(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
+			step("planned memory: arena %s B (%s, %s)", compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
 			step("generated %d kernels, %d launches per training step", len(c.Train.Kernels), len(c.Train.Launches))
 			if emitCUDA != "" {
 				name := strings.TrimSuffix(filepath.Base(args[0]), filepath.Ext(args[0])) + ".cu"
 				path := filepath.Join(emitCUDA, name)
 				if err := os.MkdirAll(emitCUDA, 0o755); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
 				if err := os.WriteFile(path, c.Kernels, 0o644); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
 				step("wrote %s", path)
@@ -101,7 +102,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			dir := workDir
 			if dir == "" {
 				if dir, err = os.MkdirTemp("", "cnnc-build-*"); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
 				defer os.RemoveAll(dir)
@@ -110,11 +111,11 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			if target == "cuda" {
 				fatbin, err := trainergen.CompileFatbinFor(c.Spec, c.Kernels)
 				if err != nil {
-					fmt.Fprintf(stderr, "cnnc: %v\n", err)
+					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
-				step("nvcc: %d-byte fatbin for sm_80 and sm_90 (with PTX); ptxas: all %d launches fit an A100's and an H100's blocks (registers, shared memory)",
-					len(fatbin), len(c.Spec.Train.Launches)+len(c.Spec.Eval.Launches))
+				step("nvcc: %s fatbin for sm_80 and sm_90 (with PTX); ptxas: all %d launches fit an A100's and an H100's blocks (registers, shared memory)",
+					units.FormatBytes(int64(len(fatbin))), len(c.Spec.Train.Launches)+len(c.Spec.Eval.Launches))
 				if err := trainergen.WriteModuleCUDA(dir, c.Spec, c.Kernels, fatbin); err != nil {
 					fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
 					return exitError{exitModel}
@@ -130,7 +131,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				return exitError{exitModel}
 			}
 			if err := trainergen.GoBuild(dir, output, tags, func(s string) { step("%s", s) }); err != nil {
-				fmt.Fprintf(stderr, "cnnc: %v\n", err)
+				fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 				return exitError{exitModel}
 			}
 			step("built %s (target %s); run it with -h for its flags", output, target)
@@ -140,11 +141,11 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "", "the trainer binary to build")
-	cmd.Flags().StringVar(&target, "target", "cpu", "cpu, cuda or auto (cuda when nvcc is present)")
-	cmd.Flags().StringVar(&emitCUDA, "emit-cuda", "", "also write the generated CUDA C to DIR/NAME.cu (DIR is created)")
-	cmd.Flags().StringVar(&workDir, "work", "", "build the trainer module in this directory and keep it (default: a temporary one)")
-	cmd.Flags().StringVar(&budget, "memory-budget", "", "memory budget (e.g. 40MB, 64MiB, none), overriding the train block's")
-	cmd.Flags().Int64Var(&f.batch, "batch", 0, "batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "the trainer `BINARY` to build")
+	cmd.Flags().StringVar(&target, "target", "cpu", "the `TARGET` the trainer runs on: cpu, cuda, or auto (cuda when nvcc is present)")
+	cmd.Flags().StringVar(&emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
+	cmd.Flags().StringVar(&workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
+	cmd.Flags().StringVar(&budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")
+	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
 	return cmd
 }

@@ -74,7 +74,7 @@ func TestBuildImpossibleBudget(t *testing.T) {
 	require.NoError(t, os.WriteFile(model, []byte("model M(image: f32[3,64,64], label: class[10]) {\n  c = conv2d(image, out=8, kernel=3)\n  f = linear(flatten(c), out=10)\n  loss = cross_entropy(f, label)\n}\ntrain {\n  memory_budget = 1MB\n}\n"), 0o644))
 	code, _, errOut := cnnc("build", model, "-o", filepath.Join(dir, "t"))
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errOut, model+":7:19: memory_budget 1.00 MB is too small for M at batch 32: the smallest plan needs")
+	assert.Contains(t, errOut, model+":7:19: memory_budget 1.00 MB is too small for M: its parameters and optimizer state alone need 1.23 MB (1,231,616 B), at any batch")
 	assert.Contains(t, errOut, "^~~")
 	_, err := os.Stat(filepath.Join(dir, "t"))
 	assert.True(t, os.IsNotExist(err), "no trainer is built")

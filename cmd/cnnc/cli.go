@@ -4,14 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/trainer/cli"
+	"github.com/cnnc/cnnc/runtime/version"
 )
 
 // Exit codes.
@@ -50,18 +52,39 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		Long: `cnnc compiles a small DSL describing a CNN and how to train it.
 
 It checks every shape before anything runs, derives the backward pass and
-the optimizer update, and (in later stages) plans all device memory
-statically and emits CUDA kernels plus a standalone Go trainer.`,
+the optimizer update, plans every byte of device memory statically
+(recomputing or micro-batching to fit a budget), and emits CUDA kernels
+plus a standalone Go trainer (cnnc build) or a Go package (cnnc gen).`,
+		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	// flag errors read as the trainers' do: one line naming the flag and
+	// what it wants (or the flag meant), and where help is
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return fmt.Errorf("%w; see %s --help", cli.FlagError(cmd, err), cmd.CommandPath())
+	})
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newCheckCmd(stdout, stderr), newPassesCmd(stdout))
+	root.AddCommand(newCheckCmd(stdout, stderr), newPassesCmd(stdout), newVersionCmd(stdout))
 	root.AddCommand(newPlanCmd(stdout, stderr))
 	root.AddCommand(newBuildCmd(stdout, stderr))
 	root.AddCommand(newGenCmd(stdout, stderr))
+	root.AddCommand(newExportCmd(stdout, stderr))
 	return root
+}
+
+func newVersionCmd(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "print cnnc's version, commit and Go release (as --version does)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			fmt.Fprintln(stdout, version.Get().String())
+			return nil
+		},
+	}
 }
 
 // compileFlags are shared by the commands that compile a model.
@@ -69,20 +92,36 @@ type compileFlags struct {
 	batch     int64
 	dumpAfter string
 	disable   []string
+	stopAfter string                            // the last pass to run (export needs only the forward IR)
+	flags     interface{ Changed(string) bool } // to tell --batch given from its default
 }
 
 func (f *compileFlags) register(cmd *cobra.Command) {
-	cmd.Flags().Int64Var(&f.batch, "batch", 0, "batch size (default: the train block's, else 32)")
-	cmd.Flags().StringVar(&f.dumpAfter, "dump-after", "", "print the IR text after the named pass (or \"all\": after every pass) and stop there")
-	cmd.Flags().StringSliceVar(&f.disable, "disable", nil, "optional passes to skip (see `cnnc passes`)")
+	f.registerBatch(cmd, "the batch size (default: the train block's, else 32)")
+	cmd.Flags().StringVar(&f.dumpAfter, "dump-after", "", "print the IR text after `PASS` (or \"all\": after every pass) and stop there")
+	cmd.Flags().StringSliceVar(&f.disable, "disable", nil, "skip the optional `PASSES` (comma-separated; cnnc passes lists them)")
 }
+
+// registerBatch adds --batch N.
+func (f *compileFlags) registerBatch(cmd *cobra.Command, usage string) {
+	cmd.Flags().Int64Var(&f.batch, "batch", 0, strings.Replace(usage, "batch size", "batch size `N`", 1))
+	f.flags = cmd.Flags()
+}
+
+// maxShown bounds the diagnostics printed (a generated model may have
+// thousands of unused layers): the rest are counted.
+const maxShown = 100
 
 // loadModel reads, parses and compiles a model file, printing diagnostics
 // (errors and warnings) with their source lines to stderr.
 func loadModel(path string, f *compileFlags, stdout, stderr io.Writer) (*compiler.Result, error) {
-	src, err := os.ReadFile(path)
+	if f.flags != nil && f.flags.Changed("batch") && (f.batch < 1 || f.batch > compiler.MaxBatch) {
+		fmt.Fprintf(stderr, "cnnc: --batch %d: the batch must be between 1 and %s\n", f.batch, compiler.Commas(compiler.MaxBatch))
+		return nil, exitError{exitUsage}
+	}
+	src, err := dsl.ReadFile(path)
 	if err != nil {
-		fmt.Fprintf(stderr, "cnnc: %v\n", err)
+		fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 		return nil, exitError{exitModel}
 	}
 	sources := map[string][]byte{path: src}
@@ -91,11 +130,7 @@ func loadModel(path string, f *compileFlags, stdout, stderr io.Writer) (*compile
 		printDiagnostics(stderr, err, sources)
 		return nil, exitError{exitModel}
 	}
-	opts := compiler.Options{Batch: f.batch, Disable: f.disable}
-	if f.batch < 0 {
-		fmt.Fprintf(stderr, "cnnc: --batch must be positive, got %d\n", f.batch)
-		return nil, exitError{exitUsage}
-	}
+	opts := compiler.Options{Batch: f.batch, BatchSource: "--batch", Disable: f.disable, StopAfter: f.stopAfter}
 	if f.dumpAfter != "" {
 		all := f.dumpAfter == "all"
 		if !all {
@@ -118,8 +153,16 @@ func loadModel(path string, f *compileFlags, stdout, stderr io.Writer) (*compile
 		printDiagnostics(stderr, err, sources)
 		return nil, exitError{exitModel}
 	}
+	if f.dumpAfter == "" {
+		// what the trainers need beyond the language, so that every
+		// command refuses at the line what cnnc build would refuse
+		if ds := compiler.CheckTrainable(res); len(ds) > 0 {
+			printDiagnostics(stderr, ds, sources)
+			return nil, exitError{exitModel}
+		}
+	}
 	if len(res.Warnings) > 0 {
-		fmt.Fprint(stderr, res.Warnings.RenderAll(sources))
+		fmt.Fprint(stderr, renderCapped(res.Warnings, sources))
 	}
 	return res, nil
 }
@@ -127,13 +170,23 @@ func loadModel(path string, f *compileFlags, stdout, stderr io.Writer) (*compile
 func printDiagnostics(w io.Writer, err error, sources map[string][]byte) {
 	var ds dsl.Diagnostics
 	if errors.As(err, &ds) {
-		fmt.Fprint(w, ds.RenderAll(sources))
+		fmt.Fprint(w, renderCapped(ds, sources))
 		if n := len(ds.Errors()); n > 1 {
 			fmt.Fprintf(w, "%d errors\n", n)
 		}
 		return
 	}
-	fmt.Fprintf(w, "cnnc: %v\n", err)
+	fmt.Fprintf(w, "cnnc: %s\n", dsl.Printable(err.Error()))
+}
+
+// renderCapped renders the first maxShown diagnostics and counts the rest.
+func renderCapped(ds dsl.Diagnostics, sources map[string][]byte) string {
+	if len(ds) <= maxShown {
+		return ds.RenderAll(sources)
+	}
+	rest := ds[maxShown:]
+	errs := len(rest.Errors())
+	return ds[:maxShown].RenderAll(sources) + fmt.Sprintf("... and %d more (%d errors, %d warnings) not shown\n", len(rest), errs, len(rest)-errs)
 }
 
 func newCheckCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -142,9 +195,12 @@ func newCheckCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "check FILE",
 		Short: "check a model and print its summary: shapes, parameters, FLOPs",
 		Long: `check parses FILE, infers and checks every tensor shape, derives the
-backward pass, and prints a summary table (layer, op, output shape,
-parameters, forward FLOPs) with totals. Errors name the file, line and
-column and show the line with a caret; the exit status is 1.`,
+backward pass, plans the step's memory (for the train block's budget) and
+generates its kernels — everything cnnc build does but running nvcc and
+go build, so that check refuses what build would — and prints a summary
+table (layer, op, output shape, parameters, forward FLOPs) with totals.
+Errors name the file, line and column and show the line with a caret;
+the exit status is 1.`,
 		Example: "  cnnc check examples/simplecnn.cnn\n  cnnc check --dump-after=autodiff examples/mnist.cnn",
 		Args:    exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -154,6 +210,14 @@ column and show the line with a caret; the exit status is 1.`,
 			}
 			if f.dumpAfter != "" {
 				return nil
+			}
+			// everything cnnc build does before nvcc: the memory plan (for
+			// the train block's budget) and the kernels — unless passes
+			// build always runs were disabled, which no build does
+			if len(f.disable) == 0 {
+				if _, err := trainergen.Compile(res, res.Train.MemoryBudget, ""); err != nil {
+					return backendError(args[0], res, err, stderr)
+				}
 			}
 			res.Summary.Print(stdout)
 			return nil

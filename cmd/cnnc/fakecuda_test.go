@@ -79,7 +79,7 @@ func TestCUDATrainerUnderFakeDriver(t *testing.T) {
 	// 3 steps, then --resume for 2 more: the graph is captured again in
 	// the resumed run, its step-dependent arguments from the checkpoint
 	_, first := runLogged("part", "--device", "cuda", "--max-steps", "3")
-	_, rest := runLogged("resumed", "--device", "cuda", "--max-steps", "2", "--resume", filepath.Join(dir, "part.safetensors"))
+	_, rest := runLogged("resumed", "--device", "cuda", "--max-steps", "5", "--resume", filepath.Join(dir, "part.safetensors")) // 5 in all
 	assert.Equal(t, cpuLoss, append(first, rest...), "3 steps and 2 resumed vs 5 on the CPU")
 	sameTensors := func(x, y string) {
 		a, err := checkpoint.Read(filepath.Join(dir, x+".safetensors"))
@@ -122,6 +122,19 @@ func TestCUDATrainerUnderFakeDriver(t *testing.T) {
 	assert.Contains(t, string(o), "mnist-cuda: this program was built for NVIDIA GPUs")
 	assert.Contains(t, string(o), "cuInit: CUDA_ERROR_NO_DEVICE (100: no CUDA-capable device is detected)")
 	assert.NotContains(t, string(o), "Error in initialization")
+	// --help and --version need no device: answered before the driver starts
+	for _, arg := range []string{"-h", "--version"} {
+		cmd = exec.Command(bin, arg)
+		cmd.Env = append(env, "CNNC_FAKECUDA_NODEVICE=1")
+		o, err = cmd.CombinedOutput()
+		require.NoError(t, err, "%s: %s", arg, o)
+		assert.NotContains(t, string(o), "cuInit")
+	}
+	assert.Contains(t, string(o), "trainer of model MNISTNet")
+	cmd = exec.Command(bin, "--log", "-h", "--bench", "1") // -h is --log's value here
+	cmd.Env = append(env, "CNNC_FAKECUDA_NODEVICE=1")
+	o, _ = cmd.CombinedOutput()
+	assert.Contains(t, string(o), "cuInit: CUDA_ERROR_NO_DEVICE")
 
 	// a device with less memory than the plan: stop at start, both numbers
 	cmd = exec.Command(bin, "--bench", "1", "--device", "cuda")

@@ -46,7 +46,7 @@ func main() {
 		for i := range b.Labels {
 			b.Labels[i] = int32((i + step) % mnistnet.Classes)
 		}
-		loss, _, err := m.TrainStep(b)
+		loss, _, err := m.Step(b)
 		if err != nil {
 			fmt.Println("error:", err)
 			os.Exit(1)
@@ -73,7 +73,7 @@ func TestGenCUDAPackage(t *testing.T) {
 	proj := t.TempDir()
 	code, out, errOut := cnnc("gen", filepath.Join(root, "examples/mnist.cnn"), "-o", filepath.Join(proj, "mnistnet"), "--cuda", "--batch", "16")
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
-	assert.Contains(t, out, "cuda.go kernels.cu kernels.fatbin model.go spec.go")
+	assert.Contains(t, out, "cuda.go cuda_emu.h kernels.cu kernels.fatbin kernels_cpu.cc kernels_cpu.go model.go spec.go")
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(proj, "go.sum"), sum, 0o644))
@@ -125,8 +125,8 @@ func TestGenCUDAPackage(t *testing.T) {
 
 	out3, ok := run("user-cpu", "cuda", os.Environ())
 	assert.False(t, ok)
-	assert.Contains(t, out3, `mnistnet: Options.Device "cuda": the package was built without -tags cuda`)
+	assert.Contains(t, out3, `MNISTNet: Options.Device "cuda": this program was built without it`)
 	out4, ok := run("user-cpu", "tpu", os.Environ())
 	assert.False(t, ok)
-	assert.Contains(t, out4, `Options.Device "tpu": want auto, cpu or cuda`)
+	assert.Contains(t, out4, `MNISTNet: Options.Device "tpu": want auto, cpu or cuda`)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/plan/timeline"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // planFlags are the plan command's own flags (compileFlags add --batch,
@@ -65,14 +65,14 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	}
 	f.register(cmd)
 	fl := cmd.Flags()
-	fl.StringVar(&pf.budget, "memory-budget", "", "device memory the step may use, e.g. 40MB or 64MiB (overrides the train block's memory_budget; \"none\" ignores it)")
-	fl.StringVar(&pf.plot, "plot", "", "also draw the memory timeline into this file (.svg, .png or .pdf)")
+	fl.StringVar(&pf.budget, "memory-budget", "", "device memory the step may use, a `SIZE` such as 40MB or 64MiB (overrides the train block's memory_budget; \"none\" ignores it)")
+	fl.StringVar(&pf.plot, "plot", "", "also draw the memory timeline into this `FILE` (.svg, .png or .pdf)")
 	fl.BoolVar(&pf.json, "json", false, "print the plan (or with --max-batch, the answer) as JSON; the peak is peak_bytes")
 	fl.BoolVar(&pf.maxBatch, "max-batch", false, "find the largest batch within the budget, without recomputation, with it, and with micro-batching")
-	fl.Int64Var(&pf.microBatch, "micro-batch", 0, "skip the search: run in micro-batches of this many samples (the whole step, or the trunk up to --trunk)")
-	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last layer of the micro-batched trunk")
-	fl.StringVar(&pf.precision, "precision", "", "with --gpu: the kernels' precision, fp32, tf32 or bf16 (overrides the train block's precision)")
-	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this GPU ("+strings.Join(perf.GPUNames(), ", ")+"): a prediction of the performance model (needs nvcc and g++)")
+	fl.Int64Var(&pf.microBatch, "micro-batch", 0, "skip the search: run in micro-batches of `N` samples (the whole step, or the trunk up to --trunk)")
+	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last `LAYER` of the micro-batched trunk")
+	fl.StringVar(&pf.precision, "precision", "", "with --gpu: the kernels' `PRECISION`, fp32, tf32 or bf16 (overrides the train block's precision)")
+	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+"): a prediction of the performance model (needs nvcc and g++)")
 	return cmd
 }
 
@@ -88,6 +88,9 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 			return usage("--plot %s: the file must end in .svg, .png or .pdf", pf.plot)
 		}
 	}
+	if pf.plot != "" && pf.maxBatch {
+		return usage("--plot draws one plan's memory timeline; --max-batch compares several: give one of them")
+	}
 	if pf.trunk != "" && pf.microBatch == 0 {
 		return usage("--trunk needs --micro-batch")
 	}
@@ -95,7 +98,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 		return usage("--precision needs --gpu")
 	}
 	if pf.microBatch < 0 {
-		return usage("--micro-batch must be positive, got %d", pf.microBatch)
+		return usage("--micro-batch %d: a micro-batch must be at least 1 sample", pf.microBatch)
 	}
 	res, err := loadModel(path, f, stdout, stderr)
 	if err != nil {
@@ -113,7 +116,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	default:
 		n, err := dsl.ParseSize(pf.budget)
 		if err != nil || n <= 0 {
-			return usage("--memory-budget %q: want a size such as 40MB or 64MiB", pf.budget)
+			return usage("--memory-budget %q: want a size such as 40MB or 64MiB, or none", pf.budget)
 		}
 		cfg.Budget, cfg.BudgetPos, cfg.BudgetSource = n, dsl.Pos{}, "--memory-budget"
 	}
@@ -129,7 +132,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	}
 	if pf.plot != "" {
 		if err := timeline.Write(p, pf.plot); err != nil {
-			fmt.Fprintf(stderr, "cnnc: %v\n", err)
+			fmt.Fprintf(stderr, "cnnc: --plot: %s\n", dsl.Printable(err.Error()))
 			return exitError{exitModel}
 		}
 	}
@@ -151,7 +154,7 @@ func planError(path string, err error, stderr io.Writer) error {
 	if errors.As(err, &be) {
 		d := be.Diagnostic()
 		if d.Pos.IsValid() {
-			src, _ := os.ReadFile(path)
+			src, _ := dsl.ReadFile(path)
 			d.Span(tokenLen(src, d.Pos.Offset))
 			printDiagnostics(stderr, dsl.Diagnostics{d}, map[string][]byte{path: src})
 		} else {
@@ -162,7 +165,7 @@ func planError(path string, err error, stderr io.Writer) error {
 		}
 		return exitError{exitModel}
 	}
-	fmt.Fprintf(stderr, "cnnc: %v\n", err)
+	fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 	return exitError{exitModel}
 }
 
@@ -185,15 +188,15 @@ func runMaxBatch(res *compiler.Result, cfg plan.Config, pf *planFlags, stdout, s
 		fmt.Fprintf(stderr, "cnnc: --max-batch chooses micro-batches itself; drop --micro-batch\n")
 		return exitError{exitUsage}
 	}
-	m, err := plan.FindMaxBatch(res.Graph, cfg.Budget, 0, codegen.Workspace)
+	m, err := plan.FindMaxBatch(res.Graph, cfg.Budget, res.BatchLimit, codegen.Workspace)
 	if err != nil {
-		fmt.Fprintf(stderr, "cnnc: %v\n", err)
+		fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 		return exitError{exitModel}
 	}
 	if pf.json {
 		return writeJSON(stdout, m)
 	}
-	fmt.Fprintf(stdout, "largest batch of %s within %.2f MB (%d bytes):\n", res.Graph.Name, float64(cfg.Budget)/1e6, cfg.Budget)
+	fmt.Fprintf(stdout, "largest batch of %s within %s (%s B):\n", res.Graph.Name, units.FormatBytes(cfg.Budget), compiler.Commas(cfg.Budget))
 	for _, e := range []struct {
 		what string
 		e    plan.MaxBatchEntry
@@ -208,9 +211,9 @@ func runMaxBatch(res *compiler.Result, cfg plan.Config, pf *planFlags, stdout, s
 		}
 		more := ""
 		if e.e.Batch >= m.Limit {
-			more = " (the search's limit)"
+			more = " (the most this model allows)"
 		}
-		fmt.Fprintf(stdout, "  %-24s %8d%s   peak %.2f MB   %s\n", e.what, e.e.Batch, more, float64(e.e.PeakBytes)/1e6, e.e.How)
+		fmt.Fprintf(stdout, "  %-24s %9s%s   peak %s   %s\n", e.what, compiler.Commas(e.e.Batch), more, units.FormatBytes(e.e.PeakBytes), e.e.How)
 	}
 	return nil
 }

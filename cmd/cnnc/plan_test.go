@@ -22,7 +22,7 @@ func TestPlanReport(t *testing.T) {
 		"peak        47,373,828 B (47.37 MB): the arena",
 		"memory_budget at ../../examples/simplecnn.cnn:19:21): fits",
 		"Memory by category",
-		"optimizer state    14,771,624 B  14.77 MB",
+		"optimizer state    14,771,624 B   14.77 MB",
 		"Live at the peak (step 7: linear_block_grad_input fc1)",
 		"pool1.grad over pool1",
 		"split updates  conv2",
@@ -69,7 +69,9 @@ func TestPlanJSONAndBatch(t *testing.T) {
 func TestPlanMaxBatch(t *testing.T) {
 	code, out, errOut := cnnc("plan", "--max-batch", "--memory-budget", "40MB", simple)
 	require.Equal(t, 0, code, errOut)
-	assert.Contains(t, out, "largest batch of SimpleCNN within 40.00 MB")
+	assert.Contains(t, out, "largest batch of SimpleCNN within 40.00 MB (40,000,000 B):")
+	assert.Regexp(t, `with micro-batching +[0-9,]+   peak [0-9.]+ MB `, out)
+	assert.NotRegexp(t, `(^|[^0-9.])0\.00 MB`, out)
 	assert.Contains(t, out, "without recomputation")
 	assert.Contains(t, out, "with micro-batching")
 	code, out, errOut = cnnc("plan", simple, "--max-batch", "--memory-budget=40MB", "--json")
@@ -99,12 +101,23 @@ func TestPlanImpossibleBudget(t *testing.T) {
 	code, out, errOut := cnnc("plan", path)
 	assert.Equal(t, 1, code)
 	assert.Empty(t, out)
-	assert.Contains(t, errOut, path+":19:21: memory_budget 20.00 MB is too small for SimpleCNN at batch 32: the smallest plan needs 38,737,156 B")
+	// below the parameters and momentum: no batch helps, and it says so
+	assert.Contains(t, errOut, path+":19:21: memory_budget 20.00 MB is too small for SimpleCNN: its parameters and optimizer state alone need 29.54 MB (29,544,448 B), at any batch")
 	assert.Contains(t, errOut, "        memory_budget = 20MB\n                        ^~~~")
-	assert.Contains(t, errOut, "a budget of 38.74MB or more works")
+	assert.Contains(t, errOut, "the smallest plan at batch 32 needs 38,737,156 B (38.74 MB, conv1..conv2 in micro-batches of 1): a budget of 38.74MB or more works; a smaller batch does not help")
+	assert.NotContains(t, errOut, "lower the batch")
+	// above them: a smaller batch would fit
+	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(src), "memory_budget = 64MiB", "memory_budget = 35MB", 1)), 0o644))
+	code, _, errOut = cnnc("plan", path)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, path+":19:21: memory_budget 35.00 MB is too small for SimpleCNN at batch 32: the smallest plan needs 38,737,156 B (38.74 MB")
+	assert.Contains(t, errOut, "a budget of 38.74MB or more works, or lower the batch")
 	code, _, errOut = cnnc("plan", simple, "--memory-budget", "1MB")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, "cnnc: --memory-budget 1.00 MB is too small")
+	code, _, errOut = cnnc("plan", simple, "--memory-budget", "1B")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "cnnc: --memory-budget 1 B is too small for SimpleCNN", "1 B, not 0.00 MB")
 	// the minimum it names works
 	code, _, errOut = cnnc("plan", simple, "--memory-budget", "38.74MB")
 	assert.Equal(t, 0, code, errOut)
@@ -120,9 +133,15 @@ func TestPlanBadCommandLines(t *testing.T) {
 		{[]string{"plan", simple, "--memory-budget", "lots"}, 2, `--memory-budget "lots": want a size`},
 		{[]string{"plan", simple, "--plot", "x.gif"}, 2, "must end in .svg, .png or .pdf"},
 		{[]string{"plan", simple, "--max-batch", "--memory-budget", "none"}, 2, "--max-batch needs a budget"},
+		{[]string{"plan", simple, "--max-batch", "--memory-budget", "1GB", "--plot", "x.svg"}, 2, "--plot draws one plan's memory timeline; --max-batch compares several"},
+		{[]string{"plan", simple, "--plot", "/does/not/exist/x.svg"}, 1, "cnnc: --plot: open /does/not/exist/x.svg"},
 		{[]string{"plan", simple, "--trunk", "conv2"}, 2, "--trunk needs --micro-batch"},
 		{[]string{"plan", simple, "--micro-batch", "4", "--trunk", "fc9"}, 1, `no layer "fc9" before the loss`},
-		{[]string{"plan", simple, "--batch=-1"}, 2, "--batch must be positive"},
+		{[]string{"plan", simple, "--batch=-1"}, 2, "--batch -1: the batch must be between 1 and 1,048,576"},
+		{[]string{"plan", simple, "--batch", "0"}, 2, "--batch 0: the batch must be between 1 and 1,048,576"},
+		{[]string{"plan", simple, "--batch", "4611686018427387904"}, 2, "--batch 4611686018427387904: the batch must be between 1 and 1,048,576"},
+		{[]string{"plan", simple, "--micro-batch", "-2"}, 2, "--micro-batch -2: a micro-batch must be at least 1 sample"},
+		{[]string{"plan", "/dev/zero"}, 1, "cnnc: /dev/zero is a character device, not a model file"},
 		{[]string{"plan", "does/not/exist.cnn"}, 1, "does/not/exist.cnn"},
 		{[]string{"plan", "../../examples/seed_simplecnn.cnn"}, 1, "seed_simplecnn.cnn:11:13: fc1: linear expects 28800"},
 	} {

@@ -61,7 +61,7 @@ func TestSimpleCNNTrainsOnAnImageFolder(t *testing.T) {
 	const batch = 8
 	root := writeDigitFolder(t, 4)
 	c := compileExample(t, "../../examples/simplecnn.cnn", batch)
-	ds, err := data.OpenImageFolder(root, data.ImageFolderOptions{Shape: data.Shape{H: 128, W: 128, C: 3}})
+	ds, err := data.OpenImageFolder(root, data.ImageFolderOptions{Shape: data.Shape{H: 128, W: 128, C: 3}, CacheDir: t.TempDir()})
 	require.NoError(t, err)
 	defer ds.Close()
 	require.Equal(t, 40, ds.Len())

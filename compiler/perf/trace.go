@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/emu"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -112,7 +113,10 @@ func sumSites(sites []emu.AccessSite) Accesses {
 
 // InitArena is a training arena's contents for running a step without
 // data: random floats in [-1, 1) everywhere (parameters, state, pixels as
-// bytes), valid class labels in the labels tensor.
+// bytes), valid class labels in the labels tensor, and the step's scalar
+// block (device.StepScalars) with the spec's learning rate and seed, step 1
+// (not the first, whose optimizer branches differ) and the whole batch
+// valid.
 func InitArena(spec *trainer.Spec, seed uint64) []byte {
 	rng := rand.New(rand.NewPCG(seed, 31))
 	b := make([]byte, spec.ArenaBytes)
@@ -122,12 +126,13 @@ func InitArena(spec *trainer.Spec, seed uint64) []byte {
 	for i := int64(0); i < spec.Train.Labels.Elems(); i++ {
 		binary.LittleEndian.PutUint32(b[spec.Train.Labels.Offset+4*i:], uint32(rng.IntN(spec.Classes)))
 	}
+	device.StepScalars{Step: 1, Seed: spec.Seed, Valid: int64(spec.Batch), LR: spec.LR}.Put(b[spec.Scalars:])
 	return b
 }
 
 // StepParams are launch l's 8-byte argument values with the training
-// arena at base: learning rate and seed from the spec, step 1 (not the
-// first, whose optimizer branches differ), the whole batch valid.
+// arena at base (the step's scalars are in the arena's scalar block, as
+// InitArena writes it).
 func StepParams(spec *trainer.Spec, l trainer.Launch, base emu.Ptr) []uint64 {
 	params := make([]uint64, len(l.Args))
 	for i, a := range l.Args {
@@ -138,14 +143,10 @@ func StepParams(spec *trainer.Spec, l trainer.Launch, base emu.Ptr) []uint64 {
 			params[i] = uint64(a.Int)
 		case trainer.ArgFloat:
 			params[i] = uint64(math.Float32bits(a.Float))
-		case trainer.ArgLR:
-			params[i] = uint64(math.Float32bits(spec.LR))
-		case trainer.ArgStep:
-			params[i] = 1
-		case trainer.ArgSeed:
-			params[i] = spec.Seed
-		case trainer.ArgValid:
-			params[i] = uint64(spec.Batch)
+		case trainer.ArgScalars:
+			params[i] = uint64(base) + uint64(spec.Scalars)
+		default:
+			panic(fmt.Sprintf("perf: unknown launch argument kind %d", a.Kind))
 		}
 	}
 	return params

@@ -63,6 +63,7 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 		if s.loop >= 0 {
 			ps.Samples = c.loops[s.loop].micro
 		}
+		ps.Updates = updatedParams(n)
 		for j, in := range s.ins {
 			ps.Ins = append(ps.Ins, Operand{Value: n.Ins[j].Name, Buffer: in.buf.id, Slice: s.loop >= 0 && in.loop < 0 && in.v.Type.Batched})
 		}
@@ -98,6 +99,9 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 			pp.State = append(pp.State, bufOf[s])
 		}
 		p.Params = append(p.Params, pp)
+	}
+	for _, pr := range c.g.Buffers {
+		p.ModelBuffers = append(p.ModelBuffers, Param{Name: pr.Name, Shape: pr.Value.Type.Dims, Init: pr.Init.String(), Buffer: bufOf[pr.Value], State: []int{}})
 	}
 	split := map[string]bool{}
 	for _, w := range c.split {
@@ -243,4 +247,14 @@ func (p *Plan) Check() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// updatedParams names the parameters node n updates: the first input of
+// a separate update, the parameters of a kernel with its update fused.
+func updatedParams(n *ir.Node) []string {
+	var names []string
+	for _, p := range n.UpdatedParams() {
+		names = append(names, p.Name)
+	}
+	return names
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 )
 
@@ -31,17 +32,19 @@ type MaxBatchEntry struct {
 	How        string `json:"how"`
 }
 
-// DefaultMaxBatchLimit bounds FindMaxBatch's search (a million samples).
-const DefaultMaxBatchLimit = 1 << 20
+// DefaultMaxBatchLimit bounds FindMaxBatch's search: the largest batch
+// cnnc compiles for (compiler.MaxBatch, about a million samples).
+const DefaultMaxBatchLimit = compiler.MaxBatch
 
 // FindMaxBatch finds, per strategy, the largest batch up to limit whose
 // plan fits the budget: doubling, then bisection (a larger batch never
-// needs less memory).
+// needs less memory). limit <= 0 (or above DefaultMaxBatchLimit) means
+// DefaultMaxBatchLimit; a model's own limit is compiler.Result.BatchLimit.
 func FindMaxBatch(g *ir.Graph, budget, limit int64, workspace func(n *ir.Node, samples int64) int64) (*MaxBatch, error) {
 	if budget <= 0 {
 		return nil, fmt.Errorf("plan: the largest batch needs a memory budget")
 	}
-	if limit <= 0 {
+	if limit <= 0 || limit > DefaultMaxBatchLimit {
 		limit = DefaultMaxBatchLimit
 	}
 	out := &MaxBatch{BudgetBytes: budget, Limit: limit}

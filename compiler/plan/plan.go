@@ -26,6 +26,7 @@ package plan
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
@@ -54,12 +55,13 @@ const (
 	CatTransient                 // everything else: activation gradients, forward-only values, loss
 	CatWorkspace                 // kernel scratch space
 	CatInput                     // the uint8 image batch and the labels
+	CatBuffer                    // the model's buffers (batch norm's running statistics)
 	NumCategories
 )
 
-var categoryNames = [NumCategories]string{"param", "state", "grad", "saved", "argmax", "transient", "workspace", "input"}
+var categoryNames = [NumCategories]string{"param", "state", "grad", "saved", "argmax", "transient", "workspace", "input", "buffer"}
 
-var categoryTitles = [NumCategories]string{"parameters", "optimizer state", "gradients", "saved activations", "argmax bits", "transient", "workspace", "input"}
+var categoryTitles = [NumCategories]string{"parameters", "optimizer state", "gradients", "saved activations", "argmax bits", "transient", "workspace", "input", "model buffers"}
 
 func (c Category) String() string { return categoryNames[c] }
 
@@ -105,7 +107,11 @@ type Plan struct {
 	Steps   []*Step   `json:"steps"`
 	Loops   []*Loop   `json:"loops"`
 	Params  []Param   `json:"params"`
-	Choices Choices   `json:"choices"`
+	// ModelBuffers are the model's buffers (PyTorch's name for state that
+	// is not trained: batch norm's running statistics), persistent like
+	// the parameters.
+	ModelBuffers []Param `json:"model_buffers,omitempty"`
+	Choices      Choices `json:"choices"`
 
 	// FLOPs of the planned step (recomputation included) and of the
 	// recomputation alone.
@@ -198,8 +204,36 @@ type Step struct {
 	Pos       Source `json:"pos"`
 	// Text is the IR node, as printed.
 	Text string `json:"text"`
+	// Updates names the parameters the step updates (state_dict names):
+	// one for a separate sgd_update/adam_update, a layer's weight and bias
+	// for a weight-gradient kernel with its update fused.
+	Updates []string `json:"updates,omitempty"`
 
 	Node *ir.Node `json:"-"`
+}
+
+// Label names the step for people: "linear_block_grad_input fc1",
+// "conv2 weight update" (a separate update says which parameter),
+// "conv2d_block_grad_weight conv1 (+ weight, bias update)".
+func (s *Step) Label() string {
+	if op, ok := ir.OpByName(s.Kernel); ok && op.Info().Update {
+		return s.Layer + " " + strings.Join(s.updatedParts(), ", ") + " update"
+	}
+	l := s.Kernel + " " + s.Layer
+	if len(s.Updates) > 0 {
+		l += " (+ " + strings.Join(s.updatedParts(), ", ") + " update)"
+	}
+	return l
+}
+
+// updatedParts are the updated parameters without the layer's prefix:
+// "weight", "bias".
+func (s *Step) updatedParts() []string {
+	parts := make([]string, len(s.Updates))
+	for i, u := range s.Updates {
+		parts[i] = strings.TrimPrefix(u, s.Layer+".")
+	}
+	return parts
 }
 
 // Operand is a value a step reads or writes, and where it lives.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/dsl"
 )
 
 func compileFile(t testing.TB, path string) *compiler.Result {
@@ -26,11 +28,11 @@ func compileFile(t testing.TB, path string) *compiler.Result {
 
 func build(t *testing.T, g *ir.Graph, cfg plan.Config) *plan.Plan {
 	t.Helper()
-	start := time.Now()
+	// Planning time (SimpleCNN well under 100 ms) is a benchmark,
+	// BenchmarkPlanSimpleCNN, recorded in BENCHMARKS.md: a wall-clock
+	// bound here fails on a loaded machine and says nothing of the code.
 	p, err := plan.Build(g, cfg)
 	require.NoError(t, err)
-	// the issue's target: planning SimpleCNN takes well under 100 ms
-	assert.Less(t, time.Since(start), 100*time.Millisecond, "planning %s %+v", g.Name, cfg)
 	require.NoError(t, p.Check())
 	return p
 }
@@ -167,18 +169,52 @@ func TestPlanJSON(t *testing.T) {
 func TestImpossibleBudget(t *testing.T) {
 	res := compileFile(t, "../../examples/simplecnn.cnn")
 	pos := res.Train.Pos["memory_budget"]
-	_, err := plan.Build(res.Graph, plan.Config{Batch: 32, Budget: 20e6, BudgetPos: pos})
+	_, err := plan.Build(res.Graph, plan.Config{Batch: 32, Budget: 35e6, BudgetPos: pos})
 	var be *plan.BudgetError
 	require.True(t, errors.As(err, &be), "%v", err)
 	assert.Greater(t, be.Min, int64(29543248), "at least the parameters and momentum")
 	d := be.Diagnostic()
 	assert.Equal(t, pos, d.Pos)
-	assert.Contains(t, d.Message, "memory_budget 20.00 MB is too small for SimpleCNN at batch 32: the smallest plan needs")
+	assert.Contains(t, d.Message, "memory_budget 35.00 MB is too small for SimpleCNN at batch 32: the smallest plan needs")
+	assert.Contains(t, strings.Join(d.Hints, "\n"), "or more works, or lower the batch")
 	p, err := plan.Build(res.Graph, plan.Config{Batch: 32, Budget: be.Min})
 	require.NoError(t, err, "the minimum the error names works")
 	assert.LessOrEqual(t, p.PeakBytes, be.Min)
 	_, err = plan.Build(res.Graph, plan.Config{Batch: 32, Budget: be.Min - 1})
 	assert.ErrorAs(t, err, &be)
+}
+
+// A budget below what the parameters and the optimizer state take says
+// so, and does not suggest a smaller batch (no batch helps).
+func TestBudgetBelowTheParameters(t *testing.T) {
+	res := compileFile(t, "../../examples/simplecnn.cnn")
+	for _, budget := range []int64{1, 20e6} {
+		_, err := plan.Build(res.Graph, plan.Config{Batch: 32, Budget: budget, BudgetSource: "--memory-budget"})
+		var be *plan.BudgetError
+		require.ErrorAs(t, err, &be)
+		d := be.Diagnostic()
+		assert.Contains(t, d.Message, "is too small for SimpleCNN: its parameters and optimizer state alone need 29.54 MB (29,544,448 B), at any batch")
+		hints := strings.Join(d.Hints, "\n")
+		assert.NotContains(t, hints, "lower the batch")
+		assert.Contains(t, hints, "a smaller batch does not help")
+		assert.Contains(t, hints, "MB or more works")
+	}
+	_, err := plan.Build(res.Graph, plan.Config{Batch: 32, Budget: 1, BudgetSource: "--memory-budget"})
+	assert.ErrorContains(t, err, "--memory-budget 1 B is too small", "1 B, not 0.00 MB")
+}
+
+// The suggested budget is rounded up in the unit that fits, and reads back
+// as a DSL size.
+func TestSuggestedBudgetsReadBack(t *testing.T) {
+	for _, n := range []int64{1, 999, 1000, 1001, 12345, 999_994, 999_995, 38_737_156, 999_999_999, 2_500_000_001, 7_000_000_000_000} {
+		d := (&plan.BudgetError{Model: "M", Batch: 1, Budget: n - 1, Min: n}).Diagnostic()
+		hint := d.Hints[len(d.Hints)-1]
+		size := strings.Fields(strings.TrimPrefix(hint, "a budget of "))[0]
+		got, err := dsl.ParseSize(size)
+		require.NoError(t, err, hint)
+		assert.GreaterOrEqual(t, got, n, hint)
+		assert.LessOrEqual(t, float64(got-n), 0.01*float64(n)+1, "rounded up by less than 1%%: %s", hint)
+	}
 }
 
 // Tight budgets pick the cheapest strategy that fits: recomputation before
@@ -209,7 +245,9 @@ func TestForcedMicroBatchErrors(t *testing.T) {
 	_, err = plan.Build(g, plan.Config{Batch: 8, MicroBatch: 2, Trunk: "loss"})
 	assert.ErrorContains(t, err, `no layer "loss" before the loss`)
 	_, err = plan.Build(g, plan.Config{Batch: 0})
-	assert.ErrorContains(t, err, "batch must be positive")
+	assert.ErrorContains(t, err, "the batch must be between 1 and 1,048,576, got 0")
+	_, err = plan.Build(g, plan.Config{Batch: 1 << 62})
+	assert.ErrorContains(t, err, "the batch must be between 1 and 1,048,576, got 4,611,686,018,427,387,904")
 }
 
 // The largest batch for a budget, per strategy, is monotone in the
@@ -287,4 +325,28 @@ func TestPlanOffsets(t *testing.T) {
 	_, ok = p.Offset(byName["pool1"])
 	assert.False(t, ok, "pool1 is recomputed: two buffers")
 	assert.Equal(t, p.ArenaBytes, p.Bytes())
+}
+
+// The report names what each update step updates (conv2 has a separate
+// update for its weight and one for its bias) and prints every size in
+// the unit that fits.
+func TestReportLabelsUpdatesAndSizes(t *testing.T) {
+	res := compileFile(t, "../../examples/simplecnn.cnn")
+	p, err := plan.Build(res.Graph, plan.Config{Batch: 32})
+	require.NoError(t, err)
+	var b strings.Builder
+	p.WriteReport(&b, plan.ReportOptions{})
+	out := b.String()
+	assert.Regexp(t, `update +sgd_update +conv2 bias +32 .* updates conv2\.bias\n`, out)
+	assert.Regexp(t, `update +sgd_update +conv2 weight +32 .* updates conv2\.weight\n`, out)
+	assert.Regexp(t, `backward +linear_block_grad_weight +fc1 .* updates fc1\.weight, fc1\.bias`, out)
+	assert.Regexp(t, `conv2\.bias +param +128 B +128 B`, out)
+	assert.Regexp(t, `argmax bits +738,432 B +738\.43 kB`, out)
+	assert.NotRegexp(t, `(^|[^0-9.])0\.00 MB`, out)
+	for _, s := range p.Steps {
+		if s.Kernel == "sgd_update" {
+			assert.Len(t, s.Updates, 1)
+			assert.Contains(t, []string{"conv2 weight update", "conv2 bias update"}, s.Label())
+		}
+	}
 }

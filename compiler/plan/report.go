@@ -82,7 +82,7 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 	}
 	table(w, [][]string{
 		{"peak", fmt.Sprintf("%s (%s): the arena, the one allocation the runtime makes", commas(p.PeakBytes), mb(p.PeakBytes))},
-		{"at step", fmt.Sprintf("%d of %d: %s %s (%s), %s", p.PeakStep, len(p.Steps), peak.Kernel, peak.Layer, stepPhase(peak), peak.Pos)},
+		{"at step", fmt.Sprintf("%d of %d: %s (%s), %s", p.PeakStep, len(p.Steps), peak.Label(), stepPhase(peak), peak.Pos)},
 		{"budget", budget},
 		{"step FLOPs", fmt.Sprintf("%s; recomputation +%s (%.1f%% of the step)", gflops(p.FLOPs), gflops(p.ExtraFLOPs), pct)},
 		{"strategy", p.Choices.Strategy + ": " + p.strategyWords()},
@@ -125,7 +125,7 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 			most[i] = max(most[i], c[i])
 		}
 	}
-	rows = [][]string{{"category", "at the peak", "MB", "most", "MB"}}
+	rows = [][]string{{"category", "at the peak", "", "most", ""}}
 	var total int64
 	for c := Category(0); c < NumCategories; c++ {
 		rows = append(rows, []string{c.Title(), commas(atPeak[c]), mb(atPeak[c]), commas(most[c]), mb(most[c])})
@@ -138,9 +138,9 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 	if n := p.workspaceSteps(); n > 0 {
 		ws = fmt.Sprintf("%d steps' kernels use scratch memory, each buffer live during its step only", n)
 	}
-	fmt.Fprintf(w, "  (arena - most live at once = %s of alignment and gaps; workspace: %s)\n", commas(p.ArenaBytes-p.MaxLiveBytes), ws)
+	fmt.Fprintf(w, "  (arena - most live at once = %s (%s) of alignment and gaps; workspace: %s)\n", commas(p.ArenaBytes-p.MaxLiveBytes), mb(p.ArenaBytes-p.MaxLiveBytes), ws)
 
-	fmt.Fprintf(w, "\nLive at the peak (step %d: %s %s)\n", p.PeakStep, peak.Kernel, peak.Layer)
+	fmt.Fprintf(w, "\nLive at the peak (step %d: %s)\n", p.PeakStep, peak.Label())
 	var live []*Buffer
 	for _, b := range p.Buffers {
 		if p.PeakStep >= b.FirstStep && p.PeakStep <= b.LastStep {
@@ -148,15 +148,15 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 		}
 	}
 	sort.SliceStable(live, func(i, j int) bool { return live[i].Bytes > live[j].Bytes })
-	rows = [][]string{{"holds", "category", "bytes", "MB", "offset", "steps", "source"}}
+	rows = [][]string{{"holds", "category", "bytes", "", "offset", "steps", "source"}}
 	for _, b := range live {
-		rows = append(rows, []string{b.valueAt(p.PeakStep), b.categoryAt(p.PeakStep).String(), commas(b.Bytes), mbNum(b.Bytes),
+		rows = append(rows, []string{b.valueAt(p.PeakStep), b.categoryAt(p.PeakStep).String(), commas(b.Bytes), mb(b.Bytes),
 			fmt.Sprint(b.Offset), fmt.Sprintf("%d..%d", b.FirstStep, b.LastStep), b.Pos.String()})
 	}
 	table(w, rows, []bool{false, false, true, true, true, false, false}, "  ")
 
 	fmt.Fprintln(w, "\nSteps")
-	rows = [][]string{{"step", "phase", "kernel", "layer", "samples", "live MB", "GFLOP", "loop", "note"}}
+	rows = [][]string{{"step", "phase", "kernel", "layer", "samples", "live", "GFLOP", "loop", "note"}}
 	for _, s := range p.Steps {
 		loop, note := "", ""
 		if s.Loop >= 0 {
@@ -170,6 +170,9 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 		if s.Accumulate {
 			notes = append(notes, "accumulates")
 		}
+		if len(s.Updates) > 0 {
+			notes = append(notes, "updates "+strings.Join(s.Updates, ", "))
+		}
 		for _, out := range s.Outs {
 			if out.InPlace {
 				notes = append(notes, "in place: "+out.Value)
@@ -179,8 +182,12 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 			notes = append(notes, "<- peak")
 		}
 		note = strings.Join(notes, "; ")
-		rows = append(rows, []string{fmt.Sprint(s.Index), stepPhase(s), s.Kernel, s.Layer, fmt.Sprint(s.Samples),
-			mbNum(s.LiveBytes), fmt.Sprintf("%.3f", float64(s.FLOPs)/1e9), loop, note})
+		layer := s.Layer
+		if s.Kernel == "sgd_update" || s.Kernel == "adam_update" {
+			layer = strings.TrimSuffix(s.Label(), " update") // "conv2 weight"
+		}
+		rows = append(rows, []string{fmt.Sprint(s.Index), stepPhase(s), s.Kernel, layer, fmt.Sprint(s.Samples),
+			mb(s.LiveBytes), fmt.Sprintf("%.3f", float64(s.FLOPs)/1e9), loop, note})
 	}
 	table(w, rows, []bool{true, false, false, false, true, true, true, false, false}, "  ")
 
@@ -236,8 +243,6 @@ func stepPhase(s *Step) string {
 }
 
 func gflops(f int64) string { return fmt.Sprintf("%.3f GFLOP", float64(f)/1e9) }
-
-func mbNum(n int64) string { return fmt.Sprintf("%.2f", float64(n)/1e6) }
 
 // table prints aligned columns (compiler.PrintTable).
 func table(w io.Writer, rows [][]string, right []bool, indent string) {

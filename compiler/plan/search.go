@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -9,6 +10,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // DefaultAlignment is the offset alignment of every buffer: what
@@ -54,6 +56,12 @@ type BudgetError struct {
 	Pos     dsl.Pos
 	Source  string
 	Tactics string // what was tried
+	// Persistent is what the parameters and optimizer state occupy, whatever
+	// the batch: a budget below it cannot be met by a smaller batch.
+	Persistent int64
+	// Coupled is the first batch-coupled layer (batch norm), which no
+	// micro-batch loop may cross, and where it is; nil when there is none.
+	Coupled *ir.Node
 }
 
 func (e *BudgetError) Error() string { return e.Diagnostic().Error() }
@@ -64,17 +72,43 @@ func (e *BudgetError) Diagnostic() *dsl.Diagnostic {
 	if e.Source != "" {
 		what = e.Source
 	}
+	if e.Budget < e.Persistent {
+		d := dsl.Errorf(e.Pos, "%s %s is too small for %s: its parameters and optimizer state alone need %s (%s), at any batch",
+			what, units.FormatBytes(e.Budget), e.Model, units.FormatBytes(e.Persistent), commas(e.Persistent))
+		d.Hint("the smallest plan at batch %d needs %s (%s, %s): a budget of %s or more works; a smaller batch does not help",
+			e.Batch, commas(e.Min), units.FormatBytes(e.Min), e.MinHow, roundUpSize(e.Min))
+		return d
+	}
 	d := dsl.Errorf(e.Pos, "%s %s is too small for %s at batch %d: the smallest plan needs %s (%s, %s)",
-		what, mb(e.Budget), e.Model, e.Batch, commas(e.Min), mb(e.Min), e.MinHow)
+		what, units.FormatBytes(e.Budget), e.Model, e.Batch, commas(e.Min), units.FormatBytes(e.Min), e.MinHow)
 	d.Hint("tried: %s", e.Tactics)
-	d.Hint("a budget of %s or more works, or lower the batch (cnnc plan --max-batch tells how far)", roundUpMB(e.Min))
+	if n := e.Coupled; n != nil {
+		d.Hint("micro-batches cannot cross %s (%s at %s): its statistics are the whole batch's, so only the layers before it may run in micro-batches",
+			n.Name, n.Op, n.Pos)
+	}
+	d.Hint("a budget of %s or more works, or lower the batch (cnnc plan --max-batch tells how far)", roundUpSize(e.Min))
 	return d
 }
 
-// roundUpMB prints n bytes rounded up to 10 kB as a size the DSL reads.
-func roundUpMB(n int64) string {
-	k := (n + 9999) / 10000
-	return fmt.Sprintf("%d.%02dMB", k/100, k%100)
+// roundUpSize prints n bytes rounded up, in the decimal unit that fits
+// (as units.FormatBytes picks it), as a size the DSL and --memory-budget
+// read: "38.74MB", "512B".
+func roundUpSize(n int64) string {
+	if n < 1000 {
+		return fmt.Sprintf("%dB", n)
+	}
+	unit, name := int64(1000), "KB"
+	for _, u := range []struct {
+		v    int64
+		name string
+	}{{1e6, "MB"}, {1e9, "GB"}, {1e12, "TB"}} {
+		if n >= u.v-u.v/100000/2 { // as FormatBytes: 999,999,999 B is 1.00 GB
+			unit, name = u.v, u.name
+		}
+	}
+	hundredth := unit / 100
+	k := (n + hundredth - 1) / hundredth
+	return fmt.Sprintf("%d.%02d%s", k/100, k%100, name)
 }
 
 // Build plans one training step of g for cfg. g must be a verified
@@ -93,8 +127,8 @@ func Build(g *ir.Graph, cfg Config) (*Plan, error) {
 
 // search finds the plan Build returns, before it becomes a Plan.
 func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
-	if cfg.Batch < 1 {
-		return nil, nil, "", fmt.Errorf("plan: batch must be positive, got %d", cfg.Batch)
+	if cfg.Batch < 1 || cfg.Batch > compiler.MaxBatch {
+		return nil, nil, "", fmt.Errorf("plan: the batch must be between 1 and %s, got %s", compiler.Commas(compiler.MaxBatch), compiler.Commas(cfg.Batch))
 	}
 	if cfg.Alignment == 0 {
 		cfg.Alignment = DefaultAlignment
@@ -153,7 +187,24 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 		}
 	}
 	return nil, nil, "", &BudgetError{Model: g.Name, Batch: cfg.Batch, Budget: cfg.Budget, Min: least.arena, MinHow: a.describe(least),
-		Pos: cfg.BudgetPos, Source: cfg.BudgetSource, Tactics: strings.Join(tactics, "; ")}
+		Pos: cfg.BudgetPos, Source: cfg.BudgetSource, Tactics: strings.Join(tactics, "; "), Persistent: persistentBytes(g, cfg.Alignment),
+		Coupled: a.firstCoupled()}
+}
+
+// persistentBytes is what parameters and optimizer state take in the
+// arena (each buffer aligned): the part of any plan no batch changes.
+func persistentBytes(g *ir.Graph, align int64) int64 {
+	var n int64
+	for _, p := range g.Params {
+		n += alignUp(p.Value.Type.Bytes(1), align)
+		for _, s := range p.State {
+			n += alignUp(s.Type.Bytes(1), align)
+		}
+	}
+	for _, p := range g.Buffers {
+		n += alignUp(p.Value.Type.Bytes(1), align)
+	}
+	return n
 }
 
 // forced builds the micro-batched plan cfg asks for.
@@ -178,6 +229,11 @@ func (a *analysis) forced(base decisions, cfg Config) (*candidate, error) {
 	}
 	c, err := a.evaluate(d)
 	if err != nil {
+		var ce *coupledError
+		if errors.As(err, &ce) {
+			n := ce.n
+			return nil, fmt.Errorf("plan: cannot micro-batch that way: %s (%s at %s) computes statistics over the whole batch; only the layers before it may run in micro-batches", n.Name, n.Op, n.Pos)
+		}
 		return nil, fmt.Errorf("plan: cannot micro-batch that way: %v", err)
 	}
 	c = a.descend(c)
@@ -265,7 +321,9 @@ func (a *analysis) droppable() []int {
 	}
 	var out []int
 	for _, u := range a.units {
-		ok := true
+		// a node that writes buffers (batch norm's statistics) would write
+		// them again: never recomputed
+		ok := len(a.fwd[u].MutatedInputs()) == 0
 		for _, v := range a.fwd[u].Ins {
 			r := root(v)
 			ok = ok && (r.Def == nil || isUnitOut[r])
@@ -646,8 +704,9 @@ func (a *analysis) microBatch(base decisions, budget int64) (*candidate, []*cand
 	return best, ones
 }
 
-// mb prints bytes as decimal megabytes, the unit PyTorch and nvidia-smi use.
-func mb(n int64) string { return fmt.Sprintf("%.2f MB", float64(n)/1e6) }
+// mb prints bytes in the decimal unit that fits, as PyTorch and
+// nvidia-smi count (units.FormatBytes).
+func mb(n int64) string { return units.FormatBytes(n) }
 
 // commas prints bytes with thousands separators and a unit: "14,771,624 B".
 func commas(n int64) string { return compiler.Commas(n) + " B" }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 
 	"github.com/cnnc/cnnc/examples/gogenerate/mnistnet"
 	"github.com/cnnc/cnnc/runtime/data"
@@ -11,17 +13,20 @@ import (
 
 func main() {
 	dir := flag.String("mnist", "data/mnist", "folder with MNIST's IDX files")
-	steps := flag.Int("steps", 200, "training steps")
+	steps := flag.Int64("steps", 200, "training steps")
 	flag.Parse()
-	if err := run(*dir, *steps); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *dir, *steps); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 }
 
-// run trains for steps batches of the training set, then evaluates on the
-// first 1024 test digits.
-func run(dir string, steps int) error {
+// run trains for steps batches of the training set (Ctrl-C stops it
+// early), evaluates on the test set and shows what the model predicts for
+// the first test digit.
+func run(ctx context.Context, dir string, steps int64) error {
 	train, err := data.LoadMNIST(dir, "train")
 	if err != nil {
 		return err
@@ -30,40 +35,31 @@ func run(dir string, steps int) error {
 	if err != nil {
 		return err
 	}
-	m, err := mnistnet.New(mnistnet.Options{Seed: 1})
+	m, err := mnistnet.New(mnistnet.Options{Seed: 1, MaxSteps: steps, OnStep: func(s mnistnet.StepMetrics) {
+		if s.Step%50 == 0 {
+			fmt.Printf("step %d: loss %.4f, %d/%d correct\n", s.Step, s.Loss, s.Correct, s.Size)
+		}
+	}})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	for s := 0; s < steps; s++ {
-		loss, correct, err := m.TrainStep(batch(train, s*mnistnet.BatchSize))
-		if err != nil {
-			return err
-		}
-		if s%50 == 0 || s == steps-1 {
-			fmt.Printf("step %d: loss %.4f, %d/%d correct\n", s, loss, correct, mnistnet.BatchSize)
-		}
+	if err := m.Train(ctx, train); err != nil && ctx.Err() == nil {
+		return err
 	}
-	right, seen := 0, 0
-	for i := 0; i < 1024; i += mnistnet.BatchSize {
-		_, c, err := m.Evaluate(batch(test, i))
-		if err != nil {
-			return err
-		}
-		right += c
-		seen += mnistnet.BatchSize
+	ev, err := m.Evaluate(context.Background(), test)
+	if err != nil {
+		return err
 	}
-	fmt.Printf("test accuracy on %d digits: %.1f%%\n", seen, float64(right)/float64(seen)*100)
+	fmt.Printf("after %d steps: test accuracy %.2f%% on %d digits\n", m.Steps(), 100*ev.Accuracy, ev.Samples)
+	top, err := m.Predict(test.Images.Image(0), 3)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("the first test digit is a %d; the model says:", test.Labels[0])
+	for _, p := range top[0] {
+		fmt.Printf(" %d (%.1f%%)", p.Class, 100*p.Prob)
+	}
+	fmt.Println()
 	return nil
-}
-
-// batch takes Batch consecutive samples from first (wrapping around).
-func batch(ds *data.MNIST, first int) mnistnet.Batch {
-	b := mnistnet.Batch{Valid: mnistnet.BatchSize}
-	for i := 0; i < mnistnet.BatchSize; i++ {
-		k := (first + i) % ds.Len()
-		b.Pixels = append(b.Pixels, ds.Images.Image(k)...)
-		b.Labels = append(b.Labels, int32(ds.Labels[k]))
-	}
-	return b
 }

@@ -10,9 +10,11 @@
 // kill -9 at any moment leaves either the old checkpoint or the new one,
 // never a torn file.
 //
-// Reading validates everything (header size, JSON, dtypes, shapes against
-// byte ranges, ranges inside the file and not overlapping) and every error
-// names the file and the tensor.
+// Reading validates everything (a regular file, header size against the
+// file's, JSON, dtypes, shapes against byte ranges, ranges tiling the data
+// exactly as the safetensors library requires) and every error names the
+// file and the tensor. Nothing read is trusted for a size: a file's bytes
+// are read only up to its real size.
 package checkpoint
 
 import (
@@ -25,6 +27,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/cnnc/cnnc/runtime/regularfile"
 )
 
 // DType is a safetensors element type.
@@ -192,11 +196,20 @@ func Encode(w io.Writer, tensors []Tensor, meta map[string]string) error {
 
 // Write saves a checkpoint atomically: path holds the old checkpoint or the
 // complete new one at every moment, even if the process is killed.
+//
+// An existing path must be a regular file (a link to one is replaced by
+// the new file): a folder, a FIFO or a device is refused by name, never
+// replaced.
 func Write(path string, tensors []Tensor, meta map[string]string) error {
+	if st, err := os.Stat(path); err == nil {
+		if err := regularfile.Check(path, st); err != nil {
+			return fmt.Errorf("checkpoint %s: %v", path, errors.Unwrap(err))
+		}
+	}
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("checkpoint: %v", err)
+		return fmt.Errorf("checkpoint %s: cannot create a temporary file in its folder: %v", path, err)
 	}
 	ok := false
 	defer func() {
@@ -225,28 +238,67 @@ func Write(path string, tensors []Tensor, meta map[string]string) error {
 	return nil
 }
 
-// Read loads and validates a checkpoint.
+// Read loads and validates a checkpoint. Only a regular file is read (a
+// FIFO or a device such as /dev/zero is refused by name, without
+// blocking), and never more of it than its size: the header's length is
+// checked against the file's size before anything else is read.
 func Read(path string) (*File, error) {
-	data, err := os.ReadFile(path)
+	f, info, err := regularfile.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	f, err := Decode(data)
+	defer f.Close()
+	var n [8]byte
+	if _, err := io.ReadFull(f, n[:]); err != nil {
+		return nil, fmt.Errorf("%s: not a safetensors file: shorter than its 8-byte header size", path)
+	}
+	if err := checkHeaderLength(binary.LittleEndian.Uint64(n[:]), info.Size()); err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	data := make([]byte, 8, info.Size())
+	copy(data, n[:])
+	rest, err := regularfile.ReadExactly(f, path, info.Size()-8, -1)
+	if err != nil {
+		return nil, err
+	}
+	file, err := Decode(append(data, rest...))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v", path, err)
 	}
-	f.Path = path
-	return f, nil
+	file.Path = path
+	return file, nil
 }
 
-// Decode parses a safetensors image.
+// checkHeaderLength bounds the JSON header that a file of size bytes may
+// announce: at most maxHeader, and inside the file.
+func checkHeaderLength(hlen uint64, size int64) error {
+	if hlen > maxHeader || hlen > uint64(size-8) {
+		return fmt.Errorf("not a safetensors file, or truncated: header of %d bytes in a %d-byte file", hlen, size)
+	}
+	return nil
+}
+
+// span is where a tensor's bytes lie in the data section.
+type span struct {
+	name       string
+	begin, end int64
+}
+
+// Decode parses a safetensors image. Like the safetensors library, it
+// requires the tensors' byte ranges, ordered by (begin, end), to tile the
+// data section exactly: each starts where the previous one ends and the
+// last ends at the end of the file. A zero-element tensor has an empty
+// range [b, b), as PyTorch's writer gives it; ordering by both ends (then
+// by name) puts it before a tensor that starts at b, whatever order the
+// JSON object (read into a Go map) lists the entries in, so the result —
+// and every error — is the same on every run.
 func Decode(data []byte) (*File, error) {
 	if len(data) < 8 {
 		return nil, errors.New("not a safetensors file: shorter than its 8-byte header size")
 	}
 	hlen := binary.LittleEndian.Uint64(data)
-	if hlen > maxHeader || hlen > uint64(len(data)-8) {
-		return nil, fmt.Errorf("not a safetensors file, or truncated: header of %d bytes in a %d-byte file", hlen, len(data))
+	if err := checkHeaderLength(hlen, int64(len(data))); err != nil {
+		return nil, err
 	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(data[8:8+hlen], &raw); err != nil {
@@ -260,59 +312,93 @@ func Decode(data []byte) (*File, error) {
 		}
 		delete(raw, "__metadata__")
 	}
-	type span struct {
-		name       string
-		begin, end int64
+	names := make([]string, 0, len(raw))
+	for name := range raw {
+		names = append(names, name)
 	}
-	var spans []span
-	for name, r := range raw {
-		var e headerEntry
-		if err := json.Unmarshal(r, &e); err != nil {
-			return nil, fmt.Errorf("tensor %q: corrupt header entry: %v", name, err)
+	sort.Strings(names)
+	spans := make([]span, 0, len(names))
+	tensors := make(map[string]Tensor, len(names))
+	for _, name := range names {
+		t, sp, err := decodeEntry(name, raw[name], int64(len(body)))
+		if err != nil {
+			return nil, err
 		}
-		size, ok := e.DType.Size()
-		if !ok {
-			return nil, fmt.Errorf("tensor %q: unsupported dtype %q", name, e.DType)
-		}
-		elems := int64(1)
-		for _, d := range e.Shape {
-			if d < 0 || (d > 0 && elems > math.MaxInt64/d) {
-				return nil, fmt.Errorf("tensor %q: bad shape %v", name, e.Shape)
-			}
-			elems *= d
-		}
-		b, en := e.DataOffsets[0], e.DataOffsets[1]
-		if b < 0 || en < b || en > int64(len(body)) {
-			return nil, fmt.Errorf("tensor %q: data [%d, %d) lies outside the %d data bytes (truncated file?)", name, b, en, len(body))
-		}
-		if elems > math.MaxInt64/size || en-b != elems*size {
-			return nil, fmt.Errorf("tensor %q: %d bytes do not hold shape %v of %s", name, en-b, e.Shape, e.DType)
-		}
-		spans = append(spans, span{name, b, en})
-		f.Tensors = append(f.Tensors, Tensor{Name: name, DType: e.DType, Shape: e.Shape, Data: body[b:en]})
+		t.Data = body[sp.begin:sp.end:sp.end]
+		spans = append(spans, sp)
+		tensors[name] = t
 	}
-	sort.Slice(spans, func(i, j int) bool { return spans[i].begin < spans[j].begin })
-	for i := 1; i < len(spans); i++ {
-		if spans[i].begin < spans[i-1].end {
-			return nil, fmt.Errorf("tensors %q and %q overlap", spans[i-1].name, spans[i].name)
+	sort.Slice(spans, func(i, j int) bool {
+		a, b := spans[i], spans[j]
+		if a.begin != b.begin {
+			return a.begin < b.begin
 		}
-	}
-	// file order, as written
-	sort.Slice(f.Tensors, func(i, j int) bool {
-		return dataOffset(f.Tensors[i], body) < dataOffset(f.Tensors[j], body)
+		if a.end != b.end {
+			return a.end < b.end
+		}
+		return a.name < b.name
 	})
-	for i, t := range f.Tensors {
-		f.byName[t.Name] = i
+	if err := checkTiling(spans, int64(len(body))); err != nil {
+		return nil, err
+	}
+	for i, sp := range spans { // file order, as written
+		f.Tensors = append(f.Tensors, tensors[sp.name])
+		f.byName[sp.name] = i
 	}
 	return f, nil
 }
 
-// dataOffset is where t's data starts in body (Decode's slices alias it).
-func dataOffset(t Tensor, body []byte) int64 {
-	if len(t.Data) == 0 {
-		return 0
+// decodeEntry checks one header entry: a known dtype, a shape whose
+// element count does not overflow, and a byte range inside the data
+// section holding exactly that shape.
+func decodeEntry(name string, r json.RawMessage, bodyLen int64) (Tensor, span, error) {
+	var e headerEntry
+	if err := json.Unmarshal(r, &e); err != nil {
+		return Tensor{}, span{}, fmt.Errorf("tensor %q: corrupt header entry: %v", name, err)
 	}
-	return int64(cap(body) - cap(t.Data))
+	size, ok := e.DType.Size()
+	if !ok {
+		return Tensor{}, span{}, fmt.Errorf("tensor %q: unsupported dtype %q", name, e.DType)
+	}
+	elems := int64(1)
+	for _, d := range e.Shape {
+		if d < 0 || (d > 0 && elems > math.MaxInt64/d) {
+			return Tensor{}, span{}, fmt.Errorf("tensor %q: bad shape %v", name, e.Shape)
+		}
+		elems *= d
+	}
+	b, en := e.DataOffsets[0], e.DataOffsets[1]
+	if b < 0 || en < b || en > bodyLen {
+		return Tensor{}, span{}, fmt.Errorf("tensor %q: data [%d, %d) lies outside the %d data bytes (truncated file?)", name, b, en, bodyLen)
+	}
+	if elems > math.MaxInt64/size || en-b != elems*size {
+		return Tensor{}, span{}, fmt.Errorf("tensor %q: %d bytes do not hold shape %v of %s", name, en-b, e.Shape, e.DType)
+	}
+	shape := e.Shape
+	if shape == nil {
+		shape = []int64{}
+	}
+	return Tensor{Name: name, DType: e.DType, Shape: shape}, span{name, b, en}, nil
+}
+
+// checkTiling checks that the sorted spans cover [0, bodyLen) exactly,
+// without a gap or an overlap, as the safetensors library requires.
+func checkTiling(spans []span, bodyLen int64) error {
+	var at int64
+	prev := ""
+	for _, sp := range spans {
+		switch {
+		case sp.begin < at:
+			return fmt.Errorf("tensors %q and %q overlap", prev, sp.name)
+		case sp.begin > at:
+			return fmt.Errorf("tensor %q starts at data byte %d but the tensor before it ends at %d (a gap: not a safetensors layout)", sp.name, sp.begin, at)
+		}
+		at, prev = sp.end, sp.name
+	}
+	if at != bodyLen {
+		return fmt.Errorf("the tensors end at data byte %d of %d (trailing bytes: not a safetensors layout)", at, bodyLen)
+	}
+	return nil
 }
 
 // RemoveStaleTemps deletes temporary files that a killed writer of path

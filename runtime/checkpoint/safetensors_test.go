@@ -5,10 +5,13 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -188,4 +191,137 @@ func writeForever(path string) {
 			os.Exit(3)
 		}
 	}
+}
+
+// pytorchLayout is a checkpoint laid out as the safetensors library lays
+// out PyTorch's state dicts (tensors of one dtype sorted by name, offsets
+// assigned in that order, __metadata__ first, header padded with spaces
+// to 8 bytes), with zero-element tensors first, in the middle and last:
+// their empty ranges [b, b) start where a neighbour starts or ends.
+func pytorchLayout() []byte {
+	header := `{"__metadata__":{"format":"pt"},` +
+		`"a.empty":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},` +
+		`"b.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},` +
+		`"m.empty":{"dtype":"F32","shape":[3,0],"data_offsets":[16,16]},` +
+		`"n.weight":{"dtype":"F32","shape":[4],"data_offsets":[16,32]},` +
+		`"z.empty":{"dtype":"F32","shape":[0,5],"data_offsets":[32,32]}}`
+	for len(header)%8 != 0 {
+		header += " "
+	}
+	out := binary.LittleEndian.AppendUint64(nil, uint64(len(header)))
+	out = append(out, header...)
+	for i := range 8 {
+		out = binary.LittleEndian.AppendUint32(out, math.Float32bits(float32(i+1)))
+	}
+	return out
+}
+
+// Go randomises map iteration; the header is read into a map. Every run
+// must give the same tensors in the same order.
+func TestZeroElementTensorsLoadTheSameOnEveryRun(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pt.safetensors")
+	require.NoError(t, os.WriteFile(path, pytorchLayout(), 0o644))
+	for run := range 200 {
+		f, err := Read(path)
+		require.NoError(t, err, "run %d", run)
+		var names []string
+		for _, ts := range f.Tensors {
+			names = append(names, ts.Name)
+		}
+		require.Equal(t, []string{"a.empty", "b.weight", "m.empty", "n.weight", "z.empty"}, names, "run %d", run)
+		e, err := f.Expect("m.empty", F32, []int64{3, 0})
+		require.NoError(t, err)
+		assert.Empty(t, e.Data)
+		w, err := f.Expect("n.weight", F32, []int64{4})
+		require.NoError(t, err)
+		assert.Equal(t, []float32{5, 6, 7, 8}, w.Float32s())
+	}
+	// Written back by Encode and read again: the same tensors.
+	f, err := Read(path)
+	require.NoError(t, err)
+	var b bytes.Buffer
+	require.NoError(t, Encode(&b, f.Tensors, f.Metadata))
+	g, err := Decode(b.Bytes())
+	require.NoError(t, err)
+	assert.Equal(t, f.Tensors, g.Tensors)
+}
+
+// A layout with a gap or trailing bytes is not safetensors (the library
+// refuses it); neither is one whose ranges overlap only through a tie.
+func TestRangesMustTileTheData(t *testing.T) {
+	hdr := func(js string, data int) []byte {
+		out := binary.LittleEndian.AppendUint64(nil, uint64(len(js)))
+		return append(append(out, js...), make([]byte, data)...)
+	}
+	for _, tc := range []struct {
+		name, js string
+		data     int
+		want     string
+	}{
+		{"gap", `{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}}`, 5,
+			`tensor "b" starts at data byte 3 but the tensor before it ends at 2`},
+		{"trailing", `{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}`, 3, "the tensors end at data byte 2 of 3"},
+		{"leading gap", `{"a":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}`, 3, `tensor "a" starts at data byte 1`},
+		{"same start", `{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}`, 2,
+			`tensors "b" and "a" overlap`},
+	} {
+		for range 20 {
+			_, err := Decode(hdr(tc.js, tc.data))
+			require.Error(t, err, tc.name)
+			require.Contains(t, err.Error(), tc.want, tc.name)
+		}
+	}
+}
+
+// --resume /dev/zero, a FIFO or a folder: refused by name at once.
+func TestNonRegularCheckpointPathsAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "ck.fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	zero := filepath.Join(dir, "zero.safetensors")
+	require.NoError(t, os.Symlink("/dev/zero", zero))
+	for _, tc := range []struct{ path, kind string }{
+		{"/dev/zero", "a character device"},
+		{zero, "a character device"},
+		{fifo, "a named pipe (FIFO)"},
+		{dir, "a folder"},
+	} {
+		done := make(chan error, 1)
+		go func() { _, err := Read(tc.path); done <- err }()
+		select {
+		case err := <-done:
+			require.Error(t, err, tc.path)
+			assert.Contains(t, err.Error(), tc.path+": is "+tc.kind+", not a regular file")
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Read(%s) blocked", tc.path)
+		}
+	}
+	// Writing never replaces a FIFO or a folder with a checkpoint.
+	ts, meta := sample()
+	err := Write(fifo, ts, meta)
+	assert.EqualError(t, err, "checkpoint "+fifo+": is a named pipe (FIFO), not a regular file")
+	st, statErr := os.Lstat(fifo)
+	require.NoError(t, statErr)
+	assert.NotZero(t, st.Mode()&os.ModeNamedPipe, "still the FIFO")
+	sub := filepath.Join(dir, "sub")
+	require.NoError(t, os.Mkdir(sub, 0o755))
+	assert.EqualError(t, Write(sub, ts, meta), "checkpoint "+sub+": is a folder, not a regular file")
+	left, _ := filepath.Glob(filepath.Join(dir, ".*.tmp-*"))
+	assert.Empty(t, left)
+}
+
+// A header length beyond the file is refused before the header is read;
+// a file is never read past the size it had when opened.
+func TestReadIsBoundedByTheFileSize(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "claims.safetensors")
+	// 16 bytes claiming a 64 MiB header: refused from the 8 bytes.
+	b := binary.LittleEndian.AppendUint64(nil, 64<<20)
+	require.NoError(t, os.WriteFile(p, append(b, "{}      "...), 0o644))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := Read(p)
+	runtime.ReadMemStats(&after)
+	assert.EqualError(t, err, p+": not a safetensors file, or truncated: header of 67108864 bytes in a 16-byte file")
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "nothing near the claimed size was allocated")
 }

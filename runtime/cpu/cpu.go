@@ -1,6 +1,10 @@
-// Package cpu is the CPU backend of device.Device: the generated CUDA C is
-// compiled with g++ against the emulation header and run on the cores by
-// runtime/emu. It never links gorgonia.org/cu, so it runs anywhere.
+// Package cpu is the CPU backend of device.Device: the generated CUDA C runs
+// on the cores through runtime/emu. A trainer (or a `cnnc gen` package)
+// carries its kernels compiled into the binary by go build (see
+// emu.BuiltinSource), so New runs no compiler there; other callers (tests,
+// tools) get the source compiled with g++ against the emulation header,
+// once, into emu's cache. It never links gorgonia.org/cu, so it runs
+// anywhere.
 package cpu
 
 import (
@@ -18,8 +22,10 @@ var _ device.Device = (*Device)(nil)
 // Options are the emulator's compile options.
 type Options = emu.Options
 
-// New compiles source (named name in compiler messages) and returns a
-// device that launches its kernels.
+// New returns a device that launches source's kernels: those built into
+// the program from the same source if there are (and opts ask for no
+// other compiler, flags or debug build), else source compiled (named name
+// in compiler messages).
 func New(source []byte, name string, opts Options) (*Device, error) {
 	m, err := emu.Compile(source, name, opts)
 	if err != nil {
@@ -28,7 +34,12 @@ func New(source []byte, name string, opts Options) (*Device, error) {
 	return &Device{mod: m}, nil
 }
 
-func (d *Device) Name() string { return "cpu (CUDA emulator)" }
+func (d *Device) Name() string {
+	if d.mod.Builtin() {
+		return "cpu (CUDA emulator, kernels built in)"
+	}
+	return "cpu (CUDA emulator)"
+}
 
 func (d *Device) Alloc(bytes int64) (device.Ptr, error) {
 	p, err := emu.Alloc(int(bytes))

@@ -43,7 +43,7 @@ type Device struct {
 
 	// Owned by the worker goroutine (the only one making driver calls).
 	dev     cu.Device
-	ctx     cu.CUContext
+	ctx     context
 	mod     cu.Module
 	stream  cu.Stream
 	optin   int // most shared memory per block after opting in
@@ -132,6 +132,9 @@ func (d *Device) serve(fatbin []byte, started chan<- error) {
 }
 
 func (d *Device) open(fatbin []byte) (err error) {
+	if _, err := resolveDriver(); err != nil {
+		return err
+	}
 	n, err := cu.NumDevices()
 	if err != nil {
 		return fmt.Errorf("cuda: cuDeviceGetCount: %w", err)
@@ -155,12 +158,12 @@ func (d *Device) open(fatbin []byte) (err error) {
 		return fmt.Errorf("cuda: shared memory limit of %s: %w", name, err)
 	}
 	// cuCtxCreate makes the new context current on this (locked) thread.
-	if d.ctx, err = d.dev.MakeContext(cu.SchedAuto); err != nil {
+	if d.ctx, err = createContext(d.dev); err != nil {
 		return fmt.Errorf("cuda: cuCtxCreate on %s: %w", name, err)
 	}
 	defer func() {
 		if err != nil {
-			d.ctx.Destroy()
+			d.ctx.destroy()
 		}
 	}()
 	if _, d.total, err = cu.MemInfo(); err != nil {
@@ -529,7 +532,7 @@ func (d *Device) teardown() error {
 	if err := d.mod.Unload(); err != nil {
 		errs = append(errs, fmt.Errorf("cuda: cuModuleUnload: %w", err))
 	}
-	if err := d.ctx.Destroy(); err != nil {
+	if err := d.ctx.destroy(); err != nil {
 		errs = append(errs, fmt.Errorf("cuda: cuCtxDestroy: %w", err))
 	}
 	return errors.Join(errs...)

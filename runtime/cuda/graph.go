@@ -13,18 +13,21 @@ package cuda
 // instantiated graph before a replay with cuGraphExecKernelNodeSetParams;
 // the node of each launch is read right after it is captured
 // (cuStreamGetCaptureInfo_v2: the node the next one would depend on).
+// Capture, capture info, instantiation and node updates go through the
+// entry points resolved in driver.go.
 
 /*
 #cgo LDFLAGS: -lcuda
 #cgo linux LDFLAGS: -L/usr/local/cuda/lib64 -L/usr/lib/x86_64-linux-gnu
 #cgo linux CFLAGS: -I/usr/local/cuda/include -I/usr/include
 
-#include <cuda.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "driver.h"
+
 static CUresult cnncBeginCapture(CUstream s) {
-	return cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+	return cnncStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
 }
 
 // cnncCapturedNode returns the node of the operation just captured on s:
@@ -35,7 +38,7 @@ static CUresult cnncCapturedNode(CUstream s, CUgraphNode *node) {
 	CUgraph g;
 	const CUgraphNode *deps = NULL;
 	size_t n = 0;
-	CUresult r = cuStreamGetCaptureInfo_v2(s, &status, &id, &g, &deps, &n);
+	CUresult r = cnncStreamGetCaptureInfo(s, &status, &id, &g, &deps, &n);
 	if (r != CUDA_SUCCESS) return r;
 	if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
 	if (n != 1 || !deps) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
@@ -48,7 +51,7 @@ static CUresult cnncEndCapture(CUstream s, CUgraph *g) {
 }
 
 static CUresult cnncInstantiate(CUgraphExec *e, CUgraph g) {
-	return cuGraphInstantiateWithFlags(e, g, 0);
+	return cnncGraphInstantiate(e, g, 0);
 }
 
 // cnncSetKernelParams gives a kernel node of an instantiated graph new
@@ -67,7 +70,7 @@ static CUresult cnncSetKernelParams(CUgraphExec e, CUgraphNode node, CUfunction 
 		copy[i] = vals[i];
 		ptrs[i] = &copy[i];
 	}
-	CUDA_KERNEL_NODE_PARAMS p = {0};
+	cnncKernelNodeParamsV1 p = {0};
 	p.func = f;
 	p.gridDimX = gx;
 	p.gridDimY = gy;
@@ -77,7 +80,7 @@ static CUresult cnncSetKernelParams(CUgraphExec e, CUgraphNode node, CUfunction 
 	p.blockDimZ = bz;
 	p.sharedMemBytes = shared;
 	p.kernelParams = ptrs;
-	CUresult r = cuGraphExecKernelNodeSetParams(e, node, &p);
+	CUresult r = cnncGraphExecKernelNodeSetParams(e, node, &p);
 	free(ptrs);
 	free(copy);
 	return r;

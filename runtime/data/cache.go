@@ -1,8 +1,11 @@
 package data
 
 // The ImageFolder cache: one file holding every decoded, converted and
-// resized image of a folder, so that later runs skip decoding. Layout, all
-// integers little-endian:
+// resized image of a folder, so that later runs skip decoding. It lives in
+// the user's cache folder (os.UserCacheDir()/cnnc/imagefolder) or
+// ImageFolderOptions.CacheDir, never in the data folder, named after the
+// folder's resolved absolute path (cacheName). Layout, all integers
+// little-endian:
 //
 //	header (64 bytes)
 //	  0  magic "CNNCIMG\n"
@@ -13,67 +16,88 @@ package data
 //	 28  u32 entry count N
 //	 32  u64 table length in bytes
 //	 40  u32 CRC-32C of the table
-//	 44  16 reserved zero bytes
+//	 44  i64 scan time: when the keys in the table were taken (Unix ns)
+//	 52  8 reserved zero bytes
 //	 60  u32 CRC-32C of header bytes 0..59
 //	payload: N slots of H*W*C bytes, slot i at 64 + i*H*W*C (HWC uint8;
-//	         zeros for a bad file)
-//	table, after the payload, one record per file in folder order:
-//	  uvarint len + path relative to the root (slash-separated)
-//	  varint size, varint mtime (Unix ns)
-//	  32 bytes SHA-256 of the file's bytes
-//	  uvarint len + reason the file is bad ("" when it decoded)
-//	  u32 CRC-32C of the slot's pixels
+//	         zeros unless the file decoded)
+//	table, after the payload:
+//	  uvarint len + the folder's resolved absolute path
+//	  then one record per file, in folder order:
+//	  uvarint len + path relative to the folder (slash-separated)
+//	  varint size, varint mtime, varint ctime (Unix ns), uvarint inode
+//	  u8 state: 0 decoded, 1 bad (its content cannot be used), 2 not read
+//	  32 bytes SHA-256 of the file's bytes (zero when not read)
+//	  uvarint len + why the file is bad or was not read ("" when decoded)
+//	  u32 CRC-32C of the slot's pixels (0 unless decoded)
 //
 // The table sits after the payload so that decoding workers can write
-// slots at fixed offsets before the table's length is known. A file is
-// taken from the cache when its path, size and mtime match its record, or,
-// when they do not (or Rehash is set), when the SHA-256 of its bytes does.
-// Any mismatch of magic, versions, shape, header or table checksum, file
-// length (a truncated file) or a slot's checksum makes the file unusable:
-// it is rebuilt, never used. Files are written to a temporary file in the
-// same folder, fsynced and renamed over the old one, so a reader sees the
-// old cache or the new one, never half of one.
+// slots at fixed offsets before the table's length is known. How records
+// are matched to files (their key, else the SHA-256 of the bytes) is in
+// imagefolder.go. Only what a file's fully read content decided is
+// remembered — its pixels, or that it does not decode; a file that could
+// not be read (permission denied, an I/O error) is "not read" and tried
+// again next time. Any mismatch of magic, versions, shape, folder, header
+// or table checksum, file length (a truncated file) or a slot's checksum
+// makes the cache unusable: it is rebuilt, never used. Files are written
+// to a temporary file in the same folder, fsynced and renamed over the old
+// one, so a reader sees the old cache or the new one, never half of one.
 
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/cnnc/cnnc/runtime/regularfile"
 )
 
 const (
 	cacheMagic      = "CNNCIMG\n"
-	cacheVersion    = 1
+	cacheVersion    = 2
 	pipelineVersion = 1 // bump when decode.go or resize.go changes its output
 	cacheHeaderSize = 64
-	// maxCacheTable bounds the table a header may announce (~1 KiB/file
-	// for 16M files), so a corrupt header cannot make us allocate wildly.
-	maxCacheTable = 16 << 30
+	// minRecordBytes is the smallest table record: a one-byte path, four
+	// one-byte numbers, the state, the hash, an empty reason, the CRC.
+	minRecordBytes = 2 + 4 + 1 + sha256.Size + 1 + 4
 )
 
 var crc32c = crc32.MakeTable(crc32.Castagnoli)
 
+// entryState is what a record says about its file.
+type entryState uint8
+
+const (
+	stateDecoded entryState = iota // the slot holds its pixels
+	stateBad                       // its content cannot be used (reason)
+	stateNotRead                   // it could not be read (reason); try again
+)
+
 // cacheEntry is one file's record in the cache table.
 type cacheEntry struct {
 	rel    string
-	size   int64
-	mtime  int64 // Unix nanoseconds
+	key    fileKey
+	state  entryState
 	sha256 [sha256.Size]byte
-	bad    string // why the file could not be used; "" when it decoded
+	reason string
 	crc    uint32 // CRC-32C of the slot's pixels
 }
 
 // cacheFile is an open, header- and table-checked cache file.
 type cacheFile struct {
-	path    string
-	f       *os.File
-	shape   Shape
-	entries []cacheEntry
-	byRel   map[string]int
+	path     string
+	f        *os.File
+	shape    Shape
+	root     string
+	scanTime int64 // Unix ns
+	entries  []cacheEntry
+	byRel    map[string]int
 }
 
 func (c *cacheFile) slotOffset(i int) int64 {
@@ -83,30 +107,54 @@ func (c *cacheFile) slotOffset(i int) int64 {
 // Close closes the cache file.
 func (c *cacheFile) Close() error { return c.f.Close() }
 
+// cacheName is the file name of a folder's cache for a shape: the
+// folder's base name for the reader, and 64 bits of the SHA-256 of its
+// resolved absolute path so that two folders never share a file.
+func cacheName(root string, shape Shape) string {
+	sum := sha256.Sum256([]byte(root))
+	return fmt.Sprintf("%s-%s-%v.bin", filepath.Base(root), hex.EncodeToString(sum[:8]), shape)
+}
+
 // errNoCache means there is no cache file at the path.
 var errNoCache = errors.New("no cache file")
 
 // openCache opens and checks a cache file's header and table against the
-// wanted shape. The payload is checked separately (verifySlots).
-func openCache(path string, shape Shape) (*cacheFile, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
+// wanted shape and folder; an error (a *FileError) says why it cannot be
+// used. The payload is checked separately (verifySlots). Only a regular
+// file is opened, without blocking.
+func openCache(path string, shape Shape, root string) (*cacheFile, error) {
+	f, info, err := regularfile.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, errNoCache
 	}
-	if err != nil {
-		return nil, err
+	unusable := func(err error) error {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return &FileError{Path: path, Err: fmt.Errorf("cache unusable (%v)", err)}
 	}
-	c, err := readCache(f, path, shape)
+	if err != nil {
+		return nil, unusable(err)
+	}
+	c, err := readCache(f, info.Size(), path, shape)
+	if err == nil && c.root != root {
+		err = fmt.Errorf("made for the folder %q", c.root)
+	}
 	if err != nil {
 		f.Close()
-		return nil, err
+		return nil, unusable(err)
 	}
+	c.f = f
 	return c, nil
 }
 
-func readCache(f *os.File, path string, shape Shape) (*cacheFile, error) {
+// readCache checks the header, then reads the table, whose length must
+// match the file's size exactly: nothing a header says is allocated
+// before it has been checked against the real file.
+func readCache(f io.ReaderAt, size int64, path string, shape Shape) (*cacheFile, error) {
 	var hdr [cacheHeaderSize]byte
-	if _, err := io.ReadFull(f, hdr[:]); err != nil {
+	if _, err := f.ReadAt(hdr[:], 0); err != nil {
 		return nil, fmt.Errorf("truncated header: %v", err)
 	}
 	if string(hdr[:8]) != cacheMagic {
@@ -127,17 +175,14 @@ func readCache(f *os.File, path string, shape Shape) (*cacheFile, error) {
 		return nil, fmt.Errorf("holds %v images, want %v", got, shape)
 	}
 	n := int64(le.Uint32(hdr[28:]))
-	tableLen := int64(le.Uint64(hdr[32:]))
-	if tableLen < 0 || tableLen > maxCacheTable {
-		return nil, fmt.Errorf("implausible table length %d", tableLen)
-	}
+	tableLen := le.Uint64(hdr[32:])
+	// shape.Size() < 2^30 (validated), n < 2^32: the payload fits an int64.
 	tableOff := cacheHeaderSize + n*int64(shape.Size())
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
+	if tableLen > uint64(size) || size-int64(tableLen) != tableOff {
+		return nil, fmt.Errorf("file is %d bytes, header says %d entries of %d bytes and a %d-byte table (truncated or overwritten)", size, n, shape.Size(), tableLen)
 	}
-	if want := tableOff + tableLen; st.Size() != want {
-		return nil, fmt.Errorf("file is %d bytes, header says %d (truncated or overwritten)", st.Size(), want)
+	if n*minRecordBytes > int64(tableLen) {
+		return nil, fmt.Errorf("a %d-byte table cannot hold %d entries", tableLen, n)
 	}
 	table := make([]byte, tableLen)
 	if _, err := f.ReadAt(table, tableOff); err != nil {
@@ -146,74 +191,107 @@ func readCache(f *os.File, path string, shape Shape) (*cacheFile, error) {
 	if crc32.Checksum(table, crc32c) != le.Uint32(hdr[40:]) {
 		return nil, errors.New("table checksum mismatch")
 	}
-	entries, err := decodeCacheTable(table, int(n))
+	root, entries, err := decodeCacheTable(table, int(n))
 	if err != nil {
 		return nil, err
 	}
-	c := &cacheFile{path: path, f: f, shape: shape, entries: entries, byRel: make(map[string]int, n)}
+	c := &cacheFile{path: path, shape: shape, root: root, scanTime: int64(le.Uint64(hdr[44:])), entries: entries, byRel: make(map[string]int, n)}
 	for i, e := range entries {
+		if _, dup := c.byRel[e.rel]; dup {
+			return nil, fmt.Errorf("corrupt table: %q listed twice", e.rel)
+		}
 		c.byRel[e.rel] = i
 	}
 	return c, nil
 }
 
-func encodeCacheTable(entries []cacheEntry) []byte {
-	var b []byte
+func encodeCacheTable(root string, entries []cacheEntry) []byte {
+	b := binary.AppendUvarint(nil, uint64(len(root)))
+	b = append(b, root...)
 	for _, e := range entries {
 		b = binary.AppendUvarint(b, uint64(len(e.rel)))
 		b = append(b, e.rel...)
-		b = binary.AppendVarint(b, e.size)
-		b = binary.AppendVarint(b, e.mtime)
+		b = binary.AppendVarint(b, e.key.size)
+		b = binary.AppendVarint(b, e.key.mtime)
+		b = binary.AppendVarint(b, e.key.ctime)
+		b = binary.AppendUvarint(b, e.key.ino)
+		b = append(b, byte(e.state))
 		b = append(b, e.sha256[:]...)
-		b = binary.AppendUvarint(b, uint64(len(e.bad)))
-		b = append(b, e.bad...)
+		b = binary.AppendUvarint(b, uint64(len(e.reason)))
+		b = append(b, e.reason...)
 		b = binary.LittleEndian.AppendUint32(b, e.crc)
 	}
 	return b
 }
 
-func decodeCacheTable(b []byte, n int) ([]cacheEntry, error) {
+// tableReader reads a table's fields; the first malformed one sets bad.
+type tableReader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *tableReader) str() string {
+	l, k := binary.Uvarint(r.b)
+	if k <= 0 || l > uint64(len(r.b)-k) {
+		r.bad = true
+		return ""
+	}
+	s := string(r.b[k : k+int(l)])
+	r.b = r.b[k+int(l):]
+	return s
+}
+
+func (r *tableReader) varint() int64 {
+	v, k := binary.Varint(r.b)
+	if k <= 0 {
+		r.bad = true
+		return 0
+	}
+	r.b = r.b[k:]
+	return v
+}
+
+func (r *tableReader) uvarint() uint64 {
+	v, k := binary.Uvarint(r.b)
+	if k <= 0 {
+		r.bad = true
+		return 0
+	}
+	r.b = r.b[k:]
+	return v
+}
+
+func (r *tableReader) bytes(n int) []byte {
+	if r.bad || len(r.b) < n {
+		r.bad = true
+		return make([]byte, n)
+	}
+	out := r.b[:n]
+	r.b = r.b[n:]
+	return out
+}
+
+func decodeCacheTable(b []byte, n int) (string, []cacheEntry, error) {
 	corrupt := errors.New("corrupt table")
-	str := func() (string, bool) {
-		l, k := binary.Uvarint(b)
-		if k <= 0 || l > uint64(len(b)-k) {
-			return "", false
-		}
-		s := string(b[k : k+int(l)])
-		b = b[k+int(l):]
-		return s, true
-	}
-	num := func() (int64, bool) {
-		v, k := binary.Varint(b)
-		if k <= 0 {
-			return 0, false
-		}
-		b = b[k:]
-		return v, true
-	}
+	r := &tableReader{b: b}
+	root := r.str()
 	entries := make([]cacheEntry, n)
 	for i := range entries {
 		e := &entries[i]
-		var ok1, ok2, ok3, ok4 bool
-		e.rel, ok1 = str()
-		e.size, ok2 = num()
-		e.mtime, ok3 = num()
-		if !ok1 || !ok2 || !ok3 || len(b) < sha256.Size {
-			return nil, corrupt
+		e.rel = r.str()
+		e.key = fileKey{size: r.varint(), mtime: r.varint(), ctime: r.varint(), ino: r.uvarint()}
+		e.state = entryState(r.bytes(1)[0])
+		copy(e.sha256[:], r.bytes(sha256.Size))
+		e.reason = r.str()
+		e.crc = binary.LittleEndian.Uint32(r.bytes(4))
+		if r.bad || e.rel == "" || e.state > stateNotRead {
+			return "", nil, corrupt
 		}
-		copy(e.sha256[:], b)
-		b = b[sha256.Size:]
-		e.bad, ok4 = str()
-		if !ok4 || len(b) < 4 {
-			return nil, corrupt
-		}
-		e.crc = binary.LittleEndian.Uint32(b)
-		b = b[4:]
 	}
-	if len(b) != 0 {
-		return nil, corrupt
+	if len(r.b) != 0 {
+		return "", nil, corrupt
 	}
-	return entries, nil
+	return root, entries, nil
 }
 
 // verifySlots reads every decoded slot and checks its CRC: a cache is used
@@ -221,7 +299,7 @@ func decodeCacheTable(b []byte, n int) ([]cacheEntry, error) {
 func (c *cacheFile) verifySlots() error {
 	buf := make([]byte, c.shape.Size())
 	for i, e := range c.entries {
-		if e.bad != "" {
+		if e.state != stateDecoded {
 			continue
 		}
 		if err := c.readSlot(i, buf); err != nil {
@@ -243,16 +321,19 @@ func (c *cacheFile) readSlot(i int, buf []byte) error {
 }
 
 // createCacheTemp creates the temporary file a cache is built in; tests
-// replace it to simulate a read-only data folder (root ignores permissions).
+// replace it to simulate a read-only cache folder (root ignores
+// permissions).
 var createCacheTemp = func(dir string) (*os.File, error) {
 	return os.CreateTemp(dir, ".cnnc-cache-*.tmp")
 }
 
 // cacheWriter builds a cache file in a temporary file.
 type cacheWriter struct {
-	f     *os.File
-	path  string // final path
-	shape Shape
+	f        *os.File
+	path     string // final path
+	shape    Shape
+	root     string
+	scanTime int64
 }
 
 func (w *cacheWriter) WriteAt(p []byte, off int64) (int, error) { return w.f.WriteAt(p, off) }
@@ -276,7 +357,7 @@ func (w *cacheWriter) commit(entries []cacheEntry) (err error) {
 	// CreateTemp made it private; a data set's cache is as shareable as
 	// the data set.
 	w.f.Chmod(0o644)
-	table := encodeCacheTable(entries)
+	table := encodeCacheTable(w.root, entries)
 	tableOff := cacheHeaderSize + int64(len(entries))*int64(w.shape.Size())
 	if _, err := w.f.WriteAt(table, tableOff); err != nil {
 		return err
@@ -286,18 +367,7 @@ func (w *cacheWriter) commit(entries []cacheEntry) (err error) {
 	if err := w.f.Truncate(tableOff + int64(len(table))); err != nil {
 		return err
 	}
-	var hdr [cacheHeaderSize]byte
-	le := binary.LittleEndian
-	copy(hdr[:], cacheMagic)
-	le.PutUint32(hdr[8:], cacheVersion)
-	le.PutUint32(hdr[12:], pipelineVersion)
-	le.PutUint32(hdr[16:], uint32(w.shape.H))
-	le.PutUint32(hdr[20:], uint32(w.shape.W))
-	le.PutUint32(hdr[24:], uint32(w.shape.C))
-	le.PutUint32(hdr[28:], uint32(len(entries)))
-	le.PutUint64(hdr[32:], uint64(len(table)))
-	le.PutUint32(hdr[40:], crc32.Checksum(table, crc32c))
-	le.PutUint32(hdr[60:], crc32.Checksum(hdr[:60], crc32c))
+	hdr := cacheHeader(w.shape, len(entries), table, w.scanTime)
 	if _, err := w.f.WriteAt(hdr[:], 0); err != nil {
 		return err
 	}
@@ -313,6 +383,24 @@ func (w *cacheWriter) commit(entries []cacheEntry) (err error) {
 		d.Close()
 	}
 	return nil
+}
+
+// cacheHeader is the header of a cache of n entries with this table.
+func cacheHeader(shape Shape, n int, table []byte, scanTime int64) [cacheHeaderSize]byte {
+	var hdr [cacheHeaderSize]byte
+	le := binary.LittleEndian
+	copy(hdr[:], cacheMagic)
+	le.PutUint32(hdr[8:], cacheVersion)
+	le.PutUint32(hdr[12:], pipelineVersion)
+	le.PutUint32(hdr[16:], uint32(shape.H))
+	le.PutUint32(hdr[20:], uint32(shape.W))
+	le.PutUint32(hdr[24:], uint32(shape.C))
+	le.PutUint32(hdr[28:], uint32(n))
+	le.PutUint64(hdr[32:], uint64(len(table)))
+	le.PutUint32(hdr[40:], crc32.Checksum(table, crc32c))
+	le.PutUint64(hdr[44:], uint64(scanTime))
+	le.PutUint32(hdr[60:], crc32.Checksum(hdr[:60], crc32c))
+	return hdr
 }
 
 // memorySlots holds the images when no cache file can be written.

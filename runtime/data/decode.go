@@ -6,7 +6,6 @@ package data
 // the difference is documented in docs/architecture.md ("Data loading").
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"image"
@@ -32,26 +31,44 @@ var imageExtensions = map[string]bool{
 	".ppm": true, ".pgm": true,
 }
 
-// maxImagePixels guards against decompression bombs: twice PIL's
-// MAX_IMAGE_PIXELS, the size at which PIL refuses to open an image.
-const maxImagePixels = 2 * 89478485
+// decodeResized turns an image file's bytes into the pixels a sample
+// serves: decoded, converted to shape.C channels and resized to shape, after
+// inspectImage has checked from the header that this is within maxBytes.
+func decodeResized(encoded []byte, shape Shape, maxBytes int64) ([]uint8, error) {
+	p, err := inspectImage(encoded, shape, maxBytes)
+	if err != nil {
+		return nil, err
+	}
+	return p.decodeResized(encoded, shape)
+}
+
+func (p imagePlan) decodeResized(encoded []byte, shape Shape) ([]uint8, error) {
+	pix, w, h, err := p.decode(encoded, shape.C)
+	if err != nil {
+		return nil, err
+	}
+	return resizeBilinear(pix, w, h, shape.C, shape.W, shape.H), nil
+}
 
 // decodeImage decodes an encoded image and converts it to channels (1 or 3)
 // at its own size: HWC pixels, width, height.
 func decodeImage(encoded []byte, channels int) (pix []uint8, w, h int, err error) {
-	cfg, format, err := image.DecodeConfig(bytes.NewReader(encoded))
+	p, err := inspectImage(encoded, Shape{C: channels}, maxDecodeBytes)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	return p.decode(encoded, channels)
+}
+
+// decode decodes an image inspectImage has planned.
+func (p imagePlan) decode(encoded []byte, channels int) (pix []uint8, w, h int, err error) {
+	img, format, err := image.Decode(newPeekReader(encoded))
 	if err != nil {
 		return nil, 0, 0, describeDecodeError(err, format)
 	}
-	if cfg.Width <= 0 || cfg.Height <= 0 {
-		return nil, 0, 0, fmt.Errorf("%s image has no pixels (%dx%d)", strings.ToUpper(format), cfg.Width, cfg.Height)
-	}
-	if int64(cfg.Width)*int64(cfg.Height) > maxImagePixels {
-		return nil, 0, 0, fmt.Errorf("%s image of %dx%d pixels is larger than %d pixels (a decompression bomb?)", strings.ToUpper(format), cfg.Width, cfg.Height, maxImagePixels)
-	}
-	img, _, err := image.Decode(bytes.NewReader(encoded))
-	if err != nil {
-		return nil, 0, 0, describeDecodeError(err, format)
+	if b := img.Bounds(); format != p.format || int64(b.Dx())*int64(b.Dy()) > int64(p.w)*int64(p.h) {
+		// the decoder read the header differently from DecodeConfig
+		return nil, 0, 0, fmt.Errorf("corrupt image: %s header says %dx%d, its data %dx%d", strings.ToUpper(p.format), p.w, p.h, b.Dx(), b.Dy())
 	}
 	if format == "gif" {
 		img = withGIFTransparentColour(img, encoded)

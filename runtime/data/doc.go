@@ -16,9 +16,14 @@
 //
 // An ImageFolder is decoded once, in parallel, when it is opened: the bad
 // files must be known before the sample indices are fixed (SkipBad drops
-// them), and the decoded images go into one cache file next to the data
-// (cache.go) so that later runs skip decoding. Serving a sample is then a
-// read of H*W*C bytes at a known offset of that file.
+// them), and the decoded images go into one cache file in the user's cache
+// folder, never the data folder (cache.go), so that later runs skip
+// decoding. Serving a sample is then a read of H*W*C bytes at a known
+// offset of that file.
+//
+// Every file is untrusted input: only regular files are read, and no size
+// a header states is believed before it has been checked against the file
+// (mnist.go, limits.go, cache.go).
 //
 // The Loader turns any Dataset into batches: a per-epoch permutation that
 // is a pure function of (seed, epoch) so that a resumed run can reproduce

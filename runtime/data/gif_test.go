@@ -12,7 +12,7 @@ import (
 
 // tinyGIF is a 3x1 GIF89a with pixels 0, 1, 2 of a four-colour table
 // (global, or local to the frame), index 1 transparent.
-func tinyGIF(t *testing.T, local bool) []byte {
+func tinyGIF(t testing.TB, local bool) []byte {
 	var lz bytes.Buffer
 	w := lzw.NewWriter(&lz, lzw.LSB, 2)
 	_, err := w.Write([]byte{0, 1, 2})

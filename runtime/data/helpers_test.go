@@ -8,12 +8,15 @@ import (
 	"image/gif"
 	"image/jpeg"
 	"image/png"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/image/bmp"
 
@@ -156,4 +159,63 @@ func mnistDir(t testing.TB) string {
 	dir, err := datasets.MNISTDir()
 	require.NoError(t, err)
 	return dir
+}
+
+// notBlocking runs fn and fails the test if it has not returned within 10
+// seconds (reading a FIFO without a writer, or /dev/zero, would not).
+func notBlocking(t testing.TB, fn func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("blocked for 10 s")
+		return nil
+	}
+}
+
+func readFile(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
+}
+
+// testCacheDir stands for os.UserCacheDir in this package's tests, so
+// that they never write into the real one.
+var testCacheDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cnnc-data-test-cache-")
+	if err != nil {
+		panic(err)
+	}
+	testCacheDir = dir
+	userCacheDir = func() (string, error) { return testCacheDir, nil }
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// cacheFileOf is where the cache of root's images of shape is kept.
+func cacheFileOf(t testing.TB, root string, shape Shape) string {
+	t.Helper()
+	resolved, err := filepath.EvalSymlinks(root)
+	require.NoError(t, err)
+	abs, err := filepath.Abs(resolved)
+	require.NoError(t, err)
+	return filepath.Join(testCacheDir, "cnnc", "imagefolder", cacheName(abs, shape))
+}
+
+// assertOnlyImagesIn checks that a test folder holds only what the test
+// wrote: no cache or temporary file of ours.
+func assertOnlyImagesIn(t testing.TB, root string) {
+	t.Helper()
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		require.NoError(t, err)
+		assert.False(t, strings.Contains(d.Name(), "cnnc"), "%s in the data folder", p)
+		return nil
+	})
 }

@@ -2,10 +2,18 @@ package data
 
 // ImageFolder: torchvision's ROOT/CLASS/.../IMAGE layout, decoded once in
 // parallel into one cache file (cache.go) and served from it.
+//
+// Matching the cache to the folder: each file's record is trusted by its
+// key (size, mtime, change time, inode: filekey.go) when the key equals
+// the file's and was not taken within racyWindow of the file's last
+// change; otherwise (and for every file with Rehash) the file's bytes are
+// read and their SHA-256 compared with the record's. A folder whose files
+// all match, with no record left over, is served from the cache as it is
+// ("hit"); otherwise a new cache is built, reusing the pixels of every
+// record that still matches.
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -19,6 +27,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/cnnc/cnnc/runtime/regularfile"
 )
 
 // ImageFolderOptions configure OpenImageFolder.
@@ -26,17 +37,17 @@ type ImageFolderOptions struct {
 	// Shape is the model's input: every image is resized to H x W and
 	// converted to C channels (1: grayscale, 3: RGB).
 	Shape Shape
-	// SkipBad skips files that cannot be decoded and class folders without
-	// images, listing them in the Report, instead of failing on the first.
+	// SkipBad skips files that cannot be used (undecodable, unreadable,
+	// not regular files) and class folders without images, listing them in
+	// the Report, instead of failing on the first.
 	SkipBad bool
-	// CacheDir, when set, holds the cache file instead of the data folder.
-	// By default the cache is ROOT/.cnnc-cache-HxWxC.bin, or under
-	// os.UserCacheDir()/cnnc/imagefolder when ROOT is not writable.
+	// CacheDir holds the cache file. By default it is
+	// os.UserCacheDir()/cnnc/imagefolder; never the data folder.
 	CacheDir string
 	// NoCache decodes every image on every open and keeps them in memory.
 	NoCache bool
 	// Rehash reads and hashes every file on open instead of trusting an
-	// unchanged size and modification time.
+	// unchanged key (size, mtime, change time, inode).
 	Rehash bool
 	// Workers is the number of decoding goroutines (default GOMAXPROCS).
 	Workers int
@@ -60,7 +71,8 @@ type Report struct {
 	Classes      int
 	Files        int       // image files found, bad ones included
 	Decoded      int       // files decoded by this open (0 on a cache hit)
-	Reused       int       // images taken from a cache file
+	Reused       int       // images (or verdicts on bad files) taken from a cache file
+	Hashed       int       // files read and hashed to check the cache's record of them
 	Skipped      []BadFile // bad files left out (SkipBad)
 	EmptyClasses []string  // class folders without usable images (SkipBad)
 	Ignored      []string  // files without an image extension, left out as torchvision does
@@ -70,18 +82,30 @@ type Report struct {
 }
 
 // FileError is a problem with one file or folder of a data set; Error
-// starts with the path.
+// starts with the path. Skippable errors are those SkipBad skips; Hint,
+// when set, says what the user can do and follows the reason.
 type FileError struct {
-	Path string
-	Err  error
+	Path      string
+	Err       error
+	Skippable bool
+	Hint      string
 }
 
-func (e *FileError) Error() string { return e.Path + ": " + e.Err.Error() }
+func (e *FileError) Error() string {
+	if e.Hint != "" {
+		return e.Path + ": " + e.Err.Error() + "; " + e.Hint
+	}
+	return e.Path + ": " + e.Err.Error()
+}
+
 func (e *FileError) Unwrap() error { return e.Err }
 
 func fileErrorf(path, format string, args ...any) error {
 	return &FileError{Path: path, Err: fmt.Errorf(format, args...)}
 }
+
+// skipHint is what a user can do about a bad file or an empty class.
+const skipHint = "remove or replace it, or skip bad images (--skip-bad)"
 
 // ImageFolder is a Dataset of the images under a folder.
 type ImageFolder struct {
@@ -106,9 +130,10 @@ type folderFile struct {
 	path    string
 	rel     string // slash-separated, relative to the root: the cache key
 	label   int32
-	size    int64
-	mtime   int64
-	statErr error // the file cannot be read (e.g. a dangling link)
+	key     fileKey
+	statErr error // the file cannot be read (a dangling link, not a regular file)
+	hashed  bool  // sha256 holds the hash of its bytes, read under key
+	sha256  [sha256.Size]byte
 }
 
 // OpenImageFolder scans root, decodes what the cache does not hold (in
@@ -121,17 +146,20 @@ func OpenImageFolder(root string, opts ImageFolderOptions) (*ImageFolder, error)
 	if opts.Workers <= 0 {
 		opts.Workers = runtime.GOMAXPROCS(0)
 	}
-	o := &opener{root: root, opts: opts, report: Report{Root: root}}
+	o := &opener{root: root, opts: opts, report: Report{Root: root}, gate: newMemoryGate(maxDecodeBytes)}
 	return o.open()
 }
 
 // opener carries the state of one OpenImageFolder call.
 type opener struct {
-	root    string
-	opts    ImageFolderOptions
-	report  Report
-	classes []string
-	files   []folderFile
+	root     string
+	opts     ImageFolderOptions
+	report   Report
+	classes  []string
+	files    []folderFile
+	resolved string // root's resolved absolute path
+	scanTime time.Time
+	gate     *memoryGate
 }
 
 func (o *opener) warn(format string, args ...any) {
@@ -143,6 +171,7 @@ func (o *opener) warn(format string, args ...any) {
 }
 
 func (o *opener) open() (*ImageFolder, error) {
+	o.scanTime = time.Now()
 	if err := o.scan(); err != nil {
 		return nil, err
 	}
@@ -161,7 +190,8 @@ func (o *opener) open() (*ImageFolder, error) {
 		}
 		dir := filepath.Join(o.root, o.classes[c])
 		if !o.opts.SkipBad {
-			return nil, fileErrorf(dir, "class folder %q has no images (%s); remove it, add images or use SkipBad", o.classes[c], extensionList())
+			return nil, &FileError{Path: dir, Err: fmt.Errorf("class folder %q has no images (%s)", o.classes[c], extensionList()), Skippable: true,
+				Hint: "add images, remove the folder, or skip bad images and empty classes (--skip-bad)"}
 		}
 		o.report.EmptyClasses = append(o.report.EmptyClasses, dir)
 		o.warn("%s: class folder %q has no images; its label %d will never occur", dir, o.classes[c], c)
@@ -172,46 +202,38 @@ func (o *opener) open() (*ImageFolder, error) {
 
 	if o.opts.NoCache {
 		o.report.CacheStatus = "disabled"
-		return o.build(nil, nil)
+		return o.build(nil, nil, "")
 	}
-	candidates := o.cachePaths()
-	var old *cacheFile
-	for _, path := range candidates {
-		c, err := openCache(path, o.opts.Shape)
-		if errors.Is(err, errNoCache) {
-			continue
+	path, err := o.cachePath()
+	if err != nil {
+		o.report.CacheStatus = "not saved: " + err.Error()
+		o.warn("%s: no cache folder (%v); images stay in memory and are decoded again next run", o.root, err)
+		return o.build(nil, nil, "")
+	}
+	old, err := openCache(path, o.opts.Shape, o.resolved)
+	switch {
+	case errors.Is(err, errNoCache):
+		return o.build(nil, nil, path)
+	case err != nil:
+		o.warn("%v; rebuilding it", err)
+		return o.build(nil, nil, path)
+	}
+	defer func() {
+		if old != nil {
+			old.Close()
 		}
-		if err != nil {
+	}()
+	reuse, exact := o.match(old)
+	if exact {
+		if err := old.verifySlots(); err != nil {
 			o.warn("%s: cache unusable (%v); rebuilding it", path, err)
-			continue
+			return o.build(nil, nil, path)
 		}
-		reuse, exact := o.match(c)
-		if exact && o.opts.Rehash {
-			exact = o.sameContent(c, reuse)
-		}
-		if exact {
-			if err := c.verifySlots(); err != nil {
-				o.warn("%s: cache unusable (%v); rebuilding it", path, err)
-				c.Close()
-				continue
-			}
-			if old != nil {
-				old.Close()
-			}
-			return o.serveCache(c, reuse)
-		}
-		if old == nil {
-			old = c
-		} else {
-			c.Close()
-		}
+		ds, err := o.serveCache(old, reuse)
+		old = nil // ds holds it now (or serveCache closed it)
+		return ds, err
 	}
-	var reuse []int
-	if old != nil {
-		reuse, _ = o.match(old)
-		defer old.Close()
-	}
-	return o.build(old, reuse)
+	return o.build(old, reuse, path)
 }
 
 func extensionList() string {
@@ -237,6 +259,11 @@ func (o *opener) scan() error {
 	if !st.IsDir() {
 		return fileErrorf(o.root, "not a folder (an ImageFolder is ROOT/CLASS/IMAGE)")
 	}
+	if o.resolved, err = filepath.Abs(o.root); err == nil {
+		if r, err := filepath.EvalSymlinks(o.resolved); err == nil {
+			o.resolved = r
+		}
+	}
 	entries, err := os.ReadDir(o.root)
 	if err != nil {
 		return &FileError{Path: o.root, Err: err}
@@ -244,6 +271,8 @@ func (o *opener) scan() error {
 	for _, e := range entries { // ReadDir sorts by name
 		if isDir(filepath.Join(o.root, e.Name()), e) {
 			o.classes = append(o.classes, e.Name())
+		} else if strings.HasPrefix(e.Name(), ".cnnc-cache-") && strings.HasSuffix(e.Name(), ".bin") {
+			o.warn("%s: an image cache left in the data folder by an older cnnc; caches are kept in the user's cache folder now, so delete it", filepath.Join(o.root, e.Name()))
 		}
 	}
 	if len(o.classes) == 0 {
@@ -314,92 +343,132 @@ func (o *opener) walk(dir string, ancestors []os.FileInfo, dirs map[string][]str
 	return nil
 }
 
+// addFile records an image file and its key. A file that is not a
+// regular file (a FIFO, a link to a device) is bad, by name, and is never
+// opened.
 func (o *opener) addFile(path string, label int32) {
 	if !imageExtensions[strings.ToLower(filepath.Ext(path))] {
 		o.report.Ignored = append(o.report.Ignored, path)
 		return
 	}
 	rel, _ := filepath.Rel(o.root, path)
-	f := folderFile{path: path, rel: filepath.ToSlash(rel), label: label, size: -1}
-	if st, err := os.Stat(path); err != nil {
+	f := folderFile{path: path, rel: filepath.ToSlash(rel), label: label}
+	if st, err := regularfile.Stat(path); err != nil {
 		f.statErr = err
 	} else {
-		f.size, f.mtime = st.Size(), st.ModTime().UnixNano()
+		f.key = keyOf(st)
 	}
 	o.files = append(o.files, f)
 }
 
-// cachePaths lists where the cache may be, in order of preference.
-func (o *opener) cachePaths() []string {
-	s := o.opts.Shape
-	if o.opts.CacheDir != "" {
-		return []string{filepath.Join(o.opts.CacheDir, o.rootKey()+"-"+s.String()+".bin")}
+// cachePath is where the folder's cache for the shape lives.
+func (o *opener) cachePath() (string, error) {
+	dir := o.opts.CacheDir
+	if dir == "" {
+		d, err := userCacheDir()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(d, "cnnc", "imagefolder")
 	}
-	paths := []string{filepath.Join(o.root, fmt.Sprintf(".cnnc-cache-%v.bin", s))}
-	if dir, err := userCacheDir(); err == nil {
-		paths = append(paths, filepath.Join(dir, "cnnc", "imagefolder", o.rootKey()+"-"+s.String()+".bin"))
-	}
-	return paths
+	return filepath.Join(dir, cacheName(o.resolved, o.opts.Shape)), nil
 }
 
 // userCacheDir is os.UserCacheDir; tests point it at a temporary folder.
 var userCacheDir = os.UserCacheDir
 
-// rootKey names a folder's cache outside the folder: its base name for the
-// reader and a hash of its absolute path for uniqueness.
-func (o *opener) rootKey() string {
-	abs, err := filepath.Abs(o.root)
-	if err != nil {
-		abs = o.root
-	}
-	sum := sha256.Sum256([]byte(abs))
-	return filepath.Base(abs) + "-" + hex.EncodeToString(sum[:8])
+// readImageFile reads an image file; tests make it fail as a file without
+// read permission does (root reads those).
+var readImageFile = regularfile.ReadAll
+
+// trusted tells whether a record may stand for file f without reading it.
+func (o *opener) trusted(c *cacheFile, e cacheEntry, f folderFile) bool {
+	return keyHasCtime && !o.opts.Rehash && f.statErr == nil && e.state != stateNotRead &&
+		e.key == f.key && e.key.ctime < c.scanTime-int64(racyWindow)
 }
 
-// match maps each file to the cache entry it may reuse (-1: none). exact
+// match maps each file to the cache record it may reuse (-1: none),
+// hashing the files whose records cannot be trusted by their key. exact
 // means the cache describes the folder as it is: every file matches its
-// record by size and mtime and no record is left over.
+// record (files that cannot be read at all are refused afresh by the scan
+// on every open) and no record is left over.
 func (o *opener) match(c *cacheFile) (reuse []int, exact bool) {
 	reuse = make([]int, len(o.files))
 	exact = len(c.entries) == len(o.files)
+	var check []int
 	for i, f := range o.files {
 		j, ok := c.byRel[f.rel]
-		if !ok || f.statErr != nil {
+		if !ok {
 			reuse[i], exact = -1, false
 			continue
 		}
 		reuse[i] = j
-		if e := c.entries[j]; e.size != f.size || e.mtime != f.mtime {
-			exact = false // still reusable if the bytes hash the same
+		e := c.entries[j]
+		switch {
+		case f.statErr != nil:
+			exact = exact && e.state == stateNotRead
+		case e.state == stateNotRead:
+			exact = false // try it again
+		case unsupportedByName(f.path) != nil:
+			exact = exact && e.state == stateBad
+		case !o.trusted(c, e, f):
+			check = append(check, i)
 		}
+	}
+	if !exact {
+		// build hashes what it needs, file by file, as it decodes
+		return reuse, false
+	}
+	o.hashFiles(check)
+	for _, i := range check {
+		f, e := o.files[i], c.entries[reuse[i]]
+		exact = exact && f.hashed && f.sha256 == e.sha256 && f.key == e.key
 	}
 	return reuse, exact
 }
 
-// sameContent hashes every file (in parallel) and tells whether all equal
-// their cache records: Rehash's check of a cache whose records match.
-func (o *opener) sameContent(c *cacheFile, reuse []int) bool {
-	var mismatch atomic.Bool
+// hashFiles reads and hashes the listed files in parallel. A file that
+// cannot be read is left unhashed (building the cache reports it).
+func (o *opener) hashFiles(list []int) {
 	next := atomic.Int64{}
 	var wg sync.WaitGroup
-	for range min(o.opts.Workers, len(o.files)) {
+	for range min(o.opts.Workers, len(list)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for !mismatch.Load() {
-				i := int(next.Add(1) - 1)
-				if i >= len(o.files) {
+			for {
+				k := int(next.Add(1) - 1)
+				if k >= len(list) {
 					return
 				}
-				b, err := os.ReadFile(o.files[i].path)
-				if err != nil || sha256.Sum256(b) != c.entries[reuse[i]].sha256 {
-					mismatch.Store(true)
-				}
+				o.hashFile(&o.files[list[k]]) // a failure leaves it unhashed
 			}
 		}()
 	}
 	wg.Wait()
-	return !mismatch.Load()
+	o.report.Hashed += len(list)
+}
+
+// hashFile reads f and records its hash and the key it was read under.
+// Only a regular file of at most maxImageFileBytes is read.
+func (o *opener) hashFile(f *folderFile) ([]byte, error) {
+	b, info, err := readImage(f.path)
+	if err != nil {
+		return nil, err
+	}
+	f.key, f.sha256, f.hashed = keyOf(info), sha256.Sum256(b), true
+	return b, nil
+}
+
+// readImage reads an image file: a regular file of at most
+// maxImageFileBytes.
+func readImage(path string) ([]byte, fs.FileInfo, error) {
+	b, info, err := readImageFile(path, maxImageFileBytes)
+	var tl *regularfile.TooLargeError
+	if errors.As(err, &tl) {
+		err = fmt.Errorf("image file of %d MiB is larger than the %d MiB an image file may be", tl.Size>>20, tl.Max>>20)
+	}
+	return b, info, err
 }
 
 // serveCache serves an up-to-date cache.
@@ -407,6 +476,9 @@ func (o *opener) serveCache(c *cacheFile, reuse []int) (*ImageFolder, error) {
 	entries := make([]cacheEntry, len(o.files))
 	for i, j := range reuse {
 		entries[i] = c.entries[j]
+		if err := o.files[i].statErr; err != nil {
+			entries[i].reason = reasonOf(err)
+		}
 	}
 	o.report.Reused = len(o.files)
 	o.report.CacheFile, o.report.CacheStatus = c.path, "hit"
@@ -419,18 +491,31 @@ func (o *opener) serveCache(c *cacheFile, reuse []int) (*ImageFolder, error) {
 	return ds, nil
 }
 
+// reasonOf is an error's text without the path a *fs.PathError adds (the
+// reason is reported next to the path anyway).
+func reasonOf(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return err.Error()
+}
+
 // fileResult is what a build worker found out about one file.
 type fileResult struct {
-	index   int
-	entry   cacheEntry
-	decoded bool
-	reused  bool
-	err     error // a bad file: why (the entry records it too)
+	index    int
+	entry    cacheEntry
+	decoded  bool
+	reused   bool
+	hashed   bool
+	err      error // a bad file: why (the entry records it too)
+	cacheErr error // writing the cache failed: the build stops
 }
 
 // build produces every file's image, from the old cache where it can and
-// by decoding otherwise, into a new cache file (or memory).
-func (o *opener) build(old *cacheFile, reuse []int) (*ImageFolder, error) {
+// by decoding otherwise, into a new cache file at path (or memory when
+// path is "" or cannot be written).
+func (o *opener) build(old *cacheFile, reuse []int, path string) (*ImageFolder, error) {
 	size := o.opts.Shape.Size()
 	var (
 		slots interface {
@@ -440,8 +525,8 @@ func (o *opener) build(old *cacheFile, reuse []int) (*ImageFolder, error) {
 		writer   *cacheWriter
 		slotBase int64
 	)
-	if !o.opts.NoCache {
-		writer = o.createCache()
+	if path != "" {
+		writer = o.createCache(path)
 	}
 	if writer != nil {
 		slots, slotBase = writer, cacheHeaderSize
@@ -484,7 +569,7 @@ func (o *opener) build(old *cacheFile, reuse []int) (*ImageFolder, error) {
 
 	entries := make([]cacheEntry, len(o.files))
 	firstBad := -1
-	var firstErr error
+	var firstErr, cacheErr error
 	done := 0
 	for r := range results {
 		entries[r.index] = r.entry
@@ -493,6 +578,13 @@ func (o *opener) build(old *cacheFile, reuse []int) (*ImageFolder, error) {
 		}
 		if r.reused {
 			o.report.Reused++
+		}
+		if r.hashed {
+			o.report.Hashed++
+		}
+		if r.cacheErr != nil && cacheErr == nil {
+			stop.Store(true)
+			cacheErr = r.cacheErr
 		}
 		if r.err != nil && !o.opts.SkipBad {
 			stop.Store(true)
@@ -505,9 +597,12 @@ func (o *opener) build(old *cacheFile, reuse []int) (*ImageFolder, error) {
 			o.opts.Progress(done, len(o.files))
 		}
 	}
-	if firstErr != nil {
+	if cacheErr != nil || firstErr != nil {
 		if writer != nil {
 			writer.abandon()
+		}
+		if cacheErr != nil {
+			return nil, &FileError{Path: writer.path, Err: fmt.Errorf("writing the image cache: %v", cacheErr), Hint: "free space there or choose another cache folder (--cache-dir)"}
 		}
 		return nil, firstErr
 	}
@@ -542,102 +637,123 @@ func (o *opener) build(old *cacheFile, reuse []int) (*ImageFolder, error) {
 	return ds, nil
 }
 
-// createCache opens the temporary file for a new cache at the first cache
-// path whose folder is writable; nil when none is (the images then stay
+// createCache opens the temporary file for a new cache at path; nil when
+// its folder cannot be written or has no room for it (the images then stay
 // in memory).
-func (o *opener) createCache() *cacheWriter {
-	var reasons []string
-	for _, path := range o.cachePaths() {
-		dir := filepath.Dir(path)
-		if dir != o.root {
-			os.MkdirAll(dir, 0o755)
-		}
-		f, err := createCacheTemp(dir)
-		if err != nil {
-			reasons = append(reasons, err.Error())
-			continue
-		}
-		if len(reasons) > 0 {
-			o.warn("%s: cannot write the cache next to the data (%s); caching in %s", o.root, reasons[0], path)
-		}
-		return &cacheWriter{f: f, path: path, shape: o.opts.Shape}
+func (o *opener) createCache(path string) *cacheWriter {
+	dir := filepath.Dir(path)
+	need := cacheHeaderSize + int64(len(o.files))*int64(o.opts.Shape.Size())
+	var reason string
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		reason = err.Error()
+	} else if free, ok := freeBytes(dir); ok && free < need {
+		reason = fmt.Sprintf("it needs %d MiB, %d MiB are free there", need>>20, free>>20)
+	} else if f, err := createCacheTemp(dir); err != nil {
+		reason = err.Error()
+	} else {
+		return &cacheWriter{f: f, path: path, shape: o.opts.Shape, root: o.resolved, scanTime: o.scanTime.UnixNano()}
 	}
-	o.report.CacheStatus = "not saved: " + strings.Join(reasons, "; ")
-	o.warn("%s: cannot write a cache file (%s); images stay in memory and are decoded again next run", o.root, strings.Join(reasons, "; "))
+	o.report.CacheStatus = "not saved: " + reason
+	o.warn("%s: cannot write the image cache in %s (%s); the images (%d MiB) stay in memory and are decoded again next run; choose a cache folder with room (--cache-dir)", o.root, dir, reason, need>>20)
 	return nil
 }
 
 // produce makes file i's image in slot i: copied from the old cache's
-// entry j when that still describes the file, decoded otherwise.
+// record j when that still describes the file, decoded otherwise. Only
+// what the file's fully read bytes decide is recorded as bad; a file that
+// could not be read is recorded as not read, to be tried again.
 func (o *opener) produce(i int, old *cacheFile, j int, img []byte, slots io.WriterAt, slotBase int64) fileResult {
-	f := o.files[i]
-	r := fileResult{index: i, entry: cacheEntry{rel: f.rel, size: f.size, mtime: f.mtime}}
+	f := &o.files[i]
+	r := fileResult{index: i, entry: cacheEntry{rel: f.rel, key: f.key}}
 	if f.statErr != nil {
-		r.err = &FileError{Path: f.path, Err: f.statErr}
-		r.entry.bad = f.statErr.Error()
-		return r
+		return o.notRead(r, f.statErr)
 	}
 	slotOff := slotBase + int64(i)*int64(len(img))
-	if ext := strings.ToLower(filepath.Ext(f.path)); ext == ".ppm" || ext == ".pgm" {
-		// torchvision reads these; saying so beats leaving them out silently.
-		return o.badResult(r, errors.New("PPM/PGM images are not supported; convert them to PNG"))
+	if err := unsupportedByName(f.path); err != nil {
+		return o.bad(r, err) // the verdict depends on the name alone: it is kept
+	}
+	var e cacheEntry
+	if j >= 0 {
+		e = old.entries[j]
+		if e.state == stateNotRead {
+			j = -1
+		}
 	}
 	var encoded []byte
-	if j >= 0 {
-		e := old.entries[j]
-		sameStat := !o.opts.Rehash && e.size == f.size && e.mtime == f.mtime
-		if !sameStat {
-			var err error
-			if encoded, err = os.ReadFile(f.path); err != nil {
-				return o.badResult(r, err)
-			}
-			sameStat = sha256.Sum256(encoded) == e.sha256
+	if j >= 0 && !o.trusted(old, e, *f) && !f.hashed {
+		var err error
+		if encoded, err = o.hashFile(f); err != nil {
+			return o.notRead(r, err)
 		}
-		if sameStat {
-			r.entry.sha256, r.entry.bad, r.entry.crc = e.sha256, e.bad, e.crc
-			if e.bad != "" {
-				r.err = &FileError{Path: f.path, Err: errors.New(e.bad)}
-				r.reused = true
+		r.hashed = true
+	}
+	if j >= 0 && (o.trusted(old, e, *f) || f.sha256 == e.sha256) {
+		r.entry.key, r.entry.sha256, r.entry.state, r.entry.reason, r.entry.crc = f.key, e.sha256, e.state, e.reason, e.crc
+		if e.state == stateBad {
+			r.err = o.badFileError(f.path, errors.New(e.reason))
+			r.reused = true
+			return r
+		}
+		if old.readSlot(j, img) == nil {
+			if _, err := slots.WriteAt(img, slotOff); err != nil {
+				r.cacheErr = err
 				return r
 			}
-			if old.readSlot(j, img) == nil {
-				if _, err := slots.WriteAt(img, slotOff); err != nil {
-					return o.badResult(r, fmt.Errorf("writing the cache: %v", err))
-				}
-				r.reused = true
-				return r
-			}
-			// A damaged slot: decode the file again.
+			r.reused = true
+			return r
 		}
+		// A damaged slot: decode the file again.
 	}
 	if encoded == nil {
 		var err error
-		if encoded, err = os.ReadFile(f.path); err != nil {
-			return o.badResult(r, err)
+		if encoded, err = o.hashFile(f); err != nil {
+			return o.notRead(r, err)
 		}
 	}
-	r.entry.sha256 = sha256.Sum256(encoded)
+	r.entry.key, r.entry.sha256 = f.key, f.sha256
 	r.decoded = true
-	pix, w, h, err := decodeImage(encoded, o.opts.Shape.C)
+	plan, err := inspectImage(encoded, o.opts.Shape, maxDecodeBytes)
 	if err != nil {
-		return o.badResult(r, err)
+		return o.bad(r, err)
 	}
-	pix = resizeBilinear(pix, w, h, o.opts.Shape.C, o.opts.Shape.W, o.opts.Shape.H)
+	held := o.gate.acquire(plan.cost + int64(len(encoded)))
+	pix, err := plan.decodeResized(encoded, o.opts.Shape)
+	o.gate.release(held)
+	if err != nil {
+		return o.bad(r, err)
+	}
 	r.entry.crc = crc32.Checksum(pix, crc32c)
 	if _, err := slots.WriteAt(pix, slotOff); err != nil {
-		return o.badResult(r, fmt.Errorf("writing the cache: %v", err))
+		r.cacheErr = err
 	}
 	return r
 }
 
-func (o *opener) badResult(r fileResult, err error) fileResult {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		err = pe.Err // the path is already in the FileError
+// unsupportedByName refuses files that torchvision reads but we have no
+// decoder for: saying so beats leaving them out silently.
+func unsupportedByName(path string) error {
+	if ext := strings.ToLower(filepath.Ext(path)); ext == ".ppm" || ext == ".pgm" {
+		return errors.New("PPM/PGM images are not supported (convert them to PNG)")
 	}
-	r.entry.bad = err.Error()
-	r.err = &FileError{Path: o.files[r.index].path, Err: err}
+	return nil
+}
+
+// bad records a verdict on the file's content, kept in the cache.
+func (o *opener) bad(r fileResult, err error) fileResult {
+	r.entry.state, r.entry.reason = stateBad, reasonOf(err)
+	r.err = o.badFileError(o.files[r.index].path, err)
 	return r
+}
+
+// notRead records a failure to read the file: not kept as a verdict.
+func (o *opener) notRead(r fileResult, err error) fileResult {
+	r.entry.state, r.entry.reason, r.entry.sha256 = stateNotRead, reasonOf(err), [sha256.Size]byte{}
+	r.err = o.badFileError(o.files[r.index].path, err)
+	return r
+}
+
+func (o *opener) badFileError(path string, err error) error {
+	return &FileError{Path: path, Err: errors.New(reasonOf(err)), Skippable: true, Hint: skipHint}
 }
 
 // finish builds the data set from the final entries: bad files are
@@ -647,12 +763,12 @@ func (o *opener) finish(entries []cacheEntry, pixels io.ReaderAt, slotBase int64
 	usable := make([]int, len(o.classes))
 	for i, e := range entries {
 		f := o.files[i]
-		if e.bad != "" {
+		if e.state != stateDecoded {
 			if !o.opts.SkipBad {
-				return nil, fileErrorf(f.path, "%s", e.bad)
+				return nil, o.badFileError(f.path, errors.New(e.reason))
 			}
-			o.report.Skipped = append(o.report.Skipped, BadFile{Path: f.path, Reason: e.bad})
-			o.warn("skipped %s: %s", f.path, e.bad)
+			o.report.Skipped = append(o.report.Skipped, BadFile{Path: f.path, Reason: e.reason})
+			o.warn("skipped %s: %s", f.path, e.reason)
 			continue
 		}
 		usable[f.label]++

@@ -1,11 +1,15 @@
 package data
 
 import (
+	"encoding/binary"
 	"errors"
 	"image"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -194,10 +198,10 @@ func TestImageFolderErrorsNameThePath(t *testing.T) {
 	}
 	require.NoError(t, os.Remove(corrupt))
 	_, err = OpenImageFolder(root, ImageFolderOptions{Shape: shape})
-	assert.EqualError(t, err, fake+": not a JPEG, PNG, GIF, BMP, WebP or TIFF image")
+	assert.EqualError(t, err, fake+": not a JPEG, PNG, GIF, BMP, WebP or TIFF image; remove or replace it, or skip bad images (--skip-bad)")
 	require.NoError(t, os.Remove(fake))
 	_, err = OpenImageFolder(root, ImageFolderOptions{Shape: shape})
-	assert.EqualError(t, err, ppm+": PPM/PGM images are not supported; convert them to PNG")
+	assert.EqualError(t, err, ppm+": PPM/PGM images are not supported (convert them to PNG); remove or replace it, or skip bad images (--skip-bad)")
 	require.NoError(t, os.Remove(ppm))
 
 	dangling := filepath.Join(root, "ones", "link.png")
@@ -206,9 +210,11 @@ func TestImageFolderErrorsNameThePath(t *testing.T) {
 	assert.ErrorContains(t, err, dangling+": ")
 	require.NoError(t, os.Remove(dangling))
 
-	// No failed open left a cache or a temporary file behind.
-	left, _ := filepath.Glob(filepath.Join(root, ".cnnc-cache-*"))
+	// No failed open left a cache or a temporary file behind, and nothing
+	// was ever written into the data folder.
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(cacheFileOf(t, root, shape)), "*"))
 	assert.Empty(t, left)
+	assertOnlyImagesIn(t, root)
 }
 
 func TestImageFolderSkipBad(t *testing.T) {
@@ -272,7 +278,7 @@ func TestImageFolderCache(t *testing.T) {
 	root, files := makeFolder(t)
 	shape := Shape{32, 32, 3}
 	opts := ImageFolderOptions{Shape: shape}
-	cachePath := filepath.Join(root, ".cnnc-cache-32x32x3.bin")
+	cachePath := cacheFileOf(t, root, shape)
 
 	first := openFolder(t, root, opts)
 	assert.Equal(t, len(files), first.Report().Decoded)
@@ -284,8 +290,9 @@ func TestImageFolderCache(t *testing.T) {
 	assert.Equal(t, 0, hit.Report().Decoded, "a warm open decodes nothing")
 	assert.Equal(t, "hit", hit.Report().CacheStatus)
 	assert.Equal(t, want, readAll(t, hit))
-	left, _ := filepath.Glob(filepath.Join(root, ".cnnc-cache-*.tmp"))
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(cachePath), ".cnnc-cache-*.tmp"))
 	assert.Empty(t, left, "no temporary files left")
+	assertOnlyImagesIn(t, root)
 
 	// Another shape is another cache.
 	other := openFolder(t, root, ImageFolderOptions{Shape: Shape{32, 32, 1}})
@@ -331,42 +338,122 @@ func TestImageFolderCache(t *testing.T) {
 	assert.Equal(t, 0, tch.Report().Decoded)
 	assert.Equal(t, "updated", tch.Report().CacheStatus)
 
-	// Same size and mtime, other bytes: only Rehash notices (the
-	// documented price of not reading every file on every open).
-	bmpPath := filepath.Join(root, "zeros", "g.bmp")
-	st, err := os.Stat(bmpPath)
-	require.NoError(t, err)
+	// Rehash reads every file; on an unchanged folder it rewrites nothing.
+	rh := openFolder(t, root, ImageFolderOptions{Shape: shape, Rehash: true})
+	assert.Equal(t, "hit", rh.Report().CacheStatus)
+	assert.Equal(t, 0, rh.Report().Decoded)
+	assert.Equal(t, rh.Len(), rh.Report().Hashed)
+}
+
+// indexOf is the sample index of path in ds.
+func indexOf(t *testing.T, ds *ImageFolder, path string) int {
+	t.Helper()
+	for i := range ds.Len() {
+		if ds.Path(i) == path {
+			return i
+		}
+	}
+	t.Fatalf("%s is not a sample", path)
+	return -1
+}
+
+// sameSizeOtherPixels is a BMP of the fixture's size (so of the same file
+// size as the fixture's BMPs) whose first pixel is white.
+func sameSizeOtherPixels(t *testing.T) []byte {
 	inverted := image.NewRGBA(image.Rect(0, 0, 28, 28))
 	for i := range inverted.Pix {
 		inverted.Pix[i] = 255
 	}
-	writeImage(t, bmpPath, inverted)
-	require.NoError(t, os.Chtimes(bmpPath, st.ModTime(), st.ModTime()))
-	st2, err := os.Stat(bmpPath)
+	tmp := filepath.Join(t.TempDir(), "x.bmp")
+	writeImage(t, tmp, inverted)
+	b, err := os.ReadFile(tmp)
 	require.NoError(t, err)
-	require.Equal(t, st.Size(), st2.Size())
-	assert.Equal(t, 0, openFolder(t, root, opts).Report().Decoded)
-	rh := openFolder(t, root, ImageFolderOptions{Shape: shape, Rehash: true})
-	assert.Equal(t, 1, rh.Report().Decoded)
-	idx := -1
-	for i := range rh.Len() {
-		if rh.Path(i) == bmpPath {
-			idx = i
-		}
+	return b
+}
+
+// Files replaced with their size and mtime kept — as `cp -p` (which
+// writes into the file) and `rsync -a` (which renames a new file over it)
+// replace them — are decoded again: the cache's key includes the change
+// time and the inode, which no copy can set.
+func TestImageFolderCacheSeesFilesReplacedWithTheirMtimeKept(t *testing.T) {
+	for _, how := range []string{"cp -p", "rsync -a", "cp -p (command)"} {
+		t.Run(how, func(t *testing.T) {
+			root, _ := makeFolder(t)
+			shape := Shape{32, 32, 3}
+			opts := ImageFolderOptions{Shape: shape}
+			bmpPath := filepath.Join(root, "zeros", "g.bmp")
+			first := openFolder(t, root, opts)
+			idx := indexOf(t, first, bmpPath)
+			img := make([]uint8, shape.Size())
+			require.NoError(t, first.ReadImage(idx, img))
+			require.NotEqual(t, uint8(255), img[0])
+			// Let the cache's keys age past the racy window, as they have
+			// on any folder not written in the seconds before a run.
+			ageCache(t, cacheFileOf(t, root, shape))
+			assert.Equal(t, 0, openFolder(t, root, opts).Report().Hashed, "an unchanged folder is not read")
+
+			st, err := os.Stat(bmpPath)
+			require.NoError(t, err)
+			other := sameSizeOtherPixels(t)
+			switch how {
+			case "cp -p":
+				require.NoError(t, os.WriteFile(bmpPath, other, 0o644))
+			case "rsync -a":
+				tmp := filepath.Join(root, "zeros", ".g.bmp.rsync")
+				require.NoError(t, os.WriteFile(tmp, other, 0o644))
+				require.NoError(t, os.Chtimes(tmp, st.ModTime(), st.ModTime()))
+				require.NoError(t, os.Rename(tmp, bmpPath))
+			case "cp -p (command)":
+				src := filepath.Join(t.TempDir(), "src.bmp")
+				require.NoError(t, os.WriteFile(src, other, 0o644))
+				require.NoError(t, os.Chtimes(src, st.ModTime(), st.ModTime()))
+				out, err := exec.Command("cp", "-p", src, bmpPath).CombinedOutput()
+				require.NoError(t, err, string(out))
+			}
+			require.NoError(t, os.Chtimes(bmpPath, st.ModTime(), st.ModTime()))
+			st2, err := os.Stat(bmpPath)
+			require.NoError(t, err)
+			require.Equal(t, st.Size(), st2.Size())
+			require.Equal(t, st.ModTime(), st2.ModTime())
+
+			ds := openFolder(t, root, opts)
+			assert.Equal(t, 1, ds.Report().Decoded, "the replaced file, and only it")
+			assert.Equal(t, "updated", ds.Report().CacheStatus)
+			require.NoError(t, ds.ReadImage(indexOf(t, ds, bmpPath), img))
+			assert.Equal(t, uint8(255), img[0], "its new pixels are served")
+		})
 	}
-	require.GreaterOrEqual(t, idx, 0)
-	img := make([]uint8, shape.Size())
-	require.NoError(t, rh.ReadImage(idx, img))
-	assert.Equal(t, uint8(255), img[0])
-	rh2 := openFolder(t, root, ImageFolderOptions{Shape: shape, Rehash: true})
-	assert.Equal(t, "hit", rh2.Report().CacheStatus, "Rehash on an unchanged folder rewrites nothing")
-	assert.Equal(t, 0, rh2.Report().Decoded)
+}
+
+// ageCache records a cache's scan as made a minute later than it was: its
+// records then describe files last changed well before the scan (not
+// racily clean).
+func ageCache(t testing.TB, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	scan := int64(binary.LittleEndian.Uint64(b[44:]))
+	binary.LittleEndian.PutUint64(b[44:], uint64(scan+int64(time.Minute)))
+	copy(b[60:], crcBytes(b[:60]))
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+}
+
+// Files changed within the racy window of the scan that recorded them
+// (timestamps are coarse) are hashed on the next open, not trusted.
+func TestImageFolderCacheHashesRacilyCleanFiles(t *testing.T) {
+	root, files := makeFolder(t)
+	opts := ImageFolderOptions{Shape: Shape{8, 8, 1}}
+	openFolder(t, root, opts)
+	again := openFolder(t, root, opts)
+	assert.Equal(t, "hit", again.Report().CacheStatus)
+	assert.Equal(t, len(files), again.Report().Hashed, "all were written just before the first scan")
+	assert.Equal(t, 0, again.Report().Decoded)
 }
 
 func TestImageFolderDamagedCacheIsRebuilt(t *testing.T) {
 	root, files := makeFolder(t)
 	opts := ImageFolderOptions{Shape: Shape{24, 24, 3}}
-	cachePath := filepath.Join(root, ".cnnc-cache-24x24x3.bin")
+	cachePath := cacheFileOf(t, root, opts.Shape)
 	want := readAll(t, openFolder(t, root, opts))
 	good, err := os.ReadFile(cachePath)
 	require.NoError(t, err)
@@ -399,8 +486,23 @@ func TestImageFolderDamagedCacheIsRebuilt(t *testing.T) {
 		assert.Equal(t, want, readAll(t, ds), tc.name)
 		rebuilt, err := os.ReadFile(cachePath)
 		require.NoError(t, err)
-		assert.Equal(t, good, rebuilt, "%s: rebuilt byte for byte", tc.name)
+		assert.Equal(t, withoutScanTime(good), withoutScanTime(rebuilt), "%s: rebuilt byte for byte", tc.name)
 	}
+	// A FIFO where the cache should be is refused without blocking, and
+	// replaced.
+	require.NoError(t, os.Remove(cachePath))
+	require.NoError(t, syscall.Mkfifo(cachePath, 0o644))
+	require.NoError(t, notBlocking(t, func() error {
+		ds, err := OpenImageFolder(root, opts)
+		if err == nil {
+			assert.True(t, containsSubstring(ds.Report().Warnings, cachePath+": cache unusable (is a named pipe (FIFO), not a regular file)"), "%v", ds.Report().Warnings)
+			ds.Close()
+		}
+		return err
+	}))
+	st, err := os.Lstat(cachePath)
+	require.NoError(t, err)
+	assert.True(t, st.Mode().IsRegular())
 	// A cache of another pipeline version is not used either.
 	b := append([]byte(nil), good...)
 	b[12]++
@@ -410,6 +512,17 @@ func TestImageFolderDamagedCacheIsRebuilt(t *testing.T) {
 	assert.True(t, containsSubstring(rep.Warnings, "made by image pipeline version 2, want 1"), "%v", rep.Warnings)
 }
 
+// withoutScanTime is a cache file without the header's scan time and
+// checksum, which differ between two builds of the same folder.
+func withoutScanTime(b []byte) []byte {
+	out := append([]byte(nil), b...)
+	if len(out) >= cacheHeaderSize {
+		clear(out[44:52])
+		clear(out[60:64])
+	}
+	return out
+}
+
 func crcBytes(b []byte) []byte {
 	var out [4]byte
 	c := crc32Castagnoli(b)
@@ -417,57 +530,99 @@ func crcBytes(b []byte) []byte {
 	return out[:]
 }
 
-func TestImageFolderReadOnlyDataFolder(t *testing.T) {
+// Caches go to the user's cache folder, never into the data folder
+// (where PyTorch's ImageFolder would find them); a cache folder that
+// cannot be written leaves the images in memory, with a warning.
+func TestImageFolderCacheLocation(t *testing.T) {
 	root, files := makeFolder(t)
-	userDir := t.TempDir()
-	defer swapHooks(t, root, userDir)()
 	var warned []string
 	opts := ImageFolderOptions{Shape: Shape{16, 16, 1}, Warn: func(m string) { warned = append(warned, m) }}
 	ds := openFolder(t, root, opts)
 	rep := ds.Report()
 	assert.Equal(t, len(files), rep.Decoded)
-	assert.True(t, strings.HasPrefix(rep.CacheFile, filepath.Join(userDir, "cnnc", "imagefolder")+string(filepath.Separator)), rep.CacheFile)
+	assert.Equal(t, cacheFileOf(t, root, opts.Shape), rep.CacheFile)
+	assert.True(t, strings.HasPrefix(filepath.Base(rep.CacheFile), filepath.Base(root)+"-"), rep.CacheFile)
 	assert.True(t, strings.HasSuffix(rep.CacheFile, "-16x16x1.bin"))
 	st, err := os.Stat(rep.CacheFile)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o644), st.Mode().Perm())
-	assert.True(t, containsSubstring(warned, "cannot write the cache next to the data"), "%v", warned)
-	again := openFolder(t, root, opts)
-	assert.Equal(t, "hit", again.Report().CacheStatus)
-	assert.Equal(t, 0, again.Report().Decoded)
-	assert.Equal(t, readAll(t, ds), readAll(t, again))
+	assert.False(t, containsSubstring(warned, "cache"), "%v", warned)
+	assertOnlyImagesIn(t, root)
 
-	// Nowhere to write: the images stay in memory.
-	userCacheDir = func() (string, error) { return "", errors.New("no home") }
-	os.Remove(rep.CacheFile)
-	mem := openFolder(t, root, ImageFolderOptions{Shape: Shape{16, 16, 1}})
+	// The same folder through a link: the same cache.
+	link := filepath.Join(t.TempDir(), "link")
+	require.NoError(t, os.Symlink(root, link))
+	viaLink := openFolder(t, link, opts)
+	assert.Equal(t, rep.CacheFile, viaLink.Report().CacheFile)
+	assert.Equal(t, "hit", viaLink.Report().CacheStatus)
+
+	// A cache folder that cannot be written: the images stay in memory.
+	oldCreate := createCacheTemp
+	defer func() { createCacheTemp = oldCreate }()
+	createCacheTemp = func(dir string) (*os.File, error) {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: errors.New("read-only file system")}
+	}
+	require.NoError(t, os.Remove(rep.CacheFile))
+	mem := openFolder(t, root, opts)
 	assert.Equal(t, "", mem.Report().CacheFile)
 	assert.True(t, strings.HasPrefix(mem.Report().CacheStatus, "not saved: "), mem.Report().CacheStatus)
+	assert.True(t, containsSubstring(warned, "read-only file system); the images (0 MiB) stay in memory"), "%v", warned)
 	assert.Equal(t, readAll(t, ds), readAll(t, mem))
+
+	// No user cache folder at all: likewise.
+	oldUser := userCacheDir
+	defer func() { userCacheDir = oldUser }()
+	userCacheDir = func() (string, error) { return "", errors.New("neither $XDG_CACHE_HOME nor $HOME are defined") }
+	mem = openFolder(t, root, opts)
+	assert.Equal(t, "", mem.Report().CacheFile)
+	assert.Equal(t, readAll(t, ds), readAll(t, mem))
+	assertOnlyImagesIn(t, root)
 }
 
-// swapHooks makes root unwritable for caches and points the user cache
-// folder at userDir; the returned function restores both.
-func swapHooks(t *testing.T, root, userDir string) func() {
-	oldCreate, oldUser := createCacheTemp, userCacheDir
-	createCacheTemp = func(dir string) (*os.File, error) {
-		if dir == root {
-			return nil, &os.PathError{Op: "open", Path: dir, Err: errors.New("read-only file system")}
-		}
-		return oldCreate(dir)
-	}
-	userCacheDir = func() (string, error) { return userDir, nil }
-	return func() { createCacheTemp, userCacheDir = oldCreate, oldUser }
-}
-
+// CacheDir holds the caches instead of the user's cache folder; two data
+// folders of the same name never share a file.
 func TestImageFolderCacheDirOption(t *testing.T) {
-	root, _ := makeFolder(t)
 	dir := t.TempDir()
-	ds := openFolder(t, root, ImageFolderOptions{Shape: Shape{8, 8, 3}, CacheDir: dir})
-	assert.Equal(t, dir, filepath.Dir(ds.Report().CacheFile))
-	_, err := os.Stat(filepath.Join(root, ".cnnc-cache-8x8x3.bin"))
-	assert.True(t, errors.Is(err, os.ErrNotExist))
-	assert.Equal(t, "hit", openFolder(t, root, ImageFolderOptions{Shape: Shape{8, 8, 3}, CacheDir: dir}).Report().CacheStatus)
+	shape := Shape{8, 8, 3}
+	var roots []string
+	for range 2 {
+		root, _ := makeFolder(t)
+		same := filepath.Join(root, "data")
+		require.NoError(t, os.Mkdir(same, 0o755))
+		for _, c := range []string{"ones", "sevens", "zeros"} {
+			require.NoError(t, os.Rename(filepath.Join(root, c), filepath.Join(same, c)))
+		}
+		roots = append(roots, same)
+	}
+	// Different pictures under the same name: each folder its own cache.
+	d, _ := digit(t, 5)
+	writeImage(t, filepath.Join(roots[1], "ones", "a.png"), d)
+	var caches []string
+	for _, root := range roots {
+		ds := openFolder(t, root, ImageFolderOptions{Shape: shape, CacheDir: dir})
+		assert.Equal(t, dir, filepath.Dir(ds.Report().CacheFile))
+		assert.Equal(t, "created", ds.Report().CacheStatus)
+		caches = append(caches, ds.Report().CacheFile)
+		assertOnlyImagesIn(t, root)
+	}
+	assert.NotEqual(t, caches[0], caches[1])
+	a := readAll(t, openFolder(t, roots[0], ImageFolderOptions{Shape: shape, CacheDir: dir}))
+	b := readAll(t, openFolder(t, roots[1], ImageFolderOptions{Shape: shape, CacheDir: dir}))
+	assert.NotEqual(t, a[0], b[0])
+	assert.Equal(t, a[1:], b[1:])
+	_, err := os.Stat(cacheFileOf(t, roots[0], shape))
+	assert.True(t, errors.Is(err, os.ErrNotExist), "the user cache folder is not used")
+}
+
+// A cache an older cnnc left in the data folder is not used; a warning
+// says it can go.
+func TestImageFolderWarnsOfACacheInTheDataFolder(t *testing.T) {
+	root, _ := makeFolder(t)
+	old := filepath.Join(root, ".cnnc-cache-8x8x1.bin")
+	require.NoError(t, os.WriteFile(old, []byte("CNNCIMG\n"), 0o644))
+	ds := openFolder(t, root, ImageFolderOptions{Shape: Shape{8, 8, 1}})
+	assert.True(t, containsSubstring(ds.Report().Warnings, old+": an image cache left in the data folder by an older cnnc"), "%v", ds.Report().Warnings)
+	assert.NotEqual(t, old, ds.Report().CacheFile)
 }
 
 func TestImageFolderProgressAndReadErrors(t *testing.T) {
@@ -498,4 +653,76 @@ func TestImageFolderMixedSizesAndModesInOneClass(t *testing.T) {
 	ds := openFolder(t, root, ImageFolderOptions{Shape: Shape{28, 28, 3}, NoCache: true})
 	assert.Equal(t, 6, ds.Len())
 	assert.Equal(t, "disabled", ds.Report().CacheStatus)
+}
+
+// A file that cannot be read (permission denied, an I/O error) is
+// skipped, never remembered as bad: after `chmod 644` it is read, decoded
+// and served. (Root reads any file, so the test also makes the read fail
+// as it fails for other users.)
+func TestImageFolderUnreadableFilesAreNotRememberedAsBad(t *testing.T) {
+	root, files := makeFolder(t)
+	locked := filepath.Join(root, "sevens", "c_pal.png")
+	oldRead := readImageFile
+	defer func() { readImageFile = oldRead }()
+	readImageFile = func(path string, max int64) ([]byte, fs.FileInfo, error) {
+		if path == locked {
+			return nil, nil, &fs.PathError{Op: "open", Path: path, Err: syscall.EACCES}
+		}
+		return oldRead(path, max)
+	}
+	require.NoError(t, os.Chmod(locked, 0o000))
+	shape := Shape{16, 16, 3}
+
+	_, err := OpenImageFolder(root, ImageFolderOptions{Shape: shape})
+	assert.EqualError(t, err, locked+": permission denied; remove or replace it, or skip bad images (--skip-bad)")
+	ds := openFolder(t, root, ImageFolderOptions{Shape: shape, SkipBad: true})
+	assert.Equal(t, []BadFile{{Path: locked, Reason: "permission denied"}}, ds.Report().Skipped)
+	assert.Equal(t, len(files)-1, ds.Len())
+
+	// Still unreadable: tried again (and skipped again), not taken from
+	// the cache as a verdict.
+	ds = openFolder(t, root, ImageFolderOptions{Shape: shape, SkipBad: true})
+	assert.Equal(t, []BadFile{{Path: locked, Reason: "permission denied"}}, ds.Report().Skipped)
+	assert.Equal(t, "updated", ds.Report().CacheStatus)
+
+	readImageFile = oldRead
+	require.NoError(t, os.Chmod(locked, 0o644))
+	for _, opts := range []ImageFolderOptions{{Shape: shape, SkipBad: true}, {Shape: shape}} {
+		ds = openFolder(t, root, opts)
+		assert.Empty(t, ds.Report().Skipped)
+		assert.Equal(t, len(files), ds.Len())
+		indexOf(t, ds, locked)
+	}
+	assert.Equal(t, "hit", ds.Report().CacheStatus)
+}
+
+// An image-named FIFO or link to /dev/zero is refused by name at once,
+// never opened or read; with SkipBad it is skipped and reported.
+func TestImageFolderNonRegularFilesAreRefused(t *testing.T) {
+	root, files := makeFolder(t)
+	fifo := filepath.Join(root, "ones", "fifo.png")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	zero := filepath.Join(root, "sevens", "zero.png")
+	require.NoError(t, os.Symlink("/dev/zero", zero))
+	shape := Shape{8, 8, 1}
+
+	err := notBlocking(t, func() error { _, err := OpenImageFolder(root, ImageFolderOptions{Shape: shape}); return err })
+	assert.EqualError(t, err, fifo+": is a named pipe (FIFO), not a regular file; remove or replace it, or skip bad images (--skip-bad)")
+	var fe *FileError
+	require.True(t, errors.As(err, &fe))
+	assert.True(t, fe.Skippable)
+
+	want := []BadFile{{fifo, "is a named pipe (FIFO), not a regular file"}, {zero, "is a character device, not a regular file"}}
+	for _, status := range []string{"created", "hit"} {
+		var ds *ImageFolder
+		require.NoError(t, notBlocking(t, func() error {
+			var err error
+			ds, err = OpenImageFolder(root, ImageFolderOptions{Shape: shape, SkipBad: true})
+			return err
+		}))
+		assert.Equal(t, want, ds.Report().Skipped)
+		assert.Equal(t, len(files), ds.Len())
+		assert.Equal(t, status, ds.Report().CacheStatus)
+		ds.Close()
+	}
 }

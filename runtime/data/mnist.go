@@ -1,6 +1,12 @@
 package data
 
 // MNIST IDX files (optionally gzipped). See doc.go for the package design.
+//
+// A header's counts are never trusted for a size: before anything is
+// allocated, the bytes they announce are checked against the file's real
+// size (exactly, as torchvision's reader does, for a plain file; against
+// the most a gzip file of that size can expand to otherwise), and only
+// regular files are read.
 
 import (
 	"bufio"
@@ -8,9 +14,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/cnnc/cnnc/runtime/regularfile"
 )
 
 // IDX magic numbers: unsigned byte data with 3 (images) or 1 (labels) dims.
@@ -18,6 +27,10 @@ const (
 	idxImagesMagic = 0x00000803
 	idxLabelsMagic = 0x00000801
 )
+
+// maxDeflateRatio is the most a deflate stream expands: a 258-byte match
+// coded in 2 bits.
+const maxDeflateRatio = 1032
 
 // Images is a set of uint8 grayscale images of one size.
 type Images struct {
@@ -28,83 +41,119 @@ type Images struct {
 // Image returns image i's pixels.
 func (im *Images) Image(i int) []uint8 { return im.Pixels[i*im.H*im.W : (i+1)*im.H*im.W] }
 
-func openMaybeGzip(path string) (io.ReadCloser, error) {
-	f, err := os.Open(path)
+// idxFile is an open IDX file: its (decompressed) stream and what bounds
+// the data it can hold.
+type idxFile struct {
+	path string
+	f    *os.File
+	r    io.Reader
+	size int64 // bytes on disk
+	gz   bool
+}
+
+func openIDX(path string) (*idxFile, error) {
+	f, info, err := regularfile.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	if !strings.HasSuffix(path, ".gz") {
-		return f, nil
+	x := &idxFile{path: path, f: f, r: f, size: info.Size()}
+	if strings.HasSuffix(path, ".gz") {
+		z, err := gzip.NewReader(bufio.NewReader(f))
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("%s: not a gzip file: %v", path, err)
+		}
+		x.r, x.gz = z, true
 	}
-	z, err := gzip.NewReader(bufio.NewReader(f))
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: not a gzip file: %v", path, err)
-	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{z, f}, nil
+	return x, nil
 }
 
-func readMagic(r io.Reader, path string, want uint32, kind string) error {
+func (x *idxFile) Close() error { return x.f.Close() }
+
+// header reads the magic number, then dims big-endian u32 dimensions.
+func (x *idxFile) header(want uint32, kind string, dims int) ([]uint32, error) {
 	var magic uint32
-	if err := binary.Read(r, binary.BigEndian, &magic); err != nil {
-		return fmt.Errorf("%s: truncated IDX header: %v", path, err)
+	if err := binary.Read(x.r, binary.BigEndian, &magic); err != nil {
+		return nil, fmt.Errorf("%s: truncated IDX header: %v", x.path, err)
 	}
 	if magic != want {
-		return fmt.Errorf("%s: not an IDX %s file (magic %#08x, want %#08x)", path, kind, magic, want)
+		return nil, fmt.Errorf("%s: not an IDX %s file (magic %#08x, want %#08x)", x.path, kind, magic, want)
 	}
-	return nil
+	hdr := make([]uint32, dims)
+	if err := binary.Read(x.r, binary.BigEndian, hdr); err != nil {
+		return nil, fmt.Errorf("%s: truncated IDX header: %v", x.path, err)
+	}
+	return hdr, nil
+}
+
+// payload reads the need bytes of data that a header of hdrLen bytes
+// announces for what ("60000 images"), after checking that the file can
+// hold them, and checks that nothing follows them.
+func (x *idxFile) payload(hdrLen, need int64, what string) ([]byte, error) {
+	switch {
+	case need < 0:
+		return nil, fmt.Errorf("%s: implausible size of %s", x.path, what)
+	case !x.gz && x.size-hdrLen < need:
+		return nil, fmt.Errorf("%s: file ends before its %s: the header announces %d bytes of data, the file holds %d", x.path, what, need, x.size-hdrLen)
+	case !x.gz && x.size-hdrLen > need:
+		return nil, fmt.Errorf("%s: %d bytes follow its %s: the header announces %d bytes of data, the file holds %d (a wrong count, or not an IDX file)", x.path, x.size-hdrLen-need, what, need, x.size-hdrLen)
+	case x.gz && need > maxDeflateRatio*x.size:
+		return nil, fmt.Errorf("%s: the header announces %s (%d bytes), more than a %d-byte gzip file can hold", x.path, what, need, x.size)
+	case need > math.MaxInt:
+		return nil, fmt.Errorf("%s: %s (%d bytes) do not fit in memory", x.path, what, need)
+	}
+	buf := make([]byte, need)
+	if _, err := io.ReadFull(x.r, buf); err != nil {
+		return nil, fmt.Errorf("%s: file ends before its %s: %v", x.path, what, err)
+	}
+	var one [1]byte
+	if n, err := io.ReadFull(x.r, one[:]); n != 0 {
+		return nil, fmt.Errorf("%s: data follows its %s (a wrong count, or not an IDX file)", x.path, what)
+	} else if err != io.EOF {
+		return nil, fmt.Errorf("%s: after its %s: %v", x.path, what, err)
+	}
+	return buf, nil
 }
 
 // ReadIDXImages reads an IDX3 image file (idx3-ubyte, or .gz).
 func ReadIDXImages(path string) (*Images, error) {
-	r, err := openMaybeGzip(path)
+	x, err := openIDX(path)
 	if err != nil {
 		return nil, err
 	}
-	defer r.Close()
-	if err := readMagic(r, path, idxImagesMagic, "image"); err != nil {
+	defer x.Close()
+	hdr, err := x.header(idxImagesMagic, "image", 3)
+	if err != nil {
 		return nil, err
 	}
-	var hdr [3]uint32
-	if err := binary.Read(r, binary.BigEndian, &hdr); err != nil {
-		return nil, fmt.Errorf("%s: truncated IDX header: %v", path, err)
-	}
-	n, h, w := int(hdr[0]), int(hdr[1]), int(hdr[2])
-	if n <= 0 || h <= 0 || w <= 0 || h*w > 1<<24 || n > 1<<28 {
+	n, h, w := int64(hdr[0]), int64(hdr[1]), int64(hdr[2])
+	// each side bounded before the product (2^32 x 2^32 overflows)
+	if n <= 0 || h <= 0 || w <= 0 || h > 1<<24 || w > 1<<24 || h*w > 1<<24 || n > 1<<28 {
 		return nil, fmt.Errorf("%s: implausible IDX dimensions %dx%dx%d", path, n, h, w)
 	}
-	im := &Images{N: n, H: h, W: w, Pixels: make([]uint8, n*h*w)}
-	if _, err := io.ReadFull(r, im.Pixels); err != nil {
-		return nil, fmt.Errorf("%s: file ends before its %d images: %v", path, n, err)
+	pix, err := x.payload(16, n*h*w, fmt.Sprintf("%d images", n))
+	if err != nil {
+		return nil, err
 	}
-	return im, nil
+	return &Images{N: int(n), H: int(h), W: int(w), Pixels: pix}, nil
 }
 
 // ReadIDXLabels reads an IDX1 label file (idx1-ubyte, or .gz).
 func ReadIDXLabels(path string) ([]uint8, error) {
-	r, err := openMaybeGzip(path)
+	x, err := openIDX(path)
 	if err != nil {
 		return nil, err
 	}
-	defer r.Close()
-	if err := readMagic(r, path, idxLabelsMagic, "label"); err != nil {
+	defer x.Close()
+	hdr, err := x.header(idxLabelsMagic, "label", 1)
+	if err != nil {
 		return nil, err
 	}
-	var n uint32
-	if err := binary.Read(r, binary.BigEndian, &n); err != nil {
-		return nil, fmt.Errorf("%s: truncated IDX header: %v", path, err)
-	}
+	n := int64(hdr[0])
 	if n > 1<<28 {
 		return nil, fmt.Errorf("%s: implausible label count %d", path, n)
 	}
-	labels := make([]uint8, n)
-	if _, err := io.ReadFull(r, labels); err != nil {
-		return nil, fmt.Errorf("%s: file ends before its %d labels: %v", path, n, err)
-	}
-	return labels, nil
+	return x.payload(8, n, fmt.Sprintf("%d labels", n))
 }
 
 // MNIST is one split of MNIST.

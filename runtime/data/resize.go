@@ -94,9 +94,16 @@ func bilinearAxis(inSize, outSize int) *filterAxis {
 	for i, w := range wf {
 		a.weight[i] = toFixed(w)
 	}
+	if len(a.weight) > maxCachedAxisWeights {
+		return a // an outlandish size: not worth keeping for the next image
+	}
 	actual, _ := axisCache.LoadOrStore(key, a)
 	return actual.(*filterAxis)
 }
+
+// maxCachedAxisWeights bounds the filters kept in axisCache (256 KiB
+// each): a 4000-pixel side shrunk to 128 needs 8320 weights.
+const maxCachedAxisWeights = 1 << 16
 
 // clipFixed turns a fixed-point sum into a pixel value.
 func clipFixed(v int) uint8 {

@@ -72,6 +72,8 @@ static void* emu_dlopen(const char* path, char** err) {
 	return h;
 }
 static void* emu_dlsym(void* h, const char* name) { return dlsym(h, name); }
+// A library built into the program has a lookup function instead of a handle (builtin.go).
+static void* emu_builtin_lookup(void* fn, const char* name) { return ((void* (*)(const char*))fn)(name); }
 static int emu_dlclose(void* h) { return dlclose(h); }
 
 static int emu_call_int(void* fn) { return ((int (*)(void))fn)(); }
@@ -119,9 +121,10 @@ import (
 	"unsafe"
 )
 
-// library is an open kernel library and the entry points of its runtime.
+// library is an open kernel library and the entry points of its runtime: a shared library
+// (handle, from dlopen) or one built into the program (builtin, its lookup function).
 type library struct {
-	handle                                         unsafe.Pointer
+	handle, builtin                                unsafe.Pointer
 	workerNew, workerFree                          unsafe.Pointer
 	launchNew, launchWork, launchError, launchFree unsafe.Pointer
 }
@@ -135,9 +138,28 @@ func openLibrary(path string) (*library, error) {
 		return nil, fmt.Errorf("emu: dlopen %s: %s", path, C.GoString(cerr))
 	}
 	lib := &library{handle: h}
+	if err := lib.bind(path); err != nil {
+		lib.close()
+		return nil, err
+	}
+	return lib, nil
+}
+
+// openBuiltin opens a library built into the program (see RegisterBuiltin).
+func openBuiltin(lookup unsafe.Pointer) (*library, error) {
+	lib := &library{builtin: lookup}
+	if err := lib.bind("the built-in kernel library"); err != nil {
+		return nil, err
+	}
+	return lib, nil
+}
+
+// bind checks the library's runtime ABI, gives it the process's fiber stacks and looks up its
+// runtime's entry points; what names the library in errors.
+func (lib *library) bind(what string) error {
 	version, err := lib.symbol("cnnc_emu_abi_version")
 	if err == nil && C.emu_call_int(version) != 1 {
-		err = fmt.Errorf("emu: %s: runtime ABI version %d, want 1", path, int(C.emu_call_int(version)))
+		err = fmt.Errorf("emu: %s: runtime ABI version %d, want 1", what, int(C.emu_call_int(version)))
 	}
 	var setStacks unsafe.Pointer
 	if err == nil {
@@ -161,17 +183,18 @@ func openLibrary(path string) (*library, error) {
 		}
 		*s.dst, err = lib.symbol(s.name)
 	}
-	if err != nil {
-		lib.close()
-		return nil, err
-	}
-	return lib, nil
+	return err
 }
 
 func (l *library) symbol(name string) (unsafe.Pointer, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
-	p := C.emu_dlsym(l.handle, cname)
+	var p unsafe.Pointer
+	if l.builtin != nil {
+		p = C.emu_builtin_lookup(l.builtin, cname)
+	} else {
+		p = C.emu_dlsym(l.handle, cname)
+	}
 	if p == nil {
 		return nil, fmt.Errorf("emu: symbol %s not found in kernel library", name)
 	}
@@ -181,7 +204,15 @@ func (l *library) symbol(name string) (unsafe.Pointer, error) {
 // paramCount calls the generated cnnc_emu_nparams_<kernel>.
 func (l *library) paramCount(fn unsafe.Pointer) int { return int(C.emu_call_int(fn)) }
 
-func (l *library) close() { C.emu_dlclose(l.handle) }
+// close unloads a shared library; a built-in one stays, as the program's code.
+func (l *library) close() {
+	if l.handle != nil {
+		C.emu_dlclose(l.handle)
+	}
+}
+
+// cString reads a NUL-terminated C string.
+func cString(p unsafe.Pointer) string { return C.GoString((*C.char)(p)) }
 
 func (l *library) newWorker() unsafe.Pointer   { return C.emu_worker_new(l.workerNew) }
 func (l *library) freeWorker(w unsafe.Pointer) { C.emu_worker_free(l.workerFree, w) }

@@ -123,7 +123,22 @@
 
 // Everything below is private to the module that includes it (one copy per compiled kernel
 // library); only the C API at the end is exported.
+//
+// Built into a program instead (runtime/emu's BuiltinSource: cgo compiles the kernels into the
+// Go binary), several kernel files can share one executable. CNNC_EMU_BUILTIN is then the name
+// of a namespace given to this version of the header (it holds everything below, so files
+// compiled with the same header share one runtime and files of another version never mix
+// with it), the C API is internal to each file (reached through the file's symbol table, not
+// the linker), and kernels are weak: two files with the same kernels (two packages generated
+// from one model) merge into one copy, which is correct because they share the runtime.
 #pragma GCC visibility push(hidden)
+#ifdef CNNC_EMU_BUILTIN
+#undef __global__
+#define __global__ __attribute__((weak))
+namespace CNNC_EMU_BUILTIN {}
+using namespace CNNC_EMU_BUILTIN;  // before its members, which name each other ::cnnc_emu::...
+namespace CNNC_EMU_BUILTIN {
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Vector types
@@ -1486,7 +1501,11 @@ void entry_for(void** params) {
 // ---------------------------------------------------------------------------------------------
 // C API (what the Go package calls, through dlsym)
 // ---------------------------------------------------------------------------------------------
+#ifdef CNNC_EMU_BUILTIN
+#define CNNC_EMU_API static __attribute__((unused))
+#else
 #define CNNC_EMU_API extern "C" __attribute__((weak, visibility("default")))
+#endif
 
 CNNC_EMU_API int cnnc_emu_abi_version(void) { return 1; }
 
@@ -2219,6 +2238,9 @@ inline void __pipeline_wait_prior(size_t prior) {
   CNNC_EMU_CLOBBER();
 }
 
+#ifdef CNNC_EMU_BUILTIN
+}  // namespace CNNC_EMU_BUILTIN
+#endif
 #pragma GCC visibility pop
 
 #endif  // CPU emulation

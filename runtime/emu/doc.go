@@ -16,6 +16,17 @@
 // only moves bytes and starts worker goroutines; the runtime also works without Go
 // (cnnc_emu::launch<kernel>(grid, block, shared, args...) in a plain C++ program).
 //
+// Built-in libraries: a program that must run without a compiler (a trainer, a program using
+// a `cnnc gen` package) carries its kernels compiled by go build instead. BuiltinSource turns a
+// source into a C++ translation unit for cgo (beside a copy of cuda_emu.h) that ends in a
+// lookup function standing in for dlsym; the program registers it at init (RegisterBuiltin)
+// and Compile of the same source (matched by SHA-256) loads it without running a compiler or
+// touching the cache. Several can share one executable: kernels are renamed by a hash of source
+// and header (and weak, so the same library twice merges), the runtime lives in a namespace
+// named by the header's hash, and the C API is internal to each translation unit. Tests
+// (which register none) and Options.Compiler/Flags/Debug keep compiling at run time as
+// described above, so the AddressSanitizer mode below is unchanged.
+//
 // Execution: blocks are spread over Workers OS threads (goroutines inside cgo calls); a block
 // runs wholly on one OS thread, so __shared__ (static thread_local) is private to the block.
 // The threads of a block are fibers with their own stacks, switched by a dozen instructions of
@@ -89,5 +100,6 @@
 // generated conv kernels run faster (SimpleCNN's training step 0.99 s -> 0.68 s, `make bench`)
 // for about a second more of compiling (2.4 s for SimpleCNN's kernels, once: the cache);
 // -march=native added nothing measurable and would tie cached libraries to one CPU. Compiling a
-// kernel file takes a second or two the first time and only a dlopen afterwards (cache).
+// kernel file takes a second or two the first time and only a dlopen afterwards (cache);
+// built-in libraries are compiled with the same flags, once, when the program is built.
 package emu

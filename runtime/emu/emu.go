@@ -74,7 +74,18 @@ type Module struct {
 // are the non-template __global__ functions of the source; their parameters must be pointers
 // or scalars of at most 8 bytes. Compiled libraries are cached by content, so compiling the
 // same source again only loads it. A compiler failure is a *CompileError.
+//
+// When the program carries a library built from the same source (RegisterBuiltin) and opts
+// ask for no other compiler, flags or debug build, Compile loads that one and runs no
+// compiler at all: so a trainer runs where none is installed.
 func Compile(src []byte, name string, opts Options) (*Module, error) {
+	if lookup := builtinFor(src, opts); lookup != nil {
+		lib, err := openBuiltin(lookup)
+		if err != nil {
+			return nil, err
+		}
+		return newModule(lib, "", findKernels(string(src)), opts)
+	}
 	path, names, err := buildLibrary(src, name, opts)
 	if err != nil {
 		return nil, err
@@ -83,6 +94,11 @@ func Compile(src []byte, name string, opts Options) (*Module, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newModule(lib, path, names, opts)
+}
+
+// newModule looks up the kernels' entry points in an open library.
+func newModule(lib *library, path string, names []string, opts Options) (*Module, error) {
 	m := &Module{lib: lib, path: path, kernels: map[string]kernel{}}
 	for _, k := range names {
 		entry, err := lib.symbol(entrySymbol(k))
@@ -197,8 +213,13 @@ func (m *Module) SetWorkers(n int) {
 	m.mu.Unlock()
 }
 
-// Path is the compiled shared library; the .cu it was built from lies next to it.
+// Path is the compiled shared library; the .cu it was built from lies next to it. It is ""
+// for a library built into the program.
 func (m *Module) Path() string { return m.path }
+
+// Builtin reports whether the module's library was built into the program (RegisterBuiltin)
+// rather than compiled when the program ran.
+func (m *Module) Builtin() bool { return m.path == "" }
 
 // Kernels lists the module's kernel names, sorted.
 func (m *Module) Kernels() []string {

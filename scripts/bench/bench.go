@@ -192,16 +192,19 @@ func loading(haveTorch bool) {
 	root := imageFolder(n)
 	defer os.RemoveAll(root)
 	shape := data.Shape{H: 128, W: 128, C: 3}
+	cacheDir := must(os.MkdirTemp("", "cnnc-bench-cache-"))
+	defer os.RemoveAll(cacheDir)
+	opts := data.ImageFolderOptions{Shape: shape, CacheDir: cacheDir}
 	var cold, warm []float64
 	for r := 0; r < *runs; r++ {
-		os.Remove(filepath.Join(root, ".cnnc-cache-128x128x3.bin"))
+		os.RemoveAll(cacheDir) // cold: no cache file
 		t0 := time.Now()
-		ds := must(data.OpenImageFolder(root, data.ImageFolderOptions{Shape: shape}))
+		ds := must(data.OpenImageFolder(root, opts))
 		readAll(ds)
 		cold = append(cold, float64(n)/time.Since(t0).Seconds())
 		ds.Close()
 		t0 = time.Now()
-		ds = must(data.OpenImageFolder(root, data.ImageFolderOptions{Shape: shape}))
+		ds = must(data.OpenImageFolder(root, opts))
 		readAll(ds)
 		warm = append(warm, float64(n)/time.Since(t0).Seconds())
 		ds.Close()

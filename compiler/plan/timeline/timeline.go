@@ -19,7 +19,9 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
+	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // colors per category: parameters and state in blues (fixed for the
@@ -33,6 +35,7 @@ var colors = [plan.NumCategories]color.RGBA{
 	plan.CatTransient: {0xc0, 0x50, 0x4d, 0xff},
 	plan.CatWorkspace: {0x7f, 0x3f, 0xbf, 0xff},
 	plan.CatInput:     {0xa5, 0xa5, 0xa5, 0xff},
+	plan.CatBuffer:    {0x2e, 0x75, 0xb6, 0xff},
 }
 
 // Write draws p's timeline into file; the extension picks the format.
@@ -63,7 +66,11 @@ func Figure(p *plan.Plan) (*plot.Plot, error) {
 	}
 	fig := plot.New()
 	fig.Title.Text = fmt.Sprintf("%s, batch %d: memory live during each kernel of one training step", p.Model, p.Batch)
-	fig.Y.Label.Text = "MB live (1 MB = 1,000,000 bytes)"
+	scale, unit := axisUnit(max(p.ArenaBytes, p.BudgetBytes))
+	fig.Y.Label.Text = fmt.Sprintf("%s live (1 %s = %s bytes)", unit, unit, compiler.Commas(int64(scale)))
+	if scale == 1 {
+		fig.Y.Label.Text = "bytes live"
+	}
 	fig.X.Label.Text = "kernel (in order; * = inside a micro-batch loop, per micro-batch)"
 	var below *plotter.BarChart
 	for c := plan.Category(0); c < plan.NumCategories; c++ {
@@ -72,7 +79,7 @@ func Figure(p *plan.Plan) (*plot.Plot, error) {
 		}
 		vals := make(plotter.Values, n)
 		for s := range per {
-			vals[s] = float64(per[s][c]) / 1e6
+			vals[s] = float64(per[s][c]) / scale
 		}
 		bars, err := plotter.NewBarChart(vals, vg.Points(14))
 		if err != nil {
@@ -87,7 +94,7 @@ func Figure(p *plan.Plan) (*plot.Plot, error) {
 		fig.Legend.Add(c.Title(), bars)
 		below = bars
 	}
-	top := float64(p.ArenaBytes) / 1e6
+	top := float64(p.ArenaBytes) / scale
 	line := func(y float64, label string, col color.RGBA, dashed bool) error {
 		l, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: y}, {X: float64(n) - 0.5, Y: y}})
 		if err != nil {
@@ -101,12 +108,12 @@ func Figure(p *plan.Plan) (*plot.Plot, error) {
 		fig.Legend.Add(label, l)
 		return nil
 	}
-	if err := line(top, fmt.Sprintf("arena = peak, %.2f MB", top), color.RGBA{0, 0, 0, 0xff}, false); err != nil {
+	if err := line(top, "arena = peak, "+units.FormatBytes(p.ArenaBytes), color.RGBA{0, 0, 0, 0xff}, false); err != nil {
 		return nil, err
 	}
 	if p.BudgetBytes > 0 {
-		budget := float64(p.BudgetBytes) / 1e6
-		if err := line(budget, fmt.Sprintf("budget, %.2f MB", budget), color.RGBA{0xd0, 0, 0, 0xff}, true); err != nil {
+		budget := float64(p.BudgetBytes) / scale
+		if err := line(budget, "budget, "+units.FormatBytes(p.BudgetBytes), color.RGBA{0xd0, 0, 0, 0xff}, true); err != nil {
 			return nil, err
 		}
 		top = math.Max(top, budget)
@@ -126,18 +133,28 @@ func Figure(p *plan.Plan) (*plot.Plot, error) {
 	return fig, nil
 }
 
-// stepLabel is a short tick label: "7 fc1 dX", "9 conv1 fwd (re)*".
+// axisUnit is the decimal unit that fits the largest value on the axis
+// (as units.FormatBytes picks it): its size in bytes and its name.
+func axisUnit(most int64) (float64, string) {
+	u := strings.Fields(units.FormatBytes(most))[1]
+	return map[string]float64{"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}[u], u
+}
+
+// stepLabel is a short tick label: "7 fc1 dX", "9 conv1 fwd (re)*",
+// "12 conv2 weight update".
 func stepLabel(s *plan.Step) string {
 	short := map[string]string{
 		"conv2d_block": "fwd", "linear_block": "fwd", "softmax_cross_entropy": "loss",
 		"conv2d_block_grad_input": "dX", "linear_block_grad_input": "dX",
 		"conv2d_block_grad_weight": "dW", "linear_block_grad_weight": "dW",
-		"sgd_update": "update", "adam_update": "update",
 	}[s.Kernel]
 	if short == "" {
 		short = s.Kernel
 	}
 	l := fmt.Sprintf("%d %s %s", s.Index, s.Layer, short)
+	if s.Kernel == "sgd_update" || s.Kernel == "adam_update" {
+		l = fmt.Sprintf("%d %s", s.Index, s.Label()) // which parameter: "conv2 weight update"
+	}
 	if s.Recompute {
 		l += " (re)"
 	}

@@ -49,3 +49,29 @@ func TestTimelineFormats(t *testing.T) {
 	require.NoError(t, err)
 	assert.InDelta(t, 1.8*float64(p.ArenaBytes)/1e6, fig.Y.Max, 1e-9, "no budget line: room above the arena")
 }
+
+// Separate updates say which parameter they update (a layer has two), and
+// the axis takes the unit that fits the plan.
+func TestTimelineLabelsUpdatesAndScalesTheAxis(t *testing.T) {
+	p := simplePlan(t, 0)
+	var labels []string
+	for _, s := range p.Steps {
+		labels = append(labels, stepLabel(s))
+	}
+	assert.Contains(t, labels, "10 conv2 bias update")
+	assert.Contains(t, labels, "12 conv2 weight update")
+	assert.NotContains(t, strings.Join(labels, "\n"), "conv2 update")
+	fig, err := Figure(p)
+	require.NoError(t, err)
+	assert.Equal(t, "MB live (1 MB = 1,000,000 bytes)", fig.Y.Label.Text)
+
+	tiny := *p
+	tiny.ArenaBytes, tiny.BudgetBytes = 900, 0
+	fig, err = Figure(&tiny)
+	require.NoError(t, err)
+	assert.Equal(t, "bytes live", fig.Y.Label.Text)
+	tiny.ArenaBytes = 8e9
+	fig, err = Figure(&tiny)
+	require.NoError(t, err)
+	assert.Equal(t, "GB live (1 GB = 1,000,000,000 bytes)", fig.Y.Label.Text)
+}

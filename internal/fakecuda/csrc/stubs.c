@@ -3,7 +3,8 @@
 // call the fake does not emulate is reported rather than silently wrong. Compiled without
 // cuda.h: the stubs take no arguments, which the x86-64 calling convention allows.
 // fakecuda's tests check that this list and libcuda.c together define every cu* symbol a
-// -tags cuda binary needs.
+// -tags cuda binary needs, built with the installed CUDA headers and with the newer ones of
+// `make test-cuda-headers` (whose _v2 names for cu's calls are here too).
 #include <stdio.h>
 
 static int not_emulated(const char* name) {
@@ -48,6 +49,7 @@ STUB(cuGraphAddDependencies)
 STUB(cuGraphAddEmptyNode)
 STUB(cuGraphAddHostNode)
 STUB(cuGraphAddKernelNode)
+STUB(cuGraphAddKernelNode_v2) // what CUDA 12 headers make of cuGraphAddKernelNode
 STUB(cuGraphAddMemcpyNode)
 STUB(cuGraphAddMemsetNode)
 STUB(cuGraphClone)
@@ -103,7 +105,9 @@ STUB(cuStreamGetFlags)
 STUB(cuStreamGetPriority)
 STUB(cuStreamWaitEvent)
 STUB(cuStreamWaitValue32)
+STUB(cuStreamWaitValue32_v2) // CUDA 12 headers
 STUB(cuStreamWriteValue32)
+STUB(cuStreamWriteValue32_v2)
 STUB(cuSurfRefGetArray)
 STUB(cuSurfRefSetArray)
 STUB(cuTexRefGetAddressMode)
