@@ -131,6 +131,9 @@ type Options struct {
 	// Eval generates evaluation: dropout keeps every element, so its
 	// output is a view of its input and runs no kernel.
 	Eval bool
+	// Target generates the kernels for a device other than CUDA (see
+	// Target); nil: CUDA.
+	Target Target
 }
 
 // rule generates the kernels and launches of one node.
@@ -226,7 +229,11 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 		e.batch = it.batch
 		first := len(p.Launches)
 		for _, z := range it.zero {
-			if err := e.zeroFill(n, z); err != nil {
+			zero := e.zeroFill
+			if opts.Target != nil {
+				zero = func(n *ir.Node, v *ir.Value) error { return opts.Target.ZeroFill(e, n, v) }
+			}
+			if err := zero(n, z); err != nil {
 				return nil, err
 			}
 		}
@@ -238,27 +245,27 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 			p.Views[n.Out()] = src
 			continue
 		}
-		r, ok := kernelRules[n.Op]
-		if !ok {
-			return nil, &NoRuleError{Op: n.Op, Node: n.Text()}
-		}
-		if err := r(e, n); err != nil {
+		if err := e.nodeKernels(opts, n); err != nil {
 			return nil, err
 		}
 		for _, l := range p.Launches[first:] {
 			l.Seq = seq
 		}
 	}
-	if err := checkRestrict(p); err != nil {
-		return nil, err
-	}
 	var src bytes.Buffer
 	name := opts.SourceName
 	if name == "" {
 		name = model
 	}
-	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": gentext.Comment(name), "Model": gentext.Comment(model), "Batch": opts.Batch}); err != nil {
-		return nil, err
+	if opts.Target != nil {
+		src.WriteString(opts.Target.Prelude(gentext.Comment(name), gentext.Comment(model), opts.Batch))
+	} else {
+		if err := checkRestrict(p); err != nil {
+			return nil, err
+		}
+		if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": gentext.Comment(name), "Model": gentext.Comment(model), "Batch": opts.Batch}); err != nil {
+			return nil, err
+		}
 	}
 	for _, k := range p.Kernels {
 		src.WriteString("\n")
