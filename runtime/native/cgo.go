@@ -81,15 +81,22 @@ type libInfo struct {
 func readLibrary(entry unsafe.Pointer) libInfo {
 	l := C.native_library(entry)
 	info := libInfo{abi: int(l.abi), sha256: C.GoString(l.source_sha256)}
-	ks := unsafe.Slice(l.kernels, int(l.nkernels))
-	for _, k := range ks {
-		info.kernels = append(info.kernels, kernelInfo{
-			name:    C.GoString(k.name),
-			fn:      [2]unsafe.Pointer{unsafe.Pointer(k.fn[0]), unsafe.Pointer(k.fn[1])},
-			scratch: [2]int64{int64(k.scratch_bytes[0]), int64(k.scratch_bytes[1])},
-			tasks:   int64(k.tasks),
-			nparams: int(k.nparams),
-		})
+	if info.abi != abiVersion {
+		return info
+	}
+	n := int(l.nkernels)
+	names, nparams := unsafe.Slice(l.names, n), unsafe.Slice(l.nparams, n)
+	impl := [2][]C.cnnc_cpu_kernel_impl{unsafe.Slice(l.impl[0], n), unsafe.Slice(l.impl[1], n)}
+	for i := 0; i < n; i++ {
+		k := kernelInfo{name: C.GoString(names[i]), nparams: int(nparams[i]), tasks: int64(impl[0][i].tasks)}
+		for isa := range impl {
+			k.fn[isa] = unsafe.Pointer(impl[isa][i].fn)
+			k.scratch[isa] = int64(impl[isa][i].scratch_bytes)
+			if int64(impl[isa][i].tasks) != k.tasks {
+				k.tasks = -1 // the instruction sets split the work differently: New refuses it
+			}
+		}
+		info.kernels = append(info.kernels, k)
 	}
 	return info
 }

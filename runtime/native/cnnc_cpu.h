@@ -27,23 +27,26 @@
 extern "C" {
 #endif
 
-#define CNNC_CPU_ABI 1
+#define CNNC_CPU_ABI 2
 
 typedef void (*cnnc_cpu_task_fn)(const uint64_t* params, int64_t task, float* scratch);
-// One kernel: its entry for the baseline ([0], SSE2) and for AVX2+FMA ([1]), the scratch bytes
-// each needs per worker, its task count and parameter count.
-typedef struct cnnc_cpu_kernel_info {
-  const char* name;
-  cnnc_cpu_task_fn fn[2];
-  int64_t scratch_bytes[2];
+// One kernel compiled for one instruction set: its entry, the scratch bytes it needs per worker,
+// its task count.
+typedef struct cnnc_cpu_kernel_impl {
+  cnnc_cpu_task_fn fn;
+  int64_t scratch_bytes;
   int64_t tasks;
-  int32_t nparams;
-} cnnc_cpu_kernel_info;
+} cnnc_cpu_kernel_impl;
+// A model's kernel library: per kernel its name and parameter count, and its implementation for
+// the baseline (impl[0], SSE2) and for AVX2+FMA (impl[1]), each compiled in a translation unit of
+// its own (runtime/native's wrap).
 typedef struct cnnc_cpu_library {
   int32_t abi;                // CNNC_CPU_ABI
-  const char* source_sha256;  // hex SHA-256 of the model's kernel source (before wrapping)
+  const char* source_sha256;  // hex SHA-256 of the model's kernel source
   int32_t nkernels;
-  const cnnc_cpu_kernel_info* kernels;
+  const char* const* names;
+  const int32_t* nparams;
+  const cnnc_cpu_kernel_impl* impl[2];
 } cnnc_cpu_library;
 
 #ifdef __cplusplus
@@ -61,27 +64,43 @@ typedef struct cnnc_cpu_library {
 constexpr int VW = CNNC_VW;
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), __may_alias__));
+typedef int vi __attribute__((vector_size(VW * 4)));
+typedef int viu __attribute__((vector_size(VW * 4), aligned(4), __may_alias__));
 
 #define CNNC_INLINE static inline __attribute__((always_inline))
 #define CNNC_MEMBER inline __attribute__((always_inline))
+// register tiles: small loops over a tile's rows and vectors, unrolled so that the tile lives in
+// registers (at -O2 too)
+#define CNNC_UNROLL _Pragma("GCC unroll 16")
 
 CNNC_INLINE vf vload(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 CNNC_INLINE void vstore(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
-CNNC_INLINE vf vbcast(float s) { return vf{} + s; }
+CNNC_INLINE vf vbcast(float s) {
+  vf r;  // not vf{} + s: adding +0 is no identity for -0, so the add would stay in the loop
+  CNNC_UNROLL
+  for (int i = 0; i < VW; i++) r[i] = s;
+  return r;
+}
 CNNC_INLINE vf vzero() { return vf{}; }
 CNNC_INLINE vf vrelu(vf v) { return v > vf{} ? v : vf{}; }
 // the lanes' sum, in lane order: a fixed order, so a task's sums are the same on every run
 CNNC_INLINE float hsum(vf v) {
   float s = v[0];
+  CNNC_UNROLL
   for (int i = 1; i < VW; i++) s += v[i];
   return s;
 }
 CNNC_INLINE vf vsqrt(vf v) {
   vf r;
+  CNNC_UNROLL
   for (int i = 0; i < VW; i++) r[i] = sqrtf(v[i]);
   return r;
 }
 CNNC_INLINE float vsqrt(float v) { return sqrtf(v); }
+// d where y > 0, else 0 (a ReLU's mask). Both values are loaded by the caller, unconditionally: GCC
+// 12's basic-block vectorizer turned `y > 0 ? d[i] : 0` (a conditional load) into wrong code for
+// AVX2 in short constant-length loops.
+CNNC_INLINE float masked(float y, float d) { return y > 0.0f ? d : 0.0f; }
 
 template <class T>
 CNNC_INLINE T* arg(const uint64_t* p, int i) {
@@ -248,6 +267,30 @@ CNNC_INLINE void opt_range(const OptRun<O>& run, const float* g, float* p, float
 //   Xt[((c * IR + ir) * SW + ph) * JW + j] = x(b, c, iyBase + ir, j * SW + ph - PW)
 template <class G, long IR, long JW>
 CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt) {
+  if constexpr (G::U8) {
+    for (long ir = 0; ir < IR; ir++) {
+      const long iy = iyBase + ir;
+      if (iy < 0 || iy >= G::H) {
+        for (long c = 0; c < G::C; c++) memset(Xt + (c * IR + ir) * G::SW * JW, 0, sizeof(float) * G::SW * JW);
+        continue;
+      }
+      const unsigned char* src = static_cast<const unsigned char*>(xp) + (b * G::H + iy) * G::W * G::C;
+      for (long ph = 0; ph < G::SW; ph++) {
+        // j = (ix + PW - ph) / SW for the columns ix of this phase
+        const long jA = cmin(JW, cdiv(cmax(0, G::PW - ph), G::SW)), jB = cmax(jA, cmin(JW, cdiv(G::W + G::PW - ph, G::SW)));
+        for (long c = 0; c < G::C; c++) {
+          float* row = Xt + ((c * IR + ir) * G::SW + ph) * JW;
+          for (long j = 0; j < jA; j++) row[j] = 0.0f;
+          for (long j = jB; j < JW; j++) row[j] = 0.0f;
+        }
+        for (long j = jA; j < jB; j++) {
+          const unsigned char* px = src + (j * G::SW + ph - G::PW) * G::C;
+          for (long c = 0; c < G::C; c++) Xt[((c * IR + ir) * G::SW + ph) * JW + j] = static_cast<float>(px[c]) * (1.0f / 255.0f);
+        }
+      }
+    }
+    return;
+  }
   for (long c = 0; c < G::C; c++)
     for (long ir = 0; ir < IR; ir++) {
       const long iy = iyBase + ir;
@@ -256,29 +299,20 @@ CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt) {
         memset(row, 0, sizeof(float) * G::SW * JW);
         continue;
       }
-      if constexpr (G::U8) {
-        const unsigned char* src = static_cast<const unsigned char*>(xp) + ((b * G::H + iy) * G::W) * G::C + c;
+      const float* src = static_cast<const float*>(xp) + ((b * G::C + c) * G::H + iy) * G::W;
+      if constexpr (G::SW == 1) {
+        // j = ix + PW: [zeros | the row | zeros]
+        const long lo = G::PW < JW ? G::PW : JW;
+        const long n = cmin(G::W, JW - lo);
+        memset(row, 0, sizeof(float) * lo);
+        memcpy(row + lo, src, sizeof(float) * n);
+        memset(row + lo + n, 0, sizeof(float) * (JW - lo - n));
+      } else {
         for (long ph = 0; ph < G::SW; ph++)
           for (long j = 0; j < JW; j++) {
             const long ix = j * G::SW + ph - G::PW;
-            row[ph * JW + j] = ix >= 0 && ix < G::W ? static_cast<float>(src[ix * G::C]) * (1.0f / 255.0f) : 0.0f;
+            row[ph * JW + j] = ix >= 0 && ix < G::W ? src[ix] : 0.0f;
           }
-      } else {
-        const float* src = static_cast<const float*>(xp) + ((b * G::C + c) * G::H + iy) * G::W;
-        if constexpr (G::SW == 1) {
-          // j = ix + PW: [zeros | the row | zeros]
-          const long lo = G::PW < JW ? G::PW : JW;
-          const long n = cmin(G::W, JW - lo);
-          memset(row, 0, sizeof(float) * lo);
-          memcpy(row + lo, src, sizeof(float) * n);
-          memset(row + lo + n, 0, sizeof(float) * (JW - lo - n));
-        } else {
-          for (long ph = 0; ph < G::SW; ph++)
-            for (long j = 0; j < JW; j++) {
-              const long ix = j * G::SW + ph - G::PW;
-              row[ph * JW + j] = ix >= 0 && ix < G::W ? src[ix] : 0.0f;
-            }
-        }
       }
     }
 }
@@ -300,7 +334,7 @@ CNNC_INLINE void form_dy(const float* dout, const uint32_t* am, const float* you
         float* dst = Dt + (i * DR + r) * DW + QL;
         for (long ox = 0; ox < cmin(G::WO, DW - QL); ox++) {
           if constexpr (G::HASY) {
-            dst[ox] = yout[pe + ox] > 0.0f ? dout[pe + ox] : 0.0f;
+            dst[ox] = masked(yout[pe + ox], dout[pe + ox]);
           } else {
             dst[ox] = dout[pe + ox];
           }
@@ -319,11 +353,86 @@ CNNC_INLINE void form_dy(const float* dout, const uint32_t* am, const float* you
           const long cy = py * G::PSH - G::PPH + k / G::PKW, cx = px * G::PSW - G::PPW + k % G::PKW;
           if (cy < oyLo || cy >= oyLo + DR || cy < 0 || cy >= G::HO || cx < 0 || cx >= G::WO || QL + cx >= DW || k >= G::PKH * G::PKW) continue;
           float v = dout[pe];
-          if constexpr (G::HASY) v = yout[pe] > 0.0f ? v : 0.0f;
+          if constexpr (G::HASY) v = masked(yout[pe], v);
           Dt[(i * DR + cy - oyLo) * DW + QL + cx] += v;
         }
       }
   }
+}
+
+// n floats from p, PSW apart (a pooling window's column over consecutive pooled outputs)
+template <int STRIDE>
+CNNC_INLINE vf vgather(const float* p) {
+  if constexpr (STRIDE == 1) {
+    return vload(p);
+  } else if constexpr (STRIDE == 2) {
+#if CNNC_VW == 8
+    return __builtin_shuffle(vload(p), vload(p + VW), vi{0, 2, 4, 6, 8, 10, 12, 14});
+#else
+    return __builtin_shuffle(vload(p), vload(p + VW), vi{0, 2, 4, 6});
+#endif
+  } else {
+    vf r;
+    CNNC_UNROLL
+    for (int l = 0; l < VW; l++) r[l] = p[l * STRIDE];
+    return r;
+  }
+}
+
+// Max-pool of one pooled row py over conv rows held WOP apart from conv row cyStart (ct): the
+// maximum of each window's positions inside the conv output and its index (ky·PKW + kx), the first
+// maximum in scan order, as PyTorch; into yrow and codes. Windows that lie inside the conv
+// output's columns run VW at a time.
+template <class G, long WOP>
+CNNC_INLINE void pool_row(const float* ct, long cyStart, long py, float* yrow, int* codes) {
+  const long cy0 = py * G::PSH - G::PPH;
+  const long kyA = cmax(0, -cy0), kyB = cmin(G::PKH, G::HO - cy0);
+  auto scalar = [&](long px) {
+    float best = 0.0f;
+    int bestK = -1;
+    for (long ky = kyA; ky < kyB; ky++) {
+      const float* crow = ct + (cy0 + ky - cyStart) * WOP;
+      for (int kx = 0; kx < G::PKW; kx++) {
+        const long cx = px * G::PSW - G::PPW + kx;
+        if (cx < 0 || cx >= G::WO) continue;  // padding: not a candidate
+        const float v = crow[cx];
+        if (bestK < 0 || v > best) {
+          best = v;
+          bestK = static_cast<int>(ky) * G::PKW + kx;
+        }
+      }
+    }
+    yrow[px] = best;
+    codes[px] = bestK < 0 ? 0 : bestK;
+  };
+  // pooled columns whose window lies inside [0, WO)
+  const long pxA = cmin(G::PWO, cdiv(G::PPW, G::PSW)), pxB = cmax(pxA, cmin(G::PWO, (G::WO - G::PKW + G::PPW) / G::PSW + 1));
+  long px = 0;
+  for (; px < pxA; px++) scalar(px);
+  if (kyA < kyB) {
+    for (; px + VW <= pxB; px += VW) {
+      vf best = vzero();
+      vi code = vi{};
+      for (long ky = kyA; ky < kyB; ky++) {
+        const float* crow = ct + (cy0 + ky - cyStart) * WOP + px * G::PSW - G::PPW;
+        for (int kx = 0; kx < G::PKW; kx++) {
+          const vf v = vgather<G::PSW>(crow + kx);
+          const int k = static_cast<int>(ky) * G::PKW + kx;
+          if (ky == kyA && kx == 0) {
+            best = v;
+            code = vi{} + k;
+          } else {
+            const vi m = v > best;
+            best = m ? v : best;
+            code = m ? vi{} + k : code;
+          }
+        }
+      }
+      vstore(yrow + px, best);
+      *reinterpret_cast<viu*>(codes + px) = code;
+    }
+  }
+  for (; px < G::PWO; px++) scalar(px);
 }
 
 // conv_block forward: conv + bias + ReLU + max-pool with packed argmax. A task is (sample,
@@ -355,7 +464,9 @@ struct ConvFwd {
       const long t = cy - cyStart;
       for (long x0 = 0; x0 < WOP; x0 += NV * VW) {
         vf acc[M][NV];
+        CNNC_UNROLL
         for (int m = 0; m < M; m++)
+          CNNC_UNROLL
           for (int j = 0; j < NV; j++) acc[m][j] = vzero();
         for (long c = 0; c < G::C; c++)
           for (int ky = 0; ky < G::KH; ky++) {
@@ -365,15 +476,20 @@ struct ConvFwd {
             for (int kx = 0; kx < G::KW; kx++) {
               const float* xk = xr + (kx % G::SW) * JW + kx / G::SW;
               vf xv[NV];
+              CNNC_UNROLL
               for (int j = 0; j < NV; j++) xv[j] = vload(xk + j * VW);
+              CNNC_UNROLL
               for (int m = 0; m < M; m++) {
                 const vf wv = vbcast(wr[m * K + kx]);
+                CNNC_UNROLL
                 for (int j = 0; j < NV; j++) acc[m][j] += wv * xv[j];
               }
             }
           }
+        CNNC_UNROLL
         for (int m = 0; m < M; m++) {
           const vf bv = G::BIAS ? vbcast(bias[o0 + m]) : vzero();
+          CNNC_UNROLL
           for (int j = 0; j < NV; j++) {
             vf v = acc[m][j];
             if constexpr (G::BIAS) v += bv;
@@ -420,29 +536,7 @@ struct ConvFwd {
       for (long i = 0; i < no; i++) {
         const long o = oc + i;
         float* yp = y + ((b * G::O + o) * G::PHO + r0) * G::PWO;
-        for (long pr = 0; pr < nr; pr++) {
-          const long py = r0 + pr;
-          for (long px = 0; px < G::PWO; px++) {
-            float best = 0.0f;
-            int bestK = -1;
-            for (int ky = 0; ky < G::PKH; ky++) {
-              const long cy = py * G::PSH - G::PPH + ky;
-              if (cy < 0 || cy >= G::HO) continue;  // padding: not a candidate
-              const float* crow = Ct + (i * CR + cy - cyStart) * WOP;
-              for (int kx = 0; kx < G::PKW; kx++) {
-                const long cx = px * G::PSW - G::PPW + kx;
-                if (cx < 0 || cx >= G::WO) continue;
-                const float v = crow[cx];
-                if (bestK < 0 || v > best) {
-                  best = v;
-                  bestK = ky * G::PKW + kx;
-                }
-              }
-            }
-            yp[pr * G::PWO + px] = best;
-            codes[pr * G::PWO + px] = bestK < 0 ? 0 : bestK;
-          }
-        }
+        for (long pr = 0; pr < nr; pr++) pool_row<G, WOP>(Ct + i * CR * WOP, cyStart, r0 + pr, yp + pr * G::PWO, codes + pr * G::PWO);
         put_argmax<G::BITS>(am, ((b * G::O + o) * G::PHO + r0) * G::PWO, nr * G::PWO, G::B * G::O * G::PHO * G::PWO,
                             [&](long e) { return codes[e]; });
       }
@@ -479,7 +573,9 @@ struct ConvDgrad {
       const long u = iy / G::SH;
       for (long v0 = 0; v0 < WU; v0 += NV * VW) {
         vf acc[M][NV];
+        CNNC_UNROLL
         for (int m = 0; m < M; m++)
+          CNNC_UNROLL
           for (int j = 0; j < NV; j++) acc[m][j] = vzero();
         for (long o = 0; o < G::O; o++) {
           const float* wo = w + (o * G::C + c0) * KK;
@@ -489,16 +585,21 @@ struct ConvDgrad {
 #pragma GCC unroll 16
             for (int bb = 0; bb < NB; bb++) {
               vf xv[NV];
+              CNNC_UNROLL
               for (int j = 0; j < NV; j++) xv[j] = vload(dr - bb + j * VW);
+              CNNC_UNROLL
               for (int m = 0; m < M; m++) {
                 const vf wv = vbcast(wo[m * KK + (ky0 + G::SH * a) * G::KW + kx0 + G::SW * bb]);
+                CNNC_UNROLL
                 for (int j = 0; j < NV; j++) acc[m][j] += wv * xv[j];
               }
             }
           }
         }
+        CNNC_UNROLL
         for (int m = 0; m < M; m++) {
           const long plane = ((b * G::C + c0 + m) * G::H + iy) * G::W;
+          CNNC_UNROLL
           for (int j = 0; j < NV; j++) {
             const long v = v0 + j * VW;
             vf val = acc[m][j];
@@ -571,20 +672,28 @@ struct ConvWgrad {
   template <int M, int N>
   CNNC_MEMBER static void tile(const float* Xt, const float* Dt, long nr, long o0, long c, long ky, long kx0, float* accm) {
     vf acc[M][N];
+    CNNC_UNROLL
     for (int m = 0; m < M; m++)
+      CNNC_UNROLL
       for (int k = 0; k < N; k++) acc[m][k] = vzero();
     for (long r = 0; r < nr; r++) {
       const float* xr = Xt + ((c * IR + r * G::SH + ky) * G::SW) * JW;
       const float* dr = Dt + (o0 * G::BAND + r) * WOP;
       for (long x0 = 0; x0 < WOP; x0 += VW) {
         vf dv[M], xv[N];
+        CNNC_UNROLL
         for (int m = 0; m < M; m++) dv[m] = vload(dr + m * G::BAND * WOP + x0);
+        CNNC_UNROLL
         for (int k = 0; k < N; k++) xv[k] = vload(xr + ((kx0 + k) % G::SW) * JW + (kx0 + k) / G::SW + x0);
+        CNNC_UNROLL
         for (int m = 0; m < M; m++)
+          CNNC_UNROLL
           for (int k = 0; k < N; k++) acc[m][k] += dv[m] * xv[k];
       }
     }
+    CNNC_UNROLL
     for (int m = 0; m < M; m++)
+      CNNC_UNROLL
       for (int k = 0; k < N; k++) accm[(o0 + m) * K + (c * G::KH + ky) * G::KW + kx0 + k] += hsum(acc[m][k]);
   }
 
@@ -703,16 +812,24 @@ struct LinFwd {
   template <int M, int N>
   CNNC_MEMBER static void tile(const float* x, const float* w, long bi, long b0, long n0, long ji, long nt, long k0, long k1, float* accs) {
     vf acc[M][N];
+    CNNC_UNROLL
     for (int m = 0; m < M; m++)
+      CNNC_UNROLL
       for (int n = 0; n < N; n++) acc[m][n] = k0 == 0 ? vzero() : vload(accs + ((bi + m) * nt + ji + n) * VW);
     for (long k = k0; k < k1; k += VW) {
       vf xv[M], wv[N];
+      CNNC_UNROLL
       for (int m = 0; m < M; m++) xv[m] = vload(x + (b0 + bi + m) * L::K + k);
+      CNNC_UNROLL
       for (int n = 0; n < N; n++) wv[n] = vload(w + (n0 + ji + n) * L::K + k);
+      CNNC_UNROLL
       for (int m = 0; m < M; m++)
+        CNNC_UNROLL
         for (int n = 0; n < N; n++) acc[m][n] += xv[m] * wv[n];
     }
+    CNNC_UNROLL
     for (int m = 0; m < M; m++)
+      CNNC_UNROLL
       for (int n = 0; n < N; n++) vstore(accs + ((bi + m) * nt + ji + n) * VW, acc[m][n]);
   }
 
@@ -763,7 +880,7 @@ struct LinDgrad {
   static constexpr long scratch = 0;
 
   CNNC_MEMBER static float dyAt(const float* dy, const float* ym, long b, long n) {
-    if constexpr (L::HASY) return ym[b * L::N + n] > 0.0f ? dy[b * L::N + n] : 0.0f;
+    if constexpr (L::HASY) return masked(ym[b * L::N + n], dy[b * L::N + n]);
     return dy[b * L::N + n];
   }
 
@@ -772,17 +889,24 @@ struct LinDgrad {
     long k = k0;
     for (; k + NV * VW <= k1; k += NV * VW) {
       vf acc[M][NV];
+      CNNC_UNROLL
       for (int m = 0; m < M; m++)
+        CNNC_UNROLL
         for (int j = 0; j < NV; j++) acc[m][j] = vzero();
       for (long n = 0; n < L::N; n++) {
         vf wv[NV];
+        CNNC_UNROLL
         for (int j = 0; j < NV; j++) wv[j] = vload(w + n * L::K + k + j * VW);
+        CNNC_UNROLL
         for (int m = 0; m < M; m++) {
           const vf d = vbcast(dyAt(dy, ym, b0 + m, n));
+          CNNC_UNROLL
           for (int j = 0; j < NV; j++) acc[m][j] += d * wv[j];
         }
       }
+      CNNC_UNROLL
       for (int m = 0; m < M; m++)
+        CNNC_UNROLL
         for (int j = 0; j < NV; j++) {
           const long at = (b0 + m) * L::K + k + j * VW;
           vf v = acc[m][j];
@@ -792,9 +916,12 @@ struct LinDgrad {
     }
     for (; k < k1; k++) {  // the tail, one column at a time
       float acc[M];
+      CNNC_UNROLL
       for (int m = 0; m < M; m++) acc[m] = 0.0f;
       for (long n = 0; n < L::N; n++)
+        CNNC_UNROLL
         for (int m = 0; m < M; m++) acc[m] += dyAt(dy, ym, b0 + m, n) * w[n * L::K + k];
+      CNNC_UNROLL
       for (int m = 0; m < M; m++) {
         const long at = (b0 + m) * L::K + k;
         float v = acc[m];
@@ -828,7 +955,7 @@ struct LinWgrad {
   static constexpr long scratch = floats64(MN * NV * VW);
 
   CNNC_MEMBER static float dyAt(const float* dy, const float* ym, long b, long n) {
-    if constexpr (L::HASY) return ym[b * L::N + n] > 0.0f ? dy[b * L::N + n] : 0.0f;
+    if constexpr (L::HASY) return masked(ym[b * L::N + n], dy[b * L::N + n]);
     return dy[b * L::N + n];
   }
 
@@ -851,22 +978,30 @@ struct LinWgrad {
     long k = k0;
     for (; k + NV * VW <= k1; k += NV * VW) {
       vf acc[M][NV];
+      CNNC_UNROLL
       for (int m = 0; m < M; m++)
+        CNNC_UNROLL
         for (int j = 0; j < NV; j++) acc[m][j] = vzero();
       for (long b = 0; b < L::B; b++) {
         vf xv[NV];
+        CNNC_UNROLL
         for (int j = 0; j < NV; j++) xv[j] = vload(x + b * L::K + k + j * VW);
+        CNNC_UNROLL
         for (int m = 0; m < M; m++) {
           const vf d = vbcast(dyAt(dy, ym, b, n0 + m));
+          CNNC_UNROLL
           for (int j = 0; j < NV; j++) acc[m][j] += d * xv[j];
         }
       }
+      CNNC_UNROLL
       for (int m = 0; m < M; m++) {
+        CNNC_UNROLL
         for (int j = 0; j < NV; j++) vstore(s + j * VW, acc[m][j]);
         finish(run, wout, n0 + m, k, s, NV * VW);
       }
     }
     for (; k < k1; k++) {
+      CNNC_UNROLL
       for (int m = 0; m < M; m++) {
         float acc = 0.0f;
         for (long b = 0; b < L::B; b++) acc += dyAt(dy, ym, b, n0 + m) * x[b * L::K + k];
@@ -1028,7 +1163,7 @@ struct ReLUGrad {  // dx = dy where y > 0 (dx may be dy or y)
     const float* y = arg<const float>(p, 1);
     float* dx = arg<float>(p, 2);
     CNNC_RANGE(E::N);
-    for (long i = lo; i < hi; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (long i = lo; i < hi; i++) dx[i] = masked(y[i], dy[i]);
   }
 };
 template <class E>

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 )
@@ -83,50 +84,95 @@ func build(src []byte, name string, opts Options) (string, error) {
 		return "", err
 	}
 	name = sourceName(name)
-	tu, err := wrap(src, name, "")
+	base := strings.TrimSuffix(name, ".cc")
+	srcFile := base + ".kernels.h"
+	tus, err := translationUnits(src, srcFile, "")
 	if err != nil {
 		return "", err
 	}
-	flags := append([]string{"-x", "c++", "-fPIC", "-shared"}, CXXFlags...)
+	flags := append([]string{"-fPIC"}, CXXFlags...)
 	if asanEnabled {
 		// as the Go binary built with -asan: the library's accesses are checked too
 		flags = append(flags, "-g", "-fsanitize=address", "-fno-omit-frame-pointer")
 	}
+	files := []string{"cnnc_cpu.h", srcFile}
+	texts := map[string]string{"cnnc_cpu.h": header, srcFile: string(src)}
+	var units []string
+	for f, text := range tus {
+		units = append(units, f)
+		texts[f] = text
+	}
+	sort.Strings(units)
 	h := sha256.New()
-	for _, part := range append([]string{id, header, name, tu}, flags...) {
+	for _, part := range append([]string{id, strings.Join(flags, " ")}, files...) {
 		fmt.Fprintf(h, "%d:%s\n", len(part), part)
 	}
+	for _, f := range append(files, units...) {
+		fmt.Fprintf(h, "%d:%s\n%d:%s\n", len(f), f, len(texts[f]), texts[f])
+	}
 	dir := filepath.Join(cacheDir(opts), hex.EncodeToString(h.Sum(nil))[:32])
-	lib := filepath.Join(dir, strings.TrimSuffix(name, ".cc")+".so")
+	lib := filepath.Join(dir, base+".so")
 	if _, err := os.Stat(lib); err == nil {
 		return lib, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("native: cache: %w", err)
 	}
-	srcPath := filepath.Join(dir, name)
-	for path, text := range map[string]string{filepath.Join(dir, "cnnc_cpu.h"): header, srcPath: tu} {
-		if err := writeAtomic(path, text); err != nil {
+	for f, text := range texts {
+		if err := writeAtomic(filepath.Join(dir, f), text); err != nil {
 			return "", err
 		}
 	}
-	tmp := lib + ".tmp" + randomSuffix()
-	cmd := exec.Command(cxx, append(flags, "-I", dir, "-o", tmp, srcPath)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		os.Remove(tmp)
-		var exitErr *exec.ExitError
-		if errors.As(err, &exitErr) {
-			return "", &CompileError{File: srcPath, Output: out.String()}
+	// each translation unit on its own compiler process (they take about the same time), then
+	// the link; objects get names of this process so concurrent builds do not collide
+	suffix := ".tmp" + randomSuffix()
+	objs := make([]string, len(units))
+	errs := make([]error, len(units))
+	var wg sync.WaitGroup
+	for i, u := range units {
+		objs[i] = filepath.Join(dir, strings.TrimSuffix(u, ".cc")+suffix+".o")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = runCompiler(cxx, dir, append(append([]string{"-x", "c++", "-c"}, flags...), "-I", dir, "-o", objs[i], filepath.Join(dir, u)), filepath.Join(dir, u))
+		}()
+	}
+	wg.Wait()
+	defer func() {
+		for _, o := range objs {
+			os.Remove(o)
 		}
-		return "", fmt.Errorf("native: running %s: %w", cxx, err)
+	}()
+	for _, err := range errs {
+		if err != nil {
+			return "", err
+		}
+	}
+	tmp := lib + suffix
+	if err := runCompiler(cxx, dir, append(append(append([]string{"-shared"}, flags...), "-o", tmp), objs...), lib); err != nil {
+		return "", err
 	}
 	if err := os.Rename(tmp, lib); err != nil {
 		os.Remove(tmp)
 		return "", fmt.Errorf("native: cache: %w", err)
 	}
 	return lib, nil
+}
+
+// runCompiler runs the C++ compiler; a failure is a *CompileError about file.
+func runCompiler(cxx, dir string, args []string, file string) error {
+	cmd := exec.Command(cxx, args...)
+	cmd.Dir = dir
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			return &CompileError{File: file, Output: out.String()}
+		}
+		return fmt.Errorf("native: running %s: %w", cxx, err)
+	}
+	return nil
 }
 
 func writeAtomic(path, content string) error {

@@ -99,6 +99,10 @@ func New(src []byte, name string, opts Options) (*Device, error) {
 	}
 	var scratch int64 = 64
 	for _, k := range info.kernels {
+		if k.tasks < 0 {
+			d.Close()
+			return nil, fmt.Errorf("native: %s: kernel %s splits its work differently per instruction set", name, k.name)
+		}
 		d.kernels[k.name] = kernel{fn: k.fn[isa], tasks: k.tasks, nparams: k.nparams}
 		scratch = max(scratch, k.scratch[isa])
 	}
@@ -255,3 +259,6 @@ func (d *Device) Close() error {
 	}
 	return nil
 }
+
+// HasAVX2FMA reports whether this CPU runs the AVX2+FMA kernels.
+func HasAVX2FMA() bool { return hasAVX2FMA() }

@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,56 +93,62 @@ var isas = [2]struct {
 // sharedEntry is the entry function of a library compiled at run time (a shared library).
 const sharedEntry = "cnnc_cpu_library_entry"
 
-// wrap turns a model's kernel source (named name in compiler messages) into the translation unit
-// that compiles it: the source once per instruction set inside its own namespace (named by the
-// hash of header and source, so several libraries can share a program), then the kernel table
-// and the entry function — builtin names a built-in library's (weak and hidden, looked up through
-// RegisterBuiltin), else the shared library's sharedEntry.
-func wrap(src []byte, name string, builtin string) (string, error) {
+// translationUnits are what compiles a model's kernel source src, which lies next to them as
+// srcFile: one file per instruction set, which includes the source inside its own namespace
+// (named by the hash of header and source, so several libraries can share a program) and exports
+// its kernels' implementations, and one with the names, the parameter counts and the entry
+// function — builtin names a built-in library's (weak and hidden, looked up through
+// RegisterBuiltin), else the shared library's sharedEntry. Separate files compile in parallel.
+// The result maps file names (srcFile's base, then _sse2.cc, _avx2.cc, _table.cc) to their text.
+func translationUnits(src []byte, srcFile, builtin string) (map[string]string, error) {
 	decls, err := findKernels(string(src))
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", name, err)
+		return nil, fmt.Errorf("%s: %w", srcFile, err)
 	}
 	id := libraryID(src)
-	var b strings.Builder
-	b.WriteString("// The CPU target's kernels of " + name + " for every instruction set (runtime/native's wrap).\n")
-	b.WriteString("#include \"cnnc_cpu.h\"\n")
+	base := strings.TrimSuffix(srcFile, filepath.Ext(srcFile))
+	out := map[string]string{}
 	for _, isa := range isas {
+		var b strings.Builder
+		fmt.Fprintf(&b, "// The CPU target's kernels of %s for %s (runtime/native).\n#include \"cnnc_cpu.h\"\n", srcFile, isa.suffix)
 		if isa.pragma != "" {
-			fmt.Fprintf(&b, "#pragma GCC push_options\n#pragma GCC target(\"%s\")\n", isa.pragma)
+			fmt.Fprintf(&b, "#pragma GCC target(\"%s\")\n", isa.pragma)
 		}
-		fmt.Fprintf(&b, "namespace cnnc_cpu_%s_%s {\n#define CNNC_VW %d\n#include \"cnnc_cpu.h\"\n", id, isa.suffix, isa.width)
-		fmt.Fprintf(&b, "#line 1 \"%s\"\n", name)
-		b.Write(src)
-		if len(src) > 0 && src[len(src)-1] != '\n' {
-			b.WriteByte('\n')
+		ns := fmt.Sprintf("cnnc_cpu_%s_%s", id, isa.suffix)
+		fmt.Fprintf(&b, "namespace %s {\n#define CNNC_VW %d\n#include \"cnnc_cpu.h\"\n#include \"%s\"\n#undef CNNC_VW\n}  // namespace %s\n\n", ns, isa.width, srcFile, ns)
+		fmt.Fprintf(&b, "extern const cnnc_cpu_kernel_impl %s_impl[%d];\nconst cnnc_cpu_kernel_impl %s_impl[%d] = {\n", ns, len(decls), ns, len(decls))
+		for _, d := range decls {
+			fmt.Fprintf(&b, "    {&%s::%s::run, %s::%s::scratch, %s::%s::tasks},\n", ns, d.name, ns, d.name, ns, d.name)
 		}
-		fmt.Fprintf(&b, "#undef CNNC_VW\n}  // namespace cnnc_cpu_%s_%s\n", id, isa.suffix)
-		if isa.pragma != "" {
-			b.WriteString("#pragma GCC pop_options\n")
-		}
+		b.WriteString("};\n")
+		out[base+"_"+isa.suffix+".cc"] = b.String()
 	}
-	fmt.Fprintf(&b, "\n// ---- the kernel table runtime/native reads ----\nnamespace cnnc_cpu_%s_table {\n", id)
-	ns := func(i int) string { return fmt.Sprintf("cnnc_cpu_%s_%s", id, isas[i].suffix) }
+	var b strings.Builder
+	fmt.Fprintf(&b, "// The kernel table of %s (runtime/native).\n#include \"cnnc_cpu.h\"\n\n", srcFile)
+	for _, isa := range isas {
+		fmt.Fprintf(&b, "extern const cnnc_cpu_kernel_impl cnnc_cpu_%s_%s_impl[%d];\n", id, isa.suffix, len(decls))
+	}
+	fmt.Fprintf(&b, "namespace cnnc_cpu_%s_table {\nconst char* const names[] = {\n", id)
 	for _, d := range decls {
-		fmt.Fprintf(&b, "static_assert(%s::%s::tasks == %s::%s::tasks, \"%s: the instruction sets split the work differently\");\n",
-			ns(0), d.name, ns(1), d.name, d.name)
+		fmt.Fprintf(&b, "    \"%s\",\n", d.name)
 	}
-	b.WriteString("const cnnc_cpu_kernel_info kernels[] = {\n")
-	for _, d := range decls {
-		fmt.Fprintf(&b, "    {\"%s\", {&%s::%s::run, &%s::%s::run}, {%s::%s::scratch, %s::%s::scratch}, %s::%s::tasks, %d},\n",
-			d.name, ns(0), d.name, ns(1), d.name, ns(0), d.name, ns(1), d.name, ns(0), d.name, d.nparams)
+	b.WriteString("};\nconst int32_t nparams[] = {")
+	for i, d := range decls {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprint(&b, d.nparams)
 	}
-	b.WriteString("};\n")
-	fmt.Fprintf(&b, "const cnnc_cpu_library library = {CNNC_CPU_ABI, \"%s\", %d, kernels};\n", sourceSHA(src), len(decls))
-	fmt.Fprintf(&b, "}  // namespace cnnc_cpu_%s_table\n\n", id)
+	fmt.Fprintf(&b, "};\nconst cnnc_cpu_library library = {CNNC_CPU_ABI, \"%s\", %d, names, nparams, {cnnc_cpu_%s_sse2_impl, cnnc_cpu_%s_avx2_impl}};\n}  // namespace cnnc_cpu_%s_table\n\n",
+		sourceSHA(src), len(decls), id, id, id)
 	if builtin != "" {
 		fmt.Fprintf(&b, "extern \"C\" __attribute__((weak, visibility(\"hidden\"))) const cnnc_cpu_library* %s(void) {\n", builtin)
 	} else {
 		fmt.Fprintf(&b, "extern \"C\" __attribute__((visibility(\"default\"))) const cnnc_cpu_library* %s(void) {\n", sharedEntry)
 	}
 	fmt.Fprintf(&b, "  return &cnnc_cpu_%s_table::library;\n}\n", id)
-	return b.String(), nil
+	out[base+"_table.cc"] = b.String()
+	return out, nil
 }
 
 // libraryID names a library's namespaces and built-in entry: 8 bytes of the hash of the header
@@ -158,23 +165,24 @@ var CXXFlags = []string{"-std=c++20", "-O3", "-g0", "-ffp-contract=fast", "-fvis
 
 // Builtin is a model's kernel source prepared for compiling into a program by go build (cgo).
 type Builtin struct {
-	// Source is the C++ translation unit: write it (any name ending in .cc), with Header() as
-	// cnnc_cpu.h beside it, into the Go package that registers it.
-	Source string
-	// Entry is its entry function `const cnnc_cpu_library* Entry(void)`: the package declares it
+	// Sources are the C++ translation units by file name: write them, with Header() as
+	// cnnc_cpu.h and the model's kernel source as the file BuiltinSource was given, into the Go
+	// package that registers them.
+	Sources map[string]string
+	// Entry is the entry function `const cnnc_cpu_library* Entry(void)`: the package declares it
 	// in its cgo preamble and calls RegisterBuiltin(unsafe.Pointer(C.Entry)) at init.
 	Entry string
 }
 
-// BuiltinSource prepares a model's kernel source (named name in compiler messages) for
-// compiling into a program.
-func BuiltinSource(src []byte, name string) (*Builtin, error) {
+// BuiltinSource prepares a model's kernel source, kept next to the translation units as srcFile
+// (a name cgo does not compile on its own, e.g. kernels_cpu.h), for compiling into a program.
+func BuiltinSource(src []byte, srcFile string) (*Builtin, error) {
 	entry := "cnnc_cpu_builtin_" + libraryID(src)
-	tu, err := wrap(src, name, entry)
+	tus, err := translationUnits(src, srcFile, entry)
 	if err != nil {
 		return nil, err
 	}
-	return &Builtin{Source: tu, Entry: entry}, nil
+	return &Builtin{Sources: tus, Entry: entry}, nil
 }
 
 // GoFile renders the Go file of package pkg that compiles the built-in library (its cgo flags)
@@ -205,4 +213,4 @@ func RegisterBuiltin(entry unsafe.Pointer) {
 }
 
 // abiVersion is CNNC_CPU_ABI of cnnc_cpu.h.
-const abiVersion = 1
+const abiVersion = 2
