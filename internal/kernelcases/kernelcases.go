@@ -479,7 +479,6 @@ func LinearChecks(t testing.TB, variant int, rng *rand.Rand) []Case {
 
 // ---- pools, elementwise, loss, updates, dropout ----
 
-
 // PoolChecks are max- and average-pool forward and gradient kernels on odd sizes (rows and
 // columns no window reads), overlapping and padded windows, rectangular windows, strides larger
 // than the window (gaps), 1x1 windows.
