@@ -29,11 +29,13 @@ kernels — and builds a standalone trainer binary with go build. The trainer
 allocates exactly the planned arena once, takes its defaults from the
 model's train and data blocks, and explains its flags with -h.
 
---target cpu runs the generated CUDA C on the CPU through cnnc's emulator
-(it needs g++ where the trainer runs, to compile its kernels at start);
---target cuda embeds a fatbin built by nvcc for sm_80 and sm_90 (with PTX)
-and links gorgonia.org/cu — such a binary exits at start on a machine
-without a GPU; --target auto picks cuda when nvcc is present.
+--target cpu builds kernels generated for the CPU (vectorised, AVX2+FMA
+where the CPU has it, on every core) into the binary; --target emu runs the
+generated CUDA C on cnnc's CUDA emulator instead (slow: for checking the
+CUDA kernels in a whole trainer); --target cuda embeds a fatbin built by
+nvcc for sm_80 and sm_90 (with PTX) and links gorgonia.org/cu — such a
+binary exits at start on a machine without a GPU; --target auto picks cuda
+when nvcc is present.
 
 The build works in any directory: the trainer module carries a copy of
 cnnc's runtime and needs only the Go module proxy (or the module cache).
@@ -48,14 +50,14 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				return exitError{exitUsage}
 			}
 			switch target {
-			case "cpu", "cuda":
+			case "cpu", "cuda", "emu":
 			case "auto":
 				target = "cpu"
 				if _, err := nvcc.Path(); err == nil {
 					target = "cuda"
 				}
 			default:
-				fmt.Fprintf(stderr, "cnnc build: --target %s: want cpu, cuda or auto\n", target)
+				fmt.Fprintf(stderr, "cnnc build: --target %s: want cpu, cuda, emu or auto\n", target)
 				return exitError{exitUsage}
 			}
 			start := time.Now()
@@ -77,12 +79,25 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				}
 				source = "--memory-budget"
 			}
-			c, err := trainergen.Compile(res, budgetBytes, source)
+			compile := trainergen.Compile
+			if target == "cpu" {
+				compile = trainergen.CompileCPU
+			}
+			c, err := compile(res, budgetBytes, source)
 			if err != nil {
 				return backendError(args[0], res, err, stderr)
 			}
 			step("planned memory: arena %s B (%s, %s)", compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
 			step("generated %d kernels, %d launches per training step", len(c.Train.Kernels), len(c.Train.Launches))
+			cudaC := c.Kernels
+			if emitCUDA != "" && target == "cpu" {
+				// the CUDA C is another target's kernels, on the same plan
+				cu, err := trainergen.Compile(res, budgetBytes, source)
+				if err != nil {
+					return backendError(args[0], res, err, stderr)
+				}
+				cudaC = cu.Kernels
+			}
 			if emitCUDA != "" {
 				name := strings.TrimSuffix(filepath.Base(args[0]), filepath.Ext(args[0])) + ".cu"
 				path := filepath.Join(emitCUDA, name)
@@ -90,7 +105,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
-				if err := os.WriteFile(path, c.Kernels, 0o644); err != nil {
+				if err := os.WriteFile(path, cudaC, 0o644); err != nil {
 					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
@@ -121,9 +136,15 @@ nvcc compiles as it is; without -o, build only writes them.`,
 					return exitError{exitModel}
 				}
 				tags = trainergen.CUDATags
-			} else if err := trainergen.WriteModule(dir, c.Spec, c.Kernels); err != nil {
-				fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
-				return exitError{exitModel}
+			} else {
+				write := trainergen.WriteModule
+				if target == "cpu" {
+					write = trainergen.WriteModuleCPU
+				}
+				if err := write(dir, c.Spec, c.Kernels); err != nil {
+					fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
+					return exitError{exitModel}
+				}
 			}
 			step("wrote the trainer module in %s", dir)
 			if _, err := exec.LookPath("go"); err != nil {
@@ -142,7 +163,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "the trainer `BINARY` to build")
-	cmd.Flags().StringVar(&target, "target", "cpu", "`cpu, cuda or auto` (cuda when nvcc is present)")
+	cmd.Flags().StringVar(&target, "target", "cpu", "`cpu, cuda, emu or auto` (cuda when nvcc is present)")
 	cmd.Flags().StringVar(&emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
 	cmd.Flags().StringVar(&workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
 	cmd.Flags().StringVar(&budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")

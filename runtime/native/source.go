@@ -158,10 +158,12 @@ func libraryID(src []byte) string {
 	return hex.EncodeToString(h[:8])
 }
 
-// CXXFlags are the flags every kernel library is compiled with: C++20, optimised, floating-point
-// contraction on (the AVX2 table's multiply-adds become FMAs), no debug information (trainers
-// are stripped; it costs a third of the compile time).
-var CXXFlags = []string{"-std=c++20", "-O3", "-g0", "-ffp-contract=fast", "-fvisibility=hidden", "-fno-math-errno"}
+// CXXFlags are the flags every kernel library is compiled with: C++20 in GNU mode, whose
+// floating-point contraction is on (the AVX2 table's multiply-adds become FMAs), optimised, no
+// debug information (trainers are stripped; it costs a third of the compile time). They are the
+// flags of a trainer's `#cgo CXXFLAGS:` line too, so each must be one go build allows there
+// (-ffp-contract=fast and -fno-math-errno are not).
+var CXXFlags = []string{"-std=gnu++20", "-O3", "-g0", "-fvisibility=hidden"}
 
 // Builtin is a model's kernel source prepared for compiling into a program by go build (cgo).
 type Builtin struct {
