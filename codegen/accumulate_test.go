@@ -40,6 +40,8 @@ func TestAccumulatingKernels(t *testing.T) {
 	require.NoError(t, err)
 	defer dev.Close()
 	rng := rand.New(rand.NewPCG(12, 13))
+	block, err := kernelcheck.ScalarBlock(dev, kernelcheck.Scalars{}, batch)
+	require.NoError(t, err)
 	for _, n := range nodes {
 		ins := kernelcheck.RandomInputs(n, batch, rng)
 		want, err := reference.RunNode(n, ins, batch, reference.NodeOptions{})
@@ -76,8 +78,8 @@ func TestAccumulatingKernels(t *testing.T) {
 						ptr[a.Value] = p
 					}
 					params = append(params, uint64(ptr[a.Value]))
-				case codegen.ArgValid:
-					params = append(params, batch)
+				case codegen.ArgScalars:
+					params = append(params, uint64(block))
 				default:
 					params = append(params, uint64(a.Int))
 				}

@@ -5,13 +5,15 @@
 // Out: a Program — one .cu source (every kernel extern "C", shapes compiled
 // in), the kernels by name, and the launches in schedule order, each with
 // grid, block, dynamic shared bytes, arguments (IR values standing for
-// device buffers, or runtime scalars such as the learning rate and step),
-// and the FLOPs and minimum bytes it must move (for profiling and roofline
-// checks).
+// device buffers, or the block of run-time scalars: learning rate, step,
+// seed, valid count), and the FLOPs and minimum bytes it must move (for
+// profiling and roofline checks).
 //
 // Why it is shaped so: kernels come from text templates (templates/), one
-// per family, chosen by a table keyed by IR op (kernelRules) — so adding an
-// op is one template and one rule. Buffers are named by IR value, not
+// per family. Each op's binding is in its file in compiler/ops: an
+// elementwise template, which runs with no rule here (so adding an
+// elementwise op is its op file and its template), or a family whose rule
+// a file of this package registers (kernelRules). Buffers are named by IR value, not
 // address: the memory plan decides where each lives, and the same Program
 // drives the CPU emulator and the GPU through device.Device.
 package codegen
@@ -25,6 +27,7 @@ import (
 	"text/template"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/internal/gentext"
 	"github.com/cnnc/cnnc/templates"
 )
@@ -36,10 +39,11 @@ const (
 	ArgBuffer ArgKind = iota // device pointer to an IR value's buffer
 	ArgInt                   // compile-time integer passed at run time
 	ArgFloat                 // compile-time float passed at run time
-	ArgLR                    // the learning rate (trainers may override it)
-	ArgStep                  // the 0-based training step (Adam bias correction, dropout RNG)
-	ArgSeed                  // the run's seed (dropout RNG)
-	ArgValid                 // samples of the batch that are real (a partial last batch is padded)
+	// ArgScalars points to the step's scalar block (CnncStepScalars,
+	// runtime/device.StepScalars): learning rate, step, seed and valid
+	// count, which change from step to step. Kernels read them there, so
+	// their arguments never change and a captured step replays as it is.
+	ArgScalars
 )
 
 // Arg is one kernel argument.
@@ -61,14 +65,8 @@ func (a Arg) String() string {
 		return fmt.Sprint(a.Int)
 	case ArgFloat:
 		return fmt.Sprint(a.Float)
-	case ArgLR:
-		return "lr"
-	case ArgStep:
-		return "step"
-	case ArgValid:
-		return "valid"
 	}
-	return "seed"
+	return "scalars"
 }
 
 // Kernel is one generated kernel.
@@ -113,14 +111,27 @@ type Program struct {
 	Scratch []*ir.Value
 }
 
-// NoRuleError is Generate's error for an op that has no kernel rule.
+// NoRuleError is Generate's error for an op that has no kernel rule, or
+// whose rule on a target other than CUDA cannot generate the node's form
+// (Reason says which).
 type NoRuleError struct {
 	Op   ir.Op
 	Node string // the node's text
+	// Target names the target (Target.Name) when it is not CUDA.
+	Target string
+	// Reason is what the target lacks for this node, when it has a rule
+	// for the op ("groups=2").
+	Reason string
 }
 
 func (e *NoRuleError) Error() string {
-	return fmt.Sprintf("codegen: no kernel for %s (%s)", e.Op, e.Node)
+	if e.Target == "" {
+		return fmt.Sprintf("codegen: no kernel for %s (%s)", e.Op, e.Node)
+	}
+	if e.Reason != "" {
+		return fmt.Sprintf("codegen: the %s target cannot generate %s with %s (%s)", e.Target, e.Op, e.Reason, e.Node)
+	}
+	return fmt.Sprintf("codegen: the %s target has no kernel for %s (%s)", e.Target, e.Op, e.Node)
 }
 
 // Options tune Generate.
@@ -139,9 +150,48 @@ type Options struct {
 // rule generates the kernels and launches of one node.
 type rule func(e *emitter, n *ir.Node) error
 
-// kernelRules: one entry per op that runs a kernel. Views (flatten,
-// reshape) are handled by Generate.
+// kernelRules: the rules of ops bound to a custom family (ops.Kernel.Custom).
+// Views (flatten, reshape) launch nothing; ops bound to an elementwise
+// template use elementwiseRule.
 var kernelRules = map[ir.Op]rule{}
+
+// ruleOf is the rule that generates op's kernels, if any.
+func ruleOf(op ir.Op) (rule, bool) {
+	if r, ok := kernelRules[op]; ok {
+		return r, true
+	}
+	if d := ops.Of(op); d != nil && d.Kernel.Elementwise != "" {
+		return elementwiseRule(d.Kernel), true
+	}
+	return nil, false
+}
+
+// CheckBinding says what is missing for op's kernel binding to generate:
+// the rule of a custom family, or the template an elementwise binding
+// names (the registry's tests run it for every op).
+func CheckBinding(op ir.Op) error {
+	d := ops.Of(op)
+	switch {
+	case d == nil:
+		return fmt.Errorf("%s is not registered", op)
+	case d.View || d.Kernel.ReplacedBy != "":
+		return nil
+	case d.Kernel.Elementwise != "":
+		if tmpl.Lookup(d.Kernel.Elementwise) == nil {
+			return fmt.Errorf("%s: no template %q in templates/", op, d.Kernel.Elementwise)
+		}
+		if _, custom := kernelRules[op]; custom {
+			return fmt.Errorf("%s: bound to an elementwise template and to a rule of codegen", op)
+		}
+		return nil
+	case d.Kernel.Custom != "":
+		if _, ok := kernelRules[op]; !ok {
+			return fmt.Errorf("%s: bound to family %q but codegen registers no rule for it", op, d.Kernel.Custom)
+		}
+		return nil
+	}
+	return fmt.Errorf("%s has no kernel binding", op)
+}
 
 // register adds rules; each family's file registers its ops in init.
 func register(op ir.Op, r rule) {
@@ -153,12 +203,18 @@ func register(op ir.Op, r rule) {
 
 var tmpl = template.Must(template.New("cu").Funcs(template.FuncMap{
 	"join": strings.Join,
+	// unknownOptimizer fails a template that reached an optimizer the
+	// table has no kernel blocks for (never another optimizer's).
+	"unknownOptimizer": func(kind string) (string, error) {
+		return "", fmt.Errorf("no kernel template for optimizer %s", kind)
+	},
 }).ParseFS(templates.FS, "*.cu.tmpl"))
 
 // emitter collects kernels and launches.
 type emitter struct {
 	prog    *Program
 	batch   int64
+	eval    bool // evaluation's kernels (Options.Eval)
 	kernels map[string]*Kernel
 }
 
@@ -223,7 +279,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 		return nil, fmt.Errorf("codegen: batch must be positive, got %d", opts.Batch)
 	}
 	p := &Program{Model: model, Batch: opts.Batch, Views: map[*ir.Value]*ir.Value{}}
-	e := &emitter{prog: p, batch: opts.Batch, kernels: map[string]*Kernel{}}
+	e := &emitter{prog: p, batch: opts.Batch, eval: opts.Eval, kernels: map[string]*Kernel{}}
 	for seq, it := range items {
 		n := it.node
 		e.batch = it.batch
@@ -237,7 +293,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 				return nil, err
 			}
 		}
-		if n.Op == ir.OpFlatten || n.Op == ir.OpReshape || (opts.Eval && n.Op == ir.OpDropout) {
+		if info := n.Op.Info(); info.View || (opts.Eval && info.EvalIdentity) {
 			src := n.Ins[0]
 			if s, ok := p.Views[src]; ok {
 				src = s
@@ -279,7 +335,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 // samples: its scratch buffers, each 256-byte aligned, one after another.
 // The memory planner places it (plan.Config.Workspace).
 func Workspace(n *ir.Node, samples int64) int64 {
-	if _, ok := kernelRules[n.Op]; !ok {
+	if _, ok := ruleOf(n.Op); !ok {
 		return 0
 	}
 	// the planner asks for every node of every candidate plan: remember
@@ -362,3 +418,9 @@ func gridFor(n int64, block uint32) [3]uint32 {
 }
 
 func buf(v *ir.Value) Arg { return Arg{Kind: ArgBuffer, Value: v} }
+
+// scalarsParam is the kernel parameter that points to the step's scalar
+// block, and scalarsArg its argument.
+const scalarsParam = "const CnncStepScalars* __restrict__ scalars"
+
+var scalarsArg = Arg{Kind: ArgScalars}

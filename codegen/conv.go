@@ -549,17 +549,17 @@ func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, par
 			args = append(args, buf(v))
 			moved += 2 * v.Type.Bytes(e.batch) // read and written
 		}
-		params = append(params, "float lr", "long long step")
-		args = append(args, Arg{Kind: ArgLR}, Arg{Kind: ArgStep})
+		params = append(params, scalarsParam)
+		args = append(args, scalarsArg)
 		d.Site = newOptSite(opt, "gradSum", "w", wStates, "at")
 		if g.Bias {
 			d.BiasSite = newOptSite(opt, "gradSum", "bias", bStates, "at")
 		}
-		perElem := int64(4)
-		if opt.Kind != ir.SGD {
-			perElem = 12
+		info, err := opt.Info()
+		if err != nil {
+			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
-		flops += perElem * d.WE
+		flops += info.FLOPs(opt) * d.WE
 	}
 	d.Idx = indexType(d.Splits * d.WE)
 	if forceLongIndex {

@@ -10,8 +10,8 @@ import (
 // dropout(x) and dropout_grad(dy): the training variant, y = x·mask/(1-p)
 // with the mask from Philox4x32-10 keyed by the run's seed and counted by
 // (element, step, stream), identical to reference.DropoutKeep; the gradient
-// multiplies by the same regenerated mask. Seed and step are run-time
-// arguments. Evaluation (dropout off) is the identity and runs no kernel;
+// multiplies by the same regenerated mask. Seed and step are read from the
+// step's scalar block. Evaluation (dropout off) is the identity and runs no kernel;
 // choosing it is the trainer's business.
 
 func init() {
@@ -51,7 +51,7 @@ func dropoutRule(family, what string) rule {
 		e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
 			// the last argument: the slice's first element in the whole batch
 			// (set by GenerateFromPlan inside micro-batch loops)
-			Args: []Arg{buf(n.Ins[0]), buf(out), {Kind: ArgSeed}, {Kind: ArgStep}, {Kind: ArgInt, Int: 0}}, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+			Args: []Arg{buf(n.Ins[0]), buf(out), scalarsArg, {Kind: ArgInt, Int: 0}}, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 		return nil
 	}
 }

@@ -2,11 +2,16 @@ package codegen
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
-// Elementwise families: one thread per element in a grid-stride loop.
+// Elementwise families: one thread per element in a grid-stride loop. An
+// op whose binding (compiler/ops, Kernel.Elementwise) names a template
+// runs through elementwiseRule with no rule of its own; to_tensor needs
+// the image's dimensions.
 
 const elementwiseBlock = 256
 
@@ -15,18 +20,48 @@ func init() {
 		u8 := n.Ins[0].Type // [H,W,C]
 		return map[string]any{"H": u8.Dims[0], "W": u8.Dims[1], "C": u8.Dims[2]}
 	}))
-	register(ir.OpAdd, elementwise("add", nil))
-	register(ir.OpReLU, elementwise("relu", nil))
-	register(ir.OpReLUGrad, elementwise("relu_grad", nil))
+}
+
+// elementwiseRule is the rule of an op bound to an elementwise template:
+// its constants, as C float literals, go to the template (Consts) and
+// into the kernel's name, as do the binding's Data and Suffix.
+func elementwiseRule(k ops.Kernel) rule {
+	return func(e *emitter, n *ir.Node) error {
+		var consts []ops.Const
+		if k.Consts != nil {
+			consts = k.Consts(&n.Attrs)
+		}
+		var suffix strings.Builder
+		for _, c := range consts {
+			fmt.Fprintf(&suffix, "_%s%s", strings.ToLower(c.Name), nameNumber(c.Value))
+		}
+		if k.Suffix != nil {
+			suffix.WriteString("_" + k.Suffix(n))
+		}
+		return elementwise(k.Elementwise, func(*ir.Node) map[string]any {
+			cs := map[string]string{}
+			for _, c := range consts {
+				cs[c.Name] = cFloat(c.Value)
+			}
+			data := map[string]any{"Consts": cs}
+			if k.Data != nil {
+				for name, v := range k.Data(n) {
+					data[name] = v
+				}
+			}
+			return data
+		}, suffix.String())(e, n)
+	}
 }
 
 // elementwise makes the rule of a kernel whose arguments are the node's
-// inputs then its output, over the output's elements.
-func elementwise(family string, extra func(n *ir.Node) map[string]any) rule {
+// inputs then its output, over the output's elements; suffix ends the
+// kernel's name.
+func elementwise(family string, extra func(n *ir.Node) map[string]any, suffix ...string) rule {
 	return func(e *emitter, n *ir.Node) error {
 		out := n.Out()
 		elems := out.Type.Elems(e.batch)
-		name := fmt.Sprintf("%s_%s_b%d", family, shapeName(out.Type.Dims), e.batch)
+		name := fmt.Sprintf("%s_%s_b%d%s", family, shapeName(out.Type.Dims), e.batch, strings.Join(suffix, ""))
 		data := map[string]any{"Name": name, "Elems": elems}
 		if extra != nil {
 			for k, v := range extra(n) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/plan"
 )
 
@@ -24,7 +25,7 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 		values[v.Name] = v
 	}
 	for _, n := range p.Graph.Nodes {
-		if n.Op == ir.OpFlatten || n.Op == ir.OpReshape {
+		if n.Op.Info().View {
 			views[n.Out()] = n
 		}
 		for _, v := range n.Outs {
@@ -53,7 +54,7 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 			return fmt.Errorf("codegen: plan step %d (%s) has no IR node", s.Index, s.Text)
 		}
 		if s.Loop >= 0 {
-			if n.Op == ir.OpSoftmaxCrossEntropy {
+			if n.Op.Info().Loss {
 				n.Attrs.Accumulate = true // loss and correct count summed over micro-batches
 			}
 			if s.Accumulate {
@@ -133,13 +134,15 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 			}
 			l.Args[i].Offset = w.first * per
 		}
-		// the micro-batch's place in the whole batch: dropout counts
-		// elements, the loss rows
-		switch l.Node.Op {
-		case ir.OpDropout, ir.OpDropoutGrad:
-			l.Args[len(l.Args)-1].Int = w.first * l.Node.Out().Type.SampleElems()
-		case ir.OpSoftmaxCrossEntropy:
-			l.Args[len(l.Args)-1].Int = w.first
+		// the micro-batch's place in the whole batch (the op's binding says
+		// whether its kernels take it): dropout counts elements, the loss rows
+		if d := ops.Of(l.Node.Op); d != nil {
+			switch d.Kernel.FirstSample {
+			case ops.FirstElement:
+				l.Args[len(l.Args)-1].Int = w.first * l.Node.Out().Type.SampleElems()
+			case ops.FirstRow:
+				l.Args[len(l.Args)-1].Int = w.first
+			}
 		}
 	}
 	return prog, nil

@@ -287,7 +287,7 @@ func linearGradWeightRule(e *emitter, n *ir.Node) error {
 			params, args = append(params, outParam(stateParams(names[i/per], opt)[i%per])), append(args, buf(v))
 			bytes += v.Type.Bytes(b)
 		}
-		params, args = append(params, "float lr", "long long step"), append(args, Arg{Kind: ArgLR}, Arg{Kind: ArgStep})
+		params, args = append(params, scalarsParam), append(args, scalarsArg)
 		k.Site = newOptSite(opt, "v", "w", stateParams("w", opt), "at")
 		if a.Bias {
 			k.BiasSite = newOptSite(opt, "v", "b", stateParams("b", opt), "m")

@@ -3,7 +3,6 @@ package codegen_test
 import (
 	"bytes"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -264,6 +263,9 @@ func TestLinearAndLossDeterministic(t *testing.T) {
 	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{Workers: 2})
 	require.NoError(t, err)
 	defer dev.Close()
+	// step 3 and 3 real rows of the batch
+	block, err := kernelcheck.ScalarBlock(dev, kernelcheck.Scalars{LR: testLR, Step: 3, Valid: 3}, batch)
+	require.NoError(t, err)
 	run := func() map[string][]byte {
 		rng := rand.New(rand.NewPCG(1, 2))
 		ptrs := map[*ir.Value]device.Ptr{}
@@ -289,10 +291,10 @@ func TestLinearAndLossDeterministic(t *testing.T) {
 						ptrs[a.Value] = p
 					}
 					params = append(params, uint64(ptrs[a.Value]))
-				case codegen.ArgLR:
-					params = append(params, uint64(math.Float32bits(testLR)))
+				case codegen.ArgScalars:
+					params = append(params, uint64(block))
 				default:
-					params = append(params, 3)
+					params = append(params, uint64(a.Int))
 				}
 			}
 			require.NoError(t, dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params))

@@ -19,10 +19,20 @@ func init() {
 func softmaxCrossEntropyRule(e *emitter, n *ir.Node) error {
 	classes := n.Ins[0].Type.Dims[0]
 	name := fmt.Sprintf("softmax_cross_entropy_b%d_c%d", e.batch, classes)
+	eps := n.Attrs.Smoothing
+	if eps != 0 {
+		name += "_ls" + nameNumber(eps)
+	}
 	if n.Attrs.Accumulate {
 		name += "_acc" // a micro-batch of a loop: adds its share of the batch's loss
 	}
 	data := map[string]any{"Name": name, "Batch": e.batch, "Classes": classes, "Idx": indexType(e.batch * classes), "Accumulate": n.Attrs.Accumulate}
+	if eps != 0 {
+		// the smoothed target's weights, rounded once to float32 here
+		data["Smoothing"] = eps
+		data["OnTarget"] = cFloat(1 - eps)
+		data["OffTarget"] = cFloat(eps / float64(classes))
+	}
 	if e.batch > 1<<31-1 {
 		return fmt.Errorf("codegen: %s: batch %d is too large", n.Text(), e.batch)
 	}
@@ -33,9 +43,10 @@ func softmaxCrossEntropyRule(e *emitter, n *ir.Node) error {
 	for _, v := range n.Outs {
 		args = append(args, buf(v))
 	}
-	// the rows that are real: a padded last batch contributes nothing; and
-	// the micro-batch's first row (set by GenerateFromPlan inside loops)
-	args = append(args, Arg{Kind: ArgValid}, Arg{Kind: ArgInt, Int: 0})
+	// the step's scalars (the rows that are real: a padded last batch
+	// contributes nothing); and the micro-batch's first row (set by
+	// GenerateFromPlan inside loops)
+	args = append(args, scalarsArg, Arg{Kind: ArgInt, Int: 0})
 	e.launch(&Launch{Node: n, Kernel: name, Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{lossThreads, 1, 1}, SharedBytes: 16 * 4,
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 	return nil

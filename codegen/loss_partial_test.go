@@ -1,6 +1,7 @@
 package codegen_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -19,13 +20,19 @@ import (
 
 // A partial last batch is padded to the compiled batch: the loss kernel
 // averages over the real rows only and gives the padding zero gradient, as
-// PyTorch does with a smaller last batch.
+// PyTorch does with a smaller last batch (with label smoothing too).
 func TestSoftmaxCrossEntropyPartialBatch(t *testing.T) {
+	for _, eps := range []float64{0, 0.2} {
+		t.Run(fmt.Sprint("label_smoothing=", eps), func(t *testing.T) { partialBatchCE(t, eps) })
+	}
+}
+
+func partialBatchCE(t *testing.T, eps float64) {
 	const batch, valid, classes = 5, 3, 7
 	g := ir.NewGraph("T")
 	logits := g.NewValue("logits", ir.F32Batched(classes), ir.RoleActivation, dsl.Pos{})
 	label := g.NewValue("label", ir.Type{DType: ir.Class, Batched: true, Classes: classes}, ir.RoleLabel, dsl.Pos{})
-	n := typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")
+	n := typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: eps}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")
 	prog, err := codegen.GenerateNodes("T", []*ir.Node{n}, codegen.Options{Batch: batch})
 	require.NoError(t, err)
 	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
@@ -51,11 +58,13 @@ func TestSoftmaxCrossEntropyPartialBatch(t *testing.T) {
 	bufs := []device.Ptr{ptr(kernelcheck.Encode(logits.Type, ins[0], batch)), ptr(kernelcheck.Encode(label.Type, ins[1], batch)),
 		ptr(nan(1)), ptr(nan(batch * classes)), ptr(nan(1))}
 	l := prog.Launches[0]
+	block, err := kernelcheck.ScalarBlock(dev, kernelcheck.Scalars{Valid: valid}, batch)
+	require.NoError(t, err)
 	var params []uint64
 	for i, a := range l.Args {
 		switch a.Kind {
-		case codegen.ArgValid:
-			params = append(params, valid)
+		case codegen.ArgScalars:
+			params = append(params, uint64(block))
 		case codegen.ArgInt:
 			params = append(params, uint64(a.Int))
 		default:

@@ -29,6 +29,16 @@ func lossUpdateDropoutCases(t *testing.T, g *ir.Graph, variant int) []nodeCase {
 			logits := g.NewValue(fmt.Sprintf("logits%d", classes), ir.F32Batched(classes), ir.RoleActivation, dsl.Pos{})
 			label := g.NewValue(fmt.Sprintf("label%d", classes), ir.Type{DType: ir.Class, Batched: true, Classes: classes}, ir.RoleLabel, dsl.Pos{})
 			cases = append(cases, nodeCase{n: typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")})
+			// label smoothing (PyTorch's label_smoothing): another kernel
+			// per ε, the target's weights compiled in. Not for one class:
+			// there the loss is x - x = 0 by cancellation, and the check's
+			// scale (the loss itself) is 0.
+			if classes == 1 {
+				continue
+			}
+			for _, eps := range []float64{0.1, 0.35} {
+				cases = append(cases, nodeCase{n: typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: eps}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")})
+			}
 		}
 		// standalone updates of a parameter with an accumulated gradient
 		for k, opt := range testOptimizers {

@@ -14,6 +14,7 @@ import (
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/emu"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -76,6 +77,7 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 	for i := int64(0); i < spec.Train.Labels.Elems(); i++ {
 		binary.LittleEndian.PutUint32(init[spec.Train.Labels.Offset+4*i:], uint32(rng.IntN(spec.Classes)))
 	}
+	device.StepScalars{Step: 0, Seed: 5, Valid: int64(spec.Batch), LR: 0.01}.Put(init[spec.Scalars:])
 
 	// run returns, per launch, a hash of every buffer argument after it,
 	// and the whole arena after the step
@@ -133,14 +135,8 @@ func launchArg(a trainer.Arg, base emu.Ptr, spec *trainer.Spec) uint64 {
 		return uint64(a.Int)
 	case trainer.ArgFloat:
 		return uint64(math.Float32bits(a.Float))
-	case trainer.ArgLR:
-		return uint64(math.Float32bits(0.01))
-	case trainer.ArgStep:
-		return 0
-	case trainer.ArgSeed:
-		return 5
-	case trainer.ArgValid:
-		return uint64(spec.Batch)
+	case trainer.ArgScalars:
+		return uint64(base) + uint64(spec.Scalars)
 	}
 	panic(fmt.Sprintf("unknown argument kind %d", a.Kind))
 }

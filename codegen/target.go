@@ -1,6 +1,7 @@
 package codegen
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -62,12 +63,14 @@ func (e *emitter) Scratch(n *ir.Node, suffix string, t ir.Type) *ir.Value {
 // nodeKernels adds node n's kernels and launches for the options' target.
 func (e *emitter) nodeKernels(opts Options, n *ir.Node) error {
 	if opts.Target != nil {
-		if err := opts.Target.Node(e, n); err != nil {
+		err := opts.Target.Node(e, n)
+		var nr *NoRuleError
+		if err != nil && !errors.As(err, &nr) {
 			return fmt.Errorf("codegen (%s target): %w", opts.Target.Name(), err)
 		}
-		return nil
+		return err
 	}
-	r, ok := kernelRules[n.Op]
+	r, ok := ruleOf(n.Op)
 	if !ok {
 		return &NoRuleError{Op: n.Op, Node: n.Text()}
 	}

@@ -6,13 +6,16 @@ import (
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Optimizer updates: the standalone sgd_update / adam_update kernels (for
 // parameters whose gradient is accumulated before the update, e.g. over
 // micro-batches) and the update fused into weight-gradient epilogues share
 // the "opt_step" template. Hyper-parameters are compiled in; the learning
-// rate (trainers may schedule it) and the step are run-time arguments.
+// rate (trainers may schedule it) and the step are read at run time from
+// the step's scalar block: a kernel that updates parameters takes
+// scalarsParam, which "opt_prologue" reads.
 
 const updateBlock = 256
 
@@ -21,26 +24,34 @@ func init() {
 	register(ir.OpAdamUpdate, updateRule)
 }
 
-// optSite is one parameter's update: the optimizer's constants as C
-// literals, and the C expressions of the gradient (G), the parameter (P)
-// and its state (S0, S1) for the element being updated.
+// optSite is one parameter's update: the optimizer's template (its table
+// row in compiler/ops), its constants as C literals, and the C expressions
+// of the gradient (G), the parameter (P) and its state (S0, S1) for the
+// element being updated.
 type optSite struct {
-	Kind                                 string // sgd, adam, adamw
-	IsAdam, HasWD, HasMomentum, Nesterov bool
-	WD, Momentum                         string
-	Beta1, Beta2, OneMinusBeta1          string
-	OneMinusBeta2, Eps                   string
-	Beta1D, Beta2D                       string // double literals for the bias corrections
-	G, P, S0, S1                         string
+	Kind, Template              string // the optimizer, and its blocks in update.cu.tmpl
+	HasWD, HasMomentum          bool
+	Nesterov                    bool
+	WD, Momentum                string
+	Beta1, Beta2, OneMinusBeta1 string
+	OneMinusBeta2, Eps          string
+	Beta1D, Beta2D              string // double literals for the bias corrections
+	G, P, S0, S1                string
 }
 
 // newOptSite fills the constants of opt; param is the parameter's pointer
 // name, states its state pointers' names, at the element index expression.
+// An optimizer the table does not know fails when the template runs
+// (unknownOptimizer).
 func newOptSite(opt *ir.Optimizer, g, param string, states []string, at string) *optSite {
+	template := ""
+	if o, err := ops.OptimizerOf(opt.Kind); err == nil {
+		template = o.Template
+	}
 	s := &optSite{
-		Kind: opt.Kind.String(), IsAdam: opt.Kind != ir.SGD,
+		Kind: opt.Kind.String(), Template: template,
 		HasWD: opt.WeightDecay != 0, WD: cFloat(opt.WeightDecay),
-		HasMomentum: opt.Kind == ir.SGD && opt.Momentum != 0, Momentum: cFloat(opt.Momentum), Nesterov: opt.Nesterov,
+		HasMomentum: opt.Momentum != 0, Momentum: cFloat(opt.Momentum), Nesterov: opt.Nesterov,
 		Beta1: cFloat(opt.Beta1), Beta2: cFloat(opt.Beta2),
 		OneMinusBeta1: cFloat(1 - opt.Beta1), OneMinusBeta2: cFloat(1 - opt.Beta2),
 		Eps: cFloat(opt.Eps), Beta1D: cDouble(opt.Beta1), Beta2D: cDouble(opt.Beta2),
@@ -82,18 +93,9 @@ func nameNumber(v float64) string {
 // optName describes an optimizer's compiled-in constants for kernel names:
 // sgd, sgd_mom0p9_nesterov_wd0p01, adam_b0p9_0p999_eps1em08, adamw_..._wd0p01.
 func optName(o *ir.Optimizer) string {
-	var parts []string
-	switch o.Kind {
-	case ir.SGD:
-		parts = append(parts, "sgd")
-		if o.Momentum != 0 {
-			parts = append(parts, "mom"+nameNumber(o.Momentum))
-			if o.Nesterov {
-				parts = append(parts, "nesterov")
-			}
-		}
-	default:
-		parts = append(parts, o.Kind.String(), "b"+nameNumber(o.Beta1)+"_"+nameNumber(o.Beta2), "eps"+nameNumber(o.Eps))
+	parts := []string{o.Kind.String()}
+	if def, err := ops.OptimizerOf(o.Kind); err == nil {
+		parts = def.KernelName(o, nameNumber)
 	}
 	if o.WeightDecay != 0 {
 		parts = append(parts, "wd"+nameNumber(o.WeightDecay))
@@ -103,11 +105,11 @@ func optName(o *ir.Optimizer) string {
 
 // optDoc describes the update for a kernel's comment.
 func optDoc(o *ir.Optimizer) string {
-	switch o.Kind {
-	case ir.SGD:
-		return fmt.Sprintf("sgd(momentum=%g, nesterov=%t, weight_decay=%g), learning rate and step at run time", o.Momentum, o.Nesterov, o.WeightDecay)
+	what := o.Kind.String()
+	if def, err := ops.OptimizerOf(o.Kind); err == nil {
+		what = def.KernelDoc(o)
 	}
-	return fmt.Sprintf("%s(betas=[%g,%g], eps=%g, weight_decay=%g), learning rate and step at run time", o.Kind, o.Beta1, o.Beta2, o.Eps, o.WeightDecay)
+	return what + ", learning rate and step from the step's scalars"
 }
 
 // indexType is the C type that holds every index below maxIndex: int
@@ -136,6 +138,9 @@ func updateRule(e *emitter, n *ir.Node) error {
 	if opt == nil {
 		return fmt.Errorf("codegen: %s has no optimizer", n.Text())
 	}
+	if _, err := ops.OptimizerOf(opt.Kind); err != nil {
+		return fmt.Errorf("codegen: %s: %v", n.Text(), err)
+	}
 	p := n.Ins[0]
 	elems := p.Type.SampleElems()
 	states := stateParams("param", opt)
@@ -147,7 +152,7 @@ func updateRule(e *emitter, n *ir.Node) error {
 	for _, s := range states {
 		params = append(params, "float* __restrict__ "+s)
 	}
-	params = append(params, "float lr", "long long step")
+	params = append(params, scalarsParam)
 	data := map[string]any{
 		"Name": name, "Elems": elems, "Idx": indexType(elems),
 		"Doc":    fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, optDoc(opt)),
@@ -161,7 +166,7 @@ func updateRule(e *emitter, n *ir.Node) error {
 	for _, v := range n.Ins {
 		args = append(args, buf(v))
 	}
-	args = append(args, Arg{Kind: ArgLR}, Arg{Kind: ArgStep})
+	args = append(args, scalarsArg)
 	e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, updateBlock), Block: [3]uint32{updateBlock, 1, 1},
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch) + int64(len(n.Ins)-1)*p.Type.Bytes(e.batch)})
 	return nil

@@ -4,168 +4,135 @@ import (
 	"fmt"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
-// gradRule emits the backward nodes of forward node n given dy, the
-// gradient of its output (nil for the loss, whose gradient is 1), and
-// returns one gradient per input. need[i] says whether input i needs one;
-// a rule returns nil where it does not.
-type gradRule func(b *gradBuilder, n *ir.Node, dy *ir.Value, need []bool) []*ir.Value
+// The reverse-mode engine. Each op's gradient rule is in its file in
+// compiler/ops (Def.Grad); the engine walks a forward node list backwards
+// from the loss, sums the gradients of a value read by several nodes with
+// add, and calls each node's rule. Autodiff runs it over the unfused
+// forward graph, the fuse pass over the fused one: one engine, two sets of
+// rules (the fused ops' rules fuse the optimizer update into their weight
+// gradients).
 
-// gradRules holds one rule per differentiable op.
-var gradRules = map[ir.Op]gradRule{
-	ir.OpConv2D: func(b *gradBuilder, n *ir.Node, dy *ir.Value, need []bool) []*ir.Value {
-		x, w := n.Ins[0], n.Ins[1]
-		gs := make([]*ir.Value, len(n.Ins))
-		if need[0] {
-			a := n.Attrs
-			a.Dims = x.Type.Dims
-			gs[0] = b.emit(ir.OpConv2DGradInput, n, a, x, dy, w)
-		}
-		gs[1] = b.emit(ir.OpConv2DGradWeight, n, n.Attrs, w, dy, x)
-		if len(n.Ins) > 2 {
-			gs[2] = b.emit(ir.OpConv2DGradBias, n, ir.Attrs{}, n.Ins[2], dy)
-		}
-		return gs
-	},
-	ir.OpReLU: func(b *gradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
-		// the mask is read from the output, y > 0, as PyTorch does
-		return []*ir.Value{b.emit(ir.OpReLUGrad, n, ir.Attrs{}, n.Ins[0], dy, n.Out())}
-	},
-	ir.OpMaxPool2D: func(b *gradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
-		return []*ir.Value{b.emit(ir.OpMaxPool2DGrad, n, n.Attrs, n.Ins[0], dy, n.Ins[0])}
-	},
-	ir.OpAvgPool2D: func(b *gradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
-		a := n.Attrs
-		a.Dims = n.Ins[0].Type.Dims
-		return []*ir.Value{b.emit(ir.OpAvgPool2DGrad, n, a, n.Ins[0], dy)}
-	},
-	ir.OpFlatten: func(b *gradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
-		return []*ir.Value{b.emit(ir.OpReshape, n, ir.Attrs{Dims: n.Ins[0].Type.Dims}, n.Ins[0], dy)}
-	},
-	ir.OpLinear: func(b *gradBuilder, n *ir.Node, dy *ir.Value, need []bool) []*ir.Value {
-		x, w := n.Ins[0], n.Ins[1]
-		gs := make([]*ir.Value, len(n.Ins))
-		if need[0] {
-			gs[0] = b.emit(ir.OpLinearGradInput, n, ir.Attrs{}, x, dy, w)
-		}
-		gs[1] = b.emit(ir.OpLinearGradWeight, n, ir.Attrs{}, w, dy, x)
-		if len(n.Ins) > 2 {
-			gs[2] = b.emit(ir.OpLinearGradBias, n, ir.Attrs{}, n.Ins[2], dy)
-		}
-		return gs
-	},
-	ir.OpDropout: func(b *gradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
-		// the same counter-based mask as the forward pass, regenerated
-		return []*ir.Value{b.emit(ir.OpDropoutGrad, n, n.Attrs, n.Ins[0], dy)}
-	},
-	ir.OpAdd: func(b *gradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
-		return []*ir.Value{dy, dy}
-	},
-	ir.OpCrossEntropy: func(b *gradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
-		return []*ir.Value{b.emit(ir.OpCrossEntropyGrad, n, ir.Attrs{}, n.Ins[0], n.Ins[0], n.Ins[1]), nil}
-	},
+// gradBuilder implements ops.GradBuilder for one run of the engine.
+type gradBuilder struct {
+	g         *ir.Graph
+	readers   map[*ir.Value][]*ir.Node
+	needsGrad map[*ir.Value]bool
+	marks     map[string]map[*ir.Value]bool
+	err       error // the first ill-typed node a rule made
 }
 
-// updateOps maps each optimizer to its update op.
-var updateOps = map[ir.OptimizerKind]ir.Op{
-	ir.SGD:   ir.OpSGDUpdate,
-	ir.Adam:  ir.OpAdamUpdate,
-	ir.AdamW: ir.OpAdamUpdate,
-}
-
-type gradBuilder struct{ g *ir.Graph }
-
-// emit appends a backward node computing the gradient with respect to wrt
-// (an activation or a parameter) and returns its output.
-func (b *gradBuilder) emit(op ir.Op, fwd *ir.Node, attrs ir.Attrs, wrt *ir.Value, ins ...*ir.Value) *ir.Value {
-	role := ir.RoleActGrad
-	if wrt.Role == ir.RoleParam {
-		role = ir.RoleGrad
-	}
-	n := b.g.NewNode(op, fwd.Name, ir.Backward, fwd.Pos, ins, []string{wrt.Name + ".grad"}, role)
-	n.Attrs = attrs
-	n.Out().Param = wrt.Param
-	b.g.Append(n)
-	if err := inferNode(n); err != nil {
-		panic(fmt.Sprintf("autodiff: gradient rule for %s made an ill-typed %s: %v", fwd.Op, op, err))
-	}
-	return n.Out()
-}
-
-// autodiffPass appends the backward phase (reverse-mode, one rule per op
-// from gradRules, fan-out gradients summed with add) and the update phase
-// (one update per parameter, with its optimizer state).
-func autodiffPass(ctx *Context, g *ir.Graph) error {
-	if g.Loss == nil {
-		return fmt.Errorf("autodiff: the graph has no loss")
-	}
-	// needsGrad: parameters and everything computed from them.
-	needsGrad := map[*ir.Value]bool{}
+func newGradBuilder(g *ir.Graph, nodes []*ir.Node) *gradBuilder {
+	b := &gradBuilder{g: g, readers: map[*ir.Value][]*ir.Node{}, needsGrad: map[*ir.Value]bool{}, marks: map[string]map[*ir.Value]bool{}}
+	// needsGrad: parameters and everything computed from them
 	for _, p := range g.Params {
-		needsGrad[p.Value] = true
+		b.needsGrad[p.Value] = true
 	}
-	forward := append([]*ir.Node(nil), g.Nodes...)
-	for _, n := range forward {
+	for _, n := range nodes {
 		for _, v := range n.Ins {
-			if needsGrad[v] {
+			b.readers[v] = append(b.readers[v], n)
+			if b.needsGrad[v] {
 				for _, o := range n.Outs {
-					needsGrad[o] = true
+					b.needsGrad[o] = true
 				}
 			}
 		}
 	}
-	b := &gradBuilder{g: g}
+	return b
+}
+
+func (b *gradBuilder) Graph() *ir.Graph                    { return b.g }
+func (b *gradBuilder) Readers(v *ir.Value) []*ir.Node      { return b.readers[v] }
+func (b *gradBuilder) NeedsGrad(v *ir.Value) bool          { return b.needsGrad[v] }
+func (b *gradBuilder) Marked(key string, v *ir.Value) bool { return b.marks[key][v] }
+
+func (b *gradBuilder) Mark(key string, v *ir.Value) {
+	if b.marks[key] == nil {
+		b.marks[key] = map[*ir.Value]bool{}
+	}
+	b.marks[key][v] = true
+}
+
+// Emit appends a backward node computing the gradient with respect to wrt
+// (an activation or a parameter) and returns its output.
+func (b *gradBuilder) Emit(op ir.Op, fwd *ir.Node, attrs ir.Attrs, wrt *ir.Value, ins ...*ir.Value) *ir.Value {
+	role := ir.RoleActGrad
+	if wrt.Role == ir.RoleParam {
+		role = ir.RoleGrad
+	}
+	n := b.Node(op, fwd, attrs, ins, []string{wrt.Name + ".grad"}, role)
+	n.Out().Param = wrt.Param
+	return n.Out()
+}
+
+// Node appends a backward node with the given outputs and infers its types.
+func (b *gradBuilder) Node(op ir.Op, fwd *ir.Node, attrs ir.Attrs, ins []*ir.Value, outs []string, role ir.Role) *ir.Node {
+	n := b.g.NewNode(op, fwd.Name, ir.Backward, fwd.Pos, ins, outs, role)
+	n.Attrs = attrs
+	b.g.Append(n)
+	if err := inferNode(n); err != nil && b.err == nil {
+		b.err = fmt.Errorf("the gradient rule of %s made an ill-typed node: %s: %v", fwd.Op, n.Text(), err)
+	}
+	return n
+}
+
+// reverse appends the backward nodes of the forward nodes (in schedule
+// order) and returns, for every value that needs a gradient and got one,
+// the gradients of its readers (to be summed: the parameters').
+func reverse(b *gradBuilder, nodes []*ir.Node, loss *ir.Value) (map[*ir.Value][]*ir.Value, error) {
 	partial := map[*ir.Value][]*ir.Value{}
-	for i := len(forward) - 1; i >= 0; i-- {
-		n := forward[i]
+	for i := len(nodes) - 1; i >= 0; i-- {
+		n := nodes[i]
 		out := n.Out()
 		var dy *ir.Value
-		if out != g.Loss {
+		if out != loss {
 			dy = sumGradients(b, n, out, partial[out])
 			if dy == nil {
 				continue // nothing downstream needs it
 			}
 		}
-		rule, ok := gradRules[n.Op]
-		if !ok {
-			return fmt.Errorf("autodiff: no gradient rule for %s", n.Op)
-		}
 		need := make([]bool, len(n.Ins))
 		any := false
 		for j, v := range n.Ins {
-			need[j] = needsGrad[v]
+			need[j] = b.needsGrad[v]
 			any = any || need[j]
 		}
 		if !any {
 			continue
 		}
-		for j, gv := range rule(b, n, dy, need) {
+		d := ops.Of(n.Op)
+		if d == nil || d.Grad == nil {
+			return nil, fmt.Errorf("autodiff: no gradient rule for %s", n.Op)
+		}
+		for j, gv := range d.Grad(b, n, dy, need) {
 			if gv != nil && need[j] {
 				partial[n.Ins[j]] = append(partial[n.Ins[j]], gv)
 			}
 		}
+		if b.err != nil {
+			return nil, fmt.Errorf("autodiff: %v", b.err)
+		}
 	}
-	return addUpdates(g, b, partial)
+	return partial, nil
 }
 
-// sumGradients returns the gradient of v: its single contribution, or the
-// sum of several (a value read by more than one layer).
-func sumGradients(b *gradBuilder, at *ir.Node, v *ir.Value, parts []*ir.Value) *ir.Value {
-	if len(parts) == 0 {
-		return nil
+// autodiffPass appends the backward phase (reverse-mode, one rule per op,
+// fan-out gradients summed with add) and the update phase (one update per
+// parameter, with its optimizer state).
+func autodiffPass(ctx *Context, g *ir.Graph) error {
+	if g.Loss == nil {
+		return fmt.Errorf("autodiff: the graph has no loss")
 	}
-	sum := parts[0]
-	for _, p := range parts[1:] {
-		sum = b.emit(ir.OpAdd, at, ir.Attrs{}, v, sum, p)
-	}
-	return sum
-}
-
-func addUpdates(g *ir.Graph, b *gradBuilder, partial map[*ir.Value][]*ir.Value) error {
-	opt := g.Opt
-	if opt == nil {
+	if g.Opt == nil {
 		return fmt.Errorf("autodiff: no optimizer configured")
+	}
+	forward := append([]*ir.Node(nil), g.Nodes...)
+	b := newGradBuilder(g, forward)
+	partial, err := reverse(b, forward, g.Loss)
+	if err != nil {
+		return err
 	}
 	grads := map[*ir.Param]*ir.Value{}
 	for _, p := range g.Params {
@@ -177,17 +144,52 @@ func addUpdates(g *ir.Graph, b *gradBuilder, partial map[*ir.Value][]*ir.Value) 
 		grads[p] = sumGradients(b, parts[len(parts)-1].Def, p.Value, parts)
 	}
 	for _, p := range g.Params {
-		ins := []*ir.Value{p.Value, grads[p]}
-		for _, s := range opt.StateNames() {
-			v := g.NewValue(p.Name+"."+s, p.Value.Type, ir.RoleOptState, p.Value.Pos)
-			v.Param = p
-			p.State = append(p.State, v)
-			g.State = append(g.State, v)
-			ins = append(ins, v)
+		if err := addState(g, p); err != nil {
+			return err
 		}
-		n := g.NewNode(updateOps[opt.Kind], p.Layer, ir.Update, p.Value.Pos, ins, nil, 0)
-		n.Attrs.Opt = opt
-		g.Append(n)
+		if err := addUpdate(g, p, grads[p]); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// sumGradients returns the gradient of v: its single contribution, or the
+// sum of several (a value read by more than one layer).
+func sumGradients(b *gradBuilder, at *ir.Node, v *ir.Value, parts []*ir.Value) *ir.Value {
+	if len(parts) == 0 {
+		return nil
+	}
+	sum := parts[0]
+	for _, p := range parts[1:] {
+		sum = b.Emit(ir.OpAdd, at, ir.Attrs{}, v, sum, p)
+	}
+	return sum
+}
+
+// addState creates parameter p's optimizer state.
+func addState(g *ir.Graph, p *ir.Param) error {
+	if _, err := g.Opt.Info(); err != nil {
+		return fmt.Errorf("autodiff: %v", err)
+	}
+	for _, s := range g.Opt.StateNames() {
+		v := g.NewValue(p.Name+"."+s, p.Value.Type, ir.RoleOptState, p.Value.Pos)
+		v.Param = p
+		p.State = append(p.State, v)
+		g.State = append(g.State, v)
+	}
+	return nil
+}
+
+// addUpdate appends p's update from its gradient: the optimizer's update op.
+func addUpdate(g *ir.Graph, p *ir.Param, grad *ir.Value) error {
+	info, err := g.Opt.Info()
+	if err != nil {
+		return fmt.Errorf("autodiff: %v", err)
+	}
+	ins := append([]*ir.Value{p.Value, grad}, p.State...)
+	n := g.NewNode(info.UpdateOp, p.Layer, ir.Update, p.Value.Pos, ins, nil, 0)
+	n.Attrs.Opt = g.Opt
+	g.Append(n)
 	return nil
 }

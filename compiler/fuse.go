@@ -10,14 +10,17 @@ import (
 //
 // Forward: conv2d [-> relu] [-> maxpool2d] becomes one conv2d_block (the
 // full-resolution conv output never exists; a pooled block saves its
-// pooled output and a packed argmax), linear [-> relu] one linear_block,
+// pooled output and a packed argmax) unless the conv is grouped or dilated
+// (then it runs its own direct kernels, and its parameters a separate
+// update), linear [-> relu] one linear_block,
 // cross_entropy one softmax_cross_entropy that also writes the logits'
 // gradient. Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
 //
-// Backward: derived again over the fused forward graph — one rule per
-// fused op in fusedGradRules, the unfused rules (gradRules) for the rest —
-// so the unfused backward that autodiff built is replaced, not patched.
+// Backward: derived again over the fused forward graph by autodiff's
+// reverse-mode engine — the fused ops' gradient rules (compiler/ops), the
+// unfused rules for the rest — so the unfused backward that autodiff built
+// is replaced, not patched.
 // A block's backward kernels read the gradient of its output at output
 // resolution and route it through the argmax on the fly. A grad_input whose
 // input comes from a ReLU block with no other reader applies that ReLU's
@@ -48,6 +51,13 @@ func fusePass(ctx *Context, g *ir.Graph) error {
 		}
 	}
 	return f.backward()
+}
+
+// fusableConv: the conv block kernels take plain convolutions; a grouped
+// or dilated conv2d runs its own (direct) kernels, reading the image as
+// f32 like any other layer.
+func fusableConv(n *ir.Node) bool {
+	return n.Op == ir.OpConv2D && n.Attrs.Dil() == [2]int64{1, 1} && n.Attrs.GroupCount() == 1
 }
 
 // MaxFusedPoolWindow is the largest max-pool window (in elements) a conv
@@ -92,7 +102,7 @@ func (f *fuser) convertImage(forward []*ir.Node) {
 		in.Type = ir.ImageU8Type(f32)
 		f.image = in
 		for _, r := range f.readers[in] {
-			if r.Op != ir.OpConv2D {
+			if !fusableConv(r) {
 				n := f.g.NewNode(ir.OpToTensor, in.Name, ir.Forward, in.Pos, []*ir.Value{in}, []string{in.Name + ".f32"}, ir.RoleActivation)
 				n.Out().Type = f32
 				f.g.Append(n)
@@ -108,14 +118,15 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 		return nil
 	}
 	var out *ir.Node
-	switch n.Op {
-	case ir.OpConv2D:
+	switch {
+	case fusableConv(n):
 		out = f.convBlock(n)
-	case ir.OpLinear:
+	case n.Op == ir.OpLinear:
 		out = f.linearBlock(n)
-	case ir.OpCrossEntropy:
+	case n.Op == ir.OpCrossEntropy:
 		out = f.g.NewNode(ir.OpSoftmaxCrossEntropy, n.Name, ir.Forward, n.Pos, []*ir.Value{f.val(n.Ins[0]), f.val(n.Ins[1])},
 			[]string{n.Out().Name, n.Ins[0].Name + ".grad", n.Name + ".correct"}, ir.RoleActivation)
+		out.Attrs.Smoothing = n.Attrs.Smoothing
 		out.Outs[0].Role = ir.RoleLoss
 		out.Outs[1].Role = ir.RoleActGrad
 		f.repl[n.Out()] = out.Outs[0]
@@ -128,9 +139,15 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 				ins[i] = f.tensor
 			}
 		}
-		out = f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, []string{n.Out().Name}, ir.RoleActivation)
+		var names []string
+		for _, o := range n.Outs {
+			names = append(names, o.Name)
+		}
+		out = f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, names, ir.RoleActivation)
 		out.Attrs = n.Attrs
-		f.repl[n.Out()] = out.Out()
+		for i, o := range n.Outs {
+			f.repl[o] = out.Outs[i]
+		}
 	}
 	if err := inferNode(out); err != nil {
 		return fmt.Errorf("fuse: %s: %v", out.Text(), err)
@@ -194,156 +211,31 @@ func (f *fuser) linearBlock(n *ir.Node) *ir.Node {
 	return b
 }
 
-// backward derives the fused backward phase.
+// backward derives the fused backward phase with autodiff's engine over
+// the fused forward nodes: the fused ops' rules emit each block's
+// grad_input (with the ReLU mask of the block before it where it can take
+// it) and its weight gradient with the update fused. A parameter whose
+// gradient an unfused op computes gets a separate update after the
+// backward phase.
 func (f *fuser) backward() error {
 	g := f.g
-	needsGrad := map[*ir.Value]bool{}
+	b := newGradBuilder(g, f.blocks)
+	partial, err := reverse(b, f.blocks, g.Loss)
+	if err != nil {
+		return fmt.Errorf("fuse: %v", err)
+	}
+	var updates []*ir.Param
+	grads := map[*ir.Param]*ir.Value{}
 	for _, p := range g.Params {
-		needsGrad[p.Value] = true
-	}
-	readers := map[*ir.Value][]*ir.Node{}
-	for _, n := range f.blocks {
-		for _, v := range n.Ins {
-			readers[v] = append(readers[v], n)
-			if needsGrad[v] {
-				for _, o := range n.Outs {
-					needsGrad[o] = true
-				}
-			}
+		if parts := partial[p.Value]; len(parts) > 0 {
+			grads[p] = sumGradients(b, parts[len(parts)-1].Def, p.Value, parts)
+			updates = append(updates, p)
 		}
 	}
-	bb := &fusedBackward{gb: &gradBuilder{g: g}, readers: readers, needsGrad: needsGrad, masked: map[*ir.Value]bool{}}
-	partial := map[*ir.Value][]*ir.Value{}
-	for i := len(f.blocks) - 1; i >= 0; i-- {
-		n := f.blocks[i]
-		if n.Op == ir.OpSoftmaxCrossEntropy {
-			partial[n.Ins[0]] = append(partial[n.Ins[0]], n.Outs[1])
-			continue
-		}
-		if n.Op == ir.OpToTensor {
-			continue
-		}
-		dy := sumGradients(bb.gb, n, n.Out(), partial[n.Out()])
-		if dy == nil {
-			continue
-		}
-		var grads []*ir.Value
-		switch n.Op {
-		case ir.OpConvBlock, ir.OpLinearBlock:
-			gs, err := bb.block(n, dy)
-			if err != nil {
-				return err
-			}
-			grads = gs
-		default:
-			rule, ok := gradRules[n.Op]
-			if !ok {
-				return fmt.Errorf("fuse: no gradient rule for %s", n.Op)
-			}
-			need := make([]bool, len(n.Ins))
-			for j, v := range n.Ins {
-				need[j] = needsGrad[v]
-			}
-			grads = rule(bb.gb, n, dy, need)
-		}
-		for j, gv := range grads {
-			if gv != nil && needsGrad[n.Ins[j]] && n.Ins[j].Role != ir.RoleParam {
-				partial[n.Ins[j]] = append(partial[n.Ins[j]], gv)
-			}
+	for _, p := range updates {
+		if err := addUpdate(g, p, grads[p]); err != nil {
+			return err
 		}
 	}
 	return nil
-}
-
-type fusedBackward struct {
-	gb        *gradBuilder
-	readers   map[*ir.Value][]*ir.Node
-	needsGrad map[*ir.Value]bool
-	// masked marks block outputs whose gradient arrives with the block's
-	// ReLU mask already applied (by the reader's maskout epilogue).
-	masked map[*ir.Value]bool
-}
-
-// maskSource returns the ReLU block output whose mask x's gradient can take
-// in the reader's epilogue: x itself, or the input of a flatten view of it,
-// when nothing else reads it.
-func (b *fusedBackward) maskSource(x *ir.Value, reader *ir.Node) *ir.Value {
-	src := x
-	if len(b.readers[src]) != 1 {
-		return nil
-	}
-	if src.Def != nil && src.Def.Op == ir.OpFlatten {
-		src = src.Def.Ins[0]
-		if len(b.readers[src]) != 1 {
-			return nil
-		}
-	}
-	if d := src.Def; d != nil && (d.Op == ir.OpConvBlock || d.Op == ir.OpLinearBlock) && d.Attrs.ReLU && src == d.Out() {
-		return src
-	}
-	return nil
-}
-
-// block emits a fused block's grad_input (if its input needs a gradient)
-// and its weight gradient with the update fused, and returns the input
-// gradient in position 0.
-func (b *fusedBackward) block(n *ir.Node, dy *ir.Value) ([]*ir.Value, error) {
-	g := b.gb.g
-	x := n.Ins[0]
-	a := n.Attrs
-	a.DOutMasked = b.masked[n.Out()]
-	var argmax, y *ir.Value
-	if a.Pool != nil {
-		argmax = n.Outs[1]
-	}
-	if a.ReLU && !a.DOutMasked {
-		y = n.Out()
-	}
-	optional := func(vs ...*ir.Value) []*ir.Value {
-		var out []*ir.Value
-		for _, v := range vs {
-			if v != nil {
-				out = append(out, v)
-			}
-		}
-		return out
-	}
-	gradOp, weightOp := ir.OpConvBlockGradInput, ir.OpConvBlockGradWeight
-	if n.Op == ir.OpLinearBlock {
-		gradOp, weightOp = ir.OpLinearBlockGradInput, ir.OpLinearBlockGradWeight
-	}
-	grads := make([]*ir.Value, len(n.Ins))
-	if b.needsGrad[x] {
-		ga := a
-		ga.Dims = x.Type.Dims
-		var xmask *ir.Value
-		if src := b.maskSource(x, n); src != nil {
-			ga.MaskOut = true
-			xmask = x
-			b.masked[src] = true
-		}
-		ins := append([]*ir.Value{dy, n.Ins[1]}, optional(argmax, y, xmask)...)
-		gi := g.NewNode(gradOp, n.Name, ir.Backward, n.Pos, ins, []string{x.Name + ".grad"}, ir.RoleActGrad)
-		gi.Attrs = ga
-		if err := inferNode(gi); err != nil {
-			return nil, fmt.Errorf("fuse: %s: %v", gi.Text(), err)
-		}
-		g.Append(gi)
-		grads[0] = gi.Out()
-	}
-	wa := a
-	wa.Opt = g.Opt
-	ins := append([]*ir.Value{dy, x}, optional(argmax, y)...)
-	params := n.Ins[1:]
-	ins = append(ins, params...)
-	for _, p := range params {
-		ins = append(ins, p.Param.State...)
-	}
-	gw := g.NewNode(weightOp, n.Name, ir.Backward, n.Pos, ins, nil, ir.RoleGrad)
-	gw.Attrs = wa
-	if err := inferNode(gw); err != nil {
-		return nil, fmt.Errorf("fuse: %s: %v", gw.Text(), err)
-	}
-	g.Append(gw)
-	return grads, nil
 }

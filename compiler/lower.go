@@ -1,212 +1,34 @@
 package compiler
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/dsl"
 )
 
-// argKind is the kind of value a DSL keyword argument takes.
-type argKind int
-
+// Limits of the DSL ops' arguments (their files in compiler/ops hold them).
 const (
-	argInt     argKind = iota // a positive (or, with min 0, non-negative) integer
-	argIntPair                // 3 or [3,5]
-	argFloat
-	argBool
-	argFloatPair // [0.9, 0.999]
-	argString
-	argSize // 64MiB
+	MaxConvKernel  = ops.MaxConvKernel
+	MaxOutFeatures = ops.MaxOutFeatures
+	MaxWindowArg   = ops.MaxWindowArg
 )
 
-// argSpec describes one keyword argument of a DSL call.
-type argSpec struct {
-	name     string
-	kind     argKind
-	required bool
-	min      float64 // inclusive lower bound for numbers
-	max      float64 // exclusive upper bound when > min (0: none)
-	// maxInt is an inclusive upper bound for integers (0: none) and
-	// maxWhy says why, for the error.
-	maxInt int64
-	maxWhy string
-	// positive: a number must be above 0 (and, being used as a float32,
-	// at least float32's smallest normal number).
-	positive bool
-	doc      string
-}
+// findDSLOp is the registered op a model writes as name.
+func findDSLOp(name string) *ops.Def { return ops.ByDSLName(name) }
 
-// dslOp is one row of the DSL ops table: how a call is spelled and lowered.
-type dslOp struct {
-	name    string
-	aliases []string
-	// tensors is the number of positional tensor arguments.
-	tensors int
-	args    []argSpec
-	op      ir.Op
-	// attrs fills the IR attributes from the checked arguments.
-	attrs func(a args) ir.Attrs
-	// params lists the parameters the op owns ("weight", "bias").
-	params func(a args) []string
-	doc    string
-}
+func dslOpNames() []string { return ops.DSLNames() }
 
-var dslOps = []*dslOp{
-	{
-		name: "conv2d", tensors: 1, op: ir.OpConv2D,
-		args: []argSpec{
-			{name: "out", kind: argInt, required: true, min: 1, maxInt: MaxOutFeatures, maxWhy: outWhy, doc: "output channels"},
-			{name: "kernel", kind: argIntPair, required: true, min: 1, maxInt: MaxConvKernel, maxWhy: "cnnc's convolution kernels take windows up to 32x32", doc: "kernel size, k or [kh,kw]"},
-			{name: "stride", kind: argIntPair, min: 1, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "stride (default 1)"},
-			{name: "padding", kind: argIntPair, min: 0, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "zero padding on each side (default 0)"},
-			{name: "bias", kind: argBool, doc: "learn a bias (default true)"},
-		},
-		attrs: func(a args) ir.Attrs {
-			return ir.Attrs{Out: a.int("out", 0), Kernel: a.pair("kernel", 0), Stride: a.pair("stride", 1), Pad: a.pair("padding", 0)}
-		},
-		params: biasParams,
-		doc:    "2-D convolution, PyTorch's nn.Conv2d; in_channels is inferred",
-	},
-	{name: "relu", tensors: 1, op: ir.OpReLU, doc: "max(x, 0)"},
-	{
-		name: "maxpool2d", aliases: []string{"maxpool"}, tensors: 1, op: ir.OpMaxPool2D,
-		args: poolArgs, attrs: poolAttrs, doc: "max pooling, nn.MaxPool2d",
-	},
-	{
-		name: "avgpool2d", aliases: []string{"avgpool"}, tensors: 1, op: ir.OpAvgPool2D,
-		args: poolArgs, attrs: poolAttrs, doc: "average pooling, nn.AvgPool2d (padding counted in the average)",
-	},
-	{name: "flatten", tensors: 1, op: ir.OpFlatten, doc: "[B,C,H,W] -> [B,C*H*W], a view"},
-	{
-		name: "linear", tensors: 1, op: ir.OpLinear,
-		args: []argSpec{
-			{name: "out", kind: argInt, required: true, min: 1, maxInt: MaxOutFeatures, maxWhy: outWhy, doc: "output features"},
-			{name: "in", kind: argInt, min: 1, doc: "input features; checked against the input when given"},
-			{name: "bias", kind: argBool, doc: "learn a bias (default true)"},
-		},
-		attrs:  func(a args) ir.Attrs { return ir.Attrs{Out: a.int("out", 0), In: a.int("in", 0)} },
-		params: biasParams,
-		doc:    "fully connected layer, nn.Linear; in_features is inferred",
-	},
-	{
-		name: "dropout", tensors: 1, op: ir.OpDropout,
-		args:  []argSpec{{name: "p", kind: argFloat, min: 0, max: 1, doc: "probability of zeroing an element (default 0.5)"}},
-		attrs: func(a args) ir.Attrs { return ir.Attrs{P: a.float("p", 0.5)} },
-		doc:   "inverted dropout (scales kept elements by 1/(1-p)); identity when evaluating",
-	},
-	{name: "add", tensors: 2, op: ir.OpAdd, doc: "elementwise sum of two tensors of one shape (residual connections)"},
-	{name: "cross_entropy", tensors: 2, op: ir.OpCrossEntropy, doc: "softmax cross-entropy of logits [B,C] against class labels, mean over the batch"},
-}
+// args are checked keyword arguments.
+type args = ops.Args
 
-var poolArgs = []argSpec{
-	{name: "kernel", kind: argIntPair, required: true, min: 1, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "window size, k or [kh,kw]"},
-	{name: "stride", kind: argIntPair, min: 1, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "stride (default: the kernel size)"},
-	{name: "padding", kind: argIntPair, min: 0, maxInt: MaxWindowArg, maxWhy: windowWhy, doc: "padding on each side (default 0, at most half the kernel)"},
-}
-
-// Limits of the arguments, from what the generated kernels can launch.
-const (
-	// MaxConvKernel: the conv templates unroll windows up to 32x32.
-	MaxConvKernel = 32
-	// MaxOutFeatures: a conv's or linear layer's output channels are a
-	// grid dimension of 64-row tiles, and CUDA allows 65,535 blocks there.
-	MaxOutFeatures = 65535 * 64
-	// MaxWindowArg bounds window sizes, strides and padding (sizes stay
-	// far from overflowing).
-	MaxWindowArg = 1 << 20
-)
-
-const (
-	outWhy    = "the kernels tile output channels 64 at a time over at most 65,535 blocks"
-	windowWhy = "no image is that large"
-)
-
-func poolAttrs(a args) ir.Attrs {
-	k := a.pair("kernel", 0)
-	s := k
-	if a.has("stride") {
-		s = a.pair("stride", 0)
-	}
-	return ir.Attrs{Kernel: k, Stride: s, Pad: a.pair("padding", 0)}
-}
-
-func biasParams(a args) []string {
-	if a.bool("bias", true) {
-		return []string{"weight", "bias"}
-	}
-	return []string{"weight"}
-}
-
-func findDSLOp(name string) *dslOp {
-	for _, o := range dslOps {
-		if o.name == name {
-			return o
-		}
-		for _, a := range o.aliases {
-			if a == name {
-				return o
-			}
-		}
-	}
-	return nil
-}
-
-func dslOpNames() []string {
-	var names []string
-	for _, o := range dslOps {
-		names = append(names, o.name)
-		names = append(names, o.aliases...)
-	}
-	return names
-}
-
-// args holds checked keyword arguments.
-type args map[string]*dsl.Expr
-
-func (a args) has(k string) bool { return a[k] != nil }
-
-func (a args) int(k string, def int64) int64 {
-	if e := a[k]; e != nil {
-		return e.Int
-	}
-	return def
-}
-
-func (a args) pair(k string, def int64) [2]int64 {
-	e := a[k]
-	switch {
-	case e == nil:
-		return [2]int64{def, def}
-	case e.Kind == dsl.ExprList:
-		return [2]int64{e.List[0].Int, e.List[1].Int}
-	}
-	return [2]int64{e.Int, e.Int}
-}
-
-func (a args) float(k string, def float64) float64 {
-	if e := a[k]; e != nil {
-		return numberOf(e)
-	}
-	return def
-}
-
-func (a args) bool(k string, def bool) bool {
-	if e := a[k]; e != nil {
-		return e.Ident == "true"
-	}
-	return def
-}
-
-func numberOf(e *dsl.Expr) float64 {
-	if e.Kind == dsl.ExprInt {
-		return float64(e.Int)
-	}
-	return e.Float
-}
+// argSpec describes a keyword argument (ops.ArgSpec).
+type argSpec = ops.ArgSpec
 
 // checkArgs validates a call's keyword arguments against specs.
 func checkArgs(what string, call *dsl.Call, specs []argSpec, diags *dsl.Diagnostics) args {
@@ -217,7 +39,7 @@ func checkArgs(what string, call *dsl.Call, specs []argSpec, diags *dsl.Diagnost
 		}
 		var spec *argSpec
 		for i := range specs {
-			if specs[i].name == a.Key {
+			if specs[i].Name == a.Key {
 				spec = &specs[i]
 			}
 		}
@@ -244,8 +66,8 @@ func checkArgs(what string, call *dsl.Call, specs []argSpec, diags *dsl.Diagnost
 		out[a.Key] = a.Value
 	}
 	for _, s := range specs {
-		if s.required && out[s.name] == nil && !hasKey(call, s.name) {
-			*diags = append(*diags, dsl.Errorf(call.Pos, "%s needs %s=... (%s)", what, s.name, s.doc).Span(len(call.Name)))
+		if s.Required && out[s.Name] == nil && !hasKey(call, s.Name) {
+			*diags = append(*diags, dsl.Errorf(call.Pos, "%s needs %s=... (%s)", what, s.Name, s.Doc).Span(len(call.Name)))
 		}
 	}
 	return out
@@ -263,7 +85,7 @@ func hasKey(call *dsl.Call, k string) bool {
 func specNames(specs []argSpec) []string {
 	var n []string
 	for _, s := range specs {
-		n = append(n, s.name)
+		n = append(n, s.Name)
 	}
 	return n
 }
@@ -280,17 +102,17 @@ func exprSpan(e *dsl.Expr) int {
 
 func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
 	bad := func(format string, a ...any) *dsl.Diagnostic {
-		return dsl.Errorf(e.Pos, "%s: %s %s", what, s.name, fmt.Sprintf(format, a...)).Span(exprSpan(e))
+		return dsl.Errorf(e.Pos, "%s: %s %s", what, s.Name, fmt.Sprintf(format, a...)).Span(exprSpan(e))
 	}
 	checkInt := func(x *dsl.Expr) *dsl.Diagnostic {
 		if x.Kind != dsl.ExprInt {
 			return bad("must be an integer, got %s", describe(x))
 		}
-		if float64(x.Int) < s.min {
-			return dsl.Errorf(x.Pos, "%s: %s must be at least %g, got %d", what, s.name, s.min, x.Int).Span(exprSpan(x))
+		if float64(x.Int) < s.Min {
+			return dsl.Errorf(x.Pos, "%s: %s must be at least %g, got %d", what, s.Name, s.Min, x.Int).Span(exprSpan(x))
 		}
-		if s.maxInt > 0 && x.Int > s.maxInt {
-			return dsl.Errorf(x.Pos, "%s: %s must be at most %s, got %s", what, s.name, Commas(s.maxInt), Commas(x.Int)).Span(exprSpan(x)).Hint("%s", s.maxWhy)
+		if s.MaxInt > 0 && x.Int > s.MaxInt {
+			return dsl.Errorf(x.Pos, "%s: %s must be at most %s, got %s", what, s.Name, Commas(s.MaxInt), Commas(x.Int)).Span(exprSpan(x)).Hint("%s", s.MaxWhy)
 		}
 		return nil
 	}
@@ -298,28 +120,25 @@ func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
 		if x.Kind != dsl.ExprInt && x.Kind != dsl.ExprFloat {
 			return bad("must be a number, got %s", describe(x))
 		}
-		v := numberOf(x)
-		if s.positive && !(v > 0) {
-			return dsl.Errorf(x.Pos, "%s: %s must be positive, got %s", what, s.name, x.Text).Span(exprSpan(x))
+		v := ops.Number(x)
+		if s.Positive && !(v > 0) {
+			return dsl.Errorf(x.Pos, "%s: %s must be positive, got %s", what, s.Name, x.Text).Span(exprSpan(x))
 		}
-		if s.positive && v < smallestNormalFloat32 {
-			return dsl.Errorf(x.Pos, "%s: %s %s is below float32's smallest normal number (%.3g): the trainers compute in float32, where it would be 0 or lose its precision", what, s.name, x.Text, smallestNormalFloat32).Span(exprSpan(x))
+		if s.Positive && v < smallestNormalFloat32 {
+			return dsl.Errorf(x.Pos, "%s: %s %s is below float32's smallest normal number (%.3g): the trainers compute in float32, where it would be 0 or lose its precision", what, s.Name, x.Text, smallestNormalFloat32).Span(exprSpan(x))
 		}
 		if math.Abs(v) > math.MaxFloat32 {
-			return dsl.Errorf(x.Pos, "%s: %s %s is beyond float32's range (%.3g): the trainers compute in float32", what, s.name, x.Text, math.MaxFloat32).Span(exprSpan(x))
+			return dsl.Errorf(x.Pos, "%s: %s %s is beyond float32's range (%.3g): the trainers compute in float32", what, s.Name, x.Text, math.MaxFloat32).Span(exprSpan(x))
 		}
-		if v < s.min || (s.max > s.min && v >= s.max) {
-			if s.max > s.min {
-				return dsl.Errorf(x.Pos, "%s: %s must be in [%g, %g), got %s", what, s.name, s.min, s.max, x.Text).Span(exprSpan(x))
+		if v < s.Min || (s.Max != 0 && v >= s.Max) {
+			if s.Max != 0 {
+				return dsl.Errorf(x.Pos, "%s: %s must be in [%g, %g), got %s", what, s.Name, s.Min, s.Max, x.Text).Span(exprSpan(x))
 			}
-			return dsl.Errorf(x.Pos, "%s: %s must be at least %g, got %s", what, s.name, s.min, x.Text).Span(exprSpan(x))
+			return dsl.Errorf(x.Pos, "%s: %s must be at least %g, got %s", what, s.Name, s.Min, x.Text).Span(exprSpan(x))
 		}
 		return nil
 	}
-	switch s.kind {
-	case argInt:
-		return checkInt(e)
-	case argIntPair:
+	checkPair := func() *dsl.Diagnostic {
 		if e.Kind == dsl.ExprList {
 			if len(e.List) != 2 {
 				return bad("must be one integer or a pair [h, w], got %d values", len(e.List))
@@ -332,9 +151,23 @@ func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
 			return nil
 		}
 		return checkInt(e)
-	case argFloat:
+	}
+	switch s.Kind {
+	case ops.ArgInt:
+		return checkInt(e)
+	case ops.ArgIntPair:
+		return checkPair()
+	case ops.ArgIntPairOrSame:
+		if e.Kind == dsl.ExprString {
+			if e.String != "same" {
+				return bad("must be an integer, a pair [h, w] or \"same\", got \"%s\"", dsl.Printable(e.String))
+			}
+			return nil
+		}
+		return checkPair()
+	case ops.ArgFloat:
 		return checkNum(e)
-	case argFloatPair:
+	case ops.ArgFloatPair:
 		if e.Kind != dsl.ExprList || len(e.List) != 2 {
 			return bad("must be a pair [a, b], got %s", describe(e))
 		}
@@ -343,15 +176,15 @@ func checkValue(what string, s *argSpec, e *dsl.Expr) *dsl.Diagnostic {
 				return d
 			}
 		}
-	case argBool:
+	case ops.ArgBool:
 		if e.Kind != dsl.ExprIdent || (e.Ident != "true" && e.Ident != "false") {
 			return bad("must be true or false, got %s", describe(e))
 		}
-	case argString:
+	case ops.ArgString:
 		if e.Kind != dsl.ExprString {
 			return bad("must be a string, got %s", describe(e))
 		}
-	case argSize:
+	case ops.ArgSize:
 		if e.Kind == dsl.ExprInt && e.Int >= 0 {
 			e.Size = e.Int
 			return nil
@@ -552,7 +385,7 @@ func (l *lowerer) layerNames(s *dsl.Assign) map[*dsl.Call]string {
 		if e.Kind != dsl.ExprCall {
 			return
 		}
-		if o := findDSLOp(e.Call.Name); o != nil && o.params != nil {
+		if o := findDSLOp(e.Call.Name); o != nil && (o.DSL.Params != nil || o.DSL.Buffers != nil) {
 			calls = append(calls, e.Call)
 		}
 		for _, a := range e.Call.Args {
@@ -631,13 +464,25 @@ func (l *lowerer) call(c *dsl.Call, name string, layers map[*dsl.Call]string) *i
 		l.diags = append(l.diags, d)
 		return nil
 	}
+	sig := o.DSL
 	pos := c.Positional()
-	if len(pos) != o.tensors {
-		l.diags = append(l.diags, dsl.Errorf(c.Pos, "%s takes %d tensor argument%s, got %d", c.Name, o.tensors, plural(o.tensors), len(pos)).Span(len(c.Name)))
+	switch {
+	case sig.Variadic && len(pos) < sig.Tensors:
+		l.diags = append(l.diags, dsl.Errorf(c.Pos, "%s takes at least %d tensor arguments, got %d", c.Name, sig.Tensors, len(pos)).Span(len(c.Name)))
+		return nil
+	case !sig.Variadic && len(pos) != sig.Tensors:
+		l.diags = append(l.diags, dsl.Errorf(c.Pos, "%s takes %d tensor argument%s, got %d", c.Name, sig.Tensors, plural(sig.Tensors), len(pos)).Span(len(c.Name)))
 		return nil
 	}
 	before := len(l.diags)
-	a := checkArgs(c.Name, c, o.args, &l.diags)
+	a := checkArgs(c.Name, c, sig.Args, &l.diags)
+	var attrs ir.Attrs
+	if len(l.diags) == before && sig.Attrs != nil {
+		var err error
+		if attrs, err = sig.Attrs(a); err != nil {
+			l.diags = append(l.diags, argDiagnostic(c, a, err))
+		}
+	}
 	var ins []*ir.Value
 	ok := len(l.diags) == before
 	for _, p := range pos {
@@ -651,11 +496,7 @@ func (l *lowerer) call(c *dsl.Call, name string, layers map[*dsl.Call]string) *i
 	if !ok {
 		return nil
 	}
-	var attrs ir.Attrs
-	if o.attrs != nil {
-		attrs = o.attrs(a)
-	}
-	if o.op == ir.OpDropout {
+	if o.Random {
 		attrs.Stream = l.stream
 		l.stream++
 	}
@@ -663,21 +504,40 @@ func (l *lowerer) call(c *dsl.Call, name string, layers map[*dsl.Call]string) *i
 	if ln, ok := layers[c]; ok {
 		layer = ln
 	}
-	if o.params != nil {
-		fanIn := int64(0) // known after the shapes pass
-		for i, suffix := range o.params(a) {
-			kind := ir.InitKaimingUniform
-			if i > 0 {
-				kind = ir.InitUniformFanIn
-			}
-			p := l.g.AddParam(layer, suffix, ir.Init{Kind: kind, FanIn: fanIn}, c.Pos)
-			ins = append(ins, p.Value)
+	if sig.Params != nil {
+		// fan-ins are known after the shapes pass
+		for _, ps := range sig.Params(a) {
+			ins = append(ins, l.g.AddParam(layer, ps.Suffix, ir.Init{Kind: ps.Init}, c.Pos).Value)
 		}
 	}
-	n := l.g.NewNode(o.op, layer, ir.Forward, c.Pos, ins, []string{name}, ir.RoleActivation)
+	if sig.Buffers != nil {
+		for _, ps := range sig.Buffers(a) {
+			ins = append(ins, l.g.AddBuffer(layer, ps.Suffix, ir.Init{Kind: ps.Init}, c.Pos).Value)
+		}
+	}
+	n := l.g.NewNode(o.Op, layer, ir.Forward, c.Pos, ins, []string{name}, ir.RoleActivation)
 	n.Attrs = attrs
-	l.g.Append(n)
-	return n.Out()
+	if sig.Expand == nil {
+		l.g.Append(n)
+		return n.Out()
+	}
+	nodes := sig.Expand(n, l.g)
+	for _, m := range nodes {
+		l.g.Append(m)
+	}
+	return nodes[len(nodes)-1].Out()
+}
+
+// argDiagnostic positions an error of an op's attribute rule at the
+// argument it concerns (an *ops.ArgError), else at the call.
+func argDiagnostic(c *dsl.Call, a args, err error) *dsl.Diagnostic {
+	var ae *ops.ArgError
+	if errors.As(err, &ae) {
+		if e := a[ae.Arg]; e != nil {
+			return dsl.Errorf(e.Pos, "%s: %s", c.Name, ae.Msg).Span(exprSpan(e))
+		}
+	}
+	return dsl.Errorf(c.Pos, "%s: %v", c.Name, err).Span(len(c.Name))
 }
 
 // nestedName names a nested call's output after its statement and op —
@@ -707,7 +567,7 @@ func (l *lowerer) findLoss(m *dsl.Model) {
 	}
 	var losses []*ir.Node
 	for _, n := range l.g.Nodes {
-		if n.Op == ir.OpCrossEntropy {
+		if n.Op.Info().Loss {
 			losses = append(losses, n)
 		}
 	}

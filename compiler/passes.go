@@ -135,6 +135,9 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 			if d := checkBatch(g, train.Batch, train, opts.BatchSource, f.Model.Pos); d != nil {
 				return dsl.Diagnostics{d}
 			}
+			if d := checkBatchStatistics(g, train.Batch, train, opts.BatchSource); d != nil {
+				return dsl.Diagnostics{d}
+			}
 			res.Summary = Summarize(g, train.Batch)
 			res.BatchLimit = BatchLimit(g)
 		}

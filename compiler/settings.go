@@ -4,7 +4,9 @@ import (
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/schedule"
 )
 
 // TrainConfig is the train block with defaults filled in.
@@ -14,7 +16,10 @@ type TrainConfig struct {
 	Epochs       int64
 	MemoryBudget int64 // bytes; 0 means none
 	Seed         uint64
-	Pos          map[string]dsl.Pos // where each setting was written
+	// Schedule is the learning-rate schedule (schedule, warmup); with
+	// onecycle, Optimizer.LR is its max_lr, the run's base rate.
+	Schedule schedule.Schedule
+	Pos      map[string]dsl.Pos // where each setting was written
 }
 
 // DataSource is one dataset of the data block.
@@ -45,36 +50,13 @@ const MaxBatch = 1 << 20
 const MaxEpochs = 1_000_000
 
 var trainSettings = []argSpec{
-	{name: "optimizer", doc: "sgd(...), adam(...) or adamw(...)"},
-	{name: "batch", kind: argInt, min: 1, maxInt: MaxBatch, maxWhy: "cnnc compiles training steps of at most 1,048,576 samples (2^20)", doc: "samples per step (default 32)"},
-	{name: "epochs", kind: argInt, min: 1, maxInt: MaxEpochs, maxWhy: "a run of more epochs is better split over several (--resume)", doc: "passes over the training data (default 1)"},
-	{name: "memory_budget", kind: argSize, doc: "device memory the step may use, e.g. 64MiB"},
-	{name: "seed", kind: argInt, min: 0, doc: "seed for initialisation, shuffling and dropout (default 0)"},
-}
-
-type optimizerDef struct {
-	kind ir.OptimizerKind
-	args []argSpec
-	lr   float64
-	wd   float64
-}
-
-var optimizerDefs = map[string]optimizerDef{
-	"sgd": {kind: ir.SGD, lr: 0.01, args: []argSpec{
-		{name: "lr", kind: argFloat, positive: true, doc: "learning rate (default 0.01)"},
-		{name: "momentum", kind: argFloat, min: 0, doc: "momentum factor (default 0)"},
-		{name: "nesterov", kind: argBool, doc: "Nesterov momentum (default false)"},
-		{name: "weight_decay", kind: argFloat, min: 0, doc: "L2 penalty (default 0)"},
-	}},
-	"adam":  {kind: ir.Adam, lr: 0.001, args: adamArgs},
-	"adamw": {kind: ir.AdamW, lr: 0.001, wd: 0.01, args: adamArgs},
-}
-
-var adamArgs = []argSpec{
-	{name: "lr", kind: argFloat, positive: true, doc: "learning rate (default 0.001)"},
-	{name: "betas", kind: argFloatPair, min: 0, max: 1, doc: "moment decay rates (default [0.9, 0.999])"},
-	{name: "eps", kind: argFloat, min: 0, doc: "added to the denominator (default 1e-8)"},
-	{name: "weight_decay", kind: argFloat, min: 0, doc: "L2 penalty for adam, decoupled decay for adamw (defaults 0 and 0.01)"},
+	{Name: "optimizer", Kind: ops.ArgCustom, Doc: "sgd(...), adam(...) or adamw(...)"},
+	{Name: "batch", Kind: ops.ArgInt, Min: 1, MaxInt: MaxBatch, MaxWhy: "cnnc compiles training steps of at most 1,048,576 samples (2^20)", Doc: "samples per step (default 32)"},
+	{Name: "epochs", Kind: ops.ArgInt, Min: 1, MaxInt: MaxEpochs, MaxWhy: "a run of more epochs is better split over several (--resume)", Doc: "passes over the training data (default 1)"},
+	{Name: "memory_budget", Kind: ops.ArgSize, Doc: "device memory the step may use, e.g. 64MiB"},
+	{Name: "seed", Kind: ops.ArgInt, Min: 0, Doc: "seed for initialisation, shuffling and dropout (default 0)"},
+	{Name: "schedule", Kind: ops.ArgCustom, Doc: "learning-rate schedule: step(...), multistep(...), cosine(...) or onecycle(...)"},
+	{Name: "warmup", Kind: ops.ArgInt, Min: 1, Doc: "steps of linear warmup before the schedule"},
 }
 
 // ParseTrain reads the train block (nil gives the defaults).
@@ -98,9 +80,14 @@ func ParseTrain(s *dsl.Section) (TrainConfig, dsl.Diagnostics) {
 			cfg.Optimizer = opt
 		}
 	}
-	cfg.Batch = vals.int("batch", DefaultBatch)
-	cfg.Epochs = vals.int("epochs", DefaultEpochs)
-	cfg.Seed = uint64(vals.int("seed", 0))
+	cfg.Batch = vals.Int("batch", DefaultBatch)
+	cfg.Epochs = vals.Int("epochs", DefaultEpochs)
+	cfg.Seed = uint64(vals.Int("seed", 0))
+	var maxLR float64
+	if cfg.Schedule, maxLR = parseSchedule(vals["schedule"], vals["warmup"], &diags); maxLR > 0 {
+		cfg.Optimizer.LR = maxLR
+		warnUnusedLR(vals["optimizer"], maxLR, &diags)
+	}
 	if e := vals["memory_budget"]; e != nil {
 		cfg.MemoryBudget = e.Size
 		if e.Size <= 0 {
@@ -116,13 +103,17 @@ func parseOptimizer(e *dsl.Expr, diags *dsl.Diagnostics) (ir.Optimizer, bool) {
 		return ir.Optimizer{}, false
 	}
 	c := e.Call
-	def, ok := optimizerDefs[c.Name]
-	if !ok {
+	def := ops.OptimizerByName(c.Name)
+	if def == nil {
+		var names []string
+		for _, o := range ops.Optimizers() {
+			names = append(names, o.Name)
+		}
 		d := dsl.Errorf(c.Pos, "unknown optimizer %s", c.Name).Span(len(c.Name))
-		if s := suggest(c.Name, []string{"sgd", "adam", "adamw"}); s != "" {
+		if s := suggest(c.Name, names); s != "" {
 			d.Hint("did you mean %s?", s)
 		} else {
-			d.Hint("optimizers: sgd, adam, adamw")
+			d.Hint("optimizers: %s", strings.Join(names, ", "))
 		}
 		*diags = append(*diags, d)
 		return ir.Optimizer{}, false
@@ -132,25 +123,14 @@ func parseOptimizer(e *dsl.Expr, diags *dsl.Diagnostics) (ir.Optimizer, bool) {
 		return ir.Optimizer{}, false
 	}
 	before := len(*diags)
-	a := checkArgs(c.Name, c, def.args, diags)
+	a := checkArgs(c.Name, c, def.Args, diags)
 	if len(*diags) > before {
 		return ir.Optimizer{}, false
 	}
-	o := ir.Optimizer{Kind: def.kind, LR: a.float("lr", def.lr), WeightDecay: a.float("weight_decay", def.wd)}
-	switch def.kind {
-	case ir.SGD:
-		o.Momentum = a.float("momentum", 0)
-		o.Nesterov = a.bool("nesterov", false)
-		if o.Nesterov && o.Momentum == 0 {
-			*diags = append(*diags, dsl.Errorf(c.Pos, "sgd: nesterov=true needs a momentum above 0").Span(len(c.Name)))
-			return o, false
-		}
-	default:
-		o.Beta1, o.Beta2, o.Eps = 0.9, 0.999, 1e-8
-		if b := a["betas"]; b != nil {
-			o.Beta1, o.Beta2 = numberOf(b.List[0]), numberOf(b.List[1])
-		}
-		o.Eps = a.float("eps", 1e-8)
+	o, err := def.Make(a)
+	if err != nil {
+		*diags = append(*diags, argDiagnostic(c, a, err))
+		return o, false
 	}
 	return o, true
 }
@@ -162,23 +142,16 @@ func settingsArgs(block string, s *dsl.Section, specs []argSpec, diags *dsl.Diag
 	for _, st := range s.Stmts {
 		call.Args = append(call.Args, &dsl.Arg{Pos: st.Pos, Key: st.Name, Value: st.Value})
 	}
-	plain := make([]argSpec, len(specs))
-	copy(plain, specs)
-	for i := range plain {
-		if plain[i].name == "optimizer" {
-			plain[i].kind = -1 // checked by parseOptimizer
-		}
-	}
-	return checkArgs(block+" block", call, plain, diags)
+	return checkArgs(block+" block", call, specs, diags)
 }
 
 var dataSettings = []argSpec{
-	{name: "train", kind: -1, required: true, doc: "the training set, e.g. imagefolder(\"data/train\")"},
-	{name: "test", kind: -1, doc: "the test set"},
+	{Name: "train", Kind: ops.ArgCustom, Required: true, Doc: "the training set, e.g. imagefolder(\"data/train\")"},
+	{Name: "test", Kind: ops.ArgCustom, Doc: "the test set"},
 }
 
 var datasetArgs = map[string][]argSpec{
-	"imagefolder": {{name: "resize", kind: argIntPair, min: 1, doc: "[H, W] the loader resizes to (default: the model's input)"}},
+	"imagefolder": {{Name: "resize", Kind: ops.ArgIntPair, Min: 1, Doc: "[H, W] the loader resizes to (default: the model's input)"}},
 	"mnist":       {},
 }
 
@@ -237,7 +210,7 @@ func parseDataset(e *dsl.Expr, image, label ir.Type, diags *dsl.Diagnostics) *Da
 	if image.IsKnown() && len(image.Dims) == 3 {
 		ds.Resize = [2]int64{image.Dims[1], image.Dims[2]}
 		if r := a["resize"]; r != nil {
-			got := a.pair("resize", 0)
+			got := a.Pair("resize", 0)
 			if got != ds.Resize {
 				*diags = append(*diags, dsl.Errorf(r.Pos, "%s resizes to %dx%d but the model's input is %dx%d", c.Name, got[0], got[1], ds.Resize[0], ds.Resize[1]).Span(exprSpan(r)))
 			}

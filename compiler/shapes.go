@@ -3,6 +3,7 @@ package compiler
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
@@ -66,25 +67,25 @@ func checkParamBytes(ctx *Context, g *ir.Graph) {
 }
 
 func inferNode(n *ir.Node) error {
-	if w, b, ok := ir.ParamTypes(n); ok {
-		if _, fits := ir.MulChecked(w.Dims...); !fits {
-			return fmt.Errorf("its weight %s would have more than 2^40 elements; no GPU can hold it", w.ShapeString())
-		}
-		fanIn := w.SampleElems() / w.Dims[0]
-		for i, v := range n.Ins[1:] {
-			if v.Role != ir.RoleParam {
+	if types, fanIn, ok := ir.ParamTypes(n); ok {
+		for _, v := range n.Ins {
+			if v.Role != ir.RoleParam && v.Role != ir.RoleBuffer {
 				continue
 			}
-			if i == 0 {
-				v.Type = w
-			} else {
-				v.Type = b
+			suffix := strings.TrimPrefix(v.Param.Name, v.Param.Layer+".")
+			t, known := types[suffix]
+			if !known {
+				return fmt.Errorf("%s has no %s", n.Op, suffix)
 			}
+			if _, fits := ir.MulChecked(t.Dims...); !fits {
+				return fmt.Errorf("its %s %s would have more than 2^40 elements; no GPU can hold it", suffix, t.ShapeString())
+			}
+			v.Type = t
 			v.Param.Init.FanIn = fanIn
 		}
 	}
 	for _, v := range n.Ins {
-		if v.Role == ir.RoleParam && !v.Type.IsKnown() {
+		if (v.Role == ir.RoleParam || v.Role == ir.RoleBuffer) && !v.Type.IsKnown() {
 			// The type rule below explains why the input does not fit;
 			// give the parameter a placeholder so it can run.
 			v.Type = ir.F32Fixed()

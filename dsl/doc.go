@@ -9,5 +9,7 @@
 // arguments it takes and what shapes flow between layers is the compiler's
 // business, so the grammar stays small (assignments of calls, numbers,
 // sizes, strings and lists) and every later stage can still point at the
-// user's line through the positions kept here.
+// user's line through the positions kept here. The grammar is a
+// participle one (grammar.go) over lex.go's lexer (tokens.go); syntax.go
+// turns participle's errors into diagnostics that say what was expected.
 package dsl

@@ -26,14 +26,6 @@ type token struct {
 	pos, end Pos
 }
 
-// describe names the token in an error message: `"loss"`, `the end of the file`.
-func (t token) describe() string {
-	if t.kind == tokEOF {
-		return "the end of the file"
-	}
-	return fmt.Sprintf("%q", t.text)
-}
-
 // sizeUnits are the memory-size suffixes the lexer reads (units.ParseSize
 // gives their values); longer suffixes first so "MiB" is not read as "B".
 var sizeUnits = []string{"KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB", "B"}

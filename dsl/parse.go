@@ -1,32 +1,16 @@
 package dsl
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
 
+	"github.com/alecthomas/participle/v2"
+	plex "github.com/alecthomas/participle/v2/lexer"
+
 	"github.com/cnnc/cnnc/runtime/units"
 )
-
-// The grammar (a .cnn file), read by recursive descent with one token of
-// lookahead (two to tell a keyword argument from a positional one):
-//
-//	file    = model { section }
-//	model   = "model" Ident "(" [ input { "," input } [ "," ] ] ")" "{" { assign } "}"
-//	input   = Ident ":" Ident "[" expr { "," expr } [ "," ] "]"
-//	section = ( "train" | "data" ) "{" { assign } "}"
-//	assign  = Ident "=" expr [ ";" ]
-//	expr    = call | Size | Float | Int | String | list | Ident
-//	call    = Ident "(" [ arg { "," arg } [ "," ] ] ")"
-//	arg     = [ Ident "=" ] expr
-//	list    = "[" [ expr { "," expr } [ "," ] ] "]"
-//
-// Newlines matter in one place only: a statement's value starts on the
-// line of its "=" (so a missing value is reported on that line). A syntax
-// error names what was expected where it is missing: when the
-// token that does not fit starts a later line, the error points just past
-// the last token that did (the end of the line missing a ")"), not at the
-// next line.
 
 // MaxNesting bounds how deeply calls and lists may nest (each level is a
 // few stack frames in every stage that walks expressions).
@@ -38,349 +22,186 @@ func Parse(filename string, src []byte) (*File, error) {
 		return nil, Diagnostics{Errorf(Pos{File: filename, Line: 1, Col: 1}, "the file has %d bytes; a model file may have at most %d (%s)",
 			len(src), MaxSourceBytes, units.FormatBytes(MaxSourceBytes))}
 	}
-	p := &parser{lex: newLexer(filename, src), file: filename}
-	f, d := p.parseFile()
-	if d != nil {
-		return nil, Diagnostics{d}
+	t := scanTokens(filename, src)
+	g, err := parseChunks(t)
+	if err != nil {
+		// participle's error stands unless the tokens were cut (an
+		// invalid character, nesting too deep) before it
+		if t.cut == nil || errorOffset(err) < t.cut.Pos.Offset {
+			return nil, Diagnostics{syntaxError(filename, t.all, err)}
+		}
 	}
-	if len(p.diags) > 0 {
-		return nil, p.diags
+	if t.cut != nil {
+		return nil, Diagnostics{t.cut}
+	}
+	c := converter{t: t, chunks: g.chunks}
+	f := &File{Name: filename, Model: c.model(g.file.Model)}
+	for _, s := range g.file.Sections {
+		f.Sections = append(f.Sections, &Section{Pos: fromLexer(s.Kind.Pos), Kind: s.Kind.Value, Stmts: c.block(s.Block)})
+	}
+	if len(c.diags) > 0 {
+		return nil, c.diags
 	}
 	return f, nil
 }
 
-// parser holds the current token and the previous one (whose end is where
-// a missing token belongs when the current one starts a later line).
-type parser struct {
-	lex   *lexer
-	file  string
-	tok   token
-	prev  token
-	peek  *token
-	depth int
-	diags Diagnostics // value errors (numbers out of range); parsing goes on
+// parsed is what participle made of a file and its chunks.
+type parsed struct {
+	file   *gFile
+	chunks []gValue
 }
 
-// bail carries a syntax error up the recursion: the parser stops at the
-// first one.
-type bail struct{ d *Diagnostic }
-
-func (p *parser) parseFile() (f *File, d *Diagnostic) {
-	defer func() {
-		if r := recover(); r != nil {
-			b, ok := r.(bail)
-			if !ok {
-				panic(r)
-			}
-			f, d = nil, b.d
+// parseChunks parses the file and each chunk, and returns the error that
+// comes first in the file, if any.
+func parseChunks(t *tokens) (*parsed, error) {
+	p := &parsed{chunks: make([]gValue, len(t.chunks))}
+	var firstErr error
+	firstAt := 0
+	keep := func(err error) {
+		if at := errorOffset(err); firstErr == nil || at < firstAt {
+			firstErr, firstAt = err, at
 		}
-	}()
-	p.advance()
-	f = &File{Name: p.file}
-	f.Model = p.model()
-	for p.tok.kind != tokEOF {
-		f.Sections = append(f.Sections, p.section())
 	}
-	return f, nil
-}
-
-func (p *parser) advance() {
-	p.prev = p.tok
-	if p.peek != nil {
-		p.tok, p.peek = *p.peek, nil
-		return
+	peek, err := plex.Upgrade(t.lexer(-1), symNL)
+	if err == nil {
+		p.file, err = grammar.ParseFromLexer(peek)
 	}
-	t, d := p.lex.next()
-	if d != nil {
-		panic(bail{d})
+	if err != nil {
+		keep(err)
 	}
-	p.tok = t
-}
-
-func (p *parser) lookahead() token {
-	if p.peek == nil {
-		t, d := p.lex.next()
-		if d != nil {
-			panic(bail{d})
+	for i, c := range t.chunks {
+		if firstErr != nil && t.all[c.start].Pos.Offset >= firstAt {
+			continue // an error in it would come later
 		}
-		p.peek = &t
-	}
-	return *p.peek
-}
-
-func (p *parser) is(text string) bool {
-	return (p.tok.kind == tokPunct || p.tok.kind == tokIdent) && p.tok.text == text
-}
-
-// fail stops parsing with "expected WHAT": at the token that does not
-// fit when it is on the line of the previous token, else just past the
-// previous token (the end of the line where WHAT is missing).
-func (p *parser) fail(what string, hints ...string) { p.failHere(what, false, hints...) }
-
-// failAt is fail for a token that is itself wrong wherever it stands (it
-// cannot start what must start there): the error points at it.
-func (p *parser) failAt(what string, hints ...string) { p.failHere(what, true, hints...) }
-
-func (p *parser) failHere(what string, atToken bool, hints ...string) {
-	var d *Diagnostic
-	switch {
-	case p.prev.pos.Line == 0 || (atToken && p.tok.kind != tokEOF): // nothing read yet, or the token is the fault
-		d = Errorf(p.tok.pos, "syntax error: expected %s, found %s", what, p.tok.describe()).Span(len(p.tok.text))
-	case p.tok.kind == tokEOF:
-		d = Errorf(p.prev.end, "syntax error: expected %s, found the end of the file", what)
-	case p.tok.pos.Line > p.prev.end.Line:
-		d = Errorf(p.prev.end, "syntax error: expected %s at the end of this line", what).
-			Hint("the next line starts with %s", p.tok.describe())
-	default:
-		d = Errorf(p.tok.pos, "syntax error: expected %s, found %s", what, p.tok.describe()).Span(len(p.tok.text))
-	}
-	for _, h := range hints {
-		d.Hint("%s", h)
-	}
-	panic(bail{d})
-}
-
-// expect consumes the punctuation text or fails with what.
-func (p *parser) expect(text, what string) token {
-	if p.tok.kind != tokPunct || p.tok.text != text {
-		p.fail(what)
-	}
-	t := p.tok
-	p.advance()
-	return t
-}
-
-func (p *parser) ident(what string) token {
-	if p.tok.kind != tokIdent {
-		p.fail(what)
-	}
-	t := p.tok
-	p.advance()
-	return t
-}
-
-const modelShape = "model NAME(image: f32[C,H,W], label: class[N]) { ... }"
-
-func (p *parser) model() *Model {
-	switch {
-	case p.tok.kind == tokEOF:
-		panic(bail{Errorf(Pos{File: p.file, Line: 1, Col: 1}, "syntax error: the file holds no model: expected the model block, %s", modelShape)})
-	case p.is("train") || p.is("data"):
-		panic(bail{Errorf(p.tok.pos, "syntax error: expected the model block first, found a %s block", p.tok.text).Span(len(p.tok.text)).
-			Hint("a .cnn file starts with %s; train and data blocks follow it", modelShape)})
-	case !p.is("model"):
-		p.fail("the model block ("+modelShape+")", "a .cnn file starts with its model block; train and data blocks follow it")
-	}
-	m := &Model{Pos: p.tok.pos}
-	p.advance()
-	m.Name = p.ident("the model's name after model").text
-	p.expect("(", fmt.Sprintf(`"(" and the inputs of model %s`, m.Name))
-	for !p.is(")") {
-		m.Inputs = append(m.Inputs, p.input())
-		if !p.is(",") {
-			if !p.is(")") {
-				p.fail(fmt.Sprintf(`"," or ")" after input %s`, m.Inputs[len(m.Inputs)-1].Name))
-			}
-			break
+		peek, err := plex.Upgrade(t.lexer(i), symNL)
+		var g *gChunk
+		if err == nil {
+			g, err = chunkGrammar.ParseFromLexer(peek)
 		}
-		p.advance()
+		if err != nil {
+			keep(err)
+			continue
+		}
+		p.chunks[i] = g.Value
 	}
-	p.advance()
-	m.Stmts, m.End = p.block("model " + m.Name)
+	return p, firstErr
+}
+
+// errorOffset is where in the source participle's error is.
+func errorOffset(err error) int {
+	var uerr *participle.UnexpectedTokenError
+	if errors.As(err, &uerr) {
+		return uerr.Unexpected.Pos.Offset
+	}
+	var perr participle.Error
+	if errors.As(err, &perr) {
+		return perr.Position().Offset
+	}
+	return 0
+}
+
+func fromLexer(p plex.Position) Pos {
+	return Pos{File: p.Filename, Line: p.Line, Col: p.Column, Offset: p.Offset}
+}
+
+// converter turns the grammar structs into the public AST and checks what
+// the grammar cannot: that numbers, sizes and strings have values.
+type converter struct {
+	t      *tokens
+	chunks []gValue
+	diags  Diagnostics
+}
+
+func (c *converter) model(g *gModel) *Model {
+	m := &Model{Pos: fromLexer(g.Keyword.Pos), Name: g.Name.Value, End: fromLexer(last(g.Block.Tokens).Pos)}
+	for _, in := range g.Inputs {
+		x := &Input{Pos: fromLexer(in.Name.Pos), Name: in.Name.Value, TypePos: fromLexer(in.Type.Pos), Type: in.Type.Value}
+		for _, d := range in.Dims {
+			x.Dims = append(x.Dims, c.value(d))
+		}
+		m.Inputs = append(m.Inputs, x)
+	}
+	m.Stmts = c.block(g.Block)
 	return m
 }
 
-func (p *parser) input() *Input {
-	if p.tok.kind != tokIdent {
-		p.fail(`an input such as image: f32[3,32,32] or ")"`)
+func (c *converter) block(b *gBlock) []*Assign {
+	var out []*Assign
+	for _, a := range b.Stmts {
+		out = append(out, &Assign{Pos: fromLexer(a.Name.Pos), Name: a.Name.Value, Value: c.value(a.Value)})
 	}
-	in := &Input{Pos: p.tok.pos, Name: p.tok.text}
-	p.advance()
-	p.expect(":", fmt.Sprintf(`":" and the type of input %s`, in.Name))
-	if p.tok.kind != tokIdent {
-		p.fail(fmt.Sprintf("the type of input %s: f32[C,H,W] or class[N]", in.Name))
-	}
-	in.TypePos, in.Type = p.tok.pos, p.tok.text
-	p.advance()
-	p.expect("[", fmt.Sprintf(`"[" and the dimensions of %s`, in.Type))
-	for {
-		in.Dims = append(in.Dims, p.expr())
-		if p.is("]") {
-			break
-		}
-		p.expect(",", fmt.Sprintf(`"," or "]" after the dimension of %s`, in.Name))
-		if p.is("]") {
-			break
-		}
-	}
-	p.advance()
-	return in
+	return out
 }
 
-func (p *parser) section() *Section {
-	if !p.is("train") && !p.is("data") {
-		hint := "a file holds one model block, then train and data blocks"
-		if p.is("model") {
-			p.failAt("a train or data block", hint+"; a second model needs a file of its own")
+func (c *converter) value(g gValue) *Expr {
+	switch g := g.(type) {
+	case *gCall:
+		name := first(g.Tokens)
+		call := &Call{Pos: fromLexer(name.Pos), Name: name.Value}
+		if len(g.Args) > 0 {
+			call.Args = make([]*Arg, 0, len(g.Args))
 		}
-		p.failAt("a train or data block (or the end of the file)", hint)
-	}
-	s := &Section{Pos: p.tok.pos, Kind: p.tok.text}
-	p.advance()
-	s.Stmts, _ = p.block(s.Kind + " block")
-	return s
-}
-
-// block reads "{ assign* }" and returns the statements and the closing
-// brace's position.
-func (p *parser) block(what string) ([]*Assign, Pos) {
-	start := p.expect("{", fmt.Sprintf(`"{" to open the %s`, what))
-	var stmts []*Assign
-	for !p.is("}") {
-		if p.tok.kind != tokIdent {
-			if p.tok.kind == tokEOF {
-				p.fail(fmt.Sprintf(`"}" to close the %s opened at %d:%d`, what, start.pos.Line, start.pos.Col))
+		for _, a := range g.Args {
+			arg := &Arg{Value: c.value(a.Value)}
+			arg.Pos = arg.Value.Pos
+			if a.Key != nil {
+				arg.Pos, arg.Key = fromLexer(a.Key.Pos), a.Key.Value
 			}
-			p.failAt(fmt.Sprintf(`a statement (name = value) or "}" to close the %s`, what))
+			call.Args = append(call.Args, arg)
 		}
-		stmts = append(stmts, p.assign())
+		return &Expr{Pos: call.Pos, EndPos: endOf(last(g.Tokens)), Kind: ExprCall, Call: call}
+	case *gList:
+		e := &Expr{Pos: fromLexer(first(g.Tokens).Pos), EndPos: endOf(last(g.Tokens)), Kind: ExprList}
+		for _, x := range g.Elems {
+			e.List = append(e.List, c.value(x))
+		}
+		return e
+	case *gAtom:
+		return c.atom(last(g.Tokens))
+	case *gHole:
+		return c.value(c.chunks[c.t.chunkAt(last(g.Tokens).Pos.Offset)])
 	}
-	end := p.tok.pos
-	p.advance()
-	return stmts, end
+	panic(fmt.Sprintf("dsl: %T is no value", g))
 }
 
-func (p *parser) assign() *Assign {
-	a := &Assign{Pos: p.tok.pos, Name: p.tok.text}
-	p.advance()
-	eq := p.expect("=", fmt.Sprintf(`"=" after %s`, a.Name))
-	if p.tok.pos.Line > eq.end.Line { // a statement's value starts on its line
-		p.fail(valueKinds)
-	}
-	a.Value = p.expr()
-	if p.is(";") {
-		p.advance()
-	}
-	return a
-}
-
-const valueKinds = "a value (an op call, a name, a number, a size, a string or a list)"
-
-func (p *parser) expr() *Expr {
-	t := p.tok
-	e := &Expr{Pos: t.pos, Text: t.text}
-	switch t.kind {
-	case tokIdent:
-		if p.lookahead().kind == tokPunct && p.lookahead().text == "(" {
-			e.Kind, e.Text = ExprCall, ""
-			e.Call = p.call()
-			e.EndPos = p.prev.end
-			return e
-		}
-		e.Kind, e.Ident = ExprIdent, t.text
-	case tokInt:
+func (c *converter) atom(t plex.Token) *Expr {
+	e := &Expr{Pos: fromLexer(t.Pos), EndPos: endOf(t), Text: t.Value}
+	switch t.Type {
+	case symIdent:
+		e.Kind, e.Ident = ExprIdent, t.Value
+	case symInt:
 		e.Kind = ExprInt
-		n, err := strconv.ParseInt(t.text, 10, 64)
+		n, err := strconv.ParseInt(t.Value, 10, 64)
 		if err != nil {
-			p.diags = append(p.diags, Errorf(t.pos, "integer %s does not fit in 64 bits", t.text).Span(len(t.text)))
+			c.diags = append(c.diags, Errorf(e.Pos, "integer %s does not fit in 64 bits", t.Value).Span(len(t.Value)))
 		}
 		e.Int = n
-	case tokFloat:
+	case symFloat:
 		e.Kind = ExprFloat
-		f, err := strconv.ParseFloat(t.text, 64)
+		f, err := strconv.ParseFloat(t.Value, 64)
 		if err != nil || math.IsInf(f, 0) {
-			p.diags = append(p.diags, Errorf(t.pos, "number %s is out of range", t.text).Span(len(t.text)))
+			c.diags = append(c.diags, Errorf(e.Pos, "number %s is out of range", t.Value).Span(len(t.Value)))
 		}
 		e.Float = f
-	case tokSize:
+	case symSize:
 		e.Kind = ExprSize
-		n, err := ParseSize(t.text)
+		n, err := ParseSize(t.Value)
 		if err != nil {
-			p.diags = append(p.diags, Errorf(t.pos, "%v", err).Span(len(t.text)))
+			c.diags = append(c.diags, Errorf(e.Pos, "%v", err).Span(len(t.Value)))
 		}
 		e.Size = n
-	case tokString:
+	case symString:
 		e.Kind = ExprString
-		s, err := strconv.Unquote(t.text)
+		s, err := strconv.Unquote(t.Value)
 		if err != nil {
-			p.diags = append(p.diags, Errorf(t.pos, "bad string literal %s", t.text).Span(len(t.text)).
+			c.diags = append(c.diags, Errorf(e.Pos, "bad string literal %s", t.Value).Span(len(t.Value)).
 				Hint(`escapes are Go's: \\ \" \n \t \xFF \u00e9`))
 		}
 		e.String = s
-	case tokPunct:
-		if t.text == "[" {
-			e.Kind, e.Text = ExprList, ""
-			e.List = p.list()
-			e.EndPos = p.prev.end
-			return e
-		}
-		p.fail(valueKinds)
 	default:
-		p.fail(valueKinds)
+		panic(fmt.Sprintf("dsl: token type %d is no value", t.Type))
 	}
-	p.advance()
-	e.EndPos = p.prev.end
 	return e
-}
-
-func (p *parser) nest() {
-	p.depth++
-	if p.depth > MaxNesting {
-		panic(bail{Errorf(p.tok.pos, "calls and lists nest more than %d deep here; name the inner values in statements of their own", MaxNesting)})
-	}
-}
-
-func (p *parser) call() *Call {
-	p.nest()
-	defer func() { p.depth-- }()
-	c := &Call{Pos: p.tok.pos, Name: p.tok.text}
-	p.advance()
-	p.advance() // "("
-	for !p.is(")") {
-		if p.tok.kind == tokEOF || (p.tok.kind == tokPunct && p.tok.text != "[") {
-			p.fail(fmt.Sprintf(`an argument or ")" to close %s(`, c.Name))
-		}
-		a := &Arg{Pos: p.tok.pos}
-		if p.tok.kind == tokIdent && p.lookahead().kind == tokPunct && p.lookahead().text == "=" {
-			a.Key = p.tok.text
-			p.advance()
-			p.advance()
-		}
-		a.Value = p.expr()
-		c.Args = append(c.Args, a)
-		if !p.is(",") {
-			if !p.is(")") {
-				p.fail(fmt.Sprintf(`"," or ")" after the argument of %s(`, c.Name))
-			}
-			break
-		}
-		p.advance()
-	}
-	p.advance()
-	return c
-}
-
-func (p *parser) list() []*Expr {
-	p.nest()
-	defer func() { p.depth-- }()
-	open := p.tok
-	p.advance()
-	var xs []*Expr
-	for !p.is("]") {
-		if p.tok.kind == tokEOF || (p.tok.kind == tokPunct && p.tok.text != "[") {
-			p.fail(fmt.Sprintf(`a list element or "]" to close the list opened at %d:%d`, open.pos.Line, open.pos.Col))
-		}
-		xs = append(xs, p.expr())
-		if !p.is(",") {
-			if !p.is("]") {
-				p.fail(`"," or "]" after the list element`)
-			}
-			break
-		}
-		p.advance()
-	}
-	p.advance()
-	return xs
 }
 
 // ParseSize parses a memory size such as "64MiB", "40MB", "1.5GiB" or

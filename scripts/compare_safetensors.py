@@ -2,24 +2,12 @@
 """Compares two cnnc checkpoints tensor by tensor: prints the worst error
 relative to each tensor's largest magnitude, and PASS when under 1e-3
 (fp32 drift over 20 steps on different hardware, e.g. FMA on the GPU)."""
-import json
+import os
 import struct
 import sys
 
-
-def read(path):
-    """A safetensors file's tensors as (header entry, bytes) by name, and its
-    metadata. The format is an 8-byte header length, a JSON header, bytes."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        body = f.read()
-    meta = header.pop("__metadata__", {})
-    tensors = {}
-    for name, e in header.items():
-        a, b = e["data_offsets"]
-        tensors[name] = (e, body[a:b])
-    return tensors, meta
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cnnc_checkpoint import read  # noqa: E402  (the one safetensors reader)
 
 
 def load(path):

@@ -50,6 +50,6 @@ bin/mnist-cpu --device cpu --data "$B/data/mnist-small" --test "" --no-shuffle -
 # the device tool carries at most 64 MiB: binaries travel gzipped and
 # gpu_check.py unpacks them
 gzip -9f "$B"/bin/*
-cp scripts/gpu_check.py scripts/compare_safetensors.py scripts/bench/torch_gpu.py scripts/bench/torch_train.py "$B/"
+cp scripts/gpu_check.py scripts/compare_safetensors.py scripts/cnnc_checkpoint.py scripts/bench/torch_gpu.py scripts/bench/torch_train.py "$B/"
 du -sh "$B"
 echo "bundle ready: run   python3 $B/gpu_check.py   on the GPU machine"

@@ -7,8 +7,9 @@ Usage: onnx_check.py MODEL.onnx CHECKPOINT [TORCH_MODEL]
   - onnx.checker.check_model(full_check=True): the protobuf, the opset's
     operator schemas, and ONNX's shape inference against the value_info;
   - every initializer equals the checkpoint's tensor of that name byte for
-    byte (dtype, shape, float32 bits), and every parameter of the
-    checkpoint (all but "optimizer.*") is an initializer;
+    byte (dtype, shape, float32 bits), and every parameter and buffer of
+    the checkpoint (all but "optimizer.*", and batch norm's
+    num_batches_tracked, which inference does not read) is an initializer;
   - with PyTorch importable: the same comparison as torch tensors
     (torch.equal), and with TORCH_MODEL (mnist or simplecnn) the
     initializers load into the PyTorch model of the same layers with
@@ -42,7 +43,7 @@ def main():
         e, data = tensors[name]
         if e["dtype"] != "F32" or list(arr.shape) != e["shape"] or str(arr.dtype) != "float32" or arr.tobytes() != data:
             errors.append(f"initializer {name} ({arr.dtype}{list(arr.shape)}) differs from the checkpoint's ({e['dtype']}{e['shape']})")
-    params = [n for n in tensors if not n.startswith("optimizer.")]
+    params = [n for n in tensors if not n.startswith("optimizer.") and not n.endswith(".num_batches_tracked")]
     errors += [f"checkpoint parameter {n} is not an initializer" for n in params if n not in inits]
     out = {
         "ir_version": m.ir_version,

@@ -3,21 +3,35 @@
 TestCheckpointInPyTorch): loads a cnnc checkpoint into the PyTorch model
 of the same layers — the OOM guide's SimpleCNN (with the 2x2 max-pools that
 make fc1's 32*30*30 inputs right) or examples/mnist.cnn's MNISTNet — with
-load_state_dict(strict=True), evaluates a batch, takes STEPS steps of the
-torch.optim optimizer the checkpoint's metadata names (sgd, adam or adamw
-with their settings) on it, and writes the parameters as a safetensors
-file for cnnc to compare: OUT from float32 (what PyTorch users get), and
-OUT.f64 from the same steps in float64, the truth both float32 runs are
-measured against (Adam turns float32 rounding of tiny gradients into
-visible update differences, so two float32 runs differ by more than
-either differs from the truth).
+load_state_dict(strict=True), evaluates a batch at it, and takes STEPS
+steps of the torch.optim optimizer the checkpoint's metadata names (sgd,
+adam or adamw with their settings) on the batch. Step T+1 (T = 0 ..
+STEPS-1) starts from float32 parameters and optimizer state — cnnc's
+checkpoint for the first, OUT.T.ck after — and writes:
+
+  OUT.T+1.f64    the step in float64 from there, the truth: parameters and
+                 "optimizer.<param>.<state>" as the nearest float32 NAME
+                 and the rest NAME.lo (~48 bits together);
+  OUT.T+1.bound  how far a float32 step may land from it, element by
+                 element (f32_error_bound.py; rounded up to float32);
+  OUT.T+1.torch  PyTorch's float32 step, for information only;
+  OUT.T+1.ck     the truth rounded to float32, a cnnc checkpoint (step
+                 T+1) that the next step starts from (not after the last).
+
+Starting every step from the same float32 numbers keeps each step's error
+that step's own: a bound carried across steps through magnitudes alone
+grows a hundredfold a step, far beyond the error it bounds.
 
 Usage: torch_checkpoint.py MODEL CHECKPOINT PIXELS LABELS N STEPS OUT
   MODEL: simplecnn or mnist
   PIXELS: N images, uint8 HWC (as cnnc's loader gives them)
   LABELS: N int32, little endian
-Prints one JSON object: the evaluation loss and correct count.
-No safetensors package is needed: the format is a JSON header and bytes.
+Prints one JSON object: the float64 loss and correct count on the batch at
+the checkpoint, their bounds, PyTorch's float32 loss and count, and for
+each step how many relu or pool elements float32 may flip and the
+parameters at or below them ("unsettled": their bounds hold the gradient a
+flip would send the other way).
+No safetensors package is needed (cnnc_checkpoint.py reads the format).
 """
 import json
 import os
@@ -31,11 +45,18 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "bench")]
-from compare_safetensors import read  # noqa: E402
+from cnnc_checkpoint import load_file  # noqa: E402
+from cnnc_checkpoint import read as read_raw  # noqa: E402
+from f32_error_bound import Analysis, optimizer_step  # noqa: E402
 from torch_train import MNISTNet, SimpleCNN  # noqa: E402  (the guide's SimpleCNN, pools added)
 
 
-MODELS = {"simplecnn": (SimpleCNN, (128, 128, 3)), "mnist": (MNISTNet, (28, 28, 1))}
+# model, image shape (HWC), and whether the bound carries the logits' error
+# to the gradients exactly (f32_error_bound.Analysis): for MNISTNet that
+# tightens the conv layers' bounds ~30x for a second a step; SimpleCNN's
+# conv bounds stay above their step either way (its 47,628-term gradient
+# sums), and its 30 passes would take ~10 s
+MODELS = {"simplecnn": (SimpleCNN, (128, 128, 3), False), "mnist": (MNISTNet, (28, 28, 1), True)}
 
 
 def optimizer(spec, params):
@@ -53,17 +74,10 @@ def optimizer(spec, params):
                weight_decay=float(args["weight_decay"]))
 
 
-def read_safetensors(path):
-    tensors, meta = read(path)
-    out = {}
-    for name, (e, data) in tensors.items():
-        assert e["dtype"] == "F32", (name, e["dtype"])
-        out[name] = torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(e["shape"])
-    return out, meta
-
-
-def write_safetensors(path, tensors):
+def write_safetensors(path, tensors, meta=None):
     header, blobs, off = {}, [], 0
+    if meta:
+        header["__metadata__"] = meta
     for name, t in tensors.items():
         b = t.detach().contiguous().numpy().astype("<f4").tobytes()
         header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
@@ -75,40 +89,102 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def train(cls, state, x, y, spec, steps, dtype):
+def start(cls, tensors, step, dtype, spec):
+    """The model and its optimizer at a checkpoint: parameters and, after
+    the first step, the optimizer state cnnc stores under
+    optimizer.<param>.<state> (torch.optim's own state names)."""
     model = cls().to(dtype)
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
-    x = x.to(dtype)
-    with torch.no_grad():
-        logits = model(x)
-        loss = F.cross_entropy(logits, y).item()
-        correct = int((logits.argmax(1) == y).sum())
+    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items() if not k.startswith("optimizer.")}, strict=True)
     opt = optimizer(spec, model.parameters())
-    for _ in range(steps):
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    return loss, correct, {k: v.float() for k, v in model.state_dict().items()}
+    if step > 0:
+        for name, p in model.named_parameters():
+            st = {k[len(f"optimizer.{name}."):]: v.to(dtype).clone() for k, v in tensors.items()
+                  if k.startswith(f"optimizer.{name}.")}
+            if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+                st["step"] = torch.tensor(float(step))
+            opt.state[p] = st
+    return model, opt
+
+
+def state_after(model, opt):
+    """Parameters and optimizer state by checkpoint name."""
+    out = dict(model.state_dict())
+    for name, p in model.named_parameters():
+        out.update({f"optimizer.{name}.{k}": v for k, v in opt.state[p].items() if k != "step"})
+    return out
+
+
+def step32(cls, tensors, step, x, y, spec):
+    """PyTorch's own float32 step (information: never a tolerance)."""
+    model, opt = start(cls, tensors, step, torch.float32, spec)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    return state_after(model, opt)
+
+
+def step64(cls, exact, tensors, step, x, y, spec):
+    """The truth: the step in float64, and the float32 error bound of each
+    parameter and state element; the loss info at the start."""
+    model, opt = start(cls, tensors, step, torch.float64, spec)
+    opt.zero_grad()
+    analysis = Analysis(model, exact)
+    G, info = analysis.bound(analysis.run(x, y), y)
+    bounds = optimizer_step(opt, model, G)
+    return info, state_after(model, opt), bounds
+
+
+def split64(tensors):
+    """float64 tensors as float32 pairs: NAME (nearest) and NAME.lo (the rest)."""
+    out = {}
+    for k, v in tensors.items():
+        hi = v.float()
+        out[k], out[k + ".lo"] = hi, (v - hi.double()).float()
+    return out
+
+
+def round_up32(t):
+    """float32 values no smaller than t's, widened by 2^-28 for the truth's
+    own error: its float64 rounding is the same analysis with u = 2^-53
+    (2^-29 of the bound), and its split into NAME + NAME.lo loses 2^-48 of
+    the value (the bound holds u = 2^-24 of it for the final rounding)."""
+    t = t * (1 + 2.0 ** -28)
+    f = t.float()
+    return torch.where(f.double() < t, torch.nextafter(f, torch.tensor(float("inf"))), f)
 
 
 def main():
     model_name, ck, pixels, labels, n, steps, out = sys.argv[1:8]
     n, steps = int(n), int(steps)
-    cls, (h, w, c) = MODELS[model_name]
-    tensors, meta = read_safetensors(ck)
-    state = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
+    cls, (h, w, c), exact = MODELS[model_name]
+    meta = read_raw(ck)[1]
+    tensors = load_file(ck)
     # names, shapes and layouts must all match
-    cls().load_state_dict(state, strict=True)
+    cls().load_state_dict({k: v for k, v in tensors.items() if not k.startswith("optimizer.")}, strict=True)
     with open(pixels, "rb") as f:
-        x = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).reshape(n, h, w, c)
-    x = x.permute(0, 3, 1, 2).contiguous().float() / 255  # ToTensor: CHW
+        x8 = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).reshape(n, h, w, c).permute(0, 3, 1, 2)
     with open(labels, "rb") as f:
         y = torch.tensor(struct.unpack(f"<{n}i", f.read())).long()
-    loss, correct, params = train(cls, state, x, y, meta["optimizer"], steps, torch.float32)
-    write_safetensors(out, params)
-    _, _, params64 = train(cls, state, x, y, meta["optimizer"], steps, torch.float64)
-    write_safetensors(out + ".f64", params64)
-    print(json.dumps({"loss": loss, "correct": correct, "optimizer": meta["optimizer"], "torch": torch.__version__}))
+    spec = meta["optimizer"]
+    # ToTensor: CHW in [0, 1]; the truth divides exactly
+    x32, x64 = x8.float() / 255, x8.double() / 255
+    with torch.no_grad():
+        logits = start(cls, tensors, 0, torch.float32, spec)[0](x32)
+    result = {"torch_loss32": F.cross_entropy(logits, y).item(), "torch_correct32": int((logits.argmax(1) == y).sum()),
+              "optimizer": spec, "torch": torch.__version__}
+    for t in range(steps):
+        write_safetensors(f"{out}.{t + 1}.torch", step32(cls, tensors, t, x32, y, spec))
+        info, truth, bounds = step64(cls, exact, tensors, t, x64, y, spec)
+        result.setdefault("flips", []).append(info.pop("flips"))
+        result.setdefault("unsettled", []).append(info.pop("unsettled"))
+        if t == 0:
+            result.update(info)
+        write_safetensors(f"{out}.{t + 1}.f64", split64(truth))
+        write_safetensors(f"{out}.{t + 1}.bound", {k: round_up32(v) for k, v in bounds.items()})
+        tensors = {k: v.float() for k, v in truth.items()}
+        if t + 1 < steps:
+            write_safetensors(f"{out}.{t + 1}.ck", tensors, dict(meta, step=str(t + 1)))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,11 @@ generated CUDA C on cnnc's CUDA emulator instead (slow: for checking the
 CUDA kernels in a whole trainer); --target cuda embeds a fatbin built by
 nvcc for sm_80 and sm_90 (with PTX) and links gorgonia.org/cu — such a
 binary exits at start on a machine without a GPU; --target auto picks cuda
-when nvcc is present.
+when nvcc is present. The CPU target has no kernels yet for some ops (batch
+norm, the activations other than relu, concat, global average pooling,
+grouped or dilated convolutions, label smoothing): --target cpu refuses such
+a model at the layer, and the default (cpu, or auto without nvcc) then
+warns and builds for the emulator.
 
 The build works in any directory: the trainer module carries a copy of
 cnnc's runtime and needs only the Go module proxy (or the module cache).
@@ -49,6 +53,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				fmt.Fprintf(stderr, "cnnc build: say what to build: -o BINARY (a trainer) and/or --emit-cuda DIR (the kernels)\nusage: %s\n", cmd.UseLine())
 				return exitError{exitUsage}
 			}
+			chosen := cmd.Flags().Changed("target") && target == "cpu" // not the default
 			switch target {
 			case "cpu", "cuda", "emu":
 			case "auto":
@@ -78,6 +83,25 @@ nvcc compiles as it is; without -o, build only writes them.`,
 					return exitError{exitUsage}
 				}
 				source = "--memory-budget"
+			}
+			if target == "cpu" && output == "" {
+				target = "cuda" // only --emit-cuda: the CUDA C is all it writes
+			}
+			if target == "cpu" {
+				// a model with a layer the CPU target cannot generate: an
+				// error when --target cpu was asked for, else the emulator
+				if d := cpuRefusal(res, !chosen); d != nil {
+					src, _ := dsl.ReadFile(args[0])
+					d.Span(identLen(src, d.Pos.Offset))
+					if chosen {
+						d.Hint("build with --target emu (cnnc's CUDA kernels on its CPU emulator, slower) or --target cuda")
+						printDiagnostics(stderr, dsl.Diagnostics{d}, map[string][]byte{args[0]: src})
+						return exitError{exitModel}
+					}
+					d.Hint("building for the CUDA emulator instead (--target emu: slower than the CPU target)")
+					printDiagnostics(stderr, dsl.Diagnostics{d}, map[string][]byte{args[0]: src})
+					target = "emu"
+				}
 			}
 			compile := trainergen.Compile
 			if target == "cpu" {
@@ -163,7 +187,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "the trainer `BINARY` to build")
-	cmd.Flags().StringVar(&target, "target", "cpu", "`cpu, cuda, emu or auto` (cuda when nvcc is present)")
+	cmd.Flags().StringVar(&target, "target", "cpu", "the `TARGET` the trainer runs on: cpu, cuda, emu, or auto (cuda when nvcc is present)")
 	cmd.Flags().StringVar(&emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
 	cmd.Flags().StringVar(&workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
 	cmd.Flags().StringVar(&budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")

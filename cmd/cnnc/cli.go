@@ -12,6 +12,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/runtime/trainer/cli"
 	"github.com/cnnc/cnnc/runtime/version"
 )
 
@@ -59,6 +60,11 @@ plus a standalone Go trainer (cnnc build) or a Go package (cnnc gen).`,
 		SilenceErrors: true,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
+	// flag errors read as the trainers' do: one line naming the flag and
+	// what it wants (or the flag meant), and where help is
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return fmt.Errorf("%w; see %s --help", cli.FlagError(cmd, err), cmd.CommandPath())
+	})
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newCheckCmd(stdout, stderr), newPassesCmd(stdout), newVersionCmd(stdout))

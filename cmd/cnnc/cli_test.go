@@ -86,6 +86,28 @@ func TestBadCommandLines(t *testing.T) {
 	assert.Contains(t, errOut, bad+":2:12: unknown name imag\n      x = relu(imag)\n               ^~~~\n    did you mean image?\n")
 }
 
+// A bad flag is one line naming the flag and what it wants (or the flag
+// meant), and where help is, exit status 2: the trainers' language
+// (runtime/trainer/cli.FlagError), never strconv's.
+func TestFlagErrorsSpeakTheTrainersLanguage(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"plan", "--batch", "abc", "../../examples/mnist.cnn"}, `cnnc: --batch "abc": want a whole number; see cnnc plan --help` + "\n"},
+		{[]string{"plan", "--memory-budjet", "1GB", "../../examples/mnist.cnn"}, "cnnc: unknown flag --memory-budjet (did you mean --memory-budget?); see cnnc plan --help\n"},
+		{[]string{"build", "-target", "cpu", "../../examples/mnist.cnn"}, "cnnc: -target: flags take two dashes: --target; see cnnc build --help\n"},
+		{[]string{"check", "--batch"}, "cnnc: --batch needs a value; see cnnc check --help\n"},
+		{[]string{"check", "-x", "../../examples/mnist.cnn"}, "cnnc: unknown flag -x; see cnnc check --help\n"},
+		{[]string{"--bogus"}, "cnnc: unknown flag --bogus; see cnnc --help\n"},
+	} {
+		code, out, errOut := cnnc(c.args...)
+		assert.Equal(t, 2, code, "%v", c.args)
+		assert.Empty(t, out, "%v", c.args)
+		assert.Equal(t, c.want, errOut, "%v", c.args)
+	}
+}
+
 func TestHelpForEveryCommand(t *testing.T) {
 	for _, args := range [][]string{{"-h"}, {"check", "-h"}, {"passes", "-h"}} {
 		code, out, _ := cnnc(args...)
@@ -139,6 +161,11 @@ func TestHelpText(t *testing.T) {
 	_, out, _ = cnnc("plan", "-h")
 	assert.Contains(t, out, "--memory-budget SIZE ")
 	assert.Contains(t, out, "--plot FILE ")
+	// every flag that takes a value names it, never by its Go type
+	for _, cmd := range []string{"check", "plan", "build", "gen", "export"} {
+		_, out, _ = cnnc(cmd, "-h")
+		assert.NotRegexp(t, `--[a-z-]+ (string|int|int64|strings|float64) `, out, cmd)
+	}
 }
 
 // Model files must be regular files of bounded size, for every command:

@@ -78,7 +78,7 @@ and its float32 values unchanged; optimizer state is not exported.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&out, "onnx", "", "the ONNX model to write")
-	cmd.Flags().StringVar(&ck, "checkpoint", "", "the checkpoint whose parameters the model carries (a trainer's --checkpoint)")
+	cmd.Flags().StringVar(&out, "onnx", "", "the ONNX model `OUT` to write")
+	cmd.Flags().StringVar(&ck, "checkpoint", "", "the checkpoint `CK` whose parameters the model carries (a trainer's --checkpoint)")
 	return cmd
 }

@@ -82,6 +82,9 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 			return usage("--plot %s: the file must end in .svg, .png or .pdf", pf.plot)
 		}
 	}
+	if pf.plot != "" && pf.maxBatch {
+		return usage("--plot draws one plan's memory timeline; --max-batch compares several: give one of them")
+	}
 	if pf.trunk != "" && pf.microBatch == 0 {
 		return usage("--trunk needs --micro-batch")
 	}
@@ -117,7 +120,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	}
 	if pf.plot != "" {
 		if err := timeline.Write(p, pf.plot); err != nil {
-			fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
+			fmt.Fprintf(stderr, "cnnc: --plot: %s\n", dsl.Printable(err.Error()))
 			return exitError{exitModel}
 		}
 	}

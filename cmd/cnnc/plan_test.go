@@ -133,6 +133,8 @@ func TestPlanBadCommandLines(t *testing.T) {
 		{[]string{"plan", simple, "--memory-budget", "lots"}, 2, `--memory-budget "lots": want a size`},
 		{[]string{"plan", simple, "--plot", "x.gif"}, 2, "must end in .svg, .png or .pdf"},
 		{[]string{"plan", simple, "--max-batch", "--memory-budget", "none"}, 2, "--max-batch needs a budget"},
+		{[]string{"plan", simple, "--max-batch", "--memory-budget", "1GB", "--plot", "x.svg"}, 2, "--plot draws one plan's memory timeline; --max-batch compares several"},
+		{[]string{"plan", simple, "--plot", "/does/not/exist/x.svg"}, 1, "cnnc: --plot: open /does/not/exist/x.svg"},
 		{[]string{"plan", simple, "--trunk", "conv2"}, 2, "--trunk needs --micro-batch"},
 		{[]string{"plan", simple, "--micro-batch", "4", "--trunk", "fc9"}, 1, `no layer "fc9" before the loss`},
 		{[]string{"plan", simple, "--batch=-1"}, 2, "--batch -1: the batch must be between 1 and 1,048,576"},

@@ -2,9 +2,13 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"image"
+	"image/png"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +19,7 @@ import (
 
 	"github.com/cnnc/cnnc/internal/datasets"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
+	"github.com/cnnc/cnnc/runtime/data"
 )
 
 // trainerBinary builds the MNIST trainer once per test binary, from a
@@ -103,6 +108,23 @@ func TestBuiltTrainer(t *testing.T) {
 		log, err = os.ReadFile(filepath.Join(dir, "log.jsonl"))
 		require.NoError(t, err)
 		assert.Equal(t, 11, strings.Count(string(log), "\n"), "appended: 3 steps and the partial epoch")
+	})
+
+	t.Run("predict image files", func(t *testing.T) {
+		// two test digits as PNG files: predict reads them as the trainer
+		// reads its data, and names the classes MNIST's digits
+		test, err := data.LoadMNIST(mnist, "t10k")
+		require.NoError(t, err)
+		pngs := filepath.Join(dir, "digits")
+		require.NoError(t, os.MkdirAll(pngs, 0o755))
+		for i := 0; i < 2; i++ {
+			var b bytes.Buffer
+			require.NoError(t, png.Encode(&b, &image.Gray{Pix: test.Images.Image(i), Stride: 28, Rect: image.Rect(0, 0, 28, 28)}))
+			require.NoError(t, os.WriteFile(filepath.Join(pngs, fmt.Sprintf("%d.png", i)), b.Bytes(), 0o644))
+		}
+		code, out := runTrainer(t, bin, "predict", "--checkpoint", ck, "--top", "2", pngs)
+		require.Equal(t, 0, code, out)
+		assert.Regexp(t, `^`+regexp.QuoteMeta(filepath.Join(pngs, "0.png"))+`: \d \(\d+\.\d\d%\), \d \(\d+\.\d\d%\)\n`+regexp.QuoteMeta(filepath.Join(pngs, "1.png"))+`: `, out)
 	})
 
 	t.Run("SIGINT writes a checkpoint and says how to resume", func(t *testing.T) {

@@ -318,7 +318,7 @@ func convWeightReduce(e codegen.Emitter, n *ir.Node, p ir.BlockParts, g *convGeo
 			args = append(args, buf(v))
 			moved += 2 * v.Type.Bytes(e.Batch())
 		}
-		args = append(args, codegen.Arg{Kind: codegen.ArgLR}, codegen.Arg{Kind: codegen.ArgStep})
+		args = append(args, codegen.Arg{Kind: codegen.ArgScalars})
 	}
 	we := g.weightElems()
 	doc := fmt.Sprintf("adds the %d partial sums of the %dx%d weight gradient", g.S, g.O, g.C*g.KH*g.KW)

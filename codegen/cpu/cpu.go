@@ -49,12 +49,43 @@ func register(op ir.Op, r rule) {
 	rules[op] = r
 }
 
-func (target) Node(e codegen.Emitter, n *ir.Node) error {
+// Node refuses, with a *codegen.NoRuleError naming the target, an op the CPU target has no
+// kernels for (batch norm, the activations other than ReLU, concat, global average pooling,
+// grouped or dilated convolutions: the ops of the registry bound to CUDA templates only) and a
+// form of an op its kernels do not compute (unsupportedForm).
+func (t target) Node(e codegen.Emitter, n *ir.Node) error {
 	r, ok := rules[n.Op]
 	if !ok {
-		return &codegen.NoRuleError{Op: n.Op, Node: n.Text()}
+		return &codegen.NoRuleError{Op: n.Op, Node: n.Text(), Target: t.Name()}
+	}
+	if why := unsupportedForm(n); why != "" {
+		return &codegen.NoRuleError{Op: n.Op, Node: n.Text(), Target: t.Name(), Reason: why}
 	}
 	return r(e, n)
+}
+
+// Supported says whether the CPU target generates op (it has a rule for it).
+func Supported(op ir.Op) bool {
+	_, ok := rules[op]
+	return ok
+}
+
+// unsupportedForm names the attributes of n that the CPU kernels do not implement ("" when
+// they implement n): the CUDA kernels' label smoothing, and an optimizer cnnc_cpu.h has no
+// update for. (Dilated and grouped convolutions are conv2d nodes, which have no rule here.)
+func unsupportedForm(n *ir.Node) string {
+	var why []string
+	a := n.Attrs
+	if a.Dil() != [2]int64{1, 1} || a.GroupCount() != 1 {
+		why = append(why, fmt.Sprintf("dilation %dx%d and groups=%d", a.Dil()[0], a.Dil()[1], a.GroupCount()))
+	}
+	if a.Smoothing != 0 {
+		why = append(why, fmt.Sprintf("label smoothing %g", a.Smoothing))
+	}
+	if a.Opt != nil && a.Opt.Kind != ir.SGD && a.Opt.Kind != ir.Adam && a.Opt.Kind != ir.AdamW {
+		why = append(why, fmt.Sprintf("optimizer %s", a.Opt.Kind))
+	}
+	return strings.Join(why, ", ")
 }
 
 func (target) Prelude(source, model string, batch int64) string {

@@ -130,7 +130,7 @@ func linearGradWeight(e codegen.Emitter, n *ir.Node) error {
 			args = append(args, buf(v))
 			bytes += v.Type.Bytes(e.Batch())
 		}
-		args = append(args, codegen.Arg{Kind: codegen.ArgLR}, codegen.Arg{Kind: codegen.ArgStep})
+		args = append(args, codegen.Arg{Kind: codegen.ArgScalars})
 	} else {
 		if l.Acc {
 			doc += ", added to the gradients"

@@ -68,6 +68,12 @@ func Encode(t ir.Type, vals []float64, batch int64) []byte {
 			binary.LittleEndian.PutUint32(out[4*i:], w)
 		}
 		return out
+	case ir.I64:
+		out := make([]byte, 8*len(vals))
+		for i, v := range vals {
+			binary.LittleEndian.PutUint64(out[8*i:], uint64(int64(v)))
+		}
+		return out
 	}
 	out := make([]byte, 4*len(vals))
 	for i, v := range vals {
@@ -98,6 +104,12 @@ func Decode(t ir.Type, b []byte, batch int64) []float64 {
 			words[i] = binary.LittleEndian.Uint32(b[4*i:])
 		}
 		return codegen.UnpackArgmax(words, t.Bits, n)
+	case ir.I64:
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = float64(int64(binary.LittleEndian.Uint64(b[8*i:])))
+		}
+		return out
 	}
 	out := make([]float64, n)
 	for i := range out {
@@ -165,10 +177,13 @@ func RandomInputs(n *ir.Node, batch int64, rng *rand.Rand) [][]float64 {
 				vals[j] = float64(rng.Int64N(t.Classes))
 			case ir.Argmax:
 				vals[j] = float64(rng.Int64N(windowElems(n)))
+			case ir.I64:
+				vals[j] = float64(rng.IntN(1000))
 			default:
 				vals[j] = float64(float32(2*rng.Float64() - 1))
-				if v.Role == ir.RoleOptState {
-					vals[j] = math.Abs(vals[j]) // Adam's second moment is non-negative
+				if v.Role == ir.RoleOptState || v.Role == ir.RoleBuffer {
+					// Adam's second moment, batch norm's running variance: non-negative
+					vals[j] = math.Abs(vals[j])
 				}
 			}
 		}
@@ -184,7 +199,8 @@ func windowElems(n *ir.Node) int64 {
 	return n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
 }
 
-// Scalars gives the run-time scalar arguments of a launch.
+// Scalars are the run-time scalars of a launch, which kernels read from
+// the step's scalar block (codegen.ArgScalars).
 type Scalars struct {
 	LR   float32
 	Step int64
@@ -193,23 +209,39 @@ type Scalars struct {
 	Valid int64
 }
 
-func scalarArg(a codegen.Arg, s Scalars, batch int64) uint64 {
+// Block is s as the step's scalar block holds it, for a batch.
+func (s Scalars) Block(batch int64) device.StepScalars {
+	valid := s.Valid
+	if valid == 0 {
+		valid = batch
+	}
+	return device.StepScalars{Step: s.Step, Seed: s.Seed, Valid: valid, LR: s.LR}
+}
+
+// ScalarBlock allocates a scalar block on dev holding s for batch (free it
+// with dev.Free).
+func ScalarBlock(dev device.Device, s Scalars, batch int64) (device.Ptr, error) {
+	p, err := dev.Alloc(device.StepScalarsBytes)
+	if err != nil {
+		return 0, err
+	}
+	if err := dev.CopyIn(p, s.Block(batch).Bytes()); err != nil {
+		dev.Free(p)
+		return 0, err
+	}
+	return p, nil
+}
+
+// scalarArg is the value of a launch argument that is not a buffer;
+// block is the scalar block's address.
+func scalarArg(a codegen.Arg, block device.Ptr) uint64 {
 	switch a.Kind {
 	case codegen.ArgInt:
 		return uint64(a.Int)
 	case codegen.ArgFloat:
 		return uint64(math.Float32bits(a.Float))
-	case codegen.ArgLR:
-		return uint64(math.Float32bits(s.LR))
-	case codegen.ArgStep:
-		return uint64(s.Step)
-	case codegen.ArgValid:
-		if s.Valid == 0 {
-			return uint64(batch)
-		}
-		return uint64(s.Valid)
 	}
-	return s.Seed
+	return uint64(block) // codegen.ArgScalars
 }
 
 // Node checks node n's generated kernels on dev (whose module must hold
@@ -235,12 +267,22 @@ func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64,
 			}
 		}
 	}
+	if o.Update && o.Training {
+		for _, i := range n.MutatedInputs() { // batch norm's running statistics
+			updated[n.Ins[i]] = true
+		}
+	}
 	ptrs := map[*ir.Value]device.Ptr{}
 	defer func() {
 		for _, p := range ptrs {
 			dev.Free(p)
 		}
 	}()
+	block, err := ScalarBlock(dev, s, batch)
+	if err != nil {
+		return r, err
+	}
+	defer dev.Free(block)
 	alloc := func(v *ir.Value, data []byte) error {
 		p, err := dev.Alloc(int64(len(data)))
 		if err != nil {
@@ -279,7 +321,7 @@ func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64,
 				}
 				params = append(params, uint64(p))
 			} else {
-				params = append(params, scalarArg(a, s, batch))
+				params = append(params, scalarArg(a, block))
 			}
 		}
 		if err := dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params); err != nil {

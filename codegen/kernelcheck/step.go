@@ -53,7 +53,7 @@ func (r StepReport) String() string {
 // the same batch. Both start from the same parameters (reference.New(g,
 // seed), uploaded rounded to fp32) and zeroed optimizer state; the device
 // gets the images as uint8 HWC pixels and the labels as int32, the
-// learning rate, step and seed as run-time arguments (seed also keys
+// learning rate, step and seed in the step's scalar block (seed also keys
 // dropout). Each IR value has its own device buffer (views share their
 // source's, via Program.Buffer), so every activation and gradient can be
 // compared after the step; buffers other than parameters, state and
@@ -92,6 +92,12 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 			return nil, err
 		}
 	}
+	for _, p := range g.Buffers {
+		persistent[p.Value] = true
+		if err := s.upload(p.Value, ref.Params[p]); err != nil {
+			return nil, err
+		}
+	}
 	var written []*ir.Value // what the step computes
 	for _, n := range g.Nodes {
 		for _, v := range n.Outs {
@@ -125,6 +131,12 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 		}
 	}
 
+	block, err := ScalarBlock(dev, Scalars{}, batch)
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Free(block)
+
 	var reports []StepReport
 	for _, b := range batches {
 		rep := StepReport{Step: ref.Step, Launches: len(prog.Launches)}
@@ -142,6 +154,9 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 			}
 		}
 		scalars := Scalars{LR: float32(g.Opt.LR), Step: ref.Step, Seed: seed}
+		if err := dev.CopyIn(block, scalars.Block(batch).Bytes()); err != nil {
+			return reports, err
+		}
 		start := time.Now()
 		for _, l := range prog.Launches {
 			params := make([]uint64, len(l.Args))
@@ -149,7 +164,7 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 				if a.Kind == codegen.ArgBuffer {
 					params[i] = uint64(s.ptrs[prog.Buffer(a.Value)])
 				} else {
-					params[i] = scalarArg(a, scalars, prog.Batch)
+					params[i] = scalarArg(a, block)
 				}
 			}
 			if err := dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params); err != nil {
@@ -204,6 +219,11 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 		}
 		for _, v := range g.State {
 			if _, err := s.check(&rep, v, v.Name, ref.State[v], true); err != nil {
+				return reports, err
+			}
+		}
+		for _, p := range g.Buffers {
+			if _, err := s.check(&rep, p.Value, p.Name, ref.Params[p], true); err != nil {
 				return reports, err
 			}
 		}

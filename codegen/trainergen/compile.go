@@ -5,11 +5,14 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/cnnc/cnnc/runtime/device"
+
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/runtime/trainer"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 // PlanLayout places values where the memory plan put them, including the
@@ -99,18 +102,22 @@ func (l *gapLayout) Offset(v *ir.Value) (int64, bool) {
 func (l *gapLayout) Bytes() int64 { return l.size }
 
 // newGapLayout fits evaluation's buffers (no reuse among them) into the
-// training arena's non-persistent space, largest first; ok is false when
+// training arena's non-persistent space, largest first, around the step's
+// scalar block at scalars (which evaluation uses too); ok is false when
 // they do not fit.
-func newGapLayout(p *plan.Plan, eval *NaiveLayout) (*gapLayout, bool) {
+func newGapLayout(p *plan.Plan, eval *NaiveLayout, scalars int64) (*gapLayout, bool) {
 	type gap struct{ start, end int64 }
 	gaps := []gap{{0, p.ArenaBytes}}
+	kept := []span{{scalars, device.StepScalarsBytes}}
 	for _, b := range p.Buffers {
-		if !b.Persistent {
-			continue
+		if b.Persistent {
+			kept = append(kept, span{b.Offset, b.Bytes})
 		}
+	}
+	for _, k := range kept {
 		var next []gap
 		for _, g := range gaps {
-			lo, hi := b.Offset, b.Offset+b.Bytes
+			lo, hi := k.off, k.off+k.bytes
 			if hi <= g.start || lo >= g.end {
 				next = append(next, g)
 				continue
@@ -155,6 +162,53 @@ func newGapLayout(p *plan.Plan, eval *NaiveLayout) (*gapLayout, bool) {
 		}
 	}
 	return l, true
+}
+
+// span is a byte range of an arena.
+type span struct{ off, bytes int64 }
+
+// scalarsPlace is where the step's scalar block (device.StepScalarsBytes,
+// 8-byte aligned) goes in the planned arena: in bytes that no buffer of the
+// plan ever holds — the alignment padding after a buffer whose size is
+// not a multiple of the plan's alignment (a bias, the loss) — so that it
+// is never overwritten, preferring the bytes right after the labels or the
+// images, so that one copy brings both. When the plan leaves no such
+// bytes, it goes after the arena, which then grows by at most 39 bytes
+// (grown is the new size, else 0).
+func scalarsPlace(p *plan.Plan, inputs []span) (at, grown int64) {
+	used := make([]span, 0, len(p.Buffers))
+	for _, b := range p.Buffers {
+		used = append(used, span{b.Offset, b.Bytes})
+	}
+	sort.Slice(used, func(i, j int) bool { return used[i].off < used[j].off })
+	var holes []span
+	end := int64(0) // the end of the bytes held so far
+	for _, u := range append(used, span{p.ArenaBytes, 0}) {
+		if u.off > end {
+			holes = append(holes, span{end, u.off - end})
+		}
+		end = max(end, u.off+u.bytes)
+	}
+	fits := func(at int64) bool {
+		for _, h := range holes {
+			if at >= h.off && at+device.StepScalarsBytes <= h.off+h.bytes {
+				return true
+			}
+		}
+		return false
+	}
+	for _, in := range inputs { // right after an input: one copy for both
+		if at := in.off + in.bytes; at%8 == 0 && fits(at) {
+			return at, 0
+		}
+	}
+	for _, h := range holes {
+		if at := (h.off + 7) &^ 7; fits(at) {
+			return at, 0
+		}
+	}
+	at = (p.ArenaBytes + 7) &^ 7
+	return at, at + device.StepScalarsBytes
 }
 
 // Compiled is a model ready to become a trainer.
@@ -203,14 +257,21 @@ func compilePlan(res *compiler.Result, cfg plan.Config, target codegen.Target) (
 	if err != nil {
 		return nil, err
 	}
-	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
+	isParam := persistentValue
 	inputs := []*ir.Value{res.Graph.Inputs[0], res.Graph.Inputs[1]}
 	place, err := NewPlanLayout(p, train)
 	if err != nil {
 		return nil, err
 	}
 	naive := NewNaiveLayout(eval, inputs, isParam)
-	progs := Programs{Result: res, Train: train, TrainPlace: place, Eval: eval, EvalPlace: naive}
+	var ins []span
+	for _, v := range inputs {
+		if o, ok := p.Offset(v); ok {
+			ins = append(ins, span{o, v.Type.Bytes(batch)})
+		}
+	}
+	scalars, grown := scalarsPlace(p, ins)
+	progs := Programs{Result: res, Train: train, TrainPlace: place, Eval: eval, EvalPlace: naive, Scalars: scalars, ArenaBytes: grown}
 	// evaluation borrows the training arena's temporary space, at the
 	// largest batch (halving) whose forward pass fits there
 	for m := batch; m >= 1; m /= 2 {
@@ -221,7 +282,7 @@ func compilePlan(res *compiler.Result, cfg plan.Config, target codegen.Target) (
 			}
 			nv = NewNaiveLayout(ev, inputs, isParam)
 		}
-		if gl, ok := newGapLayout(p, nv); ok {
+		if gl, ok := newGapLayout(p, nv, scalars); ok {
 			progs.Eval, progs.EvalPlace, progs.EvalInTrainArena = ev, gl, true
 			break
 		}
@@ -247,7 +308,7 @@ func compilePlan(res *compiler.Result, cfg plan.Config, target codegen.Target) (
 
 func planSummary(p *plan.Plan) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "memory plan: peak %d bytes (%.2f MB), kernel workspace included", p.PeakBytes, float64(p.PeakBytes)/1e6)
+	fmt.Fprintf(&b, "memory plan: peak %s (%d bytes), kernel workspace included", units.FormatBytes(p.PeakBytes), p.PeakBytes)
 	fmt.Fprintf(&b, "; strategy %s; in place: %s; recomputed: %s\n", p.Choices.Strategy, orNone(p.Choices.InPlace), orNone(p.Choices.Recompute))
 	return b.String()
 }

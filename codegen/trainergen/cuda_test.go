@@ -85,7 +85,7 @@ func TestMainFileCUDA(t *testing.T) {
 		`"cuda": func(spec *trainer.Spec) (device.Device, error) {`,
 		"return cuda.New(fatbin)",
 		`return cpu.New(kernels, "kernels.cu", cpu.Options{})`,
-		`_ "cnnc.local/trainer/m/help"`,
+		`_ "cnnc.local/trainer/help"`,
 		"os.Exit(cli.Main(Spec, backends, os.Args[1:], os.Stdout, os.Stderr))",
 		"go build -tags cuda",
 		`"github.com/cnnc/cnnc/runtime/cuda"`,

@@ -9,6 +9,7 @@ import (
 	"github.com/dave/jennifer/jen"
 
 	"github.com/cnnc/cnnc/internal/gentext"
+	"github.com/cnnc/cnnc/runtime/schedule"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -78,7 +79,7 @@ func render(f *jen.File) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// literal renders a Go value of the trainer package's types as a composite
+// literal renders a Go value of the runtime's types (trainer, schedule) as a composite
 // literal, omitting zero fields.
 func literal(v reflect.Value) jen.Code {
 	switch v.Kind() {
@@ -91,7 +92,7 @@ func literal(v reflect.Value) jen.Code {
 			}
 			d[jen.Id(t.Field(i).Name)] = literal(v.Field(i))
 		}
-		return jen.Qual(trainerPkg, t.Name()).Values(d)
+		return jen.Qual(t.PkgPath(), t.Name()).Values(d)
 	case reflect.Slice:
 		var items []jen.Code
 		for i := 0; i < v.Len(); i++ {
@@ -117,7 +118,7 @@ func literal(v reflect.Value) jen.Code {
 		return jen.Lit(int(v.Int()))
 	case reflect.Uint8, reflect.Uint32, reflect.Uint64:
 		if name, ok := enumNames[v.Type()][v.Uint()]; ok {
-			return jen.Qual(trainerPkg, name)
+			return jen.Qual(v.Type().PkgPath(), name)
 		}
 		if v.Uint() > 1<<62 {
 			return jen.Lit(v.Uint())
@@ -131,9 +132,13 @@ func literal(v reflect.Value) jen.Code {
 var enumNames = map[reflect.Type]map[uint64]string{
 	reflect.TypeOf(trainer.ArgBuffer): {
 		uint64(trainer.ArgBuffer): "ArgBuffer", uint64(trainer.ArgInt): "ArgInt", uint64(trainer.ArgFloat): "ArgFloat",
-		uint64(trainer.ArgLR): "ArgLR", uint64(trainer.ArgStep): "ArgStep", uint64(trainer.ArgSeed): "ArgSeed", uint64(trainer.ArgValid): "ArgValid",
+		uint64(trainer.ArgScalars): "ArgScalars",
 	},
 	reflect.TypeOf(trainer.TrainArena): {uint64(trainer.TrainArena): "TrainArena", uint64(trainer.EvalArena): "EvalArena"},
+	reflect.TypeOf(schedule.Constant): {
+		uint64(schedule.Constant): "Constant", uint64(schedule.Step): "Step", uint64(schedule.MultiStep): "MultiStep",
+		uint64(schedule.Cosine): "Cosine", uint64(schedule.OneCycle): "OneCycle",
+	},
 }
 
 // elemLiteral elides the type of struct elements inside slices.

@@ -77,8 +77,8 @@ var hostile = []string{
 
 // tinyModel is small (a few launches, a short spec) so that the fuzzer
 // renders many files a second; it has a data block, like a real model.
-const tinyModel = `model Tiny(image: f32[1,28,28], label: class[2]) {
-    fc   = linear(flatten(image), out=2)
+const tinyModel = `model Tiny(image: f32[1,28,28], label: class[10]) {
+    fc   = linear(flatten(image), out=10)
     loss = cross_entropy(fc, label)
 }
 train {

@@ -18,7 +18,7 @@ import (
 //	m, err := pkg.New(pkg.Options{Seed: 1, OnStep: func(s pkg.StepMetrics) { ... }})
 //	err = m.Train(ctx, dataset)               // data.LoadMNIST, data.OpenImageFolder, ...
 //	ev, err := m.Evaluate(ctx, testset)
-//	top, err := m.Predict(pixels, 3)           // the 3 most probable classes per image
+//	top, err := m.Predict(pixels, 3)           // per image its 3 most probable classes: Class, Prob, Name
 //	err = m.Save(w); err = m.Load(r)           // safetensors, PyTorch's state_dict names
 //
 // The package imports runtime/trainer, runtime/data and the CPU backend:
@@ -47,6 +47,11 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 	f.PackageComment("")
 	f.PackageComment("New returns a Model: Train it on a Dataset, Step it batch by batch, Evaluate, Predict, Save and Load it;")
 	f.PackageComment("its methods are runtime/trainer's (github.com/cnnc/cnnc/runtime/trainer).")
+	f.PackageComment("")
+	f.PackageComment("Predict(pixels, k) takes images of Height*Width*Channels uint8 pixels (HWC, one after the other;")
+	f.PackageComment("data.LoadImage decodes and resizes a file as training did) and returns each image's k most probable")
+	f.PackageComment("classes with their probabilities, named (Prediction.Name) by the classes of the data it was trained on")
+	f.PackageComment("or of the checkpoint it loaded (Classes).")
 	f.ImportName(trainerPkg, "trainer")
 	f.ImportName(cpuPkg, "cpu")
 	f.ImportName(devicePkg, "device")
@@ -113,14 +118,14 @@ func cudaFile(pkg string, spec *trainer.Spec) ([]byte, error) {
 // runtime/data's types, each with its doc comment.
 func typeAliases(f *jen.File, spec *trainer.Spec) {
 	aliases := []struct{ doc, name, pkg, target string }{
-		{"Model is " + spec.Model + " on a device, its parameters and optimizer state in one planned arena.", "Model", trainerPkg, "Model"},
+		{"Model is " + gentext.Comment(spec.Model) + " on a device, its parameters and optimizer state in one planned arena.", "Model", trainerPkg, "Model"},
 		{"Options configure New: seed, learning rate, device, and Train's epochs, batch, step limit and metric callbacks.", "Options", trainerPkg, "Options"},
 		{"Batch is one step's input: Valid images of Height*Width*Channels uint8 pixels (HWC) and their labels.", "Batch", trainerPkg, "Batch"},
 		{"Dataset is what Train and Evaluate read (data.LoadMNIST, data.OpenImageFolder, or your own).", "Dataset", dataPkg, "Dataset"},
 		{"StepMetrics are one training step's results, passed to Options.OnStep.", "StepMetrics", trainerPkg, "StepMetrics"},
 		{"EpochMetrics are one epoch's results, passed to Options.OnEpoch.", "EpochMetrics", trainerPkg, "EpochMetrics"},
 		{"Evaluation is Evaluate's mean loss and accuracy.", "Evaluation", trainerPkg, "Evaluation"},
-		{"Prediction is a class and its probability (Predict).", "Prediction", trainerPkg, "Prediction"},
+		{"Prediction is a class, its probability and its name when the model knows it (Predict).", "Prediction", trainerPkg, "Prediction"},
 	}
 	for _, a := range aliases {
 		f.Comment(a.doc)

@@ -79,6 +79,12 @@ type Programs struct {
 	// (evaluation borrows its temporary space) rather than an arena of
 	// their own.
 	EvalInTrainArena bool
+	// Scalars is the offset of the step's scalar block in the training
+	// arena (trainer.Spec.Scalars), in bytes no value of TrainPlace or
+	// (with EvalInTrainArena) EvalPlace holds; ArenaBytes, when not 0,
+	// is the training arena's size with it (it lies past TrainPlace's).
+	Scalars    int64
+	ArenaBytes int64
 }
 
 // BuildSpec assembles the trainer.Spec of a compiled model.
@@ -94,7 +100,9 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		Classes: int(g.Inputs[1].Type.Classes),
 		Epochs:  int(p.Result.Train.Epochs), LR: float32(p.Result.Train.Optimizer.LR), Seed: p.Result.Train.Seed,
 		Optimizer:  p.Result.Train.Optimizer.String(),
-		ArenaBytes: p.TrainPlace.Bytes(),
+		Schedule:   p.Result.Train.Schedule,
+		ArenaBytes: max(p.TrainPlace.Bytes(), p.ArenaBytes),
+		Scalars:    p.Scalars,
 	}
 	if p.Eval != nil && p.Eval.Batch != p.Train.Batch {
 		spec.EvalBatch = int(p.Eval.Batch) // evaluated in chunks
@@ -106,7 +114,7 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 	if p.EvalInTrainArena {
 		evalArena = trainer.TrainArena
 	}
-	isParam := func(v *ir.Value) bool { return v.Role == ir.RoleParam || v.Role == ir.RoleOptState }
+	isParam := persistentValue
 	place := func(prog *codegen.Program, v *ir.Value, eval bool) (trainer.Arena, int64, error) {
 		v = prog.Buffer(v)
 		if !eval || isParam(v) {
@@ -135,8 +143,16 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.InitBound = reference.InitBound(par.Init)
+		setInit(&t, par)
 		spec.Params = append(spec.Params, t)
+	}
+	for _, par := range g.Buffers {
+		t, err := tensor(p.Train, par.Value, par.Name, false)
+		if err != nil {
+			return nil, err
+		}
+		setInit(&t, par)
+		spec.Buffers = append(spec.Buffers, t)
 	}
 	for _, s := range g.State {
 		t, err := tensor(p.Train, s, "optimizer."+s.Name, false)
@@ -215,14 +231,8 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 				ta.Kind = trainer.ArgInt
 			case codegen.ArgFloat:
 				ta.Kind = trainer.ArgFloat
-			case codegen.ArgLR:
-				ta.Kind = trainer.ArgLR
-			case codegen.ArgStep:
-				ta.Kind = trainer.ArgStep
-			case codegen.ArgSeed:
-				ta.Kind = trainer.ArgSeed
-			case codegen.ArgValid:
-				ta.Kind = trainer.ArgValid
+			case codegen.ArgScalars:
+				ta.Kind = trainer.ArgScalars
 			default:
 				return st, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
 			}
@@ -231,4 +241,23 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 		st.Launches = append(st.Launches, tl)
 	}
 	return st, nil
+}
+
+// persistentValue: the values that live in the training arena between
+// steps (parameters, buffers, optimizer state), which evaluation reads
+// where training keeps them.
+func persistentValue(v *ir.Value) bool {
+	return v.Role == ir.RoleParam || v.Role == ir.RoleOptState || v.Role == ir.RoleBuffer
+}
+
+// setInit gives a parameter's or buffer's tensor its initialisation (as
+// reference.InitParam's) and element type.
+func setInit(t *trainer.Tensor, par *ir.Param) {
+	t.InitBound = reference.InitBound(par.Init)
+	if par.Init.Kind == ir.InitOnes {
+		t.InitValue = 1
+	}
+	if par.Value.Type.DType == ir.I64 {
+		t.DType = trainer.DTypeI64
+	}
 }

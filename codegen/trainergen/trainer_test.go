@@ -1,8 +1,10 @@
 package trainergen_test
 
 import (
+	"fmt"
 	"math"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -15,6 +17,7 @@ import (
 	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/data"
 	"github.com/cnnc/cnnc/runtime/trainer"
+	"github.com/cnnc/cnnc/runtime/units"
 )
 
 func compileExample(t *testing.T, path string, batch int64) *trainergen.Compiled {
@@ -77,6 +80,9 @@ func TestCPUTrainerMatchesTheReference(t *testing.T) {
 	// the trainer allocates exactly the planned arena, kernel workspace included
 	assert.Equal(t, c.Plan.ArenaBytes, c.Spec.ArenaBytes)
 	assert.Equal(t, c.Plan.PeakBytes, c.Spec.ArenaBytes)
+	// and prints its size as it prints the arena's: the unit that fits
+	assert.Equal(t, fmt.Sprintf("memory plan: peak %s (%d bytes), kernel workspace included", units.FormatBytes(c.Plan.PeakBytes), c.Plan.PeakBytes),
+		strings.SplitN(c.Spec.PlanSummary, ";", 2)[0])
 	sess := newSession(t, c, 1)
 	ref := reference.New(c.Plan.Graph, 1)
 	for step, b := range mnistBatches(t, 4, batch) {

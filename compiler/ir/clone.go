@@ -49,6 +49,9 @@ func (g *Graph) Clone() *Graph {
 	for _, p := range g.Params {
 		c.Params = append(c.Params, param(p))
 	}
+	for _, p := range g.Buffers {
+		c.Buffers = append(c.Buffers, param(p))
+	}
 	for _, v := range g.State {
 		c.State = append(c.State, value(v))
 	}

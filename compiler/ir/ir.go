@@ -29,10 +29,11 @@ const (
 	Class         // class label, int32 in [0, Classes)
 	U8            // raw image bytes
 	Argmax        // a max-pool window's argmax index, Type.Bits bits each, packed in 32-bit words
+	I64           // a 64-bit integer (batch norm's num_batches_tracked)
 )
 
 func (d DType) String() string {
-	return [...]string{"?", "f32", "class", "u8", "argmax"}[d]
+	return [...]string{"?", "f32", "class", "u8", "argmax", "i64"}[d]
 }
 
 // ElemBytes is the size of one element in memory.
@@ -42,6 +43,8 @@ func (d DType) ElemBytes() int64 {
 		return 4
 	case U8:
 		return 1
+	case I64:
+		return 8
 	}
 	return 0
 }
@@ -187,10 +190,15 @@ const (
 	RoleGrad                   // gradient of a parameter
 	RoleActGrad                // gradient of an activation
 	RoleLoss                   // the scalar loss
+	// RoleBuffer is persistent state that is not trained (batch norm's
+	// running statistics): saved in checkpoints under its state_dict name
+	// like a parameter, but with no gradient and no optimizer state; the
+	// node that owns it writes it in place (OpInfo.Mutates).
+	RoleBuffer
 )
 
 func (r Role) String() string {
-	return [...]string{"activation", "input", "label", "param", "state", "grad", "actgrad", "loss"}[r]
+	return [...]string{"activation", "input", "label", "param", "state", "grad", "actgrad", "loss", "buffer"}[r]
 }
 
 // Value is an SSA tensor: defined once (by a node, or as a graph input,
@@ -202,7 +210,7 @@ type Value struct {
 	Role  Role
 	Def   *Node // nil for inputs, parameters and state
 	Pos   dsl.Pos
-	Param *Param // the parameter a param, grad or state value belongs to
+	Param *Param // the parameter (or buffer) a param, grad, state or buffer value belongs to
 }
 
 func (v *Value) String() string { return "%" + v.Name }
@@ -216,6 +224,10 @@ const (
 	InitKaimingUniform InitKind = iota
 	// InitUniformFanIn is PyTorch's default for biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
 	InitUniformFanIn
+	// InitZeros and InitOnes are constant initialisations (batch norm's
+	// bias and running mean; its weight and running variance).
+	InitZeros
+	InitOnes
 )
 
 // Init says how a parameter is initialised.
@@ -228,12 +240,18 @@ func (i Init) String() string {
 	switch i.Kind {
 	case InitKaimingUniform:
 		return fmt.Sprintf("kaiming_uniform(a=sqrt5,fan_in=%d)", i.FanIn)
+	case InitZeros:
+		return "zeros"
+	case InitOnes:
+		return "ones"
 	default:
 		return fmt.Sprintf("uniform(fan_in=%d)", i.FanIn)
 	}
 }
 
-// Param is a trainable parameter with its PyTorch state_dict name.
+// Param is a trainable parameter with its PyTorch state_dict name, or
+// (Graph.Buffers, value role RoleBuffer) a buffer: persistent state that is
+// not trained.
 type Param struct {
 	Name  string // "conv1.weight"
 	Layer string // "conv1"
@@ -265,6 +283,15 @@ type Attrs struct {
 	P      float64 // dropout probability
 	Stream int64   // dropout: which counter-based RNG stream
 	Dims   []int64 // per-sample target dims (reshape, gradient ops)
+	// Dilation and Groups of a convolution; 0 means 1 (Dil, GroupCount).
+	Dilation [2]int64
+	Groups   int64
+	// Alpha is an activation's parameter (leaky_relu's negative slope).
+	Alpha float64
+	// Eps and Momentum are batch norm's.
+	Eps, Momentum float64
+	// Offset is a channel offset (the slice of a concat's gradient).
+	Offset int64
 	// Opt is the optimizer of an update: sgd_update/adam_update, or a
 	// weight-gradient kernel with the update fused into its epilogue.
 	Opt *Optimizer
@@ -279,23 +306,94 @@ type Attrs struct {
 	// instead of writing them (micro-batch loops sum over micro-batches).
 	// Set by codegen from the memory plan; not part of the IR's meaning.
 	Accumulate bool
+
+	// Smoothing is cross_entropy's label smoothing ε in [0,1): the target
+	// is (1-ε)·onehot(label) + ε/classes, as PyTorch's label_smoothing.
+	Smoothing float64
 }
+
+// Dil is the convolution's dilation (1 where unset).
+func (a Attrs) Dil() [2]int64 {
+	d := a.Dilation
+	for i := range d {
+		if d[i] == 0 {
+			d[i] = 1
+		}
+	}
+	return d
+}
+
+// GroupCount is the convolution's number of groups (1 where unset).
+func (a Attrs) GroupCount() int64 { return max(a.Groups, 1) }
 
 // Window is a pooling window.
 type Window struct {
 	Kernel, Stride, Pad [2]int64
 }
 
-// OptimizerKind names an optimizer.
+// OptimizerKind names an optimizer. What one does is its row in the
+// optimizer table, filled by its file in package compiler/ops
+// (DefineOptimizer, NewOptimizer); a kind without a row is an error
+// wherever it is used, never taken for another optimizer.
 type OptimizerKind uint8
 
+// The optimizers the train block has always offered have fixed identities.
 const (
 	SGD OptimizerKind = iota
 	Adam
 	AdamW
+	numBuiltinOptimizers
 )
 
-func (k OptimizerKind) String() string { return [...]string{"sgd", "adam", "adamw"}[k] }
+// OptimizerInfo is one row of the optimizer table.
+type OptimizerInfo struct {
+	Name string
+	// States lists the per-parameter state tensors (PyTorch's names in
+	// optimizer.state, e.g. momentum_buffer, exp_avg).
+	States func(o *Optimizer) []string
+	// UpdateOp is the op that updates one parameter (sgd_update, ...).
+	UpdateOp Op
+	// FLOPs per parameter element per step.
+	FLOPs func(o *Optimizer) int64
+	// Text prints the hyper-parameters (the IR's opt= attribute).
+	Text func(o *Optimizer) string
+}
+
+var optimizerTable = make([]*OptimizerInfo, numBuiltinOptimizers)
+
+// DefineOptimizer fills the row of a built-in optimizer.
+func DefineOptimizer(k OptimizerKind, info OptimizerInfo) OptimizerKind {
+	if k >= numBuiltinOptimizers || optimizerTable[k] != nil {
+		panic(fmt.Sprintf("ir: optimizer %d defined twice or not built in", k))
+	}
+	optimizerTable[k] = &info
+	return k
+}
+
+// NewOptimizer adds an optimizer to the table.
+func NewOptimizer(info OptimizerInfo) OptimizerKind {
+	if len(optimizerTable) > 255 {
+		panic("ir: too many optimizers")
+	}
+	optimizerTable = append(optimizerTable, &info)
+	return OptimizerKind(len(optimizerTable) - 1)
+}
+
+// Info returns the optimizer's table row; ok is false for a kind nothing
+// registered.
+func (k OptimizerKind) Info() (*OptimizerInfo, bool) {
+	if int(k) >= len(optimizerTable) || optimizerTable[k] == nil {
+		return nil, false
+	}
+	return optimizerTable[k], true
+}
+
+func (k OptimizerKind) String() string {
+	if info, ok := k.Info(); ok {
+		return info.Name
+	}
+	return fmt.Sprintf("optimizer%d", k)
+}
 
 // Optimizer holds the hyper-parameters of a training step's update.
 type Optimizer struct {
@@ -309,26 +407,32 @@ type Optimizer struct {
 	Eps         float64
 }
 
-// StateNames lists the per-parameter state tensors the optimizer keeps.
-func (o *Optimizer) StateNames() []string {
-	switch o.Kind {
-	case SGD:
-		if o.Momentum != 0 {
-			return []string{"momentum_buffer"}
-		}
-		return nil
-	default:
-		return []string{"exp_avg", "exp_avg_sq"}
+// Info returns the optimizer's table row, or an error naming the unknown
+// kind.
+func (o *Optimizer) Info() (*OptimizerInfo, error) {
+	info, ok := o.Kind.Info()
+	if !ok {
+		return nil, fmt.Errorf("unknown optimizer %s", o.Kind)
 	}
+	return info, nil
+}
+
+// StateNames lists the per-parameter state tensors the optimizer keeps
+// (none for an unknown kind, which Graph.Verify reports).
+func (o *Optimizer) StateNames() []string {
+	info, err := o.Info()
+	if err != nil || info.States == nil {
+		return nil
+	}
+	return info.States(o)
 }
 
 func (o *Optimizer) String() string {
-	switch o.Kind {
-	case SGD:
-		return fmt.Sprintf("sgd(lr=%g,momentum=%g,nesterov=%t,weight_decay=%g)", o.LR, o.Momentum, o.Nesterov, o.WeightDecay)
-	default:
-		return fmt.Sprintf("%s(lr=%g,betas=[%g,%g],eps=%g,weight_decay=%g)", o.Kind, o.LR, o.Beta1, o.Beta2, o.Eps, o.WeightDecay)
+	info, err := o.Info()
+	if err != nil {
+		return o.Kind.String()
 	}
+	return info.Text(o)
 }
 
 // Node is one operation.
@@ -351,11 +455,14 @@ type Graph struct {
 	Name   string
 	Inputs []*Value // images, then labels
 	Params []*Param
-	State  []*Value
-	Nodes  []*Node
-	Loss   *Value
-	Logits *Value // the loss's first input, for accuracy
-	Opt    *Optimizer
+	// Buffers are persistent state that is not trained (RoleBuffer), in
+	// the model's order, like Params.
+	Buffers []*Param
+	State   []*Value
+	Nodes   []*Node
+	Loss    *Value
+	Logits  *Value // the loss's first input, for accuracy
+	Opt     *Optimizer
 
 	nextValue, nextNode int
 	names               map[string]bool
@@ -387,6 +494,9 @@ func (g *Graph) ResetNames() {
 		g.names[v.Name] = true
 	}
 	for _, p := range g.Params {
+		g.names[p.Value.Name] = true
+	}
+	for _, p := range g.Buffers {
 		g.names[p.Value.Name] = true
 	}
 	for _, v := range g.State {
@@ -423,6 +533,15 @@ func (g *Graph) AddParam(layer, suffix string, init Init, pos dsl.Pos) *Param {
 	return p
 }
 
+// AddBuffer declares a buffer: persistent state that is not trained.
+func (g *Graph) AddBuffer(layer, suffix string, init Init, pos dsl.Pos) *Param {
+	p := &Param{Name: layer + "." + suffix, Layer: layer, Init: init}
+	p.Value = g.NewValue(p.Name, Type{}, RoleBuffer, pos)
+	p.Value.Param = p
+	g.Buffers = append(g.Buffers, p)
+	return p
+}
+
 // NewNode creates a node (not yet placed in Nodes) with outputs of the
 // given roles and unknown types.
 func (g *Graph) NewNode(op Op, name string, phase Phase, pos dsl.Pos, ins []*Value, outNames []string, outRole Role) *Node {
@@ -439,9 +558,14 @@ func (g *Graph) NewNode(op Op, name string, phase Phase, pos dsl.Pos, ins []*Val
 // Append places n at the end of the schedule.
 func (g *Graph) Append(n *Node) { g.Nodes = append(g.Nodes, n) }
 
-// ParamByName finds a parameter.
+// ParamByName finds a parameter, or a buffer.
 func (g *Graph) ParamByName(name string) *Param {
 	for _, p := range g.Params {
+		if p.Name == name {
+			return p
+		}
+	}
+	for _, p := range g.Buffers {
 		if p.Name == name {
 			return p
 		}

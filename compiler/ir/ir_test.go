@@ -1,4 +1,4 @@
-package ir
+package ir_test
 
 import (
 	"testing"
@@ -6,6 +6,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	. "github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/dsl"
 )
 
@@ -103,14 +105,28 @@ func TestConvOut(t *testing.T) {
 	assert.False(t, ok)
 }
 
+// Every op of the IR's table has a row that the registry filled.
 func TestOpTableIsComplete(t *testing.T) {
-	for op := Op(0); op < numOps; op++ {
+	for i := 0; i < NumOps(); i++ {
+		op := Op(i)
+		require.True(t, op.Defined(), "op %d has no table row", i)
 		info := op.Info()
-		assert.NotEmpty(t, info.Name, "op %d", op)
 		assert.NotNil(t, info.Infer, info.Name)
 		assert.NotNil(t, info.FLOPs, info.Name)
 		back, ok := OpByName(info.Name)
 		assert.True(t, ok)
 		assert.Equal(t, op, back)
+		assert.NotNil(t, ops.Of(op), info.Name)
 	}
+}
+
+func TestUnknownOptimizersAreErrors(t *testing.T) {
+	g, _ := tiny(t)
+	u := g.NewNode(OpSGDUpdate, "fc", Update, dsl.Pos{}, []*Value{g.Params[0].Value, g.Params[0].Value}, nil, 0)
+	u.Attrs.Opt = &Optimizer{Kind: OptimizerKind(200), LR: 0.1}
+	g.Append(u)
+	err := g.Verify()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "unknown optimizer optimizer200")
+	assert.Nil(t, u.Attrs.Opt.StateNames(), "no state is invented for an unknown optimizer")
 }

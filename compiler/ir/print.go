@@ -31,6 +31,10 @@ func (g *Graph) Text() string {
 		v := p.Value
 		fmt.Fprintf(&b, "param %s: %s init=%s%s\n", v, v.Type, p.Init, posSuffix(v.Pos.Line, v.Pos.Col))
 	}
+	for _, p := range g.Buffers {
+		v := p.Value
+		fmt.Fprintf(&b, "buffer %s: %s init=%s%s\n", v, v.Type, p.Init, posSuffix(v.Pos.Line, v.Pos.Col))
+	}
 	for _, v := range g.State {
 		fmt.Fprintf(&b, "state %s: %s\n", v, v.Type)
 	}
@@ -72,10 +76,13 @@ func (n *Node) Text() string {
 	}
 	b.WriteByte(')')
 	for _, a := range n.Op.Info().Attrs {
+		if a.Default != nil && a.Default(&n.Attrs) {
+			continue
+		}
 		b.WriteByte(' ')
-		b.WriteString(a)
+		b.WriteString(a.Name)
 		b.WriteByte('=')
-		b.WriteString(n.attrText(a))
+		b.WriteString(a.Text(&n.Attrs))
 	}
 	if len(n.Outs) > 0 {
 		b.WriteString(" : ")
@@ -88,46 +95,6 @@ func (n *Node) Text() string {
 	}
 	b.WriteString(posSuffix(n.Pos.Line, n.Pos.Col))
 	return b.String()
-}
-
-func (n *Node) attrText(name string) string {
-	a := n.Attrs
-	pair := func(p [2]int64) string { return fmt.Sprintf("%dx%d", p[0], p[1]) }
-	switch name {
-	case AttrKernel:
-		return pair(a.Kernel)
-	case AttrStride:
-		return pair(a.Stride)
-	case AttrPad:
-		return pair(a.Pad)
-	case AttrOut:
-		return fmt.Sprint(a.Out)
-	case AttrP:
-		return fmt.Sprint(a.P)
-	case AttrStream:
-		return fmt.Sprint(a.Stream)
-	case AttrDims:
-		return F32Batched(a.Dims...).ShapeString()
-	case AttrOpt:
-		if a.Opt == nil {
-			return "none"
-		}
-		return a.Opt.String()
-	case AttrBias:
-		return fmt.Sprint(a.Bias)
-	case AttrReLU:
-		return fmt.Sprint(a.ReLU)
-	case AttrPool:
-		if a.Pool == nil {
-			return "none"
-		}
-		return fmt.Sprintf("max(%s/%s/%s)", pair(a.Pool.Kernel), pair(a.Pool.Stride), pair(a.Pool.Pad))
-	case AttrMasked:
-		return fmt.Sprint(a.DOutMasked)
-	case AttrMaskOut:
-		return fmt.Sprint(a.MaskOut)
-	}
-	return "?"
 }
 
 func posSuffix(line, col int) string {

@@ -16,6 +16,8 @@ import (
 //   - updates (update ops, or weight-gradient blocks with the update fused)
 //     touch parameters only; once any exist every parameter is updated
 //     exactly once, and no node reads a parameter after its update;
+//   - ops write in place only buffers (besides updates); every op and
+//     optimizer has a table row;
 //   - a parameter's gradient has the parameter's type.
 func (g *Graph) Verify() error {
 	var errs []error
@@ -53,6 +55,12 @@ func (g *Graph) Verify() error {
 		}
 		define(p.Value, "param")
 	}
+	for _, p := range g.Buffers {
+		if p.Value.Role != RoleBuffer || p.Value.Param != p {
+			bad("buffer %s is not marked as a buffer", p.Value)
+		}
+		define(p.Value, "buffer")
+	}
 	for _, v := range g.State {
 		if v.Role != RoleOptState || v.Param == nil {
 			bad("state %s does not belong to a parameter", v)
@@ -67,6 +75,15 @@ func (g *Graph) Verify() error {
 	for _, n := range g.Nodes {
 		if nodeIDs[n.ID] {
 			bad("node id %d used twice", n.ID)
+		}
+		if !n.Op.Defined() {
+			bad("node %d has an op with no table row (%s)", n.ID, n.Op)
+			continue
+		}
+		if o := n.Attrs.Opt; o != nil {
+			if _, err := o.Info(); err != nil {
+				bad("%s: %v", n.Text(), err)
+			}
 		}
 		nodeIDs[n.ID] = true
 		if n.Phase < phase {
@@ -109,7 +126,7 @@ func (g *Graph) Verify() error {
 			if v.Def != n {
 				bad("%s: output %s points at another defining node", n.Op, v)
 			}
-			if v.Role == RoleParam || v.Role == RoleOptState {
+			if v.Role == RoleParam || v.Role == RoleOptState || v.Role == RoleBuffer {
 				bad("%s: node output %s has role %s", n.Op, v, v.Role)
 			}
 			define(v, n.Op.String())
@@ -121,7 +138,12 @@ func (g *Graph) Verify() error {
 				}
 			}
 		}
-		if n.Phase == Update && n.Op != OpSGDUpdate && n.Op != OpAdamUpdate {
+		for _, i := range n.MutatedInputs() {
+			if i >= len(n.Ins) || n.Ins[i].Role != RoleBuffer {
+				bad("%s writes input %d in place, which is not a buffer", n.Op, i)
+			}
+		}
+		if n.Phase == Update && !n.Op.Info().Update {
 			bad("%s in the update phase", n.Op)
 		}
 	}

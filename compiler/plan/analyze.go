@@ -38,7 +38,8 @@ type analysis struct {
 	loss int
 }
 
-func isView(n *ir.Node) bool { return n.Op == ir.OpFlatten || n.Op == ir.OpReshape }
+// isView: the node's output is its input's memory (ir.OpInfo.View).
+func isView(n *ir.Node) bool { return n.Op.Info().View }
 
 // root follows views (flatten, reshape) to the value that owns the memory.
 func root(v *ir.Value) *ir.Value {
@@ -48,13 +49,9 @@ func root(v *ir.Value) *ir.Value {
 	return v
 }
 
-func isGradWeightBlock(n *ir.Node) bool {
-	return n.Op == ir.OpConvBlockGradWeight || n.Op == ir.OpLinearBlockGradWeight
-}
-
-func isGradInputBlock(n *ir.Node) bool {
-	return n.Op == ir.OpConvBlockGradInput || n.Op == ir.OpLinearBlockGradInput
-}
+// hasFusedUpdate: a kernel (a weight gradient) with its parameters'
+// optimizer update fused in, which the planner may split off.
+func hasFusedUpdate(n *ir.Node) bool { return n.Attrs.Opt != nil && !n.Op.Info().Update }
 
 func posKey(name string, p dsl.Pos) string { return fmt.Sprintf("%s@%d:%d", name, p.Line, p.Col) }
 
@@ -90,12 +87,12 @@ func analyze(g *ir.Graph, batch, align int64) (*analysis, error) {
 		for _, v := range n.Ins {
 			readInBackward[root(v)] = true
 		}
-		if isGradInputBlock(n) && own >= 0 {
+		if n.Op.Info().GradInput && own >= 0 {
 			gradInput[own] = n.ID
 		}
 	}
 	for _, n := range g.Nodes {
-		if isGradWeightBlock(n) && n.Attrs.Opt != nil {
+		if hasFusedUpdate(n) {
 			a.fusedUpdates = append(a.fusedUpdates, n)
 			if gi, ok := gradInput[a.ownerOf(n)]; ok {
 				a.partner[n.ID] = gi
@@ -130,6 +127,24 @@ func (a *analysis) ownerOf(n *ir.Node) int {
 		return i
 	}
 	return -1
+}
+
+// coupledError: a micro-batch loop would hold a batch-coupled node.
+type coupledError struct{ n *ir.Node }
+
+func (e *coupledError) Error() string {
+	return fmt.Sprintf("%s (%s) reads the whole batch and cannot run in a micro-batch loop", e.n.Name, e.n.Op)
+}
+
+// firstCoupled is the first forward node whose output depends on other
+// samples of the batch (batch norm's statistics), or nil.
+func (a *analysis) firstCoupled() *ir.Node {
+	for _, n := range a.fwd {
+		if n.Op.Info().BatchCoupled {
+			return n
+		}
+	}
+	return nil
 }
 
 // layerName names a forward node for reports: its layer, or its output.

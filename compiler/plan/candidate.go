@@ -148,10 +148,11 @@ func splitUpdate(g *ir.Graph, w *ir.Node) error {
 		return err
 	}
 	opt := w.Attrs.Opt
-	op := ir.OpSGDUpdate
-	if opt.Kind != ir.SGD {
-		op = ir.OpAdamUpdate
+	info, err := opt.Info()
+	if err != nil {
+		return fmt.Errorf("plan: %s: %v", w.Text(), err)
 	}
+	op := info.UpdateOp
 	w.Attrs.Opt = nil
 	w.Ins = w.Ins[:len(w.Ins)-len(p.Params)-len(p.State)]
 	per := len(opt.StateNames())
@@ -513,6 +514,9 @@ func (c *candidate) walk(a *analysis) error {
 			newInst(s, -1).persistent = true
 		}
 	}
+	for _, p := range g.Buffers {
+		newInst(p.Value, -1).persistent = true
+	}
 	updated := map[*ir.Value]bool{}
 	for i, s := range c.steps {
 		n := s.node
@@ -534,6 +538,9 @@ func (c *candidate) walk(a *analysis) error {
 		}
 		if s.loop >= 0 && len(n.UpdatedParams()) > 0 {
 			return fmt.Errorf("%s updates parameters inside a micro-batch loop", n.Op)
+		}
+		if s.loop >= 0 && n.Op.Info().BatchCoupled {
+			return &coupledError{n}
 		}
 		for _, p := range n.UpdatedParams() {
 			updated[p.Value] = true
@@ -593,6 +600,8 @@ func (c *candidate) category(in *inst) Category {
 		return CatParam
 	case ir.RoleOptState:
 		return CatState
+	case ir.RoleBuffer:
+		return CatBuffer
 	case ir.RoleGrad:
 		return CatGrad
 	case ir.RoleInput, ir.RoleLabel:

@@ -100,6 +100,9 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 		}
 		p.Params = append(p.Params, pp)
 	}
+	for _, pr := range c.g.Buffers {
+		p.ModelBuffers = append(p.ModelBuffers, Param{Name: pr.Name, Shape: pr.Value.Type.Dims, Init: pr.Init.String(), Buffer: bufOf[pr.Value], State: []int{}})
+	}
 	split := map[string]bool{}
 	for _, w := range c.split {
 		split[w.Name] = true
@@ -250,15 +253,8 @@ func (p *Plan) Check() error {
 // a separate update, the parameters of a kernel with its update fused.
 func updatedParams(n *ir.Node) []string {
 	var names []string
-	switch {
-	case n.Op == ir.OpSGDUpdate || n.Op == ir.OpAdamUpdate:
-		names = append(names, n.Ins[0].Name)
-	case n.Attrs.Opt != nil:
-		if p, err := n.Parts(); err == nil {
-			for _, v := range p.Params {
-				names = append(names, v.Name)
-			}
-		}
+	for _, p := range n.UpdatedParams() {
+		names = append(names, p.Name)
 	}
 	return names
 }

@@ -55,12 +55,13 @@ const (
 	CatTransient                 // everything else: activation gradients, forward-only values, loss
 	CatWorkspace                 // kernel scratch space
 	CatInput                     // the uint8 image batch and the labels
+	CatBuffer                    // the model's buffers (batch norm's running statistics)
 	NumCategories
 )
 
-var categoryNames = [NumCategories]string{"param", "state", "grad", "saved", "argmax", "transient", "workspace", "input"}
+var categoryNames = [NumCategories]string{"param", "state", "grad", "saved", "argmax", "transient", "workspace", "input", "buffer"}
 
-var categoryTitles = [NumCategories]string{"parameters", "optimizer state", "gradients", "saved activations", "argmax bits", "transient", "workspace", "input"}
+var categoryTitles = [NumCategories]string{"parameters", "optimizer state", "gradients", "saved activations", "argmax bits", "transient", "workspace", "input", "model buffers"}
 
 func (c Category) String() string { return categoryNames[c] }
 
@@ -106,7 +107,11 @@ type Plan struct {
 	Steps   []*Step   `json:"steps"`
 	Loops   []*Loop   `json:"loops"`
 	Params  []Param   `json:"params"`
-	Choices Choices   `json:"choices"`
+	// ModelBuffers are the model's buffers (PyTorch's name for state that
+	// is not trained: batch norm's running statistics), persistent like
+	// the parameters.
+	ModelBuffers []Param `json:"model_buffers,omitempty"`
+	Choices      Choices `json:"choices"`
 
 	// FLOPs of the planned step (recomputation included) and of the
 	// recomputation alone.
@@ -211,7 +216,7 @@ type Step struct {
 // "conv2 weight update" (a separate update says which parameter),
 // "conv2d_block_grad_weight conv1 (+ weight, bias update)".
 func (s *Step) Label() string {
-	if s.Kernel == ir.OpSGDUpdate.String() || s.Kernel == ir.OpAdamUpdate.String() {
+	if op, ok := ir.OpByName(s.Kernel); ok && op.Info().Update {
 		return s.Layer + " " + strings.Join(s.updatedParts(), ", ") + " update"
 	}
 	l := s.Kernel + " " + s.Layer

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -58,6 +59,9 @@ type BudgetError struct {
 	// Persistent is what the parameters and optimizer state occupy, whatever
 	// the batch: a budget below it cannot be met by a smaller batch.
 	Persistent int64
+	// Coupled is the first batch-coupled layer (batch norm), which no
+	// micro-batch loop may cross, and where it is; nil when there is none.
+	Coupled *ir.Node
 }
 
 func (e *BudgetError) Error() string { return e.Diagnostic().Error() }
@@ -78,6 +82,10 @@ func (e *BudgetError) Diagnostic() *dsl.Diagnostic {
 	d := dsl.Errorf(e.Pos, "%s %s is too small for %s at batch %d: the smallest plan needs %s (%s, %s)",
 		what, units.FormatBytes(e.Budget), e.Model, e.Batch, commas(e.Min), units.FormatBytes(e.Min), e.MinHow)
 	d.Hint("tried: %s", e.Tactics)
+	if n := e.Coupled; n != nil {
+		d.Hint("micro-batches cannot cross %s (%s at %s): its statistics are the whole batch's, so only the layers before it may run in micro-batches",
+			n.Name, n.Op, n.Pos)
+	}
 	d.Hint("a budget of %s or more works, or lower the batch (cnnc plan --max-batch tells how far)", roundUpSize(e.Min))
 	return d
 }
@@ -179,7 +187,8 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 		}
 	}
 	return nil, nil, "", &BudgetError{Model: g.Name, Batch: cfg.Batch, Budget: cfg.Budget, Min: least.arena, MinHow: a.describe(least),
-		Pos: cfg.BudgetPos, Source: cfg.BudgetSource, Tactics: strings.Join(tactics, "; "), Persistent: persistentBytes(g, cfg.Alignment)}
+		Pos: cfg.BudgetPos, Source: cfg.BudgetSource, Tactics: strings.Join(tactics, "; "), Persistent: persistentBytes(g, cfg.Alignment),
+		Coupled: a.firstCoupled()}
 }
 
 // persistentBytes is what parameters and optimizer state take in the
@@ -191,6 +200,9 @@ func persistentBytes(g *ir.Graph, align int64) int64 {
 		for _, s := range p.State {
 			n += alignUp(s.Type.Bytes(1), align)
 		}
+	}
+	for _, p := range g.Buffers {
+		n += alignUp(p.Value.Type.Bytes(1), align)
 	}
 	return n
 }
@@ -217,6 +229,11 @@ func (a *analysis) forced(base decisions, cfg Config) (*candidate, error) {
 	}
 	c, err := a.evaluate(d)
 	if err != nil {
+		var ce *coupledError
+		if errors.As(err, &ce) {
+			n := ce.n
+			return nil, fmt.Errorf("plan: cannot micro-batch that way: %s (%s at %s) computes statistics over the whole batch; only the layers before it may run in micro-batches", n.Name, n.Op, n.Pos)
+		}
 		return nil, fmt.Errorf("plan: cannot micro-batch that way: %v", err)
 	}
 	c = a.descend(c)
@@ -304,7 +321,9 @@ func (a *analysis) droppable() []int {
 	}
 	var out []int
 	for _, u := range a.units {
-		ok := true
+		// a node that writes buffers (batch norm's statistics) would write
+		// them again: never recomputed
+		ok := len(a.fwd[u].MutatedInputs()) == 0
 		for _, v := range a.fwd[u].Ins {
 			r := root(v)
 			ok = ok && (r.Def == nil || isUnitOut[r])

@@ -7,15 +7,16 @@
 //
 // Why: it is the oracle. Every generated kernel, every memory plan
 // (recomputation, micro-batching) and every trainer is checked against it,
-// so it is written for obviousness, not speed — one plain loop nest per op,
-// in a table keyed by op, on float64 so that fp32 results can be compared
-// with a tight tolerance.
+// so it is written for obviousness, not speed — one plain loop nest per op
+// (each op's Ref, in its file of compiler/ops), on float64 so that fp32
+// results can be compared with a tight tolerance.
 package reference
 
 import (
 	"fmt"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Batch is one step's input: images either as float64 in NCHW order,
@@ -45,15 +46,17 @@ func (b Batch) imagesFor(v *ir.Value) []float64 {
 		for i, p := range b.Pixels {
 			px[i] = float64(p)
 		}
-		return hwcToCHW(px, b.N, u8)
+		return ops.HWCToCHW(px, b.N, u8)
 	}
 	return b.Images
 }
 
-// Executor holds a model's parameters and optimizer state.
+// Executor holds a model's parameters, buffers and optimizer state.
 type Executor struct {
-	G      *ir.Graph
-	Seed   uint64
+	G    *ir.Graph
+	Seed uint64
+	// Params holds the parameters and the buffers (batch norm's running
+	// statistics), by Param.
 	Params map[*ir.Param][]float64
 	State  map[*ir.Value][]float64
 	// Step counts completed training steps; Adam's bias correction and the
@@ -66,6 +69,9 @@ type Executor struct {
 func New(g *ir.Graph, seed uint64) *Executor {
 	e := &Executor{G: g, Seed: seed, Params: map[*ir.Param][]float64{}, State: map[*ir.Value][]float64{}}
 	for _, p := range g.Params {
+		e.Params[p] = InitParam(p, seed)
+	}
+	for _, p := range g.Buffers {
 		e.Params[p] = InitParam(p, seed)
 	}
 	for _, s := range g.State {
@@ -122,8 +128,8 @@ func (e *Executor) Run(b Batch, mode Mode) (*Result, error) {
 	if err := e.checkBatch(b); err != nil {
 		return nil, err
 	}
-	r := &Result{Values: map[*ir.Value][]float64{}, FusedGrads: map[*ir.Param][]float64{}}
-	env := &env{e: e, r: r, batch: b.N, training: mode != Eval, update: mode == Train}
+	r := newResult()
+	env := &ops.RefEnv{Batch: b.N, Training: mode != Eval, Update: mode == Train, Seed: e.Seed, Step: e.Step, FusedGrad: r.fusedGrad}
 	for _, in := range e.G.Inputs {
 		if in.Role == ir.RoleLabel {
 			l := make([]float64, b.N)
@@ -148,9 +154,9 @@ func (e *Executor) Run(b Batch, mode Mode) (*Result, error) {
 		if mode == Gradients && n.Phase == ir.Update {
 			break
 		}
-		k := kernels[n.Op]
-		if k == nil {
-			return nil, fmt.Errorf("reference: no kernel for %s", n.Op)
+		k, err := kernelOf(n)
+		if err != nil {
+			return nil, err
 		}
 		ins := make([][]float64, len(n.Ins))
 		for i, v := range n.Ins {
@@ -162,7 +168,7 @@ func (e *Executor) Run(b Batch, mode Mode) (*Result, error) {
 		}
 	}
 	r.Loss = r.Values[e.G.Loss][0]
-	r.Correct = countCorrect(r.Values[e.G.Logits], b.Labels, int(e.G.Logits.Type.Dims[0]))
+	r.Correct = ops.CountCorrect(r.Values[e.G.Logits], b.Labels, int(e.G.Logits.Type.Dims[0]))
 	if mode == Train {
 		e.Step++
 	}
@@ -195,24 +201,21 @@ func (e *Executor) checkBatch(b Batch) error {
 	return nil
 }
 
-func countCorrect(logits []float64, labels []int32, classes int) int {
-	correct := 0
-	for i, l := range labels {
-		row := logits[i*classes : (i+1)*classes]
-		best := 0
-		for c := range row {
-			if row[c] > row[best] {
-				best = c
-			}
-		}
-		if best == int(l) {
-			correct++
-		}
-	}
-	return correct
+func newResult() *Result {
+	return &Result{Values: map[*ir.Value][]float64{}, FusedGrads: map[*ir.Param][]float64{}}
 }
 
-// ParamByName returns the current values of a parameter.
+func (r *Result) fusedGrad(p *ir.Param, g []float64) { r.FusedGrads[p] = g }
+
+// kernelOf is n's reference kernel, from the op registry.
+func kernelOf(n *ir.Node) (ops.RefKernel, error) {
+	if d := ops.Of(n.Op); d != nil && d.Ref != nil {
+		return d.Ref, nil
+	}
+	return nil, fmt.Errorf("reference: no kernel for %s", n.Op)
+}
+
+// ParamByName returns the current values of a parameter or buffer.
 func (e *Executor) ParamByName(name string) []float64 {
 	if p := e.G.ParamByName(name); p != nil {
 		return e.Params[p]
@@ -245,14 +248,5 @@ type NodeOptions struct {
 // class numbers, u8 images as raw 0..255 values) and returns its outputs.
 // Update kernels change their parameter and state inputs in place.
 func RunNode(n *ir.Node, ins [][]float64, batch int, o NodeOptions) ([][]float64, error) {
-	k := kernels[n.Op]
-	if k == nil {
-		return nil, fmt.Errorf("reference: no kernel for %s", n.Op)
-	}
-	if len(ins) != len(n.Ins) {
-		return nil, fmt.Errorf("reference: %s takes %d inputs, got %d", n.Op, len(n.Ins), len(ins))
-	}
-	e := &Executor{Seed: o.Seed, Step: o.Step}
-	r := &Result{Values: map[*ir.Value][]float64{}, FusedGrads: map[*ir.Param][]float64{}}
-	return k(&env{e: e, r: r, batch: batch, training: o.Training, update: o.Update}, n, ins), nil
+	return RunNodeSlice(n, ins, batch, o, Slice{})
 }

@@ -85,6 +85,13 @@ train { optimizer = adamw(lr=0.01) }
 }
 train { optimizer = sgd(lr=0.2) }
 `,
+		"label smoothing": `model L(image: f32[1,5,6], label: class[4]) {
+    c = conv2d(image, out=2, kernel=3, padding=1)
+    o = linear(flatten(relu(c)), out=4)
+    loss = cross_entropy(o, label, label_smoothing=0.2)
+}
+train { optimizer = sgd(lr=0.2, momentum=0.5) }
+`,
 	}
 	for name, src := range models {
 		t.Run(name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/internal/torchtest"
 )
 
 func compile(t *testing.T, src string) *ir.Graph {
@@ -115,6 +116,98 @@ func TestFiniteDifferenceGradientsPerOp(t *testing.T) {
 	}
 }
 
+// label_smoothing: gradients by finite differences, and the loss against
+// its definition, -Σ_c q_c·log softmax_c with q = (1-ε)·onehot + ε/C,
+// computed here directly (log softmax as x - logsumexp, in float64: the
+// two sums differ by rounding only, ~1e-16 relative).
+func TestCrossEntropyLabelSmoothing(t *testing.T) {
+	for _, eps := range []string{"0.1", "0.5", "0.95"} {
+		t.Run(eps, func(t *testing.T) {
+			src := img + "  logits = linear(flatten(image), out=4)\n  loss = cross_entropy(logits, label, label_smoothing=" + eps + ")\n}\n"
+			g := compile(t, src)
+			require.Contains(t, g.Text(), "label_smoothing="+eps)
+			checkGradients(t, g, 3, 11)
+		})
+	}
+	const classes, batch = 5, 3
+	rng := rand.New(rand.NewPCG(1, 2))
+	logits := make([]float64, batch*classes)
+	for i := range logits {
+		logits[i] = 3 * rng.NormFloat64()
+	}
+	labels := []float64{4, 0, 2}
+	for _, eps := range []float64{0, 0.1, 0.7} {
+		n := &ir.Node{Op: ir.OpCrossEntropy, Attrs: ir.Attrs{Smoothing: eps},
+			Ins:  []*ir.Value{{Type: ir.F32Batched(classes)}, {Type: ir.Type{DType: ir.Class, Batched: true, Classes: classes}}},
+			Outs: []*ir.Value{{Type: ir.F32Fixed()}}}
+		got, err := RunNode(n, [][]float64{logits, labels}, batch, NodeOptions{})
+		require.NoError(t, err)
+		want := 0.0
+		for b := 0; b < batch; b++ {
+			row := logits[b*classes : (b+1)*classes]
+			lse := logSumExp(row)
+			for c, x := range row {
+				q := eps / classes
+				if c == int(labels[b]) {
+					q += 1 - eps
+				}
+				want -= q * (x - lse)
+			}
+		}
+		assert.InDelta(t, want/batch, got[0][0], 1e-14*math.Abs(want), "ε = %g", eps)
+	}
+}
+
+// The reference's label-smoothed loss and logits gradient are PyTorch's:
+// torch.nn.functional.cross_entropy(label_smoothing=ε) in float64
+// (scripts/torch_cross_entropy.py) on odd shapes, logits of scale 4. Both
+// are float64 sums of at most 11 terms of size ≤ ~30: they agree to
+// ~1e-14, so 1e-12 (relative to the largest value) leaves room and still
+// catches any wrong weight (the smallest one, ε/C = 0.01/11, moves the
+// loss by ~1e-3).
+func TestCrossEntropyLabelSmoothingIsPyTorchs(t *testing.T) {
+	const classes, batch = 11, 7
+	rng := rand.New(rand.NewPCG(9, 10))
+	logits := make([]float64, batch*classes)
+	for i := range logits {
+		logits[i] = 4 * rng.NormFloat64()
+	}
+	labels := make([]float64, batch)
+	ints := make([]int, batch)
+	for i := range labels {
+		ints[i] = rng.IntN(classes)
+		labels[i] = float64(ints[i])
+	}
+	eps := []float64{0, 0.01, 0.1, 0.5, 0.9}
+	var got struct {
+		Torch   string
+		Results []struct {
+			Eps  float64
+			Loss float64
+			Grad []float64
+		}
+	}
+	torchtest.Run(t, "../../scripts/torch_cross_entropy.py", map[string]any{"classes": classes, "logits": logits, "labels": ints, "label_smoothing": eps}, &got)
+	require.Len(t, got.Results, len(eps))
+	for i, r := range got.Results {
+		attrs := ir.Attrs{Smoothing: eps[i]}
+		ins := []*ir.Value{{Type: ir.F32Batched(classes)}, {Type: ir.Type{DType: ir.Class, Batched: true, Classes: classes}}}
+		loss, err := RunNode(&ir.Node{Op: ir.OpCrossEntropy, Attrs: attrs, Ins: ins, Outs: []*ir.Value{{Type: ir.F32Fixed()}}}, [][]float64{logits, labels}, batch, NodeOptions{})
+		require.NoError(t, err)
+		grad, err := RunNode(&ir.Node{Op: ir.OpCrossEntropyGrad, Attrs: attrs, Ins: ins, Outs: []*ir.Value{{Type: ir.F32Batched(classes)}}}, [][]float64{logits, labels}, batch, NodeOptions{})
+		require.NoError(t, err)
+		assert.InDelta(t, r.Loss, loss[0][0], 1e-12*math.Abs(r.Loss), "ε = %g: loss", eps[i])
+		scale := 0.0
+		for _, g := range r.Grad {
+			scale = math.Max(scale, math.Abs(g))
+		}
+		for j, g := range r.Grad {
+			assert.InDelta(t, g, grad[0][j], 1e-12*scale, "ε = %g: dlogits[%d]", eps[i], j)
+		}
+	}
+	t.Logf("the reference's label-smoothed cross-entropy equals torch %s's for ε in %v", got.Torch, eps)
+}
+
 func TestFiniteDifferenceWholeModels(t *testing.T) {
 	// a small SimpleCNN (same structure, 3x14x14 inputs) and the residual DAG
 	small := `model Small(image: f32[3,14,14], label: class[10]) {
@@ -167,34 +260,6 @@ func TestInitMatchesPyTorchDefaults(t *testing.T) {
 	assert.NotEqual(t, w[:10], InitParam(g.ParamByName("logits.weight"), 42)[:10], "each parameter has its own stream")
 	bias := g.ParamByName("c.bias")
 	assert.InDelta(t, 1/math.Sqrt(144), InitBound(bias.Init), 1e-15)
-}
-
-func TestDropoutMaskIsCounterBased(t *testing.T) {
-	kept := 0
-	for i := int64(0); i < 100000; i++ {
-		k := DropoutKeep(9, 2, 5, i, 0.3)
-		assert.Equal(t, k, DropoutKeep(9, 2, 5, i, 0.3))
-		if k {
-			kept++
-		}
-	}
-	assert.InDelta(t, 0.7, float64(kept)/100000, 0.01)
-	same := 0
-	for i := int64(0); i < 1000; i++ {
-		if DropoutKeep(9, 2, 5, i, 0.5) == DropoutKeep(9, 2, 6, i, 0.5) {
-			same++
-		}
-	}
-	assert.InDelta(t, 500, same, 80, "another step gives another mask")
-}
-
-// Philox4x32-10 known-answer vectors from the Random123 distribution.
-func TestPhiloxKnownAnswers(t *testing.T) {
-	assert.Equal(t, [4]uint32{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}, Philox4x32([4]uint32{}, [2]uint32{}))
-	assert.Equal(t, [4]uint32{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
-		Philox4x32([4]uint32{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, [2]uint32{0xffffffff, 0xffffffff}))
-	assert.Equal(t, [4]uint32{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1},
-		Philox4x32([4]uint32{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, [2]uint32{0xa4093822, 0x299f31d0}))
 }
 
 func optimizerModel(opt string) string {
@@ -290,4 +355,18 @@ func TestBadBatchesAreErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "needs 126 values")
 	_, err = e.Run(Batch{N: 1, Images: make([]float64, 126), Labels: []int32{4}}, Eval)
 	assert.ErrorContains(t, err, "label 4 of sample 0 is outside [0,4)")
+}
+
+// logSumExp is log Σ exp(row), computed stably (the tests' own, apart from
+// the kernels').
+func logSumExp(row []float64) float64 {
+	m := math.Inf(-1)
+	for _, v := range row {
+		m = math.Max(m, v)
+	}
+	s := 0.0
+	for _, v := range row {
+		s += math.Exp(v - m)
+	}
+	return m + math.Log(s)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Slice places one kernel call inside a batch that a memory plan runs in
@@ -19,9 +20,9 @@ type Slice struct {
 // gradient average over the whole batch (Of samples), so that the
 // micro-batches' losses and weight gradients add up to the full batch's.
 func RunNodeSlice(n *ir.Node, ins [][]float64, batch int, o NodeOptions, s Slice) ([][]float64, error) {
-	k := kernels[n.Op]
-	if k == nil {
-		return nil, fmt.Errorf("reference: no kernel for %s", n.Op)
+	k, err := kernelOf(n)
+	if err != nil {
+		return nil, err
 	}
 	if len(ins) != len(n.Ins) {
 		return nil, fmt.Errorf("reference: %s takes %d inputs, got %d", n.Op, len(n.Ins), len(ins))
@@ -29,8 +30,6 @@ func RunNodeSlice(n *ir.Node, ins [][]float64, batch int, o NodeOptions, s Slice
 	if s.First < 0 || (s.Of > 0 && s.First+batch > s.Of) {
 		return nil, fmt.Errorf("reference: samples [%d,%d) are outside a batch of %d", s.First, s.First+batch, s.Of)
 	}
-	e := &Executor{Seed: o.Seed, Step: o.Step}
-	r := &Result{Values: map[*ir.Value][]float64{}, FusedGrads: map[*ir.Param][]float64{}}
-	env := &env{e: e, r: r, batch: batch, training: o.Training, update: o.Update, firstSample: s.First, fullBatch: s.Of}
+	env := &ops.RefEnv{Batch: batch, Training: o.Training, Update: o.Update, Seed: o.Seed, Step: o.Step, FirstSample: s.First, FullBatch: s.Of}
 	return k(env, n, ins), nil
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 )
 
@@ -75,8 +76,27 @@ func errorBound(t *testing.T, ev *evaluation) ([]float64, int64) {
 			d = axpy(gamma(k+1), w.run(nd, abs), w.run(nd, id(in)))
 		case ir.OpAdd:
 			d = axpy(unitRoundoff, abs(w.val(nd.Out())), axpy(1, in, w.errOf(nd.Ins[1])))
-		default: // relu, max-pooling, flatten, identity: 1-Lipschitz
-			d = w.run(nd, id(in))
+		case ops.GlobalAvgPool:
+			k := nd.Ins[0].Type.Dims[1] * nd.Ins[0].Type.Dims[2]
+			longest = max(longest, k)
+			d = axpy(gamma(k+1), w.run(nd, abs), w.run(nd, id(in)))
+		case ops.Concat:
+			d = w.run(nd, w.errsOf(nd)...) // a copy: each element keeps its error
+		case ops.BatchNormStats:
+			// evaluation: the running statistics, exact inputs; the
+			// normalisation's bound covers computing invstd from them
+			for _, o := range nd.Outs {
+				w.errs[o] = zero(w.val(o))
+			}
+			continue
+		case ops.BatchNorm2D, ops.BatchNorm1D:
+			d = w.bnBound(nd, in)
+		default:
+			if f, ok := activations[nd.Op]; ok {
+				d = axpy(f.lipschitz(nd), in, f.rounding(w, nd))
+				break
+			}
+			d = w.run(nd, id(in)) // relu, max-pooling, flatten, identity: 1-Lipschitz
 		}
 		w.errs[nd.Out()] = d
 	}
@@ -132,8 +152,43 @@ func errorSigma(t *testing.T, ev *evaluation) []float64 {
 			for i := range v {
 				v[i] += r2 * y[i] * y[i]
 			}
-		default: // relu, max-pooling, flatten, identity
-			v = w.run(nd, id(in))
+		case ops.GlobalAvgPool:
+			k := float64(nd.Ins[0].Type.Dims[1] * nd.Ins[0].Type.Dims[2])
+			meanSq := w.run(nd, square) // Σx²/k
+			v = w.run(nd, id(in))       // Σ var(δx)/k
+			for i := range v {
+				v[i] = v[i]/k + r2*(meanSq[i]/6+k*y[i]*y[i]/3+y[i]*y[i])
+			}
+		case ops.Concat:
+			v = w.run(nd, w.errsOf(nd)...)
+		case ops.BatchNormStats:
+			for _, o := range nd.Outs {
+				w.errs[o] = zero(w.val(o))
+			}
+			continue
+		case ops.BatchNorm2D, ops.BatchNorm1D:
+			// the propagated variance times (invstd·w)², and the bound's own
+			// part as a uniform variable (bound²/3)
+			own := w.bnBound(nd, zero(in))
+			scale := w.bnScale(nd)
+			v = make([]float64, len(in))
+			for i := range v {
+				v[i] = scale[i]*scale[i]*in[i] + own[i]*own[i]/3
+			}
+		default:
+			if f, ok := activations[nd.Op]; ok {
+				// |f'| ≤ L propagates the variance times L²; the evaluation's
+				// own error, a uniform variable of the bound's width, adds
+				// its variance (bound²/3)
+				own := f.rounding(w, nd)
+				l := f.lipschitz(nd)
+				v = axpy(l*l, in, zero(in))
+				for i := range v {
+					v[i] += own[i] * own[i] / 3
+				}
+				break
+			}
+			v = w.run(nd, id(in)) // relu, max-pooling, flatten, identity
 		}
 		w.errs[nd.Out()] = v
 	}
@@ -142,6 +197,97 @@ func errorSigma(t *testing.T, ev *evaluation) []float64 {
 		sigma[i] = math.Sqrt(v)
 	}
 	return sigma
+}
+
+// activations: an elementwise activation y = f(x) turns an input error δx
+// into at most L·δx, L = sup|f'| (leaky_relu: max(1, |slope|); sigmoid
+// 1/4; tanh 1; gelu: Φ(x)+xφ(x) peaks at 1.1289 at x = √2; silu:
+// s(1+x(1-s)) peaks at 1.0998 at x ≈ 2.40; hardswish: x/3+1/2 reaches 1.5
+// at x = 3), and adds its own evaluation error. That error is the
+// runtime's implementation of the function (exp, tanh and erf approximations
+// in ONNX Runtime's MLAS; GELU, SiLU and HardSwish are several exported
+// operators, each rounding once): no analysis of ours can bound it, so it
+// is an assumption, stated here: every operator of the function is within
+// ulpsPerOperator units of roundoff of its exact value, relative to the
+// magnitudes it combines (|x| + |y|, which covers gelu's 1+erf(x/√2)
+// cancelling for negative x).
+var activations = map[ir.Op]activationError{
+	ops.LeakyReLU: {func(nd *ir.Node) float64 { return max(1, math.Abs(nd.Attrs.Alpha)) }, 1},
+	ops.Sigmoid:   {constL(0.25), 1},
+	ops.Tanh:      {constL(1), 1},
+	ops.GELU:      {constL(1.1289), 5},
+	ops.SiLU:      {constL(1.0998), 2},
+	ops.HardSwish: {constL(1.5), 2},
+}
+
+// activationError is an activation's error propagation: L, and how many
+// exported operators round.
+type activationError struct {
+	lipschitz func(nd *ir.Node) float64
+	operators float64
+}
+
+func constL(l float64) func(*ir.Node) float64 { return func(*ir.Node) float64 { return l } }
+
+// ulpsPerOperator is the assumed accuracy of one operator (see activations).
+const ulpsPerOperator = 4
+
+// rounding is the activation's own evaluation error bound per element.
+func (f activationError) rounding(w *walk, nd *ir.Node) []float64 {
+	x, y := w.val(nd.Ins[0]), w.val(nd.Out())
+	out := make([]float64, len(y))
+	for i := range y {
+		out[i] = f.operators * ulpsPerOperator * unitRoundoff * (math.Abs(x[i]) + math.Abs(y[i]))
+	}
+	return out
+}
+
+// bnScale is |invstd·weight| of each element's channel (batch norm in
+// evaluation: an affine map per channel).
+func (w *walk) bnScale(nd *ir.Node) []float64 {
+	x := nd.Ins[0].Type
+	c, s := int(x.Dims[0]), int(x.SampleElems()/x.Dims[0])
+	invstd := w.val(nd.Ins[2])
+	out := make([]float64, len(w.val(nd.Ins[0])))
+	for i := range out {
+		ch := (i / s) % c
+		out[i] = math.Abs(invstd[ch])
+		if len(nd.Ins) == 5 {
+			out[i] *= math.Abs(w.val(nd.Ins[3])[ch])
+		}
+	}
+	return out
+}
+
+// bnBound bounds batch norm's evaluation error: y = (x - mean)·invstd·w + b
+// is 1/sqrt(var + eps) (two roundings and a square root, each within an ulp:
+// invstd relatively within 3u), then at most four more roundings however
+// the runtime arranges it (say, x·scale + (b - mean·scale)), each relative
+// to the magnitudes it combines — so within 8u·(|x| + |mean|)·|invstd·w|
+// + 8u·|b| — plus the input's error times |invstd·w|.
+func (w *walk) bnBound(nd *ir.Node, in []float64) []float64 {
+	x, mean := w.val(nd.Ins[0]), w.val(nd.Ins[1])
+	xt := nd.Ins[0].Type
+	c, s := int(xt.Dims[0]), int(xt.SampleElems()/xt.Dims[0])
+	scale := w.bnScale(nd)
+	out := make([]float64, len(x))
+	for i := range out {
+		ch := (i / s) % c
+		out[i] = scale[i]*in[i] + 8*unitRoundoff*(math.Abs(x[i])+math.Abs(mean[ch]))*scale[i]
+		if len(nd.Ins) == 5 {
+			out[i] += 8 * unitRoundoff * math.Abs(w.val(nd.Ins[4])[ch])
+		}
+	}
+	return out
+}
+
+// errsOf is each input's error quantity, as run's input transforms.
+func (w *walk) errsOf(nd *ir.Node) []func([]float64) []float64 {
+	var fs []func([]float64) []float64
+	for _, v := range nd.Ins {
+		fs = append(fs, id(w.errOf(v)))
+	}
+	return fs
 }
 
 // walk evaluates per-element quantities (error bounds, variances) over the
@@ -164,9 +310,12 @@ func (w *walk) nodes() []*ir.Node {
 	for _, nd := range w.g.Nodes {
 		if nd.Phase == ir.Forward && nd.Op != ir.OpCrossEntropy {
 			switch nd.Op {
-			case ir.OpConv2D, ir.OpLinear, ir.OpAvgPool2D, ir.OpAdd, ir.OpReLU, ir.OpMaxPool2D, ir.OpFlatten, ir.OpDropout:
+			case ir.OpConv2D, ir.OpLinear, ir.OpAvgPool2D, ir.OpAdd, ir.OpReLU, ir.OpMaxPool2D, ir.OpFlatten, ir.OpDropout,
+				ops.GlobalAvgPool, ops.Concat, ops.BatchNormStats, ops.BatchNorm2D, ops.BatchNorm1D:
 			default:
-				w.t.Fatalf("error analysis: no rule for %s", nd.Op)
+				if _, ok := activations[nd.Op]; !ok {
+					w.t.Fatalf("error analysis: no rule for %s", nd.Op)
+				}
 			}
 			out = append(out, nd)
 		}

@@ -13,7 +13,7 @@
 //
 // Why it is shaped so: the forward IR is the model as the user wrote it,
 // with every shape known and every node positioned, so the export is one
-// table row per op (opRules) mapping it onto the ONNX operator with the
+// mapping per op (its Def.ONNX in compiler/ops) onto the ONNX operator with the
 // same evaluation-mode semantics — not a reverse-engineering of fused
 // kernels. Only the nodes the logits depend on are exported: the loss is
 // training's business, and its labels are not an input of the exported
@@ -35,16 +35,16 @@
 package onnx
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
 )
@@ -99,58 +99,24 @@ type Options struct {
 	Metadata map[string]string
 }
 
-// rule maps one IR op onto one ONNX operator.
-type rule struct {
-	op string
-	// inputs is how many of the node's inputs the ONNX operator takes, in
-	// order (0: all of them).
-	inputs int
-	attrs  func(a ir.Attrs) []Attr
-}
-
-// opRules is the export table: every forward op of the DSL, with
-// evaluation-mode semantics. cross_entropy has no row: the loss is not
-// exported, its logits are the output.
-var opRules = map[ir.Op]rule{
-	// weight [out,C,kh,kw] and bias [out] are Conv's W and B as they are
-	ir.OpConv2D: {op: "Conv", attrs: func(a ir.Attrs) []Attr {
-		return append(windowAttrs(a), intsAttr("dilations", 1, 1), intAttr("group", 1))
-	}},
-	ir.OpReLU: {op: "Relu"},
-	// padding is ignored by the max (-inf), as the reference and PyTorch
-	ir.OpMaxPool2D: {op: "MaxPool", attrs: windowAttrs},
-	// the DSL's average counts padding in the divisor (count_include_pad)
-	ir.OpAvgPool2D: {op: "AveragePool", attrs: func(a ir.Attrs) []Attr {
-		return append(windowAttrs(a), intAttr("count_include_pad", 1))
-	}},
-	// [B,C,H,W] -> [B,C*H*W] in row-major order
-	ir.OpFlatten: {op: "Flatten", attrs: func(ir.Attrs) []Attr { return []Attr{intAttr("axis", 1)} }},
-	// y = x Wᵀ + b with W [out,in] as nn.Linear stores it
-	ir.OpLinear: {op: "Gemm", attrs: func(ir.Attrs) []Attr { return []Attr{intAttr("transB", 1)} }},
-	// evaluation mode: dropout is the identity
-	ir.OpDropout: {op: "Identity", inputs: 1},
-	ir.OpAdd:     {op: "Add"},
-}
-
-// windowAttrs are a conv's or pool's kernel, strides and pads (ONNX orders
-// pads as [top, left, bottom, right]; the DSL pads both sides alike).
-func windowAttrs(a ir.Attrs) []Attr {
-	return []Attr{
-		intsAttr("kernel_shape", a.Kernel[0], a.Kernel[1]),
-		intsAttr("strides", a.Stride[0], a.Stride[1]),
-		intsAttr("pads", a.Pad[0], a.Pad[1], a.Pad[0], a.Pad[1]),
-	}
-}
+// Each op's ONNX mapping is in its file in compiler/ops (Def.ONNX): one
+// operator with the same evaluation-mode semantics, or several through
+// Emit. cross_entropy has none: the loss is not exported, its logits are
+// the output.
 
 // Exportable reports whether op has an ONNX mapping.
-func Exportable(op ir.Op) bool { _, ok := opRules[op]; return ok }
+func Exportable(op ir.Op) bool {
+	d := ops.Of(op)
+	return d != nil && d.ONNX != nil
+}
 
-// exportableOps lists the ops with a mapping, in the ops table's order.
+// exportableOps lists the DSL's ops with a mapping, as the docs order them.
 func exportableOps() string {
-	ops := slices.Sorted(maps.Keys(opRules))
-	names := make([]string, len(ops))
-	for i, op := range ops {
-		names[i] = op.String()
+	var names []string
+	for _, d := range ops.DSLOps() {
+		if d.ONNX != nil {
+			names = append(names, d.DSL.Name)
+		}
 	}
 	return strings.Join(names, ", ")
 }
@@ -169,7 +135,7 @@ func Export(g *ir.Graph, w Weights, opts Options) (*Model, error) {
 	nodes := logitsCone(g)
 	var diags dsl.Diagnostics
 	for _, n := range nodes {
-		if _, ok := opRules[n.Op]; !ok {
+		if !Exportable(n.Op) {
 			diags = append(diags, dsl.Errorf(n.Pos, "%s: %s cannot be exported to ONNX (exportable: %s)", n.Name, n.Op, exportableOps()))
 		}
 	}
@@ -182,13 +148,16 @@ func Export(g *ir.Graph, w Weights, opts Options) (*Model, error) {
 	b.names.reserve(InputName)
 	b.names.reserve(OutputName)
 	used := usedParams(nodes)
-	for _, p := range g.Params {
+	// the parameters, then the buffers the export reads (batch norm's
+	// running statistics; not its batch count), in the model's order (the
+	// checkpoint's)
+	state := append(append([]*ir.Param{}, g.Params...), g.Buffers...)
+	for _, p := range state {
 		if used[p] {
 			b.names.reserve(p.Name)
 		}
 	}
-	// the parameters, in the model's order (the checkpoint's)
-	for _, p := range g.Params {
+	for _, p := range state {
 		if !used[p] {
 			continue
 		}
@@ -217,27 +186,9 @@ func Export(g *ir.Graph, w Weights, opts Options) (*Model, error) {
 	b.onnxName[image] = x
 
 	for _, n := range nodes {
-		r := opRules[n.Op]
-		ins := n.Ins
-		if r.inputs > 0 {
-			ins = ins[:r.inputs]
+		if err := b.emit(g, n); err != nil {
+			return nil, err
 		}
-		var names []string
-		for _, v := range ins {
-			names = append(names, b.onnxName[v])
-		}
-		out := n.Out()
-		name := OutputName
-		if out != g.Logits {
-			name = b.names.unique(out.Name)
-			b.valueInfo(name, out.Type.Dims)
-		}
-		b.onnxName[out] = name
-		var attrs []Attr
-		if r.attrs != nil {
-			attrs = r.attrs(n.Attrs)
-		}
-		b.node(Node{Name: name, OpType: r.op, Inputs: names, Outputs: []string{name}, Attrs: attrs, DocString: n.Op.String() + " at " + n.Pos.String()})
 	}
 	b.g.Outputs = append(b.g.Outputs, ValueInfo{Name: OutputName, ElemType: DataFloat, Dims: batched(g.Logits.Type.Dims)})
 
@@ -308,7 +259,7 @@ func usedParams(nodes []*ir.Node) map[*ir.Param]bool {
 	used := map[*ir.Param]bool{}
 	for _, n := range nodes {
 		for _, v := range n.Ins {
-			if v.Role == ir.RoleParam {
+			if v.Role == ir.RoleParam || (v.Role == ir.RoleBuffer && v.Type.DType == ir.F32) {
 				used[v.Param] = true
 			}
 		}
@@ -319,11 +270,94 @@ func usedParams(nodes []*ir.Node) map[*ir.Param]bool {
 // batched prefixes per-sample dims with the dynamic batch dimension.
 func batched(dims []int64) []int64 { return append([]int64{-1}, dims...) }
 
-// builder accumulates the graph.
+// builder accumulates the graph; it is the ops' ops.ONNXEmitter.
 type builder struct {
 	g        Graph
 	names    namer
 	onnxName map[*ir.Value]string
+	logits   *ir.Value
+	doc      string // the node being exported, for the ONNX nodes' doc strings
+}
+
+// emit adds n's ONNX operators: its op's mapping.
+func (b *builder) emit(g *ir.Graph, n *ir.Node) error {
+	r := ops.Of(n.Op).ONNX
+	b.logits = g.Logits
+	b.doc = n.Op.String() + " at " + n.Pos.String()
+	if r.Emit != nil {
+		if err := r.Emit(b, n); err != nil {
+			return dsl.Diagnostics{dsl.Errorf(n.Pos, "%s: %v", n.Name, err)}
+		}
+		return nil
+	}
+	ins := n.Ins
+	if r.Inputs > 0 {
+		ins = ins[:r.Inputs]
+	}
+	var names []string
+	for _, v := range ins {
+		names = append(names, b.Name(v))
+	}
+	var attrs []ops.ONNXAttr
+	if r.Attrs != nil {
+		attrs = r.Attrs(n)
+	}
+	b.Node(r.Op, names, []string{b.Output(n.Out())}, attrs...)
+	return nil
+}
+
+// Name is the ONNX name of a value already in the graph.
+func (b *builder) Name(v *ir.Value) string { return b.onnxName[v] }
+
+// Output names an IR value's tensor: the graph output for the logits, else
+// a unique name with its value info.
+func (b *builder) Output(v *ir.Value) string {
+	name := OutputName
+	if v != b.logits {
+		name = b.names.unique(v.Name)
+		b.valueInfo(name, v.Type.Dims)
+	}
+	b.onnxName[v] = name
+	return name
+}
+
+// Temp names an intermediate tensor of per-sample dims.
+func (b *builder) Temp(base string, dims []int64) string {
+	name := b.names.unique(base)
+	b.valueInfo(name, dims)
+	return name
+}
+
+// Node adds an operator, named after its first output.
+func (b *builder) Node(op string, ins, outs []string, attrs ...ops.ONNXAttr) {
+	var as []Attr
+	for _, a := range attrs {
+		as = append(as, attrOf(a))
+	}
+	b.node(Node{Name: outs[0], OpType: op, Inputs: ins, Outputs: outs, Attrs: as, DocString: b.doc})
+}
+
+// Const adds a float32 constant that is not a parameter: a Constant
+// operator, so that the initializers are the model's parameters only.
+func (b *builder) Const(base string, dims []int64, vals []float32) string {
+	name := b.names.unique(base)
+	raw := make([]byte, 4*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+	}
+	t := &Tensor{Name: name, DataType: DataFloat, Dims: dims, Raw: raw}
+	b.node(Node{Name: name, OpType: "Constant", Outputs: []string{name}, Attrs: []Attr{{Name: "value", Type: AttrTensor, T: t}}, DocString: b.doc})
+	return name
+}
+
+func attrOf(a ops.ONNXAttr) Attr {
+	switch a.Kind {
+	case ops.ONNXInts:
+		return intsAttr(a.Name, a.Ints...)
+	case ops.ONNXFloat:
+		return floatAttr(a.Name, a.Float)
+	}
+	return intAttr(a.Name, a.Int)
 }
 
 func newBuilder(name, doc string) *builder {

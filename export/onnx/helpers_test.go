@@ -32,6 +32,7 @@ var models = []model{
 	{name: "simplecnn", path: "../../examples/simplecnn.cnn", trainBatch: 4, steps: 2, evalBatches: []int{4, 2}},
 	{name: "allops", path: "testdata/allops.cnn", trainBatch: 8, steps: 10, evalBatches: []int{8, 3}},
 	{name: "names", path: "testdata/names.cnn", trainBatch: 8, steps: 5, evalBatches: []int{8}},
+	{name: "newops", path: "testdata/newops.cnn", trainBatch: 8, steps: 10, evalBatches: []int{8, 3}},
 }
 
 // forward compiles a model to the forward IR the exporter reads,
@@ -140,6 +141,15 @@ func trainCheckpoint(t *testing.T, m model) string {
 	for _, p := range g.Params {
 		ts = append(ts, checkpoint.F32Tensor(p.Name, p.Value.Type.Dims, float32s(e.Params[p])))
 	}
+	for _, p := range g.Buffers { // batch norm's running statistics; its count is an int64
+		if p.Value.Type.DType == ir.I64 {
+			b := make([]byte, 8)
+			binary.LittleEndian.PutUint64(b, uint64(int64(e.Params[p][0])))
+			ts = append(ts, checkpoint.Tensor{Name: p.Name, DType: checkpoint.I64, Shape: []int64{}, Data: b})
+			continue
+		}
+		ts = append(ts, checkpoint.F32Tensor(p.Name, p.Value.Type.Dims, float32s(e.Params[p])))
+	}
 	for _, s := range g.State {
 		ts = append(ts, checkpoint.F32Tensor("optimizer."+s.Name, s.Type.Dims, float32s(e.State[s])))
 	}
@@ -185,7 +195,10 @@ func referenceEval(t *testing.T, g *ir.Graph, ckPath string, x []float64, n int)
 	ck, err := checkpoint.Read(ckPath)
 	require.NoError(t, err)
 	e := reference.New(g, 0)
-	for _, p := range g.Params {
+	for _, p := range append(append([]*ir.Param{}, g.Params...), g.Buffers...) {
+		if p.Value.Type.DType == ir.I64 {
+			continue // a count evaluation does not read
+		}
 		ct, err := ck.Expect(p.Name, checkpoint.F32, p.Value.Type.Dims)
 		require.NoError(t, err)
 		e.Params[p] = float64s(ct.Float32s())

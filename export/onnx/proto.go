@@ -2,6 +2,7 @@ package onnx
 
 import (
 	"encoding/binary"
+	"math"
 	"sort"
 )
 
@@ -49,24 +50,30 @@ type Node struct {
 	DocString string
 }
 
-// Attr is AttributeProto: an INT or INTS attribute (all cnnc needs).
+// Attr is AttributeProto: a FLOAT, INT, INTS or TENSOR attribute (all
+// cnnc needs).
 type Attr struct {
 	Name string
 	Type AttrType
+	F    float32
 	I    int64
 	Ints []int64
+	T    *Tensor
 }
 
 // AttrType is AttributeProto.AttributeType.
 type AttrType int64
 
 const (
-	AttrInt  AttrType = 2
-	AttrInts AttrType = 7
+	AttrFloat  AttrType = 1
+	AttrInt    AttrType = 2
+	AttrTensor AttrType = 4
+	AttrInts   AttrType = 7
 )
 
 func intAttr(name string, v int64) Attr      { return Attr{Name: name, Type: AttrInt, I: v} }
 func intsAttr(name string, vs ...int64) Attr { return Attr{Name: name, Type: AttrInts, Ints: vs} }
+func floatAttr(name string, v float32) Attr  { return Attr{Name: name, Type: AttrFloat, F: v} }
 
 // Tensor is TensorProto with its data in raw_data (little-endian).
 type Tensor struct {
@@ -163,8 +170,12 @@ func (a *Attr) marshal() []byte {
 	var e enc
 	e.str(1, a.Name)
 	switch a.Type {
+	case AttrFloat:
+		e.fixed32(2, math.Float32bits(a.F))
 	case AttrInt:
 		e.varint(3, uint64(a.I))
+	case AttrTensor:
+		e.msg(5, a.T.marshal())
 	case AttrInts:
 		for _, v := range a.Ints {
 			e.varint(8, uint64(v))
@@ -211,8 +222,9 @@ func (v ValueInfo) marshal() []byte {
 type enc struct{ b []byte }
 
 const (
-	wireVarint = 0
-	wireBytes  = 2
+	wireVarint  = 0
+	wireBytes   = 2
+	wireFixed32 = 5
 )
 
 func (e *enc) tag(field, wire int) { e.b = binary.AppendUvarint(e.b, uint64(field)<<3|uint64(wire)) }
@@ -222,6 +234,12 @@ func (e *enc) tag(field, wire int) { e.b = binary.AppendUvarint(e.b, uint64(fiel
 func (e *enc) varint(field int, v uint64) {
 	e.tag(field, wireVarint)
 	e.b = binary.AppendUvarint(e.b, v)
+}
+
+// fixed32 writes a 4-byte field (a float).
+func (e *enc) fixed32(field int, v uint32) {
+	e.tag(field, wireFixed32)
+	e.b = binary.LittleEndian.AppendUint32(e.b, v)
 }
 
 func (e *enc) bytes(field int, p []byte) {

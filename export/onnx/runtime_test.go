@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/export/onnx"
 )
 
@@ -270,9 +271,16 @@ func TestExportPassesONNXChecker(t *testing.T) {
 			require.Len(t, rep.Outputs, 1)
 			assert.Equal(t, "logits", rep.Outputs[0].Name)
 			assert.Equal(t, []any{"batch", float64(g.Logits.Type.Dims[0])}, rep.Outputs[0].Dims)
+			// the parameters, then the buffers inference reads (batch norm's
+			// running statistics, not its count)
 			var params []string
 			for _, p := range g.Params {
 				params = append(params, p.Name)
+			}
+			for _, p := range g.Buffers {
+				if p.Value.Type.DType == ir.F32 {
+					params = append(params, p.Name)
+				}
 			}
 			assert.Equal(t, params, rep.Initializers)
 			var ops []string

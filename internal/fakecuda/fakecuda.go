@@ -41,13 +41,17 @@ import (
 // that should run under the fake.
 const Env = "CNNC_FAKECUDA"
 
+// TraceEnv names a file to which the fake appends the name of every driver call a process
+// makes, one per line, as it is made (csrc/trace.c).
+const TraceEnv = "CNNC_FAKECUDA_TRACE"
+
 // MemoryEnv sets the fake device's total memory in bytes (default 16 GiB).
 const MemoryEnv = "CNNC_FAKECUDA_MEMORY"
 
 // LibName is the file the dynamic loader looks for.
 const LibName = "libcuda.so.1"
 
-//go:embed csrc/libcuda.c csrc/stubs.c
+//go:embed csrc/libcuda.c csrc/stubs.c csrc/trace.c
 var sources embed.FS
 
 // Dir returns $CNNC_FAKECUDA: the fake's directory when this process runs under it, or "".
@@ -81,7 +85,8 @@ func Build(dir string) error {
 		return err
 	}
 	tmp := filepath.Join(dir, LibName+".tmp")
-	args := append([]string{"-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror",
+	// -finstrument-functions: every call into the fake can be traced (csrc/trace.c)
+	args := append([]string{"-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-finstrument-functions",
 		"-I/usr/local/cuda/include", "-Wl,-soname," + LibName, "-o", tmp}, files...)
 	args = append(args, "-ldl", "-lpthread")
 	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {

@@ -33,11 +33,13 @@
 // that an arena that cannot fit fails with both numbers (MemoryError). The
 // trainer allocates its planned arena exactly once.
 //
-// Graphs: Capture records a sequence of launches as a CUDA graph (stream
-// capture, through a cgo shim) that Replay runs with one call; SetParams
-// updates a captured launch's parameter values, so that one graph serves
-// every training step although the step number, dropout's seed offsets
-// and a partial batch's size change (see graph.go).
+// Graphs: Capture records a sequence of launches and copies as a CUDA graph
+// (stream capture, through a cgo shim) that Replay runs with one call;
+// SetParams can update a captured launch's parameter values (see
+// graph.go), though the trainer needs none: what changes between steps
+// reaches the kernels through the step's scalar block, which the graph
+// copies in. Fences (fence.go, device.Fencer) are CUDA events; recorded
+// during a capture they become event record nodes of the graph.
 //
 // Driver versions: the calls whose default version depends on the CUDA
 // headers (cuCtxCreate, stream capture, graph instantiation and node

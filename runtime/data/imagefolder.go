@@ -452,16 +452,23 @@ func (o *opener) hashFiles(list []int) {
 // hashFile reads f and records its hash and the key it was read under.
 // Only a regular file of at most maxImageFileBytes is read.
 func (o *opener) hashFile(f *folderFile) ([]byte, error) {
-	b, info, err := readImageFile(f.path, maxImageFileBytes)
-	var tl *regularfile.TooLargeError
-	if errors.As(err, &tl) {
-		err = fmt.Errorf("image file of %d MiB is larger than the %d MiB an image file may be", tl.Size>>20, tl.Max>>20)
-	}
+	b, info, err := readImage(f.path)
 	if err != nil {
 		return nil, err
 	}
 	f.key, f.sha256, f.hashed = keyOf(info), sha256.Sum256(b), true
 	return b, nil
+}
+
+// readImage reads an image file: a regular file of at most
+// maxImageFileBytes.
+func readImage(path string) ([]byte, fs.FileInfo, error) {
+	b, info, err := readImageFile(path, maxImageFileBytes)
+	var tl *regularfile.TooLargeError
+	if errors.As(err, &tl) {
+		err = fmt.Errorf("image file of %d MiB is larger than the %d MiB an image file may be", tl.Size>>20, tl.Max>>20)
+	}
+	return b, info, err
 }
 
 // serveCache serves an up-to-date cache.

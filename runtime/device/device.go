@@ -64,6 +64,30 @@ type AsyncCopier interface {
 	CopyOutAsync(dst []byte, src Ptr) error
 }
 
+// Fencer is what a device offers when it can mark points in its queue of
+// work and wait for them without waiting for everything (CUDA events): the
+// trainer keeps a step queued while the host prepares the next, and waits
+// only for the step whose staging buffer it is about to refill.
+type Fencer interface {
+	// NewFence makes a fence; with timing, Since can measure between two.
+	NewFence(timing bool) (Fence, error)
+}
+
+// Fence is a mark in a device's queue.
+type Fence interface {
+	// Record places the mark after the work queued so far. Inside a
+	// graph capture (Grapher) it becomes part of the graph: the mark is
+	// placed again whenever the graph runs, without a call of its own.
+	Record() error
+	// Wait returns when the work queued before the last Record has
+	// finished (at once when the fence was never recorded).
+	Wait() error
+	// Since is the device time from earlier's mark to this fence's mark;
+	// both must have been recorded, waited for and made with timing.
+	Since(earlier Fence) (time.Duration, error)
+	Close() error
+}
+
 // Grapher is what a device offers when it can capture a sequence of
 // launches once and replay it with one call (CUDA graphs).
 type Grapher interface {

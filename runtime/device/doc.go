@@ -2,7 +2,7 @@
 // allocates one arena, copies bytes in and out, and launches kernels by
 // name exactly as cuLaunchKernel takes them, so one launch list drives the
 // CPU emulator (runtime/cpu) and the GPU (runtime/cuda) alike. Optional
-// interfaces (HostAllocator, AsyncCopier, Grapher, Timer) let a backend
+// interfaces (HostAllocator, AsyncCopier, Fencer, Grapher, Timer) let a backend
 // offer more without every backend implementing it.
 //
 // The other packages under runtime/ are what generated trainers link:

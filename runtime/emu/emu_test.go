@@ -601,11 +601,11 @@ func TestCompileIsCached(t *testing.T) {
 	defer m1.Close()
 	info1, err := os.Stat(m1.Path())
 	require.NoError(t, err)
-	start := time.Now()
+	// The cached library is loaded, not rebuilt: same path, same mtime (no
+	// wall-clock bound, which a loaded machine breaks).
 	m2, err := Compile(src, "fill.cu", opts)
 	require.NoError(t, err)
 	defer m2.Close()
-	assert.Less(t, time.Since(start), 500*time.Millisecond, "a cached module should only be loaded")
 	info2, err := os.Stat(m2.Path())
 	require.NoError(t, err)
 	assert.Equal(t, m1.Path(), m2.Path())

@@ -27,7 +27,21 @@
 extern "C" {
 #endif
 
-#define CNNC_CPU_ABI 2
+#define CNNC_CPU_ABI 3
+
+// The step's scalar block (runtime/device.StepScalars, the CUDA kernels' CnncStepScalars): kernels
+// that need the learning rate, step, seed or valid count take a pointer to it, which never
+// changes; the trainer fills the block before each step.
+typedef struct CnncStepScalars {
+  int64_t step;   // 0-based training step
+  uint64_t seed;  // the run's seed (dropout)
+  int64_t valid;  // samples of the batch that are real (a partial batch is padded)
+  float lr;       // learning rate
+  int32_t pad;
+} CnncStepScalars;
+#ifdef __cplusplus
+static_assert(sizeof(CnncStepScalars) == 32, "CnncStepScalars is runtime/device.StepScalars: 32 bytes");
+#endif
 
 typedef void (*cnnc_cpu_task_fn)(const uint64_t* params, int64_t task, float* scratch);
 // One kernel compiled for one instruction set: its entry, the scratch bytes it needs per worker,
@@ -106,13 +120,9 @@ template <class T>
 CNNC_INLINE T* arg(const uint64_t* p, int i) {
   return reinterpret_cast<T*>(static_cast<uintptr_t>(p[i]));
 }
-CNNC_INLINE float argf(const uint64_t* p, int i) {
-  const uint32_t u = static_cast<uint32_t>(p[i]);
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 CNNC_INLINE long argi(const uint64_t* p, int i) { return static_cast<long>(static_cast<int64_t>(p[i])); }
+// the step's scalar block that parameter i points to
+CNNC_INLINE const CnncStepScalars& argscalars(const uint64_t* p, int i) { return *arg<const CnncStepScalars>(p, i); }
 
 constexpr long cdiv(long a, long b) { return (a + b - 1) / b; }
 constexpr long rup(long a, long b) { return cdiv(a, b) * b; }
@@ -783,7 +793,8 @@ struct ConvWgradReduce {
       for (int k = 0; k < NS; k++) ws[k] = arg<float>(p, 1 + NP + k);
       if (G::BIAS)
         for (int k = 0; k < NS; k++) bs[k] = arg<float>(p, 1 + NP + NS + k);
-      const OptRun<O> run(argf(p, 1 + NP + NP * NS), argi(p, 2 + NP + NP * NS));
+      const CnncStepScalars& sc = argscalars(p, 1 + NP + NP * NS);
+      const OptRun<O> run(sc.lr, sc.step);
       if (nw > 0) opt_range<O>(run, g, wp + e0, ws[0] ? ws[0] + e0 : nullptr, ws[1] ? ws[1] + e0 : nullptr, nw);
       if (nb > 0) opt_range<O>(run, g + nw, bp + b0, bs[0] ? bs[0] + b0 : nullptr, bs[1] ? bs[1] + b0 : nullptr, nb);
     }
@@ -1026,8 +1037,9 @@ struct LinWgrad {
       for (int k = 0; k < NS; k++) wout[2 + k] = arg<float>(p, a++);
       if (L::BIAS)
         for (int k = 0; k < NS; k++) wout[4 + k] = arg<float>(p, a++);
-      lr = argf(p, a++);
-      step = argi(p, a++);
+      const CnncStepScalars& sc = argscalars(p, a++);
+      lr = sc.lr;
+      step = sc.step;
     }
     const OptRun<O> optRun(lr, step);
     const OptRun<O>* run = &optRun;
@@ -1064,7 +1076,7 @@ struct SoftmaxCE {
     float* loss = arg<float>(p, 2);
     float* dlogits = arg<float>(p, 3);
     float* correct = arg<float>(p, 4);
-    long valid = argi(p, 5);
+    long valid = argscalars(p, 5).valid;
     const long first = argi(p, 6);
     long rows;
     float invBatch;
@@ -1176,7 +1188,7 @@ struct FillZero {  // N 32-bit words
   }
 };
 template <class E, class O>
-struct Update {  // sgd_update / adam_update: param, grad, states..., lr, step
+struct Update {  // sgd_update / adam_update: param, grad, states..., the step's scalars
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
   static void run(const uint64_t* p, int64_t task, float*) {
     constexpr int NS = opt_states<O>();
@@ -1184,7 +1196,8 @@ struct Update {  // sgd_update / adam_update: param, grad, states..., lr, step
     const float* grad = arg<const float>(p, 1);
     float* s0 = NS > 0 ? arg<float>(p, 2) : nullptr;
     float* s1 = NS > 1 ? arg<float>(p, 3) : nullptr;
-    const OptRun<O> run(argf(p, 2 + NS), argi(p, 3 + NS));
+    const CnncStepScalars& sc = argscalars(p, 2 + NS);
+    const OptRun<O> run(sc.lr, sc.step);
     CNNC_RANGE(E::N);
     opt_range<O>(run, grad + lo, param + lo, s0 ? s0 + lo : nullptr, s1 ? s1 + lo : nullptr, hi - lo);
   }
@@ -1213,8 +1226,9 @@ struct Dropout {
   static void run(const uint64_t* p, int64_t task, float*) {
     const float* in = arg<const float>(p, 0);
     float* out = arg<float>(p, 1);
-    const uint64_t seed = p[2];
-    const long step = argi(p, 3), first = argi(p, 4);
+    const CnncStepScalars& sc = argscalars(p, 2);
+    const uint64_t seed = sc.seed;
+    const long step = sc.step, first = argi(p, 3);
     CNNC_RANGE(E::N);
     for (long i = lo; i < hi; i++) {
       const uint64_t g = static_cast<uint64_t>(first + i);

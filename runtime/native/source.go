@@ -215,4 +215,4 @@ func RegisterBuiltin(entry unsafe.Pointer) {
 }
 
 // abiVersion is CNNC_CPU_ABI of cnnc_cpu.h.
-const abiVersion = 2
+const abiVersion = 3

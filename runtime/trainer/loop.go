@@ -2,11 +2,14 @@ package trainer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/cnnc/cnnc/runtime/data"
+	"github.com/cnnc/cnnc/runtime/schedule"
 )
 
 // Position is where a run is: the epoch in progress (from 0) and the
@@ -28,9 +31,10 @@ func (p Position) Describe(perEpoch int) string {
 type StopReason int
 
 const (
-	Finished    StopReason = iota // every epoch trained
-	StepLimit                     // Session.Step reached MaxSteps
-	Interrupted                   // the context was cancelled
+	Finished     StopReason = iota // every epoch trained
+	StepLimit                      // Session.Step reached MaxSteps
+	Interrupted                    // the context was cancelled
+	EarlyStopped                   // Best's patience ran out
 )
 
 // StepMetrics is one training step (one line of a trainer's --log).
@@ -41,10 +45,15 @@ type StepMetrics struct {
 	Loss    float32 `json:"loss"`  // the batch's mean loss, before this step's update
 	Correct int     `json:"correct"`
 	Size    int     `json:"size"` // samples in the batch
+	LR      float32 `json:"lr"`   // the learning rate of this step's update
 	// Batches is the number of batches per epoch.
 	Batches int `json:"-"`
 	// Input is the batch trained on, valid during the callback only.
 	Input Batch `json:"-"`
+	// With Session.TraceGaps (Timed): the step's device time, and (HasGap)
+	// how long the device waited for the host before it (StepResult).
+	DeviceTime, HostGap time.Duration `json:"-"`
+	Timed, HasGap       bool          `json:"-"`
 }
 
 // EpochMetrics ends an epoch, or the part of it a run trained (Partial).
@@ -57,6 +66,31 @@ type EpochMetrics struct {
 	TestAcc   float64 `json:"test_accuracy,omitempty"`
 	Partial   bool    `json:"partial,omitempty"` // the run stopped inside the epoch (MaxSteps)
 	Tested    bool    `json:"-"`                 // TestLoss and TestAcc are set
+
+	// LR is the rate of the epoch's last step.
+	LR float32 `json:"lr"`
+	// Throughput is the images trained per second of the epoch's training
+	// (data loading included, the evaluation after it not).
+	Throughput float64 `json:"images_per_second"`
+	// Best says the epoch improved on the best so far (Loop.Best), and
+	// was saved through SaveBest.
+	Best bool `json:"best,omitempty"`
+}
+
+// MarshalJSON writes test_loss and test_accuracy exactly when the epoch
+// was tested, zeros included: a log reader must tell a test accuracy of
+// 0 from no test.
+func (m EpochMetrics) MarshalJSON() ([]byte, error) {
+	type plain EpochMetrics // without this method
+	v := struct {
+		plain
+		TestLoss *float64 `json:"test_loss,omitempty"`
+		TestAcc  *float64 `json:"test_accuracy,omitempty"`
+	}{plain: plain(m)}
+	if m.Tested {
+		v.TestLoss, v.TestAcc = &m.TestLoss, &m.TestAcc
+	}
+	return json.Marshal(v)
 }
 
 // Loop trains a Session over a dataset: epochs of batches in the Loader's
@@ -64,13 +98,26 @@ type EpochMetrics struct {
 // Epochs, MaxSteps, an error, a diverging loss or the context stops it.
 // Checkpoints go through Save at the end of each epoch and when the run
 // stops early, only after the new parameters have given a finite loss.
+//
+// Steps are submitted to the session without waiting for them
+// (Session.Submit): their losses arrive up to PipelineDepth steps late on
+// a pipelined device, so the divergence rule and OnStep see a step while
+// the next ones run, and the epoch's end, an evaluation and every save
+// first wait for all of them (Session.Flush) — a checkpoint never holds
+// parameters whose loss was not seen to be good.
 type Loop struct {
 	Session *Session
 	Train   data.Dataset
 	// Test, when set, is evaluated after each epoch.
-	Test      data.Dataset
-	Epochs    int
-	Batch     int // samples per step; 0: the compiled batch
+	Test   data.Dataset
+	Epochs int
+	Batch  int // samples per step; 0: the compiled batch
+	// Schedule sets every step's learning rate from the session's base
+	// rate LR, the step's position, the batches per epoch and Epochs
+	// (schedule.Schedule.LR): a pure function of the position, so a
+	// resumed run has the rates of an uninterrupted one. The zero value
+	// keeps LR.
+	Schedule  schedule.Schedule
 	NoShuffle bool
 	// MaxSteps stops the run when Session.Step (steps in total, across
 	// resumed runs) reaches it; 0: no limit.
@@ -84,12 +131,22 @@ type Loop struct {
 	// from them stops the run (after saving).
 	OnStep  func(m *StepMetrics) error
 	OnEpoch func(m *EpochMetrics) error
+	// Best, when set, observes every whole epoch's test evaluation (Test
+	// is needed); an epoch that improves on the best so far is written
+	// through SaveBest (before Save, which then carries Best's state), and
+	// the run stops (EarlyStopped) when Best's patience runs out.
+	Best     *Best
+	SaveBest func(pos Position) error
 
 	loader    *data.Loader
 	perEpoch  int
 	firstLoss float64 // this run's first step loss (the divergence rule's scale)
 	guard     Batch   // a copy of this run's first batch: checks parameters before a save
 	lastEpoch int     // the epoch (from 1) of the last step
+	sums      *epochSums
+	// stepErr is the error OnStep returned: the run stops with it, and the
+	// steps still in flight then skip OnStep.
+	stepErr error
 }
 
 // Result is how a run ended.
@@ -124,13 +181,27 @@ func (l *Loop) Prepare() error {
 		if err := CheckDataset(sp, l.Test); err != nil {
 			return err
 		}
+		if err := CheckSameClasses(l.Train, l.Test); err != nil {
+			return fmt.Errorf("test data: %w", err)
+		}
+	} else if l.Best != nil {
+		return fmt.Errorf("choosing the best epoch by test %s needs test data", l.Best.By)
 	}
 	loader, err := data.NewLoader(l.Train, data.LoaderOptions{BatchSize: l.Batch, Seed: l.Session.Seed, NoShuffle: l.NoShuffle})
 	if err != nil {
 		return err
 	}
+	if err := l.Schedule.Check(loader.BatchesPerEpoch(), l.Epochs); err != nil {
+		return fmt.Errorf("learning-rate schedule: %w", err)
+	}
 	l.loader, l.perEpoch = loader, loader.BatchesPerEpoch()
 	return nil
+}
+
+// StepLR is the learning rate of the step at position (epoch, batch).
+func (l *Loop) StepLR(epoch, batch int) float32 {
+	step := int64(epoch)*int64(l.perEpoch) + int64(batch)
+	return float32(l.Schedule.LR(float64(l.Session.LR), step, l.perEpoch, l.Epochs))
 }
 
 // CheckDataset refuses data the model cannot take: images of another
@@ -148,6 +219,7 @@ func CheckDataset(sp *Spec, ds data.Dataset) error {
 // Run trains until the last epoch, MaxSteps or ctx stops it.
 func (l *Loop) Run(ctx context.Context) (Result, error) {
 	res := Result{At: l.Start}
+	l.stepErr = nil
 	if err := l.Prepare(); err != nil {
 		return res, err
 	}
@@ -156,6 +228,9 @@ func (l *Loop) Run(ctx context.Context) (Result, error) {
 	}
 	for res.At.Epoch < l.Epochs && res.Stop == Finished {
 		switch {
+		case l.Best != nil && l.Best.Exhausted():
+			res.Stop = EarlyStopped // a resumed run that had stopped early
+			return res, nil
 		case ctx.Err() != nil:
 			res.Stop = Interrupted
 			return res, l.save(res.At)
@@ -176,16 +251,23 @@ func (l *Loop) atStepLimit() bool { return l.MaxSteps > 0 && l.Session.Step >= l
 type epochSums struct {
 	loss          float64
 	correct, seen int
+	lr            float32 // the last step's
 }
 
 // runEpoch trains the rest of res.At's epoch, evaluates and saves.
 func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 	epoch := res.At.Epoch
 	var sums epochSums
-	stop, err := l.trainBatches(ctx, &res.At, &sums)
+	l.sums = &sums
+	start := time.Now()
+	stop, err := l.trainBatches(ctx, &res.At)
+	if err == nil && stop != Interrupted {
+		err = l.flush(res.At) // every step's loss is in the epoch's sums
+	}
 	if err != nil {
 		return err
 	}
+	elapsed := time.Since(start)
 	if stop == Interrupted {
 		res.Stop = Interrupted
 		return l.save(res.At)
@@ -196,9 +278,10 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 	} else {
 		res.At = Position{Epoch: epoch + 1}
 	}
-	ep := EpochMetrics{Epoch: epoch + 1, Step: l.Session.Step, Partial: partial}
+	ep := EpochMetrics{Epoch: epoch + 1, Step: l.Session.Step, Partial: partial, LR: sums.lr}
 	if sums.seen > 0 {
 		ep.TrainLoss, ep.TrainAcc = sums.loss/float64(sums.seen), float64(sums.correct)/float64(sums.seen)
+		ep.Throughput = float64(sums.seen) / max(elapsed.Seconds(), 1e-9)
 	}
 	if l.Test != nil {
 		ev, err := Evaluate(ctx, l.Session, l.Test, l.Batch)
@@ -207,18 +290,47 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 		}
 		ep.TestLoss, ep.TestAcc, ep.Tested = ev.Loss, ev.Accuracy, true
 	}
+	if l.Best != nil && ep.Tested && !partial {
+		ep.Best = l.Best.Observe(ep)
+		if l.Best.Exhausted() && res.At.Epoch < l.Epochs {
+			res.Stop = EarlyStopped // (after the last epoch the run is simply done)
+		}
+	}
 	res.Epochs = append(res.Epochs, ep)
 	if l.OnEpoch != nil {
 		if err := l.OnEpoch(&ep); err != nil {
 			return l.saveAfter(res.At, err)
 		}
 	}
-	return l.save(res.At)
+	return l.saveEpoch(res.At, ep.Best)
+}
+
+// saveEpoch saves at an epoch's end: the best checkpoint first when the
+// epoch improved (a crash between the two then repeats the epoch, which
+// improves again), then the checkpoint; both after one check of the
+// parameters. A failed best save still lets the checkpoint be written.
+func (l *Loop) saveEpoch(at Position, best bool) error {
+	if !best || l.SaveBest == nil {
+		return l.save(at)
+	}
+	if err := l.checkBeforeSave(); err != nil {
+		return err
+	}
+	var errs []error
+	if err := l.SaveBest(at); err != nil {
+		errs = append(errs, fmt.Errorf("writing the best checkpoint: %w", err))
+	}
+	if l.Save != nil {
+		if err := l.Save(at); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // trainBatches runs the batches of at's epoch from at.Batch on, moving at
-// past each one trained.
-func (l *Loop) trainBatches(ctx context.Context, at *Position, sums *epochSums) (StopReason, error) {
+// past each one submitted.
+func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, error) {
 	for b, err := range l.loader.Epoch(ctx, at.Epoch, at.Batch) {
 		if err != nil {
 			if ctx.Err() != nil {
@@ -229,18 +341,13 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position, sums *epochSums) 
 		if l.atStepLimit() {
 			return StepLimit, nil
 		}
-		m, err := l.step(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size()}, at.Epoch, b.Number)
-		if err != nil {
-			return Finished, err
+		before := l.Session.Step
+		err = l.step(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size()}, at.Epoch, b.Number)
+		if l.Session.Step > before {
+			at.Batch = b.Number + 1
 		}
-		at.Batch = b.Number + 1
-		sums.loss += float64(m.Loss) * float64(m.Size)
-		sums.correct += m.Correct
-		sums.seen += m.Size
-		if l.OnStep != nil {
-			if err := l.OnStep(&m); err != nil {
-				return Finished, l.saveAfter(*at, err)
-			}
+		if err != nil {
+			return Finished, l.stopped(*at, err)
 		}
 		if ctx.Err() != nil && at.Batch < l.perEpoch {
 			return Interrupted, nil
@@ -252,24 +359,60 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position, sums *epochSums) 
 	return Finished, nil
 }
 
-// step trains on b and applies the divergence rule to its loss.
-func (l *Loop) step(b Batch, epoch, number int) (StepMetrics, error) {
-	if l.guard.Valid == 0 && l.Save != nil {
+// step submits a training step on b at the schedule's rate; the
+// divergence rule and OnStep see its result when it arrives (finish).
+func (l *Loop) step(b Batch, epoch, number int) error {
+	if l.guard.Valid == 0 && (l.Save != nil || l.SaveBest != nil) {
 		l.guard = Batch{Pixels: append([]uint8(nil), b.Pixels...), Labels: append([]int32(nil), b.Labels...), Valid: b.Valid}
 	}
-	loss, correct, err := l.Session.TrainStep(b)
-	if err != nil {
-		return StepMetrics{}, err
-	}
-	m := StepMetrics{Step: l.Session.Step, Epoch: epoch + 1, Batch: number, Loss: loss, Correct: correct, Size: b.Valid, Batches: l.perEpoch, Input: b}
+	lr := l.StepLR(epoch, number)
+	l.Session.SetStepLR(lr)
+	return l.Session.Submit(b, func(r StepResult) error { return l.finish(r, epoch, number, lr) })
+}
+
+// finish applies the divergence rule to a step's loss, adds the step to
+// the epoch's sums and calls OnStep.
+func (l *Loop) finish(r StepResult, epoch, number int, lr float32) error {
+	m := StepMetrics{Step: r.Step, Epoch: epoch + 1, Batch: number, Loss: r.Loss, Correct: r.Correct, Size: r.Valid, LR: lr, Batches: l.perEpoch, Input: r.Input,
+		HostGap: r.Gap, DeviceTime: r.Time, Timed: r.Timed, HasGap: r.HasGap}
 	l.lastEpoch = m.Epoch
 	if l.firstLoss == 0 {
-		l.firstLoss = float64(loss)
+		l.firstLoss = float64(r.Loss)
 	}
-	if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
-		return m, &DivergedError{Step: m.Step, Epoch: m.Epoch, Batch: number, Loss: float64(loss), Why: why}
+	if why := Diverging(float64(r.Loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
+		return &DivergedError{Step: m.Step, Epoch: m.Epoch, Batch: number, Loss: float64(r.Loss), Why: why}
 	}
-	return m, nil
+	if l.sums != nil {
+		l.sums.loss += float64(m.Loss) * float64(m.Size)
+		l.sums.correct += m.Correct
+		l.sums.seen += m.Size
+		l.sums.lr = m.LR
+	}
+	if l.OnStep != nil && l.stepErr == nil {
+		if err := l.OnStep(&m); err != nil {
+			l.stepErr = err
+			return err
+		}
+	}
+	return nil
+}
+
+// stopped ends the run after err from a step: a diverging loss or a
+// device error as it is, an error of OnStep after saving at.
+func (l *Loop) stopped(at Position, err error) error {
+	if l.stepErr != nil && errors.Is(err, l.stepErr) {
+		return l.saveAfter(at, err)
+	}
+	return err
+}
+
+// flush waits for the steps in flight and sees their results (as
+// stopped says when one of them stops the run).
+func (l *Loop) flush(at Position) error {
+	if err := l.Session.Flush(); err != nil {
+		return l.stopped(at, err)
+	}
+	return nil
 }
 
 // ExplodeFactor is the divergence rule's factor: see Diverging.
@@ -312,25 +455,42 @@ func (e *DivergedError) Error() string {
 	if e.AtSave {
 		return fmt.Sprintf("after step %d (epoch %d) the parameters diverge: on a training batch %s; nothing was saved", e.Step, e.Epoch, e.Why)
 	}
-	return fmt.Sprintf("%s at step %d (epoch %d, batch %d)", e.Why, e.Step, e.Epoch, e.Batch)
+	return fmt.Sprintf("%s at step %d (epoch %d, batch %d)", e.Why, e.Step, e.Epoch, e.Batch+1) // batches count from 1 where users read them
 }
 
-// save checks the parameters on the guard batch (when this run has
-// trained), then calls Save.
+// save sees the results of the steps in flight, checks the parameters on
+// the guard batch (when this run has trained), then calls Save.
 func (l *Loop) save(at Position) error {
+	if err := l.Session.Flush(); err != nil {
+		if l.stepErr != nil && errors.Is(err, l.stepErr) {
+			return l.saveAfter(at, err) // OnStep failed on a step in flight
+		}
+		return err // a diverging step, or the device's error: nothing is saved
+	}
 	if l.Save == nil {
 		return nil
 	}
-	if l.guard.Valid > 0 {
-		loss, _, err := l.Session.EvalBatch(l.guard)
-		if err != nil {
-			return err
-		}
-		if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
-			return &DivergedError{Step: l.Session.Step, Epoch: l.lastEpoch, Loss: float64(loss), Why: why, AtSave: true}
-		}
+	if err := l.checkBeforeSave(); err != nil {
+		return err
 	}
 	return l.Save(at)
+}
+
+// checkBeforeSave runs the parameters forward on the guard batch (when
+// this run has trained): a diverging loss there stops the run before any
+// checkpoint of them is written.
+func (l *Loop) checkBeforeSave() error {
+	if l.guard.Valid == 0 {
+		return nil
+	}
+	loss, _, err := l.Session.EvalBatch(l.guard)
+	if err != nil {
+		return err
+	}
+	if why := Diverging(float64(loss), l.firstLoss, l.Session.Spec.Classes); why != "" {
+		return &DivergedError{Step: l.Session.Step, Epoch: l.lastEpoch, Loss: float64(loss), Why: why, AtSave: true}
+	}
+	return nil
 }
 
 // saveAfter saves at and returns err (with the save's error, if any).

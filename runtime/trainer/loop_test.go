@@ -2,7 +2,9 @@ package trainer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -184,6 +186,10 @@ func TestLoopStopsAnExplodingLoss(t *testing.T) {
 	assert.False(t, div.AtSave)
 	assert.Less(t, div.Step, int64(10), "%v", err)
 	assert.Empty(t, sv.at)
+	// the message counts batches from 1, as every other message does: the
+	// step's batch within its epoch of 8 batches
+	inEpoch := div.Step - int64(div.Epoch-1)*8
+	assert.Contains(t, err.Error(), fmt.Sprintf("at step %d (epoch %d, batch %d)", div.Step, div.Epoch, inEpoch))
 }
 
 func TestDivergingRule(t *testing.T) {
@@ -212,4 +218,15 @@ func TestEvaluate(t *testing.T) {
 	bad.Classes = 4
 	_, err = trainer.Evaluate(context.Background(), sess, &bad, 0)
 	assert.ErrorContains(t, err, "the data has 4 classes but model Tiny predicts 3")
+}
+
+// An epoch's log line has test_loss and test_accuracy exactly when it was
+// tested: a test accuracy of 0 is written, not dropped as empty.
+func TestEpochMetricsJSONKeepsZeroTestAccuracy(t *testing.T) {
+	b, err := json.Marshal(trainer.EpochMetrics{Epoch: 1, Step: 3, TrainLoss: 2.5, Tested: true, TestLoss: 2.75, TestAcc: 0})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"epoch":1,"step":3,"train_loss":2.5,"train_accuracy":0,"test_loss":2.75,"test_accuracy":0,"lr":0,"images_per_second":0}`, string(b))
+	b, err = json.Marshal(trainer.EpochMetrics{Epoch: 1, Step: 3, Partial: true, Best: true})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"epoch":1,"step":3,"train_loss":0,"train_accuracy":0,"partial":true,"lr":0,"images_per_second":0,"best":true}`, string(b))
 }

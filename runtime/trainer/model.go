@@ -51,8 +51,10 @@ type Options struct {
 	// Seed fixes the initial parameters (PyTorch's default distributions),
 	// the data order of Train and dropout.
 	Seed uint64
-	// LR is the learning rate; 0 keeps the model's. The kernels compute in
-	// float32: a rate it cannot hold is an error.
+	// LR is the learning rate; 0 keeps the model's. With the train block's
+	// schedule it is the base rate the schedule scales (onecycle: its
+	// max_lr). The kernels compute in float32: a rate it cannot hold is
+	// an error.
 	LR float64
 	// Device is "auto" or "" (the GPU when the program has CUDA kernels
 	// and is built with -tags cuda, else the CPU), "cpu" or "cuda".
@@ -82,7 +84,8 @@ type Model struct {
 	o    Options
 	// at is where Train stands (restored by Load, moved by Train).
 	at      Position
-	samples int // the training data's size, once Train has seen it
+	samples int      // the training data's size, once Train has seen it
+	classes []string // class names, from the training data or a checkpoint
 }
 
 // NewModel opens the device (o.Device among backends), allocates the
@@ -130,12 +133,16 @@ func (m *Model) Train(ctx context.Context, train data.Dataset) error {
 	if m.samples != 0 && m.samples != train.Len() && m.at != (Position{}) {
 		return fmt.Errorf("%s: Train: the model is in an epoch over %d samples; this data has %d", m.sess.Spec.Model, m.samples, train.Len())
 	}
-	l := &Loop{Session: m.sess, Train: train, Epochs: m.o.Epochs, Batch: m.o.Batch, NoShuffle: m.o.NoShuffle, MaxSteps: m.o.MaxSteps, Start: m.at}
+	l := &Loop{Session: m.sess, Train: train, Epochs: m.o.Epochs, Batch: m.o.Batch, NoShuffle: m.o.NoShuffle, MaxSteps: m.o.MaxSteps, Start: m.at,
+		Schedule: m.sess.Spec.Schedule}
 	if f := m.o.OnStep; f != nil {
 		l.OnStep = func(s *StepMetrics) error { f(*s); return nil }
 	}
 	if f := m.o.OnEpoch; f != nil {
 		l.OnEpoch = func(e *EpochMetrics) error { f(*e); return nil }
+	}
+	if names := ClassNames(train); names != nil {
+		m.classes = names
 	}
 	res, err := l.Run(ctx)
 	m.at, m.samples = res.At, train.Len()
@@ -149,7 +156,10 @@ func (m *Model) Train(ctx context.Context, train data.Dataset) error {
 }
 
 // Step runs one training step (forward, backward, update) on b and
-// returns its mean loss (before the update) and correct predictions.
+// returns its mean loss (before the update) and correct predictions. It
+// updates with the session's current rate (Session().StepLR(): the last
+// rate Train's schedule set, or the base rate): Train applies the
+// schedule, Step does not.
 func (m *Model) Step(b Batch) (loss float32, correct int, err error) {
 	return m.sess.TrainStep(b)
 }
@@ -166,10 +176,25 @@ func (m *Model) EvaluateBatch(b Batch) (loss float32, correct int, err error) {
 }
 
 // Predict returns, for each image of pixels (uint8 HWC, one image after
-// the other), its k most probable classes, most probable first.
+// the other), its k most probable classes, most probable first, named
+// when the model knows its classes' names (Classes).
 func (m *Model) Predict(pixels []uint8, k int) ([][]Prediction, error) {
-	return m.sess.Predict(pixels, k)
+	preds, err := m.sess.Predict(pixels, k)
+	if err != nil || m.classes == nil {
+		return preds, err
+	}
+	for _, top := range preds {
+		for i := range top {
+			top[i].Name = ClassName(m.classes, top[i].Class)
+		}
+	}
+	return preds, nil
 }
+
+// Classes are the class names in label order — an ImageFolder's folder
+// names, MNIST's digits — from the data Train last read or the checkpoint
+// Load read; nil when neither had them.
+func (m *Model) Classes() []string { return m.classes }
 
 // Save writes the model as a safetensors checkpoint to w: parameters
 // under PyTorch's state_dict names and layouts, optimizer state, step,
@@ -178,19 +203,24 @@ func (m *Model) Predict(pixels []uint8, k int) ([][]Prediction, error) {
 // (or use Session().Save, which does).
 func (m *Model) Save(w io.Writer) error {
 	st := RunState{Position: m.at, Epochs: m.o.Epochs, Batch: m.o.Batch, NoShuffle: m.o.NoShuffle, Samples: m.samples}
-	return m.sess.Encode(w, st.Meta())
+	meta := st.Meta()
+	if m.classes != nil {
+		meta[MetaClasses] = EncodeClassNames(m.classes)
+	}
+	return m.sess.Encode(w, meta)
 }
 
 // Load restores a checkpoint Save (or a trainer's --checkpoint) wrote:
 // parameters, optimizer state, step, seed, the learning rate (unless
-// Options.LR was given) and Train's position with the batch size and
-// order it counts in. Everything is checked before anything changes: a
-// checkpoint of another model or a damaged one is an error naming what
-// is wrong, and the model stays as it was.
+// Options.LR was given), the class names and Train's position with the
+// batch size and order it counts in. Everything is checked before
+// anything changes: a checkpoint of another model or a damaged one is an
+// error naming what is wrong, and the model stays as it was.
 func (m *Model) Load(r io.Reader) error {
 	sp := m.sess.Spec
 	var st RunState
 	var seed uint64
+	var classes []string
 	lr := m.sess.LR
 	check := func(meta map[string]string) error {
 		if got := meta[MetaModel]; got != "" && got != sp.Model {
@@ -202,6 +232,9 @@ func (m *Model) Load(r io.Reader) error {
 		}
 		if st.Has[metaBatchSize] && st.Batch > sp.Batch {
 			return fmt.Errorf("trained with batch %d; the model was compiled for at most %d", st.Batch, sp.Batch)
+		}
+		if classes, err = DecodeClassNames(meta, sp.Classes); err != nil {
+			return err
 		}
 		if seed, err = strconv.ParseUint(meta[MetaSeed], 10, 64); err != nil {
 			seed = m.sess.Seed
@@ -217,7 +250,7 @@ func (m *Model) Load(r io.Reader) error {
 		return err
 	}
 	m.sess.Seed, m.sess.LR = seed, lr
-	m.at, m.samples = st.Position, st.Samples
+	m.at, m.samples, m.classes = st.Position, st.Samples, classes
 	if st.HasPosition() {
 		// the position counts batches of the saved run's size and order
 		if st.Has[metaBatchSize] {

@@ -13,6 +13,10 @@ import (
 type Prediction struct {
 	Class int
 	Prob  float64
+	// Name is the class's name, when the model knows it (Model.Predict
+	// after training on named classes or loading a checkpoint that has
+	// them); "" otherwise.
+	Name string
 }
 
 // Predict runs the forward pass (dropout off) on the images in pixels
@@ -86,13 +90,15 @@ type LaunchTime struct {
 // ProfileStep runs the training step's launches one by one on b, timing
 // each: with the device's events where it has them (device.Timer: device
 // time only), else with the wall clock around the launch and a sync (the
-// CPU emulator's launches are synchronous). The parameters and optimizer
-// state are restored after, so profiling does not change training.
+// CPU emulator's launches are synchronous). The parameters, buffers and
+// optimizer state are restored after, so profiling does not change
+// training.
 func (s *Session) ProfileStep(b Batch) (times []LaunchTime, events bool, err error) {
-	saved := map[string][]float32{}
-	all := append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...)
+	saved := map[string][]byte{}
+	all := s.Spec.persistent()
 	for _, t := range all {
-		if saved[t.Name], err = s.ReadTensor(t); err != nil {
+		saved[t.Name] = make([]byte, t.Bytes())
+		if err := s.Dev.CopyOut(saved[t.Name], s.addr(t.Arena, t.Offset)); err != nil {
 			return nil, false, err
 		}
 	}
@@ -116,7 +122,7 @@ func (s *Session) ProfileStep(b Batch) (times []LaunchTime, events bool, err err
 		times = append(times, LaunchTime{Launch: l, Time: d})
 	}
 	for _, t := range all {
-		if err := s.WriteTensor(t, saved[t.Name]); err != nil {
+		if err := s.Dev.CopyIn(s.addr(t.Arena, t.Offset), saved[t.Name]); err != nil {
 			return nil, false, err
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strconv"
 
 	"github.com/cnnc/cnnc/runtime/checkpoint"
@@ -28,35 +27,48 @@ type Batch struct {
 type Session struct {
 	Spec *Spec
 	Dev  device.Device
-	// Step counts completed training steps (Adam's bias correction and the
-	// dropout RNG read it).
+	// Step counts the training steps submitted: the next step's 0-based
+	// number (Adam's bias correction and the dropout RNG read it). After
+	// Flush every one of them has completed.
 	Step int64
+	// LR is the run's base learning rate: what checkpoints store, and what
+	// a schedule scales (Loop sets each step's rate with SetStepLR).
+	// Without a schedule the kernels use it as it is. LR, the step's rate
+	// and Seed apply to the steps submitted from then on.
 	LR   float32
 	Seed uint64
+	// stepLR is the rate the next training step's kernels use, when
+	// hasStepLR (SetStepLR); else LR.
+	stepLR    float32
+	hasStepLR bool
 
-	// UseGraphs replays the training step as one captured graph on devices
-	// that can (device.Grapher). The graph is captured at the second step
-	// (the first one runs launch by launch, so that each kernel is loaded
-	// and its shared memory limit raised outside the capture) and serves
-	// every later one: before each replay, the launches whose arguments
-	// change between steps (step number, seed, learning rate, valid count)
-	// get their new values.
+	// UseGraphs replays the training step as a captured graph on devices
+	// that can (device.Grapher). The first step runs launch by launch (so
+	// that each kernel is loaded and its shared memory limit raised
+	// outside a capture); each staging slot's graph is captured the first
+	// time the slot is used after that and serves every later step
+	// unchanged: what changes between steps travels in the step's scalar
+	// block, which the graph copies in with the batch.
 	UseGraphs bool
 	// Warnf, when set, reports a failed graph capture; the session then
 	// goes on launching kernel by kernel. Without it the step fails.
 	Warnf func(format string, args ...any)
-
-	graph        device.Replayer
-	graphParams  [][]uint64 // per training launch: the values its graph node holds
-	graphVarying []int      // the training launches whose arguments change between steps
-	graphSteps   int        // training steps run since UseGraphs was set
+	// TraceGaps times every step from the next one on (StepResult.Gap and
+	// Time), at the cost of two fence records per step on pipelined
+	// devices.
+	TraceGaps bool
 
 	arenas [2]device.Ptr
-	// staging holds a batch's pixels and labels on their way to the
-	// device, and the graph's results on their way back: page-locked
-	// memory on devices that have it (device.HostAllocator), reused from
-	// step to step (see the stage* indices).
-	staging [numStaging][]byte
+	// staging holds synchronous uploads (evaluation, prediction,
+	// profiles); the training steps' inputs and results go through the
+	// slots (pipeline.go), next being the one the next step uses.
+	staging []byte
+	slots   []slot
+	next    int
+	warm    bool // a training step ran launch by launch: graphs may be captured
+	// marks time traced steps, from step traceFrom on.
+	marks     []mark
+	traceFrom int64
 	// params is reused for argument arrays.
 	params []uint64
 }
@@ -80,63 +92,20 @@ func NewSession(spec *Spec, dev device.Device, seed uint64) (*Session, error) {
 	return s, nil
 }
 
-// Close frees the arenas.
+// Close waits for the steps in flight (results not yet delivered are
+// dropped: Flush first to have them) and frees the arenas and staging
+// memory.
 func (s *Session) Close() error {
-	var errs []error
-	if s.graph != nil {
-		errs = append(errs, s.graph.Close())
-		s.graph = nil
-	}
+	errs := []error{s.closeSlots()}
 	for i, p := range s.arenas {
 		if p != 0 {
 			errs = append(errs, s.Dev.Free(p))
 			s.arenas[i] = 0
 		}
 	}
-	for i := range s.staging {
-		errs = append(errs, s.freeStaging(i))
-	}
+	errs = append(errs, s.freeStaging(s.staging))
+	s.staging = nil
 	return errors.Join(errs...)
-}
-
-// Staging buffers. The graph's have addresses of their own: its captured
-// copies read and write them at every replay.
-const (
-	stagePixels  = iota // uploads outside the graph
-	stageLabels         //
-	graphPixels         // read by the graph's copies
-	graphLabels         //
-	graphResults        // loss and correct, written by the graph's copies
-	numStaging
-)
-
-// stagingBuffer returns staging buffer i with n bytes (contents left from
-// earlier use: callers write all of it).
-func (s *Session) stagingBuffer(i, n int) ([]byte, error) {
-	if cap(s.staging[i]) < n {
-		if err := s.freeStaging(i); err != nil {
-			return nil, err
-		}
-		if ha, ok := s.Dev.(device.HostAllocator); ok {
-			b, err := ha.AllocHost(n)
-			if err != nil {
-				return nil, fmt.Errorf("trainer: page-locked staging memory of %d bytes: %w", n, err)
-			}
-			s.staging[i] = b
-		} else {
-			s.staging[i] = make([]byte, n)
-		}
-	}
-	return s.staging[i][:n], nil
-}
-
-func (s *Session) freeStaging(i int) error {
-	b := s.staging[i]
-	s.staging[i] = nil
-	if ha, ok := s.Dev.(device.HostAllocator); ok && b != nil {
-		return ha.FreeHost(b[:cap(b)])
-	}
-	return nil
 }
 
 func (s *Session) addr(a Arena, off int64) device.Ptr { return s.arenas[a] + device.Ptr(off) }
@@ -147,12 +116,11 @@ func f32bytes(vals []float32) []byte { return checkpoint.F32Tensor("", nil, vals
 
 func bytesf32(b []byte) []float32 { return checkpoint.Tensor{Data: b}.Float32s() }
 
-// InitParams sets every parameter to its initial values for seed and
-// zeroes the optimizer state, as the float64 reference does.
+// InitParams sets every parameter and buffer to its initial values for
+// seed and zeroes the optimizer state, as the float64 reference does.
 func (s *Session) InitParams(seed uint64) error {
-	for _, p := range s.Spec.Params {
-		vals := initparam.Uniform(p.Name, seed, p.InitBound, int(p.Elems()))
-		if err := s.Dev.CopyIn(s.addr(p.Arena, p.Offset), f32bytes(vals)); err != nil {
+	for _, p := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...) {
+		if err := s.Dev.CopyIn(s.addr(p.Arena, p.Offset), initialBytes(p, seed)); err != nil {
 			return err
 		}
 	}
@@ -163,6 +131,39 @@ func (s *Session) InitParams(seed uint64) error {
 	}
 	s.Step = 0
 	return nil
+}
+
+// initialBytes are t's initial contents: uniform for seed, or constant.
+func initialBytes(t Tensor, seed uint64) []byte {
+	switch {
+	case t.DType == DTypeI64:
+		b := make([]byte, t.Bytes())
+		for i := int64(0); i < t.Elems(); i++ {
+			binary.LittleEndian.PutUint64(b[8*i:], uint64(int64(t.InitValue)))
+		}
+		return b
+	case t.InitBound == 0:
+		vals := make([]float32, t.Elems())
+		for i := range vals {
+			vals[i] = float32(t.InitValue)
+		}
+		return f32bytes(vals)
+	}
+	return f32bytes(initparam.Uniform(t.Name, seed, t.InitBound, int(t.Elems())))
+}
+
+// SetStepLR sets the learning rate of the following training steps'
+// kernels — a schedule's rate for the step: Loop calls it before each
+// step — and leaves LR, the base rate checkpoints store, as it is.
+func (s *Session) SetStepLR(lr float32) { s.stepLR, s.hasStepLR = lr, true }
+
+// StepLR is the learning rate the next training step's kernels use: the
+// last SetStepLR's, or LR.
+func (s *Session) StepLR() float32 {
+	if s.hasStepLR {
+		return s.stepLR
+	}
+	return s.LR
 }
 
 // ReadTensor returns a tensor's values from the device.
@@ -192,269 +193,13 @@ func (s *Session) Param(name string) (Tensor, bool) {
 	return Tensor{}, false
 }
 
-func (s *Session) upload(st Step, b Batch) error {
-	return s.uploadAs(st, b, s.Spec.Batch)
-}
-
-// uploadAs copies b into st's inputs, padded to batch samples.
-func (s *Session) uploadAs(st Step, b Batch, batch int) error {
-	px, lb, err := s.stageBatch(b, batch, stagePixels, stageLabels)
-	if err != nil {
-		return err
-	}
-	if err := s.Dev.CopyIn(s.addr(st.Images.Arena, st.Images.Offset), px); err != nil {
-		return err
-	}
-	return s.Dev.CopyIn(s.addr(st.Labels.Arena, st.Labels.Offset), lb)
-}
-
-// stageBatch checks b and writes it, padded to batch samples, into the
-// staging buffers pi (pixels, uint8 HWC) and li (labels, int32).
-func (s *Session) stageBatch(b Batch, batch, pi, li int) (px, lb []byte, err error) {
-	sp := s.Spec
-	n := sp.H * sp.W * sp.C
-	if b.Valid < 1 || b.Valid > batch || len(b.Pixels) != b.Valid*n || len(b.Labels) != b.Valid {
-		return nil, nil, fmt.Errorf("trainer: a batch of %d valid samples needs %d pixels and %d labels, got %d and %d (compiled batch %d)",
-			b.Valid, b.Valid*n, b.Valid, len(b.Pixels), len(b.Labels), batch)
-	}
-	for i, l := range b.Labels {
-		if l < 0 || int(l) >= sp.Classes {
-			return nil, nil, fmt.Errorf("trainer: label %d of sample %d is outside [0,%d)", l, i, sp.Classes)
-		}
-	}
-	if px, err = s.stagingBuffer(pi, batch*n); err != nil {
-		return nil, nil, err
-	}
-	if lb, err = s.stagingBuffer(li, 4*batch); err != nil {
-		return nil, nil, err
-	}
-	clear(px[copy(px, b.Pixels):]) // a partial batch's padding is zero
-	for i, l := range b.Labels {
-		binary.LittleEndian.PutUint32(lb[4*i:], uint32(l))
-	}
-	clear(lb[4*len(b.Labels):])
-	return px, lb, nil
-}
-
-func (s *Session) run(st Step, valid int) error {
-	if err := s.launch(st, valid); err != nil {
-		return err
-	}
-	return s.Dev.Sync()
-}
-
-// launch queues a step's launches.
-func (s *Session) launch(st Step, valid int) error {
-	for _, l := range st.Launches {
-		s.params = s.args(l, valid, s.params[:0])
-		if err := s.Dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, s.params); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// args appends l's parameter values for this step to dst.
-func (s *Session) args(l Launch, valid int, dst []uint64) []uint64 {
-	for _, a := range l.Args {
-		var v uint64
-		switch a.Kind {
-		case ArgBuffer:
-			v = uint64(s.addr(a.Arena, a.Offset))
-		case ArgInt:
-			v = uint64(a.Int)
-		case ArgFloat:
-			v = uint64(math.Float32bits(a.Float))
-		case ArgLR:
-			v = uint64(math.Float32bits(s.LR))
-		case ArgStep:
-			v = uint64(s.Step)
-		case ArgSeed:
-			v = s.Seed
-		case ArgValid:
-			v = uint64(valid)
-		}
-		dst = append(dst, v)
-	}
-	return dst
-}
-
-// changesPerStep says whether some of l's arguments can differ between
-// training steps of a session.
-func changesPerStep(l Launch) bool {
-	for _, a := range l.Args {
-		switch a.Kind {
-		case ArgLR, ArgStep, ArgSeed, ArgValid:
-			return true
-		}
-	}
-	return false
-}
-
-func (s *Session) readScalars(st Step) (float32, int, error) {
-	loss, err := s.ReadTensor(st.Loss)
-	if err != nil {
-		return 0, 0, err
-	}
-	correct, err := s.ReadTensor(st.Correct)
-	if err != nil {
-		return 0, 0, err
-	}
-	return loss[0], int(correct[0]), nil
-}
-
-// stager returns the device's asynchronous copies when the graph can
-// carry the step's copies too — the batch in from page-locked staging
-// buffers and the loss and correct count back out, so that a step costs
-// one graph launch and one synchronisation — and nil otherwise.
-func (s *Session) stager() device.AsyncCopier {
-	ac, async := s.Dev.(device.AsyncCopier)
-	if _, pinned := s.Dev.(device.HostAllocator); !async || !pinned {
-		return nil
-	}
-	return ac
-}
-
-// captureStep queues the training step for a capture: its launches, and
-// through ac (when not nil) its copies.
-func (s *Session) captureStep(ac device.AsyncCopier, valid int) error {
-	st := s.Spec.Train
-	if ac != nil {
-		if err := ac.CopyInAsync(s.addr(st.Images.Arena, st.Images.Offset), s.staging[graphPixels]); err != nil {
-			return err
-		}
-		if err := ac.CopyInAsync(s.addr(st.Labels.Arena, st.Labels.Offset), s.staging[graphLabels]); err != nil {
-			return err
-		}
-	}
-	if err := s.launch(st, valid); err != nil {
-		return err
-	}
-	if ac != nil {
-		res := s.staging[graphResults]
-		if err := ac.CopyOutAsync(res[:4], s.addr(st.Loss.Arena, st.Loss.Offset)); err != nil {
-			return err
-		}
-		if err := ac.CopyOutAsync(res[4:8], s.addr(st.Correct.Arena, st.Correct.Offset)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// prepareGraph readies the graph of the training step for this step:
-// captured on the first call, then the launches whose arguments changed
-// get this step's values.
-func (s *Session) prepareGraph(g device.Grapher, ac device.AsyncCopier, valid int) error {
-	st := s.Spec.Train
-	if s.graph == nil {
-		r, err := g.CaptureGraph(func() error { return s.captureStep(ac, valid) })
-		if err != nil {
-			return fmt.Errorf("capturing the training step as a CUDA graph: %w", err)
-		}
-		s.graph = r
-		s.graphParams = make([][]uint64, len(st.Launches))
-		s.graphVarying = s.graphVarying[:0]
-		for i, l := range st.Launches {
-			s.graphParams[i] = s.args(l, valid, nil)
-			if changesPerStep(l) {
-				s.graphVarying = append(s.graphVarying, i)
-			}
-		}
-	}
-	for _, i := range s.graphVarying {
-		l := st.Launches[i]
-		s.params = s.args(l, valid, s.params[:0])
-		if slices.Equal(s.params, s.graphParams[i]) {
-			continue
-		}
-		if err := s.graph.SetParams(i, s.params); err != nil {
-			return fmt.Errorf("updating the CUDA graph's arguments: %w", err)
-		}
-		s.graphParams[i] = append(s.graphParams[i][:0], s.params...)
-	}
-	return nil
-}
-
-// graphStep runs a training step as the graph. A graph that cannot be
-// captured or updated is reported through Warnf, when set, and the
-// session goes on launching kernel by kernel (fellBack); a failure while
-// the graph runs is the step's.
-func (s *Session) graphStep(g device.Grapher, b Batch) (loss float32, correct int, fellBack bool, err error) {
-	ac := s.stager()
-	if ac != nil {
-		if _, _, err := s.stageBatch(b, s.Spec.Batch, graphPixels, graphLabels); err != nil {
-			return 0, 0, false, err
-		}
-		if _, err := s.stagingBuffer(graphResults, 8); err != nil {
-			return 0, 0, false, err
-		}
-	} else if err := s.upload(s.Spec.Train, b); err != nil {
-		return 0, 0, false, err
-	}
-	if err := s.prepareGraph(g, ac, b.Valid); err != nil {
-		if s.Warnf == nil {
-			return 0, 0, false, err
-		}
-		s.Warnf("%v; launching kernels one by one", err)
-		s.UseGraphs = false
-		if s.graph != nil {
-			s.graph.Close()
-			s.graph = nil
-		}
-		return 0, 0, true, nil
-	}
-	if err := s.graph.Replay(); err != nil {
-		return 0, 0, false, err
-	}
-	if err := s.Dev.Sync(); err != nil {
-		return 0, 0, false, err
-	}
-	if ac == nil {
-		loss, correct, err = s.readScalars(s.Spec.Train)
-		return loss, correct, false, err
-	}
-	res := bytesf32(s.staging[graphResults])
-	return res[0], int(res[1]), false, nil
-}
-
-// TrainStep runs one training step (forward, backward, update) and
-// returns the batch's mean loss and correct predictions. With UseGraphs on
-// a device that can (device.Grapher) the step runs as one graph from the
-// session's second step on (the first launches kernel by kernel, so that
-// each kernel is loaded and its shared memory limit raised outside the
-// capture).
-func (s *Session) TrainStep(b Batch) (float32, int, error) {
-	if g, ok := s.Dev.(device.Grapher); ok && s.UseGraphs {
-		s.graphSteps++
-		if s.graphSteps > 1 {
-			loss, correct, fellBack, err := s.graphStep(g, b)
-			if err != nil {
-				return 0, 0, fmt.Errorf("step %d: %w", s.Step, err)
-			}
-			if !fellBack {
-				s.Step++
-				return loss, correct, nil
-			}
-		}
-	}
-	if err := s.upload(s.Spec.Train, b); err != nil {
-		return 0, 0, err
-	}
-	if err := s.run(s.Spec.Train, b.Valid); err != nil {
-		return 0, 0, fmt.Errorf("step %d: %w", s.Step, err)
-	}
-	s.Step++
-	return s.readScalars(s.Spec.Train)
-}
-
 // EvalBatch runs the forward pass (dropout off) and returns the loss and
 // correct predictions.
 func (s *Session) EvalBatch(b Batch) (float32, int, error) {
 	if err := s.ensureEvalArena(); err != nil {
 		return 0, 0, err
 	}
-	if err := s.upload(s.Spec.Train, b); err != nil { // validates b against the training batch
+	if err := s.checkBatch(b, s.Spec.Batch); err != nil {
 		return 0, 0, err
 	}
 	// evaluation may be compiled for a smaller batch (to fit the training
@@ -505,24 +250,35 @@ func (s *Session) evalChunk() int {
 
 // Metadata keys in checkpoints.
 const (
-	MetaFormat    = "format"
-	MetaModel     = "model"
-	MetaStep      = "step"
-	MetaSeed      = "seed"
-	MetaLR        = "lr" // the float32 the kernels use, printed exactly
+	MetaFormat = "format"
+	MetaModel  = "model"
+	MetaStep   = "step"
+	MetaSeed   = "seed"
+	MetaLR     = "lr" // the base rate: the float32 the kernels use without a schedule, printed exactly
+	// MetaSchedule names the learning-rate schedule (schedule.Schedule's
+	// String), when there is one.
+	MetaSchedule  = "lr_schedule"
 	MetaOptimizer = "optimizer"
 	MetaVersion   = "cnnc_version" // the cnnc that generated the trainer (runtime/version)
 	MetaCommit    = "cnnc_commit"
 	formatVersion = "cnnc-checkpoint-1"
 )
 
-// checkpointTensors reads the parameters and optimizer state from the
-// device. A non-finite value is an error naming the tensor: such a
+// checkpointTensors reads the parameters, buffers and optimizer state from
+// the device. A non-finite value is an error naming the tensor: such a
 // checkpoint could not be resumed (Load refuses it), so it must never
 // replace a good one.
 func (s *Session) checkpointTensors() ([]checkpoint.Tensor, error) {
 	var ts []checkpoint.Tensor
-	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
+	for _, t := range s.Spec.persistent() {
+		if t.DType == DTypeI64 {
+			b := make([]byte, t.Bytes())
+			if err := s.Dev.CopyOut(b, s.addr(t.Arena, t.Offset)); err != nil {
+				return nil, err
+			}
+			ts = append(ts, checkpoint.Tensor{Name: t.Name, DType: checkpoint.I64, Shape: t.Shape, Data: b})
+			continue
+		}
 		vals, err := s.ReadTensor(t)
 		if err != nil {
 			return nil, err
@@ -555,6 +311,9 @@ func (s *Session) metadata(extra map[string]string) map[string]string {
 	}
 	if v.Commit != "" {
 		meta[MetaCommit] = v.Commit
+	}
+	if !s.Spec.Schedule.IsConstant() {
+		meta[MetaSchedule] = s.Spec.Schedule.String()
 	}
 	for k, v := range extra {
 		meta[k] = v
@@ -609,8 +368,8 @@ func (s *Session) Decode(r io.Reader, withState bool) (map[string]string, error)
 // anything is written to the device.
 func (s *Session) decode(r io.Reader, withState bool, check func(meta map[string]string) error) (map[string]string, error) {
 	limit := int64(8 + maxHeader)
-	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...) {
-		limit += 4 * t.Elems()
+	for _, t := range s.Spec.persistent() {
+		limit += t.Bytes()
 	}
 	b, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
@@ -629,14 +388,23 @@ func (s *Session) decode(r io.Reader, withState bool, check func(meta map[string
 func (s *Session) load(f *checkpoint.File, name string, withState bool, check func(map[string]string) error) (map[string]string, error) {
 	type write struct {
 		t    Tensor
-		vals []float32
+		data []byte
 	}
 	var writes []write
-	want := s.Spec.Params
+	// the model's state: parameters and buffers; with state, the optimizer's
+	want := append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...)
 	if withState {
-		want = append(append([]Tensor{}, s.Spec.Params...), s.Spec.State...)
+		want = append(want, s.Spec.State...)
 	}
 	for _, t := range want {
+		if t.DType == DTypeI64 {
+			ct, err := f.Expect(t.Name, checkpoint.I64, t.Shape)
+			if err != nil {
+				return nil, err
+			}
+			writes = append(writes, write{t, ct.Data})
+			continue
+		}
 		ct, err := f.Expect(t.Name, checkpoint.F32, t.Shape)
 		if err != nil {
 			return nil, err
@@ -645,7 +413,7 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 		if i, bad := firstNonFinite(vals); bad {
 			return nil, fmt.Errorf("%s: tensor %q holds %v at element %d", name, t.Name, vals[i], i)
 		}
-		writes = append(writes, write{t, vals})
+		writes = append(writes, write{t, ct.Data})
 	}
 	var step int64
 	if withState {
@@ -661,7 +429,7 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 		}
 	}
 	for _, w := range writes {
-		if err := s.WriteTensor(w.t, w.vals); err != nil {
+		if err := s.Dev.CopyIn(s.addr(w.t.Arena, w.t.Offset), w.data); err != nil {
 			return nil, err
 		}
 	}

@@ -19,7 +19,12 @@
 // progress or plotting library, so a program embedding a model links none.
 package trainer
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/cnnc/cnnc/runtime/device"
+	"github.com/cnnc/cnnc/runtime/schedule"
+)
 
 // ArgKind says what a kernel argument is.
 type ArgKind uint8
@@ -28,10 +33,10 @@ const (
 	ArgBuffer ArgKind = iota // a pointer into an arena
 	ArgInt
 	ArgFloat
-	ArgLR    // learning rate (float32)
-	ArgStep  // 0-based step (int64)
-	ArgSeed  // run seed (uint64)
-	ArgValid // samples of the batch that are real (the last batch may be partial)
+	// ArgScalars points to the step's scalar block (Spec.Scalars): the
+	// learning rate, step, seed and valid count that change from step to
+	// step live there (device.StepScalars), never in kernel arguments.
+	ArgScalars
 )
 
 // Arena names the memory an argument points into.
@@ -68,8 +73,25 @@ type Tensor struct {
 	Arena  Arena
 	Offset int64
 	// InitBound is the half-width of the uniform initial distribution
-	// (parameters only; see runtime/initparam).
+	// (parameters only; see runtime/initparam); 0: every element starts
+	// as InitValue (batch norm's weight and running variance 1; its bias,
+	// running mean and batch count 0).
 	InitBound float64
+	InitValue float64
+	// DType is the element type: "" for float32, "i64" for a 64-bit
+	// integer (batch norm's num_batches_tracked).
+	DType string
+}
+
+// DTypeI64 marks an int64 tensor.
+const DTypeI64 = "i64"
+
+// Bytes is the tensor's size in memory.
+func (t Tensor) Bytes() int64 {
+	if t.DType == DTypeI64 {
+		return 8 * t.Elems()
+	}
+	return 4 * t.Elems()
 }
 
 // Elems is the element count.
@@ -116,6 +138,11 @@ type Spec struct {
 	Seed   uint64
 	// Optimizer describes the update (for checkpoints and messages).
 	Optimizer string
+	// Schedule is the train block's learning-rate schedule (the zero
+	// value: LR at every step). Loop sets each step's rate from it and the
+	// run's base rate (LR, or --lr); with onecycle the base rate is its
+	// max_lr.
+	Schedule schedule.Schedule
 	// TrainData and TestData are the data block's sources (defaults for
 	// --data and --test).
 	TrainData, TestData DataSource
@@ -124,14 +151,29 @@ type Spec struct {
 	// ArenaBytes is the planned peak: the trainer allocates exactly this.
 	ArenaBytes     int64
 	EvalArenaBytes int64
+	// Scalars is where the step's scalar block (device.StepScalarsBytes,
+	// 8-byte aligned) lies in the training arena: in bytes the plan never
+	// gives a buffer (see trainergen), so that it holds the scalars of the
+	// step or evaluation chunk in progress whatever else runs.
+	Scalars int64
 	// EvalBatch is the batch evaluation's kernels are compiled for (0: Batch);
 	// smaller when that lets evaluation fit the training arena's temporary
 	// space, and the session then evaluates a batch in chunks.
 	EvalBatch int
 	Params    []Tensor
-	State     []Tensor // named optimizer.<param>.<state>
-	Train     Step
-	Eval      Step
+	// Buffers are the model's state that is not trained (batch norm's
+	// running statistics), saved with the parameters under their
+	// state_dict names.
+	Buffers []Tensor
+	State   []Tensor // named optimizer.<param>.<state>
+	Train   Step
+	Eval    Step
+}
+
+// persistent lists the tensors that outlive a step: parameters, buffers,
+// optimizer state.
+func (s *Spec) persistent() []Tensor {
+	return append(append(append([]Tensor{}, s.Params...), s.Buffers...), s.State...)
 }
 
 // Validate checks the spec's internal consistency (generated specs always
@@ -152,9 +194,18 @@ func (s *Spec) Validate() error {
 		}
 		return nil
 	}
-	for _, p := range append(append([]Tensor{}, s.Params...), s.State...) {
-		if err := check("tensor", p, 4*p.Elems()); err != nil {
+	for _, p := range s.persistent() {
+		if err := check("tensor", p, p.Bytes()); err != nil {
 			return err
+		}
+	}
+	if s.Scalars%8 != 0 || s.Scalars < 0 || s.Scalars+device.StepScalarsBytes > s.ArenaBytes {
+		return fmt.Errorf("trainer: spec %s: the step's scalar block at %d lies outside its arena of %d bytes or is not 8-byte aligned", s.Model, s.Scalars, s.ArenaBytes)
+	}
+	scalars := span{s.Scalars, device.StepScalarsBytes}
+	for _, p := range s.persistent() {
+		if scalars.overlaps(span{p.Offset, p.Bytes()}) {
+			return fmt.Errorf("trainer: spec %s: %s overlaps the step's scalar block at %d", s.Model, p.Name, s.Scalars)
 		}
 	}
 	for i, st := range []Step{s.Train, s.Eval} {
@@ -167,6 +218,14 @@ func (s *Spec) Validate() error {
 		}
 		if err := check("labels", st.Labels, int64(4*batch)); err != nil {
 			return err
+		}
+		for _, t := range []struct {
+			Tensor
+			bytes int64
+		}{{st.Images, int64(batch * s.H * s.W * s.C)}, {st.Labels, int64(4 * batch)}, {st.Loss, 4}, {st.Correct, 4}} {
+			if t.Arena == TrainArena && scalars.overlaps(span{t.Offset, t.bytes}) {
+				return fmt.Errorf("trainer: spec %s: %s overlaps the step's scalar block at %d", s.Model, t.Name, s.Scalars)
+			}
 		}
 		if st.Logits.Shape != nil {
 			if err := check("logits", st.Logits, 4*st.Logits.Elems()); err != nil {
@@ -183,3 +242,8 @@ func (s *Spec) Validate() error {
 	}
 	return nil
 }
+
+// span is a byte range of an arena.
+type span struct{ off, bytes int64 }
+
+func (a span) overlaps(b span) bool { return a.off < b.off+b.bytes && b.off < a.off+a.bytes }

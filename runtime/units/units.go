@@ -15,11 +15,11 @@ var sizeUnits = []struct {
 	mult   int64
 }{
 	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
+	{"KB", 1e3}, {"kB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
 }
 
 // ParseSize parses a memory size such as "64MiB", "40MB", "1.5GiB" or
-// "1024" (bytes). KB/MB/GB are powers of 1000 (as PyTorch and nvidia-smi
+// "1024" (bytes). KB (or kB, as FormatBytes prints it)/MB/GB are powers of 1000 (as PyTorch and nvidia-smi
 // print them); KiB/MiB/GiB are powers of 1024.
 func ParseSize(s string) (int64, error) {
 	s = strings.TrimSpace(s)

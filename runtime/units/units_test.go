@@ -12,7 +12,7 @@ import (
 func TestParseSize(t *testing.T) {
 	for in, want := range map[string]int64{
 		"64MiB": 64 << 20, "40MB": 40e6, "1.5GiB": 3 << 29, "1024": 1024, " 2 GB ": 2e9,
-		"1TiB": 1 << 40, "0.5KB": 500, "7B": 7, "80GB": 80e9,
+		"1TiB": 1 << 40, "0.5KB": 500, "7B": 7, "80GB": 80e9, "12 kB": 12e3,
 		"9007199254740993B": 9007199254740993, // exact beyond float64's integers
 	} {
 		got, err := units.ParseSize(in)
@@ -45,5 +45,14 @@ func TestFormatBytes(t *testing.T) {
 		4e15: "4000.00 TB", -1500: "-1.50 kB",
 	} {
 		assert.Equal(t, want, units.FormatBytes(n), n)
+	}
+}
+
+// What FormatBytes prints, ParseSize reads back (to the printed precision).
+func TestFormatBytesParsesBack(t *testing.T) {
+	for _, n := range []int64{0, 999, 1000, 12_340, 47_370_000, 8e9, 3e12} {
+		got, err := units.ParseSize(units.FormatBytes(n))
+		require.NoError(t, err, units.FormatBytes(n))
+		assert.InDelta(t, float64(n), float64(got), 0.005*float64(n)+0.5, units.FormatBytes(n))
 	}
 }

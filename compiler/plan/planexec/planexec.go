@@ -75,6 +75,9 @@ func New(p *plan.Plan, kind Kind, e *reference.Executor) (*Runner, error) {
 			r.vals[s.Name] = s
 		}
 	}
+	for _, pr := range g.Buffers {
+		r.vals[pr.Value.Name] = pr.Value
+	}
 	for _, n := range g.Nodes {
 		for _, v := range n.Outs {
 			r.vals[v.Name] = v
@@ -106,6 +109,13 @@ func New(p *plan.Plan, kind Kind, e *reference.Executor) (*Runner, error) {
 		for i, sb := range pr.State {
 			r.store(sb, ep.State[i].Type, 0, e.State[ep.State[i]], false)
 		}
+	}
+	for _, pr := range p.ModelBuffers {
+		src := e.ParamByName(pr.Name)
+		if src == nil {
+			return nil, fmt.Errorf("planexec: the executor has no buffer %s", pr.Name)
+		}
+		r.store(pr.Buffer, r.vals[pr.Name].Type, 0, src, false)
 	}
 	return r, nil
 }
@@ -257,6 +267,9 @@ func (r *Runner) step(i, first, size int, poisoned map[int]bool, firstIter bool)
 			r.store(s.Ins[j].Buffer, v.Type, 0, ins[j], false)
 		}
 	}
+	for _, j := range n.MutatedInputs() { // batch norm's running statistics, written in place
+		r.store(s.Ins[j].Buffer, n.Ins[j].Type, 0, ins[j], false)
+	}
 	if len(outs) != len(s.Outs) {
 		return fmt.Errorf("planexec: step %d (%s) gave %d outputs, the plan has %d", i, s.Kernel, len(outs), len(s.Outs))
 	}
@@ -332,6 +345,10 @@ func (r *Runner) load(o plan.Operand, t ir.Type, first, size int) []float64 {
 		for i := range out {
 			out[i] = float64(r.arena[base+int64(off+i)])
 		}
+	case ir.I64:
+		for i := range out {
+			out[i] = float64(int64(binary.LittleEndian.Uint64(r.arena[base+8*int64(off+i):])))
+		}
 	case ir.Argmax:
 		per := 32 / t.Bits
 		mask := uint32(1)<<t.Bits - 1
@@ -381,6 +398,10 @@ func (r *Runner) store(buf int, t ir.Type, off int, data []float64, accumulate b
 	case ir.U8:
 		for i, x := range data {
 			r.arena[base+int64(off+i)] = uint8(x)
+		}
+	case ir.I64:
+		for i, x := range data {
+			binary.LittleEndian.PutUint64(r.arena[base+8*int64(off+i):], uint64(int64(x)))
 		}
 	case ir.Argmax:
 		per := 32 / t.Bits
@@ -479,7 +500,7 @@ func (r *Runner) result(b reference.Batch) (Result, error) {
 // Params returns the parameters by name.
 func (r *Runner) Params() map[string][]float64 {
 	out := map[string][]float64{}
-	for _, pr := range r.Plan.Params {
+	for _, pr := range append(append([]plan.Param{}, r.Plan.Params...), r.Plan.ModelBuffers...) {
 		t := r.vals[pr.Name].Type
 		out[pr.Name] = r.load(plan.Operand{Value: pr.Name, Buffer: pr.Buffer}, t, 0, 1)
 	}

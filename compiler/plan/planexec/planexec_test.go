@@ -87,6 +87,11 @@ func (r run) compare(t *testing.T, tol float64) {
 		assert.InDelta(t, l[0], l[1], tol*math.Abs(l[0])+1e-300, "step %d loss", i)
 	}
 	params, state := r.got.Params(), r.got.State()
+	for _, p := range r.ref.G.Buffers { // batch norm's running statistics
+		got := params[p.Name]
+		require.NotNil(t, got, p.Name)
+		assert.LessOrEqual(t, maxRelDiff(r.ref.Params[p], got), tol, p.Name)
+	}
 	for _, p := range r.ref.G.Params {
 		got := params[p.Name]
 		require.NotNil(t, got, p.Name)
@@ -103,7 +108,7 @@ func (r run) identical(t *testing.T) {
 		assert.Equal(t, math.Float64bits(l[0]), math.Float64bits(l[1]), "step %d loss %v vs %v", i, l[0], l[1])
 	}
 	params := r.got.Params()
-	for _, p := range r.ref.G.Params {
+	for _, p := range append(append([]*ir.Param{}, r.ref.G.Params...), r.ref.G.Buffers...) {
 		assert.True(t, sameBits(r.ref.Params[p], params[p.Name]), "%s differs (max rel %g)", p.Name, maxRelDiff(r.ref.Params[p], params[p.Name]))
 	}
 }
@@ -133,6 +138,12 @@ var planCases = []planCase{
 	{"residual whole step", "../../testdata/residual.cnn", func(*plan.Plan) plan.Config { return plan.Config{MicroBatch: 2} }, "micro-batch"},
 	{"residual trunk", "../../testdata/residual.cnn", func(*plan.Plan) plan.Config { return plan.Config{MicroBatch: 2, Trunk: "sum"} }, "micro-batch"},
 	{"mnist", "../../../examples/mnist.cnn", func(*plan.Plan) plan.Config { return plan.Config{Batch: 5} }, "fits"},
+	// batch norm: its statistics are never recomputed (the running ones
+	// would move twice) and no loop crosses it; the layers before it may
+	// run in micro-batches
+	{"bn fits", "../testdata/bn.cnn", func(*plan.Plan) plan.Config { return plan.Config{} }, "fits"},
+	{"bn recompute", "../testdata/bn.cnn", func(p *plan.Plan) plan.Config { return plan.Config{Budget: p.ArenaBytes - 1} }, "recompute"},
+	{"bn trunk", "../testdata/bn.cnn", func(*plan.Plan) plan.Config { return plan.Config{MicroBatch: 2, Trunk: "c1"} }, "micro-batch"},
 }
 
 func buildCase(t *testing.T, c planCase, opts compiler.Options) (*ir.Graph, *plan.Plan) {

@@ -35,6 +35,7 @@ var colors = [plan.NumCategories]color.RGBA{
 	plan.CatTransient: {0xc0, 0x50, 0x4d, 0xff},
 	plan.CatWorkspace: {0x7f, 0x3f, 0xbf, 0xff},
 	plan.CatInput:     {0xa5, 0xa5, 0xa5, 0xff},
+	plan.CatBuffer:    {0x2e, 0x75, 0xb6, 0xff},
 }
 
 // Write draws p's timeline into file; the extension picks the format.

@@ -8,6 +8,23 @@
 #define CNNC_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
 #endif
 
+#ifndef CNNC_STEP_SCALARS
+#define CNNC_STEP_SCALARS
+// The run-time scalars of a step. Kernels read them from one device block
+// that the trainer fills before each step (inside the step's CUDA graph,
+// with the batch), never from their arguments, so a captured step is
+// replayed without updating any argument. The layout is
+// runtime/device.StepScalars's.
+struct CnncStepScalars {
+    long long step;           // 0-based training step
+    unsigned long long seed;  // the run's seed (dropout)
+    long long valid;          // samples of the batch that are real (a partial batch is padded)
+    float lr;                 // learning rate
+    int pad;
+};
+static_assert(sizeof(CnncStepScalars) == 32, "CnncStepScalars is runtime/device.StepScalars: 32 bytes");
+#endif
+
 // conv_block_fwd_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32: conv 3x3 stride 1x1 pad 1x1 of u8 [B,28,28,1] (HWC, /255 in the loads) to [B,8,28,28] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,8,14,14].
 // Implicit GEMM: M = 8 output channels, N = the 4x16 conv outputs under a 2x8 tile of pooled outputs,
 // K = C*KH*KW = 9 in 1 chunks of 1 channel(s) x 3 kernel row(s). 64 threads compute a 8x64 tile,
@@ -510,15 +527,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_b32_in64_out10_bi
 }
 
 // softmax_cross_entropy_b32_c10: softmax cross-entropy of 32 rows of 10 logits against int32 labels.
-// Only the first `valid` rows are real (a partial last batch is padded to 32): it writes
+// Only the first `valid` rows (from the step's scalar block) are real (a partial last batch is padded to 32): it writes
 // their mean loss, dlogits = (softmax - onehot(label)) / valid for them and 0 for the padding (so
 // the padding adds nothing to any gradient), and the number of real rows whose first maximal logit
 // is the label (as a float). One block: warp w handles rows w, w+8, ...
 // (warp-shuffle reductions in a fixed butterfly order), then thread 0 adds the 8 warps' sums in
 // order — no atomics, so the result is the same bit for bit on every run.
 extern "C" __global__ void __launch_bounds__(256) softmax_cross_entropy_b32_c10(const float* __restrict__ logits, const int* __restrict__ label,
-        float* __restrict__ loss, float* __restrict__ dlogits, float* __restrict__ correct, long long valid, long long first) {
+        float* __restrict__ loss, float* __restrict__ dlogits, float* __restrict__ correct,
+        const CnncStepScalars* __restrict__ scalars, long long first) {
     CNNC_DYNAMIC_SHARED(float, smem);  // [8] loss sums, then [8] correct counts
+    long long valid = scalars->valid;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (valid < 1 || valid > 32) valid = 32;
     const int rows = (int)valid;
@@ -640,13 +659,13 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_ou
     }
 }
 
-// linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9: linear block weight gradient: dW[10,64] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step at run time, updating W and b in place.
+// linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9: linear block weight gradient: dW[10,64] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars, updating W and b in place.
 // Tiled GEMM: C(m,n) = sum over k of A(m,k)·B(k,n), M=10 N=64 K=32, A [K][M], B [K][N].
 // 256 threads compute a 16x64 tile from 16-deep slices of A and B staged in shared
 // memory; each thread keeps 1x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
+extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(16+1) + mm
     float* Bs = smem + 16 * (16 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -697,6 +716,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_o
         }
         __syncthreads();
     }
+    const float lr = scalars->lr;
+    const long long step = scalars->step;
 #pragma unroll
     for (int i = 0; i < 1; i++) {
         const int m = m0 + ty + 16 * i;
@@ -798,13 +819,13 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_ou
     }
 }
 
-// linear_block_grad_weight_b32_out64_in784_bias_sgd_mom0p9: linear block weight gradient: dW[64,784] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step at run time, updating W and b in place.
+// linear_block_grad_weight_b32_out64_in784_bias_sgd_mom0p9: linear block weight gradient: dW[64,784] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars, updating W and b in place.
 // Tiled GEMM: C(m,n) = sum over k of A(m,k)·B(k,n), M=64 N=784 K=32, A [K][M], B [K][N].
 // 256 threads compute a 64x64 tile from 16-deep slices of A and B staged in shared
 // memory; each thread keeps 4x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out64_in784_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, float lr, long long step) {
+extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out64_in784_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(64+1) + mm
     float* Bs = smem + 16 * (64 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -855,6 +876,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_o
         }
         __syncthreads();
     }
+    const float lr = scalars->lr;
+    const long long step = scalars->step;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int m = m0 + ty + 16 * i;
@@ -1064,9 +1087,11 @@ extern "C" __global__ void conv_block_wgrad_reduce_o16_k72_bias_split98_grads(co
     }
 }
 
-// sgd_update_16_sgd_mom0p9: sgd_update of 16 parameters: sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step at run time.
+// sgd_update_16_sgd_mom0p9: sgd_update of 16 parameters: sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
 // One thread per element, grid-stride loop; the parameter and its state are updated in place.
-extern "C" __global__ void sgd_update_16_sgd_mom0p9(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ param_momentum_buffer, float lr, long long step) {
+extern "C" __global__ void sgd_update_16_sgd_mom0p9(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ param_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+    const float lr = scalars->lr;
+    const long long step = scalars->step;
     for (int at = (int)blockIdx.x * blockDim.x + threadIdx.x; at < 16; at += (int)gridDim.x * blockDim.x) {
             {
                 float g = grad[at];
@@ -1177,9 +1202,11 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_dgrad_x8x14x14_o1
     }
 }
 
-// sgd_update_1152_sgd_mom0p9: sgd_update of 1152 parameters: sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step at run time.
+// sgd_update_1152_sgd_mom0p9: sgd_update of 1152 parameters: sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
 // One thread per element, grid-stride loop; the parameter and its state are updated in place.
-extern "C" __global__ void sgd_update_1152_sgd_mom0p9(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ param_momentum_buffer, float lr, long long step) {
+extern "C" __global__ void sgd_update_1152_sgd_mom0p9(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ param_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+    const float lr = scalars->lr;
+    const long long step = scalars->step;
     for (int at = (int)blockIdx.x * blockDim.x + threadIdx.x; at < 1152; at += (int)gridDim.x * blockDim.x) {
             {
                 float g = grad[at];
@@ -1348,9 +1375,11 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x1x28x28u8_
     }
 }
 
-// conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9: sums 392 split partials of the 8x9 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step at run time.
+// conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9: sums 392 split partials of the 8x9 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
 // One thread per element, grid-stride loop; the splits are added in order, so the result does not depend on scheduling.
-extern "C" __global__ void conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, float lr, long long step) {
+extern "C" __global__ void conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+    const float lr = scalars->lr;
+    const long long step = scalars->step;
     for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < 80; e += (int)gridDim.x * blockDim.x) {
         float gradSum = partial[e];
         for (int s = 1; s < 392; s++) gradSum += partial[(int)s * 80 + e];

@@ -4,6 +4,11 @@
 //
 // New returns a Model: Train it on a Dataset, Step it batch by batch, Evaluate, Predict, Save and Load it;
 // its methods are runtime/trainer's (github.com/cnnc/cnnc/runtime/trainer).
+//
+// Predict(pixels, k) takes images of Height*Width*Channels uint8 pixels (HWC, one after the other;
+// data.LoadImage decodes and resizes a file as training did) and returns each image's k most probable
+// classes with their probabilities, named (Prediction.Name) by the classes of the data it was trained on
+// or of the checkpoint it loaded (Classes).
 package mnistnet
 
 import (
@@ -47,7 +52,7 @@ type EpochMetrics = trainer.EpochMetrics
 // Evaluation is Evaluate's mean loss and accuracy.
 type Evaluation = trainer.Evaluation
 
-// Prediction is a class and its probability (Predict).
+// Prediction is a class, its probability and its name when the model knows it (Predict).
 type Prediction = trainer.Prediction
 
 // backends open the devices the package trains on; cuda.go adds "cuda" in builds with -tags cuda.

@@ -66,7 +66,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    12072,
 			SharedBytes: 3200,
 		}, {
-			Args:        []trainer.Arg{{Offset: 821248}, {Offset: 823808}, {Offset: 824064}, {Offset: 822528}, {Offset: 824320}, {Kind: trainer.ArgValid}, {Kind: trainer.ArgInt}},
+			Args:        []trainer.Arg{{Offset: 821248}, {Offset: 823808}, {Offset: 824064}, {Offset: 822528}, {Offset: 824320}, {Kind: trainer.ArgScalars}, {Kind: trainer.ArgInt}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       1280,
 			Grid:        [3]uint32{1, 1, 1},
@@ -128,7 +128,8 @@ var Spec = &trainer.Spec{
 		Offset:    418304,
 		Shape:     []int64{10},
 	}},
-	PlanSummary: "memory plan: peak 1227012 bytes (1.23 MB), kernel workspace included; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
+	PlanSummary: "memory plan: peak 1.23 MB (1227012 bytes), kernel workspace included; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
+	Scalars:     288,
 	Seed:        1,
 	Source:      "../mnist.cnn",
 	State: []trainer.Tensor{{
@@ -224,7 +225,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    12072,
 			SharedBytes: 3200,
 		}, {
-			Args:        []trainer.Arg{{Offset: 1085696}, {Offset: 1088256}, {Offset: 1226752}, {Offset: 1086976}, {Offset: 1227008}, {Kind: trainer.ArgValid}, {Kind: trainer.ArgInt}},
+			Args:        []trainer.Arg{{Offset: 1085696}, {Offset: 1088256}, {Offset: 1226752}, {Offset: 1086976}, {Offset: 1227008}, {Kind: trainer.ArgScalars}, {Kind: trainer.ArgInt}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       1280,
 			Grid:        [3]uint32{1, 1, 1},
@@ -240,7 +241,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    20224,
 			SharedBytes: 6272,
 		}, {
-			Args:        []trainer.Arg{{Offset: 1086976}, {Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 415744}, {Offset: 418560}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:        []trainer.Arg{{Offset: 1086976}, {Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 415744}, {Offset: 418560}, {Kind: trainer.ArgScalars}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       40960,
 			Grid:        [3]uint32{1, 1, 1},
@@ -256,7 +257,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    409600,
 			SharedBytes: 6272,
 		}, {
-			Args:        []trainer.Arg{{Offset: 519168}, {Offset: 418816}, {Offset: 11264}, {Offset: 412672}, {Offset: 211968}, {Offset: 412928}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:        []trainer.Arg{{Offset: 519168}, {Offset: 418816}, {Offset: 11264}, {Offset: 412672}, {Offset: 211968}, {Offset: 412928}, {Kind: trainer.ArgScalars}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       3211264,
 			Grid:        [3]uint32{13, 1, 1},
@@ -279,7 +280,7 @@ var Spec = &trainer.Spec{
 			Kernel:   "conv_block_wgrad_reduce_o16_k72_bias_split98_grads",
 			MinBytes: 462528,
 		}, {
-			Args:     []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:     []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: trainer.ArgScalars}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    64,
 			Grid:     [3]uint32{1, 1, 1},
@@ -294,7 +295,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    512640,
 			SharedBytes: 5824,
 		}, {
-			Args:     []trainer.Arg{{Offset: 1536}, {Offset: 1221888}, {Offset: 6144}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:     []trainer.Arg{{Offset: 1536}, {Offset: 1221888}, {Offset: 6144}, {Kind: trainer.ArgScalars}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    4608,
 			Grid:     [3]uint32{5, 1, 1},
@@ -309,7 +310,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    363776,
 			SharedBytes: 5632,
 		}, {
-			Args:     []trainer.Arg{{Offset: 418816}, {}, {Offset: 1024}, {Offset: 512}, {Offset: 1280}, {Kind: trainer.ArgLR}, {Kind: trainer.ArgStep}},
+			Args:     []trainer.Arg{{Offset: 418816}, {}, {Offset: 1024}, {Offset: 512}, {Offset: 1280}, {Kind: trainer.ArgScalars}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    31600,
 			Grid:     [3]uint32{1, 1, 1},

@@ -13,8 +13,10 @@
 // synchronisation and the context stays broken (sticky), as after a GPU fault; during a stream
 // capture launches are recorded with their parameter values copied, and synchronising,
 // copying from pageable memory, allocating or freeing fail and invalidate the capture.
-// Execution is synchronous: an "async" call has finished when it returns, so events measure
-// CPU time. Memory: device pointers are host allocations; the device's total memory is
+// Graph launches are queued and run when something waits for them (see "the stream's queue"),
+// so host code that rewrites memory a launched graph has not read yet gets wrong results, as
+// on a GPU; everything else runs when it is called, after the queued graphs, and events
+// measure CPU time. Memory: device pointers are host allocations; the device's total memory is
 // $CNNC_FAKECUDA_MEMORY bytes (default 16 GiB) and allocations beyond it fail.
 //
 // Versions: cuGetProcAddress (CUDA 11.3's) and cuGetProcAddress_v2 (CUDA 12's) hand out the
@@ -118,7 +120,7 @@ struct CUfunc_st {
 	char name[256];
 };
 
-enum node_kind { NODE_KERNEL, NODE_COPY };
+enum node_kind { NODE_KERNEL, NODE_COPY, NODE_EVENT };
 
 // A node's handle is its index in the graph; an instantiated graph keeps the order, so the
 // handle finds the node in it too (cuGraphExecKernelNodeSetParams).
@@ -136,6 +138,7 @@ typedef struct {
 	void* dst;
 	const void* src;
 	size_t bytes;
+	CUevent event; // NODE_EVENT: recorded when the graph runs
 } node;
 
 struct CUgraph_st {
@@ -155,6 +158,7 @@ struct CUstream_st {
 struct CUevent_st {
 	int recorded;
 	double ms;
+	int pending; // records by queued graph launches that have not run yet
 };
 
 static double now_ms(void) {
@@ -171,6 +175,10 @@ static CUresult ready(void) {
 	if (!current) return CUDA_ERROR_INVALID_CONTEXT;
 	return CUDA_SUCCESS;
 }
+
+// settled is ready after the queued graph launches have run: the check of calls that act on
+// the stream or on memory, which the GPU would do after the work queued before them.
+static CUresult settled(void);
 
 // unsafe_in_capture fails calls that a thread-local capture forbids, invalidating it.
 static CUresult unsafe_in_capture(void) {
@@ -361,6 +369,7 @@ CUresult cuCtxCreate(CUcontext* c, unsigned int flags, CUdevice d) {
 
 CUresult cuCtxDestroy(CUcontext c) {
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
+	if (c == current && !capturing) settled(); // queued graphs run before their memory goes
 	if (current == c) current = NULL;
 	free(c);
 	return CUDA_SUCCESS;
@@ -385,7 +394,7 @@ CUresult cuCtxGetDevice(CUdevice* d) {
 }
 
 CUresult cuCtxSynchronize(void) {
-	CUresult r = ready();
+	CUresult r = settled();
 	if (r != CUDA_SUCCESS) return r;
 	return unsafe_in_capture();
 }
@@ -424,7 +433,7 @@ CUresult cuMemAlloc(CUdeviceptr* p, size_t n) {
 }
 
 CUresult cuMemFree(CUdeviceptr p) {
-	CUresult r = ready();
+	CUresult r = settled();
 	if (r != CUDA_SUCCESS) return r;
 	if ((r = unsafe_in_capture()) != CUDA_SUCCESS) return r;
 	pthread_mutex_lock(&mu);
@@ -461,7 +470,7 @@ CUresult cuMemHostAlloc(void** p, size_t n, unsigned int flags) {
 }
 
 CUresult cuMemFreeHost(void* p) {
-	CUresult r = ready();
+	CUresult r = settled();
 	if (r != CUDA_SUCCESS) return r;
 	pthread_mutex_lock(&mu);
 	long i = spans_find(&pinned_allocs, p);
@@ -479,7 +488,7 @@ CUresult cuMemFreeHost(void* p) {
 // illegal address). During a capture, only copies between device memory and pinned host
 // memory are recorded (the fake does not pretend pageable copies are capturable).
 static CUresult copy(void* dst, int dst_dev, const void* src, int src_dev, size_t n, CUstream s, int async) {
-	CUresult r = ready();
+	CUresult r = capturing ? ready() : settled();
 	if (r != CUDA_SUCCESS) return r;
 	pthread_mutex_lock(&mu);
 	int ok = (!dst_dev || spans_within(&device_allocs, dst, n)) && (!src_dev || spans_within(&device_allocs, src, n));
@@ -511,7 +520,7 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
 }
 
 static CUresult memset_words(CUdeviceptr dst, const void* word, size_t size, size_t n, CUstream s) {
-	CUresult r = ready();
+	CUresult r = capturing ? ready() : settled();
 	if (r != CUDA_SUCCESS) return r;
 	if (capturing || (s && s->graph)) {
 		note("cuMemset during a stream capture is not emulated");
@@ -688,7 +697,7 @@ static CUresult run_kernel(CUfunction f, const uint32_t grid[3], const uint32_t 
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                         unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void** params,
                         void** extra) {
-	CUresult r = ready();
+	CUresult r = capturing ? ready() : settled();
 	if (r != CUDA_SUCCESS) return r;
 	if (!f) return CUDA_ERROR_INVALID_HANDLE;
 	if (extra) {
@@ -733,6 +742,7 @@ CUresult cuStreamCreate(CUstream* s, unsigned int flags) {
 
 CUresult cuStreamDestroy(CUstream s) {
 	if (!s) return CUDA_ERROR_INVALID_HANDLE;
+	if (!capturing && initialized) settled();
 	if (s->graph) {
 		graph_free_nodes(s->graph);
 		free(s->graph);
@@ -751,11 +761,11 @@ CUresult cuStreamSynchronize(CUstream s) {
 		if (capturing) capturing->invalidated = 1;
 		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	}
-	return CUDA_SUCCESS;
+	return settled();
 }
 
 CUresult cuStreamQuery(CUstream s) {
-	CUresult r = ready();
+	CUresult r = capturing ? ready() : settled();
 	if (r != CUDA_SUCCESS) return r;
 	if (s && s->graph) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	return CUDA_SUCCESS;
@@ -772,35 +782,52 @@ CUresult cuEventCreate(CUevent* e, unsigned int flags) {
 
 CUresult cuEventDestroy(CUevent e) {
 	if (!e) return CUDA_ERROR_INVALID_HANDLE;
+	if (e->pending && !capturing) settled(); // queued graphs record it: let them run first
 	free(e);
 	return CUDA_SUCCESS;
 }
 
-CUresult cuEventRecord(CUevent e, CUstream s) {
+static CUresult event_record(CUevent e, CUstream s, unsigned int flags) {
 	CUresult r = ready();
 	if (r != CUDA_SUCCESS) return r;
 	if (!e) return CUDA_ERROR_INVALID_HANDLE;
 	if (capturing || (s && s->graph)) {
-		note("cuEventRecord during a stream capture is not emulated");
-		return CUDA_ERROR_NOT_SUPPORTED;
+		if (!(flags & CU_EVENT_RECORD_EXTERNAL) || s != capturing) {
+			note("cuEventRecord during a stream capture is emulated only as an external event node "
+			     "(cuEventRecordWithFlags with CU_EVENT_RECORD_EXTERNAL on the capturing stream)");
+			return CUDA_ERROR_NOT_SUPPORTED;
+		}
+		node nd = {.kind = NODE_EVENT, .event = e};
+		return graph_add(s->graph, nd) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 	}
+	if ((r = settled()) != CUDA_SUCCESS) return r;
 	e->recorded = 1;
 	e->ms = now_ms(); // everything issued before has finished
 	return CUDA_SUCCESS;
 }
 
+CUresult cuEventRecord(CUevent e, CUstream s) { return event_record(e, s, 0); }
+
+CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags) { return event_record(e, s, flags); }
+
+static CUresult drain_until(CUevent e);
+
+// Waiting for an event runs the queued graph launches up to the last one that records it.
 CUresult cuEventSynchronize(CUevent e) {
 	CUresult r = ready();
 	if (r != CUDA_SUCCESS) return r;
-	return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	if (!e) return CUDA_ERROR_INVALID_HANDLE;
+	return drain_until(e);
 }
 
 CUresult cuEventQuery(CUevent e) { return cuEventSynchronize(e); }
 
+// As the driver: both events must have been recorded and have completed.
 CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
 	CUresult r = ready();
 	if (r != CUDA_SUCCESS) return r;
 	if (!ms || !start || !end) return CUDA_ERROR_INVALID_HANDLE;
+	if (start->pending || end->pending) return CUDA_ERROR_NOT_READY;
 	if (!start->recorded || !end->recorded) return CUDA_ERROR_INVALID_HANDLE;
 	*ms = (float)(end->ms - start->ms);
 	return CUDA_SUCCESS;
@@ -817,6 +844,7 @@ CUresult cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode) {
 		return CUDA_ERROR_NOT_SUPPORTED;
 	}
 	if (s->graph || capturing) return CUDA_ERROR_ILLEGAL_STATE;
+	if ((r = settled()) != CUDA_SUCCESS) return r;
 	s->graph = calloc(1, sizeof *s->graph);
 	if (!s->graph) return CUDA_ERROR_OUT_OF_MEMORY;
 	s->invalidated = 0;
@@ -865,7 +893,7 @@ CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus* status, cu
 // New parameter values (and launch shape) for a kernel node of an instantiated graph; as in
 // CUDA 11, the function must stay the same.
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS* p) {
-	CUresult r = ready();
+	CUresult r = settled(); // launches queued before keep the parameters they were launched with
 	if (r != CUDA_SUCCESS) return r;
 	if (!e || !n || !p) return CUDA_ERROR_INVALID_VALUE;
 	if (n->index >= e->g.len) return CUDA_ERROR_INVALID_VALUE;
@@ -915,6 +943,86 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* e, CUgraph g, unsigned long lo
 	return CUDA_SUCCESS;
 }
 
+// ---- the stream's queue ----------------------------------------------------------------
+// A graph launch is queued, not run: it runs when something waits for it — an event it records
+// is waited for (the queue runs up to the last launch recording it), or another call acts on the
+// stream or on memory (settled: the whole queue runs first, in order). Until then the graph has
+// read nothing, so host memory its copies read must not be rewritten: a host that does so gets
+// the wrong results here, as on a GPU. One queue serves every stream (a stricter order).
+
+static pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
+static CUgraphExec* queue;
+static size_t qhead, qlen, qcap;
+
+static int enqueue(CUgraphExec e) {
+	pthread_mutex_lock(&qmu);
+	if (qhead + qlen == qcap) {
+		if (qhead > 0) {
+			memmove(queue, queue + qhead, qlen * sizeof *queue);
+			qhead = 0;
+		} else {
+			size_t cap = qcap ? 2 * qcap : 16;
+			CUgraphExec* q = realloc(queue, cap * sizeof *queue);
+			if (!q) {
+				pthread_mutex_unlock(&qmu);
+				return 0;
+			}
+			queue = q;
+			qcap = cap;
+		}
+	}
+	queue[qhead + qlen++] = e;
+	pthread_mutex_unlock(&qmu);
+	return 1;
+}
+
+static CUgraphExec dequeue(void) {
+	CUgraphExec e = NULL;
+	pthread_mutex_lock(&qmu);
+	if (qlen) {
+		e = queue[qhead++];
+		if (--qlen == 0) qhead = 0;
+	}
+	pthread_mutex_unlock(&qmu);
+	return e;
+}
+
+// run_graph runs an instantiated graph's nodes in order; after a kernel failure the rest only
+// settle their events' counts.
+static void run_graph(CUgraphExec e) {
+	for (size_t i = 0; i < e->g.len; i++) {
+		node* n = &e->g.nodes[i];
+		if (n->kind == NODE_EVENT) {
+			n->event->pending--;
+			if (sticky == CUDA_SUCCESS) {
+				n->event->recorded = 1;
+				n->event->ms = now_ms();
+			}
+			continue;
+		}
+		if (sticky != CUDA_SUCCESS) continue;
+		if (n->kind == NODE_COPY) {
+			memmove(n->dst, n->src, n->bytes);
+			continue;
+		}
+		void* ptrs[256];
+		for (int k = 0; k < n->fn->nparams; k++) ptrs[k] = &n->params[k];
+		run_kernel(n->fn, n->grid, n->block, n->shared, ptrs);
+	}
+}
+
+static CUresult drain_until(CUevent ev) {
+	CUgraphExec e;
+	while ((!ev || ev->pending > 0) && (e = dequeue())) run_graph(e);
+	return sticky;
+}
+
+static CUresult settled(void) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	return drain_until(NULL);
+}
+
 CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
 	CUresult r = ready();
 	if (r != CUDA_SUCCESS) return r;
@@ -923,23 +1031,19 @@ CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
 		note("cuGraphLaunch into a stream capture is not emulated");
 		return CUDA_ERROR_NOT_SUPPORTED;
 	}
-	for (size_t i = 0; i < e->g.len && sticky == CUDA_SUCCESS; i++) {
+	for (size_t i = 0; i < e->g.len; i++) {
 		node* n = &e->g.nodes[i];
-		if (n->kind == NODE_COPY) {
-			memmove(n->dst, n->src, n->bytes);
-			continue;
-		}
-		void* ptrs[256];
-		int np = n->fn->nparams;
-		if (np > 256) return CUDA_ERROR_NOT_SUPPORTED;
-		for (int k = 0; k < np; k++) ptrs[k] = &n->params[k];
-		run_kernel(n->fn, n->grid, n->block, n->shared, ptrs);
+		if (n->kind == NODE_KERNEL && n->fn->nparams > 256) return CUDA_ERROR_NOT_SUPPORTED;
 	}
+	if (!enqueue(e)) return CUDA_ERROR_OUT_OF_MEMORY;
+	for (size_t i = 0; i < e->g.len; i++)
+		if (e->g.nodes[i].kind == NODE_EVENT) e->g.nodes[i].event->pending++;
 	return CUDA_SUCCESS;
 }
 
 CUresult cuGraphExecDestroy(CUgraphExec e) {
 	if (!e) return CUDA_ERROR_INVALID_VALUE;
+	if (!capturing && initialized) settled(); // launches of it still queued run first
 	graph_free_nodes(&e->g);
 	free(e);
 	return CUDA_SUCCESS;

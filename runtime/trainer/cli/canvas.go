@@ -25,12 +25,23 @@ func newCanvas(ext string, w, h vg.Length) (*canvas, error) {
 	return &canvas{c: c, dc: draw.New(c)}, nil
 }
 
-func (c *canvas) splitHorizontally() (draw.Canvas, draw.Canvas) {
-	mid := (c.dc.Min.X + c.dc.Max.X) / 2
-	left, right := c.dc, c.dc
-	left.Max.X = mid
-	right.Min.X = mid
-	return left, right
+// grid splits the canvas into rows x cols cells, listed row by row from
+// the top left.
+func (c *canvas) grid(rows, cols int) []draw.Canvas {
+	w := (c.dc.Max.X - c.dc.Min.X) / vg.Length(cols)
+	h := (c.dc.Max.Y - c.dc.Min.Y) / vg.Length(rows)
+	var cells []draw.Canvas
+	for r := 0; r < rows; r++ {
+		for k := 0; k < cols; k++ {
+			cell := c.dc
+			cell.Min.X = c.dc.Min.X + vg.Length(k)*w
+			cell.Max.X = cell.Min.X + w
+			cell.Max.Y = c.dc.Max.Y - vg.Length(r)*h // drawing's Y points up
+			cell.Min.Y = cell.Max.Y - h
+			cells = append(cells, cell)
+		}
+	}
+	return cells
 }
 
 // save writes the image atomically enough for a figure: a temp file renamed.

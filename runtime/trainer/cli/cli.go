@@ -26,6 +26,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/cnnc/cnnc/runtime/schedule"
 	"github.com/cnnc/cnnc/runtime/trainer"
 	"github.com/cnnc/cnnc/runtime/units"
 	"github.com/cnnc/cnnc/runtime/version"
@@ -52,6 +53,8 @@ type options struct {
 	skipBad, rehash            bool
 	cacheDir                   string
 	log, plot                  string
+	keepBest, keepBestBy       string
+	patience                   int
 	profile, bench             int
 	maxSteps                   int64
 	cudaGraph, quiet           bool
@@ -70,10 +73,22 @@ func Main(spec *trainer.Spec, backends trainer.Backends, args []string, stdout, 
 	o := &options{stdout: stdout, stderr: stderr, stderrIsTerminal: isTerminal(stderr), hasCUDA: hasCUDA,
 		programName: programName(), progressEvery: 10 * time.Second}
 	code := ExitOK
+	if len(args) > 0 && args[0] == "predict" {
+		cmd := predictCommand(spec, backends, o, &code)
+		cmd.SetArgs(args[1:])
+		if err := cmd.Execute(); err != nil {
+			fmt.Fprintf(stderr, "%s predict: %v; see %s predict --help\n", o.programName, err, o.programName)
+			return ExitUsage
+		}
+		return code
+	}
 	cmd := newCommand(spec, o, func() error {
 		var err error
 		code, err = run(spec, backends, o)
-		if err != nil {
+		switch {
+		case err != nil && code == ExitUsage:
+			fmt.Fprintf(stderr, "%s: %v; see --help\n", o.programName, err)
+		case err != nil:
 			fmt.Fprintf(stderr, "%s: %v\n", o.programName, err)
 		}
 		return nil
@@ -127,7 +142,7 @@ func newCommand(spec *trainer.Spec, o *options, runE func() error) *cobra.Comman
 	cmd := &cobra.Command{
 		Use:           o.programName + " [flags]",
 		Short:         fmt.Sprintf("train model %s", spec.Model),
-		Long:          description(spec, o.hasCUDA),
+		Long:          description(spec, o.hasCUDA, o.programName),
 		Version:       strings.TrimSuffix(VersionText(spec), "\n"),
 		Args:          noArgs,
 		SilenceUsage:  true,
@@ -137,7 +152,7 @@ func newCommand(spec *trainer.Spec, o *options, runE func() error) *cobra.Comman
 	cmd.SetOut(o.stdout)
 	cmd.SetErr(o.stderr)
 	cmd.SetVersionTemplate("{{.Version}}\n")
-	cmd.SetFlagErrorFunc(flagError)
+	cmd.SetFlagErrorFunc(FlagError)
 	registerFlags(cmd.Flags(), spec, o)
 	o.changed = func(name string) bool { return cmd.Flags().Changed(name) }
 	return cmd
@@ -160,11 +175,14 @@ func registerFlags(fs *pflag.FlagSet, spec *trainer.Spec, o *options) {
 	fs.IntVar(&o.batch, "batch", spec.Batch, fmt.Sprintf("samples per step; at most %d, the batch the kernels and memory plan were compiled for (rebuild with cnnc build --batch for more)", spec.Batch))
 	// the float32 default printed as written in the model, not as float64
 	lr, _ := strconv.ParseFloat(strconv.FormatFloat(float64(spec.LR), 'g', -1, 32), 64)
-	fs.Float64Var(&o.lr, "lr", lr, "learning rate (the kernels compute in float32: it must be a normal float32, 1.2e-38 to 3.4e38)")
+	fs.Float64Var(&o.lr, "lr", lr, lrHelp(spec))
 	fs.Uint64Var(&o.seed, "seed", spec.Seed, "seed for initialisation, shuffling and dropout")
 	fs.StringVar(&o.device, "device", "auto", "auto, cpu or cuda")
 	fs.StringVar(&o.memoryBudget, "memory-budget", "", "refuse to start if the compiled memory plan needs more than this (e.g. 40MB, 2GiB); the plan is fixed at build time: rebuild with cnnc build --memory-budget to fit another")
 	fs.StringVar(&o.checkpoint, "checkpoint", "", "write a safetensors checkpoint here after each epoch and when the run stops early (atomically; one trainer per file)")
+	fs.StringVar(&o.keepBest, "keep-best", "", "also write the checkpoint of the epoch with the best test accuracy (or --keep-best-by loss) here, atomically; needs --test")
+	fs.StringVar(&o.keepBestBy, "keep-best-by", trainer.ByAccuracy, "the test metric that chooses the best epoch, for --keep-best and --patience: accuracy or loss")
+	fs.IntVar(&o.patience, "patience", 0, "stop when the test metric (--keep-best-by) has not improved for N epochs in a row (0: never); needs --test")
 	fs.StringVar(&o.init, "init", "", "start from the parameters of this checkpoint (optimizer state fresh)")
 	fs.StringVar(&o.resume, "resume", "", "continue exactly from this checkpoint: parameters, optimizer state, step, position in the data, and its learning rate, seed, epochs and shuffling unless given here")
 	fs.BoolVar(&o.evalOnly, "eval-only", false, "evaluate on --test (or --data) and exit")
@@ -178,13 +196,26 @@ func registerFlags(fs *pflag.FlagSet, spec *trainer.Spec, o *options) {
 		}
 	}
 	fs.StringVar(&o.log, "log", "", "write one JSON object per step and per epoch to this file (appended to when resuming)")
-	fs.StringVar(&o.plot, "plot", "", "draw the loss and accuracy per step (smoothed) and per epoch to this .png or .svg after training")
+	fs.StringVar(&o.plot, "plot", "", "draw the loss and accuracy per step (smoothed) and per epoch, the learning rate per step and the throughput per epoch, to this .png or .svg after training")
 	fs.Int64Var(&o.maxSteps, "max-steps", 0, "stop when the run has taken this many steps in total, counting those before a --resume (0: train every epoch)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress display")
 	fs.IntVar(&o.profile, "profile", 0, "after N steps print a per-kernel time table, then go on")
 	fs.IntVar(&o.bench, "bench", 0, "time N training steps on one random batch (after 3 warm-up steps), print the median step time and images/s, and exit (needs no data)")
 	fs.StringVar(&o.roofline, "roofline", "", "GB/s,GFLOP/s peaks of the device: --profile then shows each kernel's fraction of its roofline bound")
 	fs.BoolVar(&o.cudaGraph, "cuda-graph", true, "on CUDA, replay the training step as one CUDA graph (captured at the second step; --cuda-graph=false launches kernel by kernel)")
+}
+
+// lrHelp says what --lr sets: the learning rate, or with a schedule its
+// base rate (onecycle's max_lr).
+func lrHelp(spec *trainer.Spec) string {
+	const f32 = " (the kernels compute in float32: it must be a normal float32, 1.2e-38 to 3.4e38)"
+	switch s := spec.Schedule; {
+	case s.Kind == schedule.OneCycle:
+		return "the peak learning rate, onecycle's max_lr: the train block's schedule " + s.String() + " sets every step's rate from it" + f32
+	case !s.IsConstant():
+		return "the base learning rate: the train block's schedule " + s.String() + " sets every step's rate from it" + f32
+	}
+	return "learning rate" + f32
 }
 
 // testSource is the data block's test source, or its kind when only the
@@ -217,7 +248,7 @@ func channelsWord(c int) string {
 }
 
 // description is the help's text above the flags.
-func description(spec *trainer.Spec, hasCUDA bool) string {
+func description(spec *trainer.Spec, hasCUDA bool, prog string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "A trainer for model %s, generated by cnnc from %s: batches of up to %d %dx%dx%d images, %d classes, %s.\n",
 		spec.Model, spec.Source, spec.Batch, spec.H, spec.W, spec.C, spec.Classes, spec.Optimizer)
@@ -226,12 +257,14 @@ func description(spec *trainer.Spec, hasCUDA bool) string {
 	if spec.TrainData.Kind == "" {
 		b.WriteString(" (it has no data block: give --data)")
 	}
-	b.WriteString(".\n\n")
-	b.WriteString(`Exit status: 0 trained (also when --max-steps ends the run), 1 bad data, device
-or checkpoint, 2 bad command line, 3 interrupted by SIGINT/SIGTERM (the
-checkpoint is written: continue with --resume), 4 the loss diverged: it
-became NaN or infinite, or exceeded 100 times the larger of the run's first
-loss and ln(classes); the checkpoint then keeps the last good state.
+	b.WriteString(".\n")
+	fmt.Fprintf(&b, "`%s predict --checkpoint CK IMAGE_OR_DIR...` predicts the classes of image files\n(see %s predict --help).\n\n", prog, prog)
+	b.WriteString(`Exit status: 0 trained (also when --max-steps or --patience ends the run),
+1 bad data, device or checkpoint, 2 bad command line, 3 interrupted by
+SIGINT/SIGTERM (the checkpoint is written: continue with --resume),
+4 the loss diverged: it became NaN or infinite, or exceeded 100 times the
+larger of the run's first loss and ln(classes); the checkpoint then keeps
+the last good state.
 `)
 	if hasCUDA {
 		b.WriteString("\n" + CUDANote)
@@ -249,9 +282,10 @@ cannot be opened. CNNC_CUDA_DEBUG=1 synchronises after every kernel launch,
 so that a fault names its kernel.
 `
 
-// flagError turns pflag's errors into one line naming the flag and what
-// it wants.
-func flagError(cmd *cobra.Command, err error) error {
+// FlagError turns pflag's errors into one line naming the flag and what
+// it wants, with the closest flag for a misspelt one. cnnc's own commands
+// use it too, so that cnnc and its trainers speak one language.
+func FlagError(cmd *cobra.Command, err error) error {
 	var invalid *pflag.InvalidValueError
 	var missing *pflag.NotExistError
 	var noValue *pflag.ValueRequiredError
@@ -289,9 +323,10 @@ func wants(typ string) string {
 }
 
 // suggest names the visible flag closest to name in edit distance, when
-// it is close enough to be a typo.
+// it is close enough to be a typo: a few edits in a long name, never more
+// than half of the name (-x is no typo of --lr).
 func suggest(fs *pflag.FlagSet, name string) string {
-	best, bestD := "", 1+max(2, len(name)/4)
+	best, bestD := "", 1+min(max(2, len(name)/4), len(name)/2)
 	fs.VisitAll(func(f *pflag.Flag) {
 		if f.Hidden {
 			return

@@ -105,7 +105,11 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--data", root, "extra"}, `unexpected argument "extra"`},
 		{[]string{"--data", root, "--lr", "1e-50"}, "--lr 1e-50: the learning rate 1e-50 is below float32's smallest normal number"},
 		{[]string{"--data", root, "--batch", "5"}, "--batch 5: this trainer was compiled for batches of at most 4"},
-		{[]string{"--data", root, "--epochs", "-1"}, "must not be negative"},
+		{[]string{"--data", root, "--epochs", "-1"}, "--epochs -1: want 0 or more"},
+		{[]string{"--data", root, "--max-steps", "-2"}, "--max-steps -2: want 0 or more"},
+		{[]string{"-x"}, "unknown flag -x; see --help"}, // no suggestion: -x is no typo of --lr
+		{[]string{"--epoch", "2"}, "unknown flag --epoch (did you mean --epochs?)"},
+		{[]string{"--lr", "0"}, "--lr 0: the learning rate must be a positive number"},
 		{[]string{"--data", root, "--plot", "x.pdf"}, "--plot x.pdf: write a .png or .svg file"},
 		{[]string{"--data", root, "--roofline", "fast"}, `--roofline "fast": want GB/s,GFLOP/s`},
 	} {
@@ -113,6 +117,8 @@ func TestFlagErrors(t *testing.T) {
 		assert.Equal(t, 2, r.code, "%v: %s", c.args, r.err)
 		assert.Contains(t, r.err, c.want, "%v", c.args)
 		assert.Equal(t, 1, strings.Count(r.err, "\n"), "one line: %q", r.err)
+		assert.True(t, strings.HasSuffix(r.err, "; see --help\n"), "%v: %q", c.args, r.err)
+		assert.Empty(t, r.out, "%v: a bad command line starts nothing", c.args)
 	}
 	r := run(t, spec, "--batch", "abc")
 	assert.Equal(t, "cli.test: --batch \"abc\": want a whole number; see --help\n", r.err)
@@ -139,7 +145,8 @@ func TestDataErrorsNameTheirOrigin(t *testing.T) {
 	none := withData(spec, trainer.DataSource{}, trainer.DataSource{})
 	r = run(t, none, "--quiet")
 	assert.Equal(t, 2, r.code)
-	assert.Contains(t, r.err, "--data is needed: model Tiny has no data block to take it from")
+	assert.Equal(t, "cli.test: --data is needed: model Tiny has no data block to take it from; see --help\n", r.err)
+	assert.Empty(t, r.out, "no device was started")
 	assert.Contains(t, run(t, none, "--help").out, "it has no data block: give --data")
 }
 
@@ -336,4 +343,34 @@ func TestPlotPerStep(t *testing.T) {
 	for _, want := range []string{"train (per step)", "train (smoothed)", "train (epoch)"} {
 		assert.Contains(t, string(svg), want)
 	}
+}
+
+// Test data whose class folders are not the training data's is refused
+// before training, naming both flags: labels are positions in the sorted
+// folder list, so a test set without one class would be scored against
+// shifted names (it used to train and report 0% test accuracy).
+func TestTestDataWithOtherClassesIsRefused(t *testing.T) {
+	spec, root := tiny(t)
+	test := filepath.Join(t.TempDir(), "test")
+	require.NoError(t, os.CopyFS(test, os.DirFS(root)))
+	require.NoError(t, os.RemoveAll(filepath.Join(test, "class0")))
+	r := run(t, spec, "--data", root, "--test", test, "--quiet")
+	assert.Equal(t, 1, r.code, r.out+r.err)
+	assert.Contains(t, r.err, "--test: "+test+`: its 2 classes are not the training data's 3 (it lacks "class0")`)
+	assert.Contains(t, r.err, "give it the class folders of --data "+root)
+	assert.NotContains(t, r.out, "epoch 1", "nothing was trained")
+
+	r = run(t, spec, "--data", root, "--test", root, "--quiet")
+	assert.Equal(t, 0, r.code, r.err)
+}
+
+// --plot's folder is checked before any work (the curves are written
+// after training), and a write error names the flag.
+func TestPlotFolderCheckedAtStart(t *testing.T) {
+	spec, root := tiny(t)
+	missing := filepath.Join(t.TempDir(), "missing", "curves.png")
+	r := run(t, spec, "--data", root, "--plot", missing, "--quiet")
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.err, "--plot "+missing+": the folder "+filepath.Dir(missing)+" does not exist")
+	assert.Empty(t, r.out, "nothing was started")
 }

@@ -13,20 +13,20 @@ import (
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
-// curves are what --plot draws: every step's loss and accuracy, and the
-// epochs' (at the step each ended).
+// curves are what --plot draws: every step's loss, accuracy and learning
+// rate, and the epochs' (at the step each ended), with their throughput.
 type curves struct {
 	steps  []stepPoint
 	epochs []trainer.EpochMetrics
 }
 
 type stepPoint struct {
-	step      int64
-	loss, acc float64
+	step          int64
+	loss, acc, lr float64
 }
 
 func (c *curves) addStep(m *trainer.StepMetrics) {
-	c.steps = append(c.steps, stepPoint{m.Step, float64(m.Loss), float64(m.Correct) / float64(m.Size)})
+	c.steps = append(c.steps, stepPoint{m.Step, float64(m.Loss), float64(m.Correct) / float64(m.Size), float64(m.LR)})
 }
 
 // smoothing is the exponential moving average's weight of the past for
@@ -38,13 +38,14 @@ func smoothing(n int) float64 {
 	return 1 - 1/window
 }
 
-// draw writes the loss (left) and the accuracy (right) against the step:
-// each step faint, smoothed solid, the epochs as marked points (train
-// solid, test dashed), to a .png or .svg file.
+// draw writes four panels against the step to a .png or .svg file: the
+// loss and the accuracy (each step faint, smoothed solid, the epochs as
+// marked points: train solid, test dashed), the learning rate of every
+// step, and each epoch's throughput (images/s).
 func (c *curves) draw(path, model string) error {
 	ext := strings.ToLower(filepath.Ext(path))
 	if ext != ".png" && ext != ".svg" {
-		return fmt.Errorf("--plot %s: write a .png or .svg file", path)
+		return fmt.Errorf("write a .png or .svg file")
 	}
 	loss := newPanel(model+": loss", "cross-entropy")
 	acc := newPanel(model+": accuracy", "accuracy (%)")
@@ -70,16 +71,69 @@ func (c *curves) draw(path, model string) error {
 	if err := c.addEpochs(loss, acc); err != nil {
 		return err
 	}
-	// two panels side by side
-	const w, h = 10 * vg.Inch, 4 * vg.Inch
+	lr, err := c.lrPanel(model)
+	if err != nil {
+		return err
+	}
+	speed, err := c.throughputPanel(model)
+	if err != nil {
+		return err
+	}
+	// loss and accuracy above, learning rate and throughput below
+	const w, h = 10 * vg.Inch, 8 * vg.Inch
 	img, err := newCanvas(ext, w, h)
 	if err != nil {
 		return err
 	}
-	left, right := img.splitHorizontally()
-	loss.Draw(left)
-	acc.Draw(right)
+	cells := img.grid(2, 2)
+	for i, p := range []*plot.Plot{loss, acc, lr, speed} {
+		p.Draw(cells[i])
+	}
 	return img.save(path)
+}
+
+// lrPanel draws every step's learning rate.
+func (c *curves) lrPanel(model string) (*plot.Plot, error) {
+	p := newPanel(model+": learning rate", "learning rate")
+	pts := make(plotter.XYs, len(c.steps))
+	for i, s := range c.steps {
+		pts[i] = plotter.XY{X: float64(s.step), Y: s.lr}
+	}
+	l, err := plotter.NewLine(pts)
+	if err != nil {
+		return nil, err
+	}
+	l.Color = color.RGBA{R: 214, G: 39, B: 40, A: 255}
+	l.Width = vg.Points(1.5)
+	p.Add(l)
+	p.Legend.Add("per step", l)
+	// from 0, so that a rate reads as its size: a constant rate would
+	// otherwise get an axis centred on it, its line at the 0 tick
+	p.Y.Min = 0
+	if top := p.Y.Max; top > 0 {
+		p.Y.Max = 1.1 * top
+	}
+	return p, nil
+}
+
+// throughputPanel marks each epoch's images per second of training.
+func (c *curves) throughputPanel(model string) (*plot.Plot, error) {
+	p := newPanel(model+": throughput", "images/s (training)")
+	if len(c.epochs) == 0 {
+		return p, nil
+	}
+	pts := make(plotter.XYs, len(c.epochs))
+	for i, e := range c.epochs {
+		pts[i] = plotter.XY{X: float64(e.Step), Y: e.Throughput}
+	}
+	l, s, err := plotter.NewLinePoints(pts)
+	if err != nil {
+		return nil, err
+	}
+	p.Add(l, s)
+	p.Legend.Add("per epoch", l, s)
+	p.Y.Min = 0
+	return p, nil
 }
 
 func newPanel(title, yLabel string) *plot.Plot {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"time"
 
@@ -83,8 +84,32 @@ func printProfile(s *trainer.Session, b trainer.Batch, w io.Writer, roofline str
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// runBench times training steps on one random batch; a step ends when
-// its loss is read back, so device work is included.
+// printHostGaps summarises the host gap of the traced training steps: how
+// long the device had nothing to do between one step's end and the next
+// step's start because the host was not ready (zero when the host loop
+// keeps it fed), beside the steps' own time.
+func printHostGaps(w io.Writer, s *trainer.Session, times, gaps []time.Duration) {
+	if len(gaps) == 0 {
+		fmt.Fprintf(w, "host gap per step: needs two steps (--profile 2 or more)\n")
+		return
+	}
+	how := "the host's clock from one step's end to the next step's launch (the device runs each step before the host goes on)"
+	if s.Pipelined() {
+		how = fmt.Sprintf("CUDA events around each step: the device idle between one step's end and the next one's start (%d steps queued at a time)", trainer.PipelineDepth)
+	}
+	q := func(ds []time.Duration, f float64) float64 {
+		ds = slices.Clone(ds)
+		slices.Sort(ds)
+		return ms(ds[min(len(ds)-1, int(f*float64(len(ds))))])
+	}
+	fmt.Fprintf(w, "host gap per step over %d steps, from %s:\n", len(gaps), how)
+	fmt.Fprintf(w, "  gap:  median %.3f ms, 90th percentile %.3f ms, max %.3f ms\n", q(gaps, 0.5), q(gaps, 0.9), q(gaps, 1))
+	fmt.Fprintf(w, "  step: median %.3f ms, 90th percentile %.3f ms, max %.3f ms\n", q(times, 0.5), q(times, 0.9), q(times, 1))
+}
+
+// runBench times training steps on one random batch: each step alone (it
+// ends when its loss is read back, so device work is included), then as
+// many steps submitted one after the other as training does.
 func (r *runner) runBench() (int, error) {
 	sess, o := r.sess, r.o
 	sp := sess.Spec
@@ -125,10 +150,41 @@ func (r *runner) runBench() (int, error) {
 	med := times[len(times)/2]
 	fmt.Fprintf(o.stdout, "bench: %s on %s, batch %d: median step %.3f ms over %d steps (min %.3f, max %.3f), %.0f images/s, arena %d bytes\n",
 		sp.Model, sess.Dev.Name(), o.batch, 1e3*med, len(times), 1e3*times[0], 1e3*times[len(times)-1], float64(o.batch)/med, sp.ArenaBytes)
+	// the steady state as training runs it: steps submitted without
+	// waiting, the host one step ahead where the device allows
+	depth := 1
+	if sess.Pipelined() {
+		depth = trainer.PipelineDepth
+	}
+	// with --profile these steps are traced for the host gap
+	sess.TraceGaps = o.profile > 0
+	var gaps, stepTimes []time.Duration
+	traced := func(r trainer.StepResult) error {
+		if r.Timed {
+			stepTimes = append(stepTimes, r.Time)
+		}
+		if r.HasGap {
+			gaps = append(gaps, r.Gap)
+		}
+		return nil
+	}
+	t0 := time.Now()
+	for range o.bench {
+		if err := sess.Submit(b, traced); err != nil {
+			return ExitError, err
+		}
+	}
+	if err := sess.Flush(); err != nil {
+		return ExitError, err
+	}
+	per := time.Since(t0).Seconds() / float64(o.bench)
+	fmt.Fprintf(o.stdout, "bench: pipelined (%d steps submitted without waiting, %d queued at a time): %.3f ms per step, %.0f images/s (wall clock)\n",
+		o.bench, depth, 1e3*per, float64(o.batch)/per)
 	if o.profile > 0 {
 		if err := printProfile(sess, b, o.stdout, o.roofline); err != nil {
 			return ExitError, err
 		}
+		printHostGaps(o.stdout, sess, stepTimes, gaps)
 	}
 	return ExitOK, nil
 }

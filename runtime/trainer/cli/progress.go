@@ -19,6 +19,8 @@ type recorder struct {
 	progress *progress
 	curves   curves
 	steps    int // steps of this run
+	// the traced steps' device times and host gaps, for --profile
+	times, gaps []time.Duration
 }
 
 func newRecorder(r *runner, perEpoch int) *recorder {
@@ -40,8 +42,17 @@ func (rec *recorder) step(m *trainer.StepMetrics) error {
 			return err
 		}
 	}
+	if m.Timed {
+		rec.times = append(rec.times, m.DeviceTime)
+		if m.HasGap {
+			rec.gaps = append(rec.gaps, m.HostGap)
+		}
+	}
 	if p := rec.r.o.profile; p > 0 && rec.steps == p {
-		return printProfile(rec.r.sess, m.Input, rec.r.out, rec.r.o.roofline)
+		if err := printProfile(rec.r.sess, m.Input, rec.r.out, rec.r.o.roofline); err != nil {
+			return err
+		}
+		printHostGaps(rec.r.out, rec.r.sess, rec.times, rec.gaps)
 	}
 	return nil
 }
@@ -57,6 +68,14 @@ func (rec *recorder) epoch(e *trainer.EpochMetrics) error {
 	if e.Tested {
 		line += fmt.Sprintf(", test loss %.4f, test accuracy %.2f%%", e.TestLoss, 100*e.TestAcc)
 	}
+	line += fmt.Sprintf(", lr %.4g, %.0f images/s", e.LR, e.Throughput)
+	if e.Best {
+		line += " (best so far"
+		if o.keepBest != "" {
+			line += ": written to " + o.keepBest
+		}
+		line += ")"
+	}
 	fmt.Fprintln(rec.r.out, line)
 	if o.plot != "" {
 		rec.curves.epochs = append(rec.curves.epochs, *e)
@@ -71,7 +90,10 @@ func (rec *recorder) plot() error {
 	if rec.r.o.plot == "" || rec.steps == 0 {
 		return nil
 	}
-	return rec.curves.draw(rec.r.o.plot, rec.r.spec.Model)
+	if err := rec.curves.draw(rec.r.o.plot, rec.r.spec.Model); err != nil {
+		return fmt.Errorf("--plot %s: %w", rec.r.o.plot, err)
+	}
+	return nil
 }
 
 // isTerminal says whether w is a terminal (not a file or a pipe).

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -44,6 +47,8 @@ type runner struct {
 	dev      device.Device
 	sess     *trainer.Session
 	resumed  *trainer.RunState // the checkpoint's run, when resuming
+	meta     map[string]string // the --resume checkpoint's metadata
+	best     *trainer.Best     // --keep-best, --patience
 	train    data.Dataset
 	test     data.Dataset
 	log      *jsonLog
@@ -94,17 +99,102 @@ func (r *runner) checkOptions() error {
 		return usagef("--device %s: want auto, cpu or cuda", o.device)
 	case o.evalOnly:
 		return r.checkMemoryBudget()
-	case o.epochs < 0 || o.maxSteps < 0 || o.profile < 0 || o.bench < 0:
-		return usagef("--epochs, --max-steps, --profile and --bench must not be negative")
 	case o.init != "" && o.resume != "":
 		return usagef("--init and --resume exclude each other: --resume continues a run, --init starts one from given weights")
 	case o.plot != "" && !strings.HasSuffix(strings.ToLower(o.plot), ".png") && !strings.HasSuffix(strings.ToLower(o.plot), ".svg"):
 		return usagef("--plot %s: write a .png or .svg file", o.plot)
 	}
+	if o.bench == 0 {
+		if err := r.checkDataGiven(); err != nil {
+			return err
+		}
+	}
+	if o.resume == "" { // else the checkpoint's rate may replace it
+		if _, err := r.lr32(); err != nil {
+			return err
+		}
+	}
+	if err := checkOutputFolder("plot", o.plot); err != nil {
+		return err
+	}
+	if err := checkNotNegative(map[string]int64{"epochs": int64(o.epochs), "max-steps": o.maxSteps, "profile": int64(o.profile), "bench": int64(o.bench)}); err != nil {
+		return err
+	}
+	if err := r.checkBestOptions(); err != nil {
+		return err
+	}
 	if _, _, err := parseRoofline(o.roofline); err != nil {
 		return usageError{err}
 	}
 	return r.checkMemoryBudget()
+}
+
+// checkOutputFolder refuses a file a flag names (when given) in a folder
+// that does not exist, before any work: --plot is written after training.
+func checkOutputFolder(flag, path string) error {
+	if path == "" {
+		return nil
+	}
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("--%s %s: the folder %s does not exist", flag, path, dir)
+	case err != nil:
+		return fmt.Errorf("--%s %s: %w", flag, path, err)
+	case !fi.IsDir():
+		return fmt.Errorf("--%s %s: %s is not a folder", flag, path, dir)
+	}
+	return nil
+}
+
+// checkNotNegative refuses a negative count, naming its flag (the first
+// in alphabetical order when several are).
+func checkNotNegative(counts map[string]int64) error {
+	for _, flag := range slices.Sorted(maps.Keys(counts)) {
+		if n := counts[flag]; n < 0 {
+			return usagef("--%s %d: want 0 or more", flag, n)
+		}
+	}
+	return nil
+}
+
+// checkBestOptions checks --keep-best, --keep-best-by and --patience.
+func (r *runner) checkBestOptions() error {
+	o := r.o
+	if o.keepBest == "" && o.patience == 0 {
+		if o.changed("keep-best-by") {
+			return usagef("--keep-best-by chooses the best epoch for --keep-best or --patience: give one of them")
+		}
+		return nil
+	}
+	best, err := trainer.NewBest(o.keepBestBy, o.patience)
+	if err != nil {
+		if o.patience < 0 {
+			return usagef("--patience %d: want 0 (never stop early) or more epochs", o.patience)
+		}
+		return usagef("--keep-best-by %w", err)
+	}
+	flag := "--keep-best"
+	if o.keepBest == "" {
+		flag = "--patience"
+	}
+	switch {
+	case o.test == "":
+		return usagef("%s needs --test: the best epoch is the one with the best test %s", flag, o.keepBestBy)
+	case o.keepBest != "" && o.checkpoint != "" && samePath(o.keepBest, o.checkpoint):
+		return usagef("--keep-best %s is the --checkpoint: give the best epoch a file of its own", o.keepBest)
+	}
+	r.best = best
+	return nil
+}
+
+// samePath says whether two paths name the same file (by their absolute
+// forms: neither need exist yet).
+func samePath(a, b string) bool {
+	x, errA := filepath.Abs(a)
+	y, errB := filepath.Abs(b)
+	return errA == nil && errB == nil && x == y
 }
 
 func (r *runner) checkMemoryBudget() error {
@@ -130,21 +220,33 @@ func sizeWithBytes(n int64) string { return fmt.Sprintf("%s (%d bytes)", units.F
 // same file, stops the run here. Temporary files of earlier writers are
 // removed: whoever held the lock is gone.
 func (r *runner) lockCheckpoint() error {
-	path := r.o.checkpoint
-	if path == "" || r.o.evalOnly {
+	if r.o.evalOnly {
+		return nil
+	}
+	if err := r.lockFile("checkpoint", r.o.checkpoint); err != nil {
+		return err
+	}
+	return r.lockFile("keep-best", r.o.keepBest)
+}
+
+// lockFile takes the lock of a checkpoint file a flag names (when given).
+func (r *runner) lockFile(flag, path string) error {
+	if path == "" {
 		return nil
 	}
 	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
-		return usagef("--checkpoint %s: not a regular file", path)
+		return usagef("--%s %s: not a regular file", flag, path)
 	}
 	lock, err := checkpoint.Acquire(path, fmt.Sprintf("a trainer of model %s", r.spec.Model))
 	if err != nil {
-		return fmt.Errorf("--checkpoint: %w", err)
+		return fmt.Errorf("--%s: %w", flag, err)
 	}
-	r.lock = lock
+	if flag == "checkpoint" {
+		r.lock = lock
+	}
 	r.closers = append(r.closers, lock.Release)
 	if _, err := checkpoint.RemoveStaleTemps(path); err != nil {
-		return fmt.Errorf("--checkpoint %s: removing an earlier writer's temporary files: %w", path, err)
+		return fmt.Errorf("--%s %s: removing an earlier writer's temporary files: %w", flag, path, err)
 	}
 	return nil
 }
@@ -244,8 +346,20 @@ func (r *runner) restore() error {
 	if err := r.adoptRunSettings(meta, st); err != nil {
 		return err
 	}
+	r.meta = meta
+	if saved, now := meta[trainer.MetaSchedule], r.spec.Schedule; saved != "" && saved != now.String() || saved == "" && !now.IsConstant() {
+		// a trainer rebuilt with another schedule: its rates from here on
+		fmt.Fprintf(r.out, "the train block's learning-rate schedule %s replaces the checkpoint's %s\n", now, orConstant(saved))
+	}
 	r.resumed = &st
 	return nil
+}
+
+func orConstant(schedule string) string {
+	if schedule == "" {
+		return "constant"
+	}
+	return schedule
 }
 
 // adoptRunSettings takes the resumed run's settings, except those given
@@ -298,6 +412,17 @@ func (r *runner) useLR() error {
 	if r.o.evalOnly {
 		return nil // evaluation does not read it
 	}
+	lr, err := r.lr32()
+	if err != nil {
+		return err
+	}
+	r.sess.LR = lr
+	return nil
+}
+
+// lr32 is --lr as the kernels' float32, or a usage error naming where
+// the rate came from.
+func (r *runner) lr32() (float32, error) {
 	lr, err := trainer.LR32(r.o.lr)
 	if err != nil {
 		from := ""
@@ -308,8 +433,7 @@ func (r *runner) useLR() error {
 		default:
 			from = " (the train block's)"
 		}
-		return usagef("--lr %v%s: %v", r.o.lr, from, err)
+		return 0, usagef("--lr %v%s: %v", r.o.lr, from, err)
 	}
-	r.sess.LR = lr
-	return nil
+	return lr, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"syscall"
@@ -27,18 +28,34 @@ func (r *runner) openData() error {
 			return nil
 		}
 	}
-	if o.data == "" {
-		switch {
-		case o.evalOnly:
-			return usagef("--eval-only evaluates --test, or --data when --test is empty: give one")
-		case r.spec.TrainData.Path == "":
-			return usagef("--data is needed: model %s has no data block to take it from", r.spec.Model)
-		}
-		return usagef("--data is empty: give the training data")
+	if err := r.checkDataGiven(); err != nil {
+		return err
 	}
 	ds, err := r.openSource("data", o.data, r.spec.TrainData)
 	r.train = ds
-	return err
+	if err != nil || r.test == nil {
+		return err
+	}
+	if err := trainer.CheckSameClasses(r.train, r.test); err != nil {
+		return fmt.Errorf("%s: %s: %w; give it the class folders of --data %s (an empty one needs --skip-bad)",
+			r.origin("test", testSource(r.spec)), o.test, err, o.data)
+	}
+	return nil
+}
+
+// checkDataGiven refuses an empty --data where the run needs it: for
+// training, or for --eval-only without --test.
+func (r *runner) checkDataGiven() error {
+	o := r.o
+	switch {
+	case o.data != "" || o.evalOnly && o.test != "":
+		return nil
+	case o.evalOnly:
+		return usagef("--eval-only evaluates --test, or --data when --test is empty: give one")
+	case r.spec.TrainData.Path == "":
+		return usagef("--data is needed: model %s has no data block to take it from", r.spec.Model)
+	}
+	return usagef("--data is empty: give the training data")
 }
 
 // openSource opens one data flag's dataset.
@@ -92,9 +109,12 @@ func (r *runner) evalOnly() (int, error) {
 func (r *runner) runTraining() (int, error) {
 	o := r.o
 	loop := &trainer.Loop{Session: r.sess, Train: r.train, Test: r.test, Epochs: o.epochs, Batch: o.batch,
-		NoShuffle: o.noShuffle, MaxSteps: o.maxSteps}
+		NoShuffle: o.noShuffle, MaxSteps: o.maxSteps, Schedule: r.spec.Schedule}
 	if err := loop.Prepare(); err != nil {
 		return ExitError, err
+	}
+	if s := r.spec.Schedule; !s.IsConstant() {
+		fmt.Fprintf(r.out, "learning rate: %s of base %v (--lr) over %d epochs of %d steps\n", s, r.sess.LR, o.epochs, loop.BatchesPerEpoch())
 	}
 	if err := r.startPosition(loop); err != nil {
 		return ExitError, err
@@ -103,18 +123,61 @@ func (r *runner) runTraining() (int, error) {
 		return ExitError, err
 	}
 	if o.checkpoint != "" {
-		loop.Save = func(at trainer.Position) error {
-			st := trainer.RunState{Position: at, Epochs: o.epochs, Batch: o.batch, NoShuffle: o.noShuffle, Samples: r.train.Len()}
-			return r.sess.Save(o.checkpoint, st.Meta())
-		}
+		loop.Save = func(at trainer.Position) error { return r.sess.Save(o.checkpoint, r.runMeta(at)) }
+	}
+	if err := r.followBest(loop); err != nil {
+		return ExitError, err
 	}
 	rec := newRecorder(r, loop.BatchesPerEpoch())
 	loop.OnStep, loop.OnEpoch = rec.step, rec.epoch
+	r.sess.TraceGaps = o.profile > 0 // --profile shows the host gap per step
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	res, err := loop.Run(ctx)
 	rec.progress.done()
 	return r.report(res, err, rec, loop.BatchesPerEpoch())
+}
+
+// runMeta is what a checkpoint of the run at position at says besides the
+// session's own metadata: where the run is and its settings, the best
+// epoch's state (--keep-best, --patience), the class names.
+func (r *runner) runMeta(at trainer.Position) map[string]string {
+	o := r.o
+	st := trainer.RunState{Position: at, Epochs: o.epochs, Batch: o.batch, NoShuffle: o.noShuffle, Samples: r.train.Len()}
+	meta := st.Meta()
+	if r.best != nil {
+		maps.Copy(meta, r.best.Meta())
+	}
+	if names := trainer.ClassNames(r.train); names != nil {
+		meta[trainer.MetaClasses] = trainer.EncodeClassNames(names)
+	}
+	return meta
+}
+
+// followBest hands --keep-best and --patience to the loop, with the best
+// so far when resuming a run that followed the same metric.
+func (r *runner) followBest(loop *trainer.Loop) error {
+	o := r.o
+	if r.best == nil {
+		return nil
+	}
+	loop.Best = r.best
+	if o.keepBest != "" {
+		loop.SaveBest = func(at trainer.Position) error { return r.sess.Save(o.keepBest, r.runMeta(at)) }
+	}
+	if r.meta == nil {
+		return nil
+	}
+	ok, err := r.best.Restore(r.meta)
+	switch {
+	case err != nil:
+		return fmt.Errorf("--resume %s: %w", o.resume, err)
+	case ok && r.best.Epoch > 0:
+		fmt.Fprintf(r.out, "best so far: %s (%d epochs since)\n", r.best.Describe(), r.best.Stale)
+	case !ok && trainer.FollowedBy(r.meta) != "":
+		fmt.Fprintf(r.out, "--keep-best-by %s: the checkpoint's run followed the test %s; the best epoch is chosen afresh from here\n", o.keepBestBy, trainer.FollowedBy(r.meta))
+	}
+	return nil
 }
 
 // startPosition checks a resumed run's state against the data and starts
@@ -178,6 +241,8 @@ func (r *runner) explain(res trainer.Result, err error, rec *recorder, perEpoch 
 		return ExitDiverged, errors.New(msg + ". Try a lower --lr")
 	case err != nil:
 		return ExitError, err
+	case res.Stop == trainer.EarlyStopped:
+		fmt.Fprintln(r.out, r.earlyStopLine(rec))
 	case res.Stop == trainer.Interrupted:
 		if o.checkpoint != "" {
 			return ExitInterrupted, fmt.Errorf("interrupted after step %d; checkpoint written to %s. Continue with: --resume %s", r.sess.Step, o.checkpoint, o.checkpoint)
@@ -197,6 +262,19 @@ func (r *runner) explain(res trainer.Result, err error, rec *recorder, perEpoch 
 		fmt.Fprintf(r.out, "nothing to train: the run is %s, the last of its %d (--epochs N trains on to epoch N)\n", res.At.Describe(perEpoch), o.epochs)
 	}
 	return ExitOK, nil
+}
+
+// earlyStopLine says why --patience ended the run, and where the best is.
+func (r *runner) earlyStopLine(rec *recorder) string {
+	o, b := r.o, r.best
+	line := fmt.Sprintf("stopped early: the test %s has not improved for %d epochs (--patience %d); the best is %s", b.By, b.Stale, b.Patience, b.Describe())
+	if rec.steps == 0 {
+		line = "nothing to train: " + line
+	}
+	if o.keepBest != "" {
+		line += ", in " + o.keepBest
+	}
+	return line
 }
 
 // jsonLog is --log: one JSON object per line; a failed write stops the

@@ -1,4 +1,4 @@
-package reference
+package ops
 
 // Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
 // 3", SC'11): a counter-based generator. The same (key, counter) always

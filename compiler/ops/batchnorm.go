@@ -1,0 +1,384 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// batchnorm2d(x, momentum=0.1, eps=1e-5, affine=true) over maps [C,H,W]
+// and batchnorm1d over features [F]: PyTorch's nn.BatchNorm2d and
+// nn.BatchNorm1d, with their state_dict — NAME.weight and NAME.bias
+// (affine), buffers NAME.running_mean, NAME.running_var and
+// NAME.num_batches_tracked (int64).
+//
+// A call lowers to two nodes (DSL.Expand):
+//
+//	mean, invstd = batchnorm_stats(x, running_mean, running_var, num_batches_tracked)
+//	y            = batchnorm2d(x, mean, invstd, weight?, bias?)   y = (x-mean)·invstd·weight + bias
+//
+// In training, batchnorm_stats computes the batch's per-channel mean and
+// biased variance, invstd = 1/sqrt(var+eps), and updates the running
+// statistics in place — running = (1-momentum)·running + momentum·batch,
+// the variance unbiased, n/(n-1), n the values per channel — and counts the
+// batch; in evaluation its outputs are the running statistics and nothing
+// changes. The statistics node writes buffers, so the planner never
+// recomputes it (ir.OpInfo.Mutates): a recomputed normalisation reuses the
+// saved batch statistics and is bit-identical. Both it and the gradient
+// read the whole batch (BatchCoupled): the planner never puts them in a
+// micro-batch loop. The gradient (batchnorm_grad) differentiates through
+// the statistics as PyTorch's does:
+//
+//	dx = invstd·(g - mean(g) - x̂·mean(g·x̂)),  g = dy·weight, x̂ = (x-mean)·invstd
+//	dweight = Σ dy·x̂,  dbias = Σ dy
+//
+// A padded last batch (fewer valid samples than the compiled batch) is
+// normalised over the valid samples only, and its padding gets no
+// gradient. Unlike PyTorch, which refuses a batch of one value per channel
+// in training, such a batch (a last batch of one sample through
+// batchnorm1d) updates the running variance with the biased variance, 0.
+
+var (
+	attrEps      = ir.AttrSpec{Name: "eps", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.Eps) }}
+	attrMomentum = ir.AttrSpec{Name: "momentum", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.Momentum) }}
+	// affine is the blocks' Bias flag: batch norm learns weight and bias
+	attrAffine = ir.AttrSpec{Name: "affine", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.Bias) }}
+)
+
+var BatchNormStats = New(&Def{
+	OpInfo: ir.OpInfo{
+		Name: "batchnorm_stats", Attrs: []ir.AttrSpec{attrEps, attrMomentum}, Infer: inferBNStats, FLOPs: flopsBNStats,
+		ParamTypes: bnParamTypes, BatchCoupled: true, Mutates: func(*ir.Node) []int { return []int{1, 2, 3} },
+	},
+	Doc:    "a batch norm's per-channel statistics (the batch's in training, updating the running ones; the running ones in evaluation)",
+	NoGrad: "differentiated by batchnorm_grad, which the batch norm reading the statistics emits",
+	Ref:    refBNStats,
+	Kernel: Kernel{Custom: "batchnorm"},
+	// evaluation's statistics are the running ones, which the exported
+	// BatchNormalization reads itself: nothing to emit
+	ONNX: &ONNX{Emit: func(ONNXEmitter, *ir.Node) error { return nil }},
+})
+
+var BatchNorm2D = New(bnDef("batchnorm2d", 3, 90, "nn.BatchNorm2d", "`[C,H,W]` -> same shape, normalised per channel over the batch and the map"))
+
+var BatchNorm1D = New(bnDef("batchnorm1d", 1, 91, "nn.BatchNorm1d", "`[F]` -> same shape, normalised per feature over the batch"))
+
+var BatchNormGrad = New(&Def{
+	OpInfo: ir.OpInfo{
+		Name: "batchnorm_grad", Attrs: []ir.AttrSpec{attrAffine}, Infer: inferBNGrad, FLOPs: flopsPerInput0(10),
+		BatchCoupled: true,
+	},
+	Doc:    "a batch norm's input, weight and bias gradients, through the batch statistics",
+	NoGrad: "a gradient op",
+	Ref:    refBNGrad,
+	Kernel: Kernel{Custom: "batchnorm"},
+})
+
+// bnDef is the definition of batchnorm2d or batchnorm1d: the normalisation
+// node a call lowers to, after its statistics.
+func bnDef(name string, rank, order int, torch, shape string) *Def {
+	features := rank == 1
+	examples := []string{name + "(x)", name + "(x, momentum=0.3, eps=0.001)", name + "(x, affine=false)"}
+	tc := []string{
+		"F.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=0.1, eps=1e-5)",
+		"F.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=0.3, eps=0.001)",
+		"F.batch_norm(x, running_mean, running_var, None, None, training=True, momentum=0.1, eps=1e-5)",
+	}
+	return &Def{
+		OpInfo: ir.OpInfo{
+			Name: name, Infer: inferBN(rank), FLOPs: flopsPerOutput(4), ParamTypes: bnParamTypes, InPlace: inPlace0,
+		},
+		Doc: "batch normalisation",
+		DSL: &DSL{
+			Name: name, Order: order, Tensors: 1, Features: features,
+			Args: []ArgSpec{
+				{Name: "momentum", Kind: ArgFloat, Min: 0, Default: "0.1", Note: "at most 1; PyTorch's momentum=None (a cumulative average) is not offered", Doc: "weight of the batch in the running statistics"},
+				{Name: "eps", Kind: ArgFloat, Positive: true, Default: "1e-5", Doc: "added to the variance"},
+				{Name: "affine", Kind: ArgBool, Default: "true", Doc: "learn a per-channel weight and bias"},
+			},
+			Attrs: func(a Args) (ir.Attrs, error) {
+				at := ir.Attrs{Momentum: a.Float("momentum", 0.1), Eps: a.Float("eps", 1e-5), Bias: a.Bool("affine", true)}
+				if at.Momentum > 1 {
+					return at, &ArgError{Arg: "momentum", Msg: fmt.Sprintf("momentum must be at most 1 (the batch's weight in the running statistics), got %g", at.Momentum)}
+				}
+				return at, nil
+			},
+			Params: func(a Args) []ParamSpec {
+				if !a.Bool("affine", true) {
+					return nil
+				}
+				return []ParamSpec{{Suffix: "weight", Init: ir.InitOnes}, {Suffix: "bias", Init: ir.InitZeros}}
+			},
+			Buffers: func(Args) []ParamSpec {
+				return []ParamSpec{{Suffix: "running_mean", Init: ir.InitZeros}, {Suffix: "running_var", Init: ir.InitOnes},
+					{Suffix: "num_batches_tracked", Init: ir.InitZeros}}
+			},
+			Expand:   expandBN,
+			Shape:    shape,
+			ParamDoc: "`weight [C]`, `bias [C]` (affine); buffers `running_mean [C]`, `running_var [C]`, `num_batches_tracked` (int64)",
+			PyTorch:  torch,
+			Examples: examples,
+			Torch:    tc,
+		},
+		Grad: bnGrad,
+		Ref:  refBNApply,
+		Kernel: Kernel{Elementwise: "batchnorm_apply", Data: func(n *ir.Node) map[string]any {
+			c, s := bnGeom(n.Ins[0].Type)
+			return map[string]any{"C": c, "S": s, "Affine": len(n.Ins) == 5}
+		}, Suffix: func(n *ir.Node) string {
+			if len(n.Ins) == 5 {
+				return "affine"
+			}
+			return "plain"
+		}},
+		ONNX: &ONNX{Emit: emitBN},
+	}
+}
+
+// expandBN puts the statistics node before the normalisation node n, whose
+// inputs lowering gave as x, weight?, bias?, running_mean, running_var,
+// num_batches_tracked.
+func expandBN(n *ir.Node, g *ir.Graph) []*ir.Node {
+	k := len(n.Ins) - 3
+	x, params, buffers := n.Ins[0], n.Ins[1:k], n.Ins[k:]
+	name := n.Out().Name
+	stats := g.NewNode(BatchNormStats, n.Name, ir.Forward, n.Pos, append([]*ir.Value{x}, buffers...),
+		[]string{name + ".mean", name + ".invstd"}, ir.RoleActivation)
+	stats.Attrs = n.Attrs
+	n.Ins = append([]*ir.Value{x, stats.Outs[0], stats.Outs[1]}, params...)
+	return []*ir.Node{stats, n}
+}
+
+// bnGrad emits batchnorm_grad: dx (always), and the parameters' gradients.
+// The statistics get none: this rule differentiates through them.
+func bnGrad(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
+	x := n.Ins[0]
+	affine := len(n.Ins) == 5
+	ins := []*ir.Value{dy, x, n.Ins[1], n.Ins[2]}
+	outs := []string{x.Name + ".grad"}
+	if affine {
+		ins = append(ins, n.Ins[3])
+		outs = append(outs, n.Ins[3].Name+".grad", n.Ins[4].Name+".grad")
+	}
+	gn := b.Node(BatchNormGrad, n, ir.Attrs{Bias: affine}, ins, outs, ir.RoleActGrad)
+	gs := make([]*ir.Value, len(n.Ins))
+	gs[0] = gn.Outs[0]
+	if affine {
+		for i, p := range n.Ins[3:5] {
+			v := gn.Outs[1+i]
+			v.Role, v.Param = ir.RoleGrad, p.Param
+			gs[3+i] = v
+		}
+	}
+	return gs
+}
+
+// bnGeom: a [C,...] type's channels and values per channel per sample.
+func bnGeom(t ir.Type) (c, s int64) {
+	return t.Dims[0], t.SampleElems() / t.Dims[0]
+}
+
+func channelType(x ir.Type) ir.Type { return ir.F32Fixed(x.Dims[0]) }
+
+func bnParamTypes(n *ir.Node) (map[string]ir.Type, int64, bool) {
+	x := n.Ins[0].Type
+	if x.DType != ir.F32 || len(x.Dims) == 0 {
+		return nil, 0, false
+	}
+	c := channelType(x)
+	return map[string]ir.Type{"weight": c, "bias": c, "running_mean": c, "running_var": c,
+		"num_batches_tracked": {DType: ir.I64}}, 0, true
+}
+
+func inferBNStats(n *ir.Node) ([]ir.Type, error) {
+	x := in(n, 0)
+	if x.DType != ir.F32 || !x.Batched || (len(x.Dims) != 3 && len(x.Dims) != 1) {
+		return nil, fmt.Errorf("batchnorm_stats needs [B,C,H,W] or [B,F], but %s is %s", n.Ins[0].Name, x)
+	}
+	c := channelType(x)
+	if len(n.Ins) != 4 || !in(n, 1).Equal(c) || !in(n, 2).Equal(c) || !in(n, 3).Equal(ir.Type{DType: ir.I64}) {
+		return nil, fmt.Errorf("batchnorm_stats takes x, running_mean and running_var %s, and num_batches_tracked i64[]", c)
+	}
+	return []ir.Type{c, c}, nil
+}
+
+func inferBN(rank int) func(n *ir.Node) ([]ir.Type, error) {
+	layout := "[B,C,H,W]"
+	if rank == 1 {
+		layout = "[B,features]"
+	}
+	return func(n *ir.Node) ([]ir.Type, error) {
+		x := in(n, 0)
+		if err := needRank(n, 0, x, rank, layout); err != nil {
+			if rank == 1 && x.DType == ir.F32 && x.Batched && len(x.Dims) == 3 {
+				return nil, fmt.Errorf("batchnorm1d normalises features [B,F], but %s is %s: batchnorm2d normalises maps", n.Ins[0].Name, x)
+			}
+			if rank == 3 && x.DType == ir.F32 && x.Batched && len(x.Dims) == 1 {
+				return nil, fmt.Errorf("batchnorm2d normalises maps [B,C,H,W], but %s is %s: batchnorm1d normalises features", n.Ins[0].Name, x)
+			}
+			return nil, err
+		}
+		c := channelType(x)
+		if len(n.Ins) != 3 && len(n.Ins) != 5 {
+			return nil, fmt.Errorf("%s takes x, mean, invstd and optionally weight and bias, got %d inputs", n.Op, len(n.Ins))
+		}
+		for _, v := range n.Ins[1:] {
+			if !v.Type.Equal(c) {
+				return nil, fmt.Errorf("%s: %s is %s, want %s", n.Op, v.Name, v.Type, c)
+			}
+		}
+		return []ir.Type{x}, nil
+	}
+}
+
+func inferBNGrad(n *ir.Node) ([]ir.Type, error) {
+	want := 4
+	if n.Attrs.Bias {
+		want = 5
+	}
+	if len(n.Ins) != want {
+		return nil, fmt.Errorf("batchnorm_grad takes %d inputs, got %d", want, len(n.Ins))
+	}
+	dy, x := in(n, 0), in(n, 1)
+	if !dy.Equal(x) || x.DType != ir.F32 || !x.Batched || len(x.Dims) == 0 {
+		return nil, fmt.Errorf("batchnorm_grad: gradient %s is %s but the input %s is %s", n.Ins[0].Name, dy, n.Ins[1].Name, x)
+	}
+	c := channelType(x)
+	for _, v := range n.Ins[2:] {
+		if !v.Type.Equal(c) {
+			return nil, fmt.Errorf("batchnorm_grad: %s is %s, want %s", v.Name, v.Type, c)
+		}
+	}
+	if n.Attrs.Bias {
+		return []ir.Type{x, c, c}, nil
+	}
+	return []ir.Type{x}, nil
+}
+
+// flopsBNStats: the mean (a sum), the variance (difference, square, sum),
+// per element.
+func flopsBNStats(n *ir.Node) int64 { return ir.MulSat(4, n.Ins[0].Type.SampleElems()) }
+
+func flopsPerInput0(k int64) func(*ir.Node) int64 {
+	return func(n *ir.Node) int64 { return ir.MulSat(k, n.Ins[0].Type.SampleElems()) }
+}
+
+// bnValues visits channel c's values of a [B,C,S] tensor in order.
+func bnValues(b, c, s int, ch int, visit func(i int)) {
+	for k := 0; k < b; k++ {
+		for j := 0; j < s; j++ {
+			visit((k*c+ch)*s + j)
+		}
+	}
+}
+
+func refBNStats(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
+	x, rm, rv, nbt := ins[0], ins[1], ins[2], ins[3]
+	c64, s64 := bnGeom(n.Ins[0].Type)
+	c, s := int(c64), int(s64)
+	mean, invstd := make([]float64, c), make([]float64, c)
+	eps, m := n.Attrs.Eps, n.Attrs.Momentum
+	if !env.Training {
+		for ch := range mean {
+			mean[ch], invstd[ch] = rm[ch], 1/math.Sqrt(rv[ch]+eps)
+		}
+		return [][]float64{mean, invstd}
+	}
+	count := float64(env.Batch * s)
+	for ch := 0; ch < c; ch++ {
+		sum := 0.0
+		bnValues(env.Batch, c, s, ch, func(i int) { sum += x[i] })
+		mu := sum / count
+		sq := 0.0
+		bnValues(env.Batch, c, s, ch, func(i int) { sq += (x[i] - mu) * (x[i] - mu) })
+		v := sq / count
+		mean[ch], invstd[ch] = mu, 1/math.Sqrt(v+eps)
+		if env.Update {
+			unbiased := v
+			if count > 1 {
+				unbiased = v * count / (count - 1)
+			}
+			rm[ch] = (1-m)*rm[ch] + m*mu
+			rv[ch] = (1-m)*rv[ch] + m*unbiased
+		}
+	}
+	if env.Update {
+		nbt[0]++
+	}
+	return [][]float64{mean, invstd}
+}
+
+func refBNApply(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
+	x, mean, invstd := ins[0], ins[1], ins[2]
+	c64, s64 := bnGeom(n.Ins[0].Type)
+	c, s := int(c64), int(s64)
+	y := make([]float64, len(x))
+	for i, v := range x {
+		ch := (i / s) % c
+		y[i] = (v - mean[ch]) * invstd[ch]
+		if len(ins) == 5 {
+			y[i] = y[i]*ins[3][ch] + ins[4][ch]
+		}
+	}
+	return [][]float64{y}
+}
+
+func refBNGrad(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
+	dy, x, mean, invstd := ins[0], ins[1], ins[2], ins[3]
+	c64, s64 := bnGeom(n.Ins[1].Type)
+	c, s := int(c64), int(s64)
+	affine := len(ins) == 5
+	dx, dw, db := make([]float64, len(x)), make([]float64, c), make([]float64, c)
+	count := float64(env.Batch * s)
+	for ch := 0; ch < c; ch++ {
+		w := 1.0
+		if affine {
+			w = ins[4][ch]
+		}
+		xhat := func(i int) float64 { return (x[i] - mean[ch]) * invstd[ch] }
+		var sg, sgx float64
+		bnValues(env.Batch, c, s, ch, func(i int) {
+			sg += dy[i] * w
+			sgx += dy[i] * w * xhat(i)
+			dw[ch] += dy[i] * xhat(i)
+			db[ch] += dy[i]
+		})
+		bnValues(env.Batch, c, s, ch, func(i int) {
+			if env.Training {
+				dx[i] = invstd[ch] * (dy[i]*w - sg/count - xhat(i)*sgx/count)
+			} else {
+				dx[i] = dy[i] * w * invstd[ch] // the statistics are constants
+			}
+		})
+	}
+	if affine {
+		return [][]float64{dx, dw, db}
+	}
+	return [][]float64{dx}
+}
+
+// emitBN exports evaluation: BatchNormalization(x, scale, bias, running
+// mean, running variance) with the statistics node's buffers (scale 1 and
+// bias 0 as constants without affine); the statistics node itself emits
+// nothing.
+func emitBN(e ONNXEmitter, n *ir.Node) error {
+	stats := n.Ins[1].Def
+	if stats == nil || stats.Op != BatchNormStats {
+		return fmt.Errorf("%s reads statistics no batchnorm_stats computed", n.Op)
+	}
+	c := n.Ins[0].Type.Dims[0]
+	var scale, bias string
+	if len(n.Ins) == 5 {
+		scale, bias = e.Name(n.Ins[3]), e.Name(n.Ins[4])
+	} else {
+		ones, zeros := make([]float32, c), make([]float32, c)
+		for i := range ones {
+			ones[i] = 1
+		}
+		scale, bias = e.Const(n.Name+".scale", []int64{c}, ones), e.Const(n.Name+".shift", []int64{c}, zeros)
+	}
+	ins := []string{e.Name(n.Ins[0]), scale, bias, e.Name(stats.Ins[1]), e.Name(stats.Ins[2])}
+	e.Node("BatchNormalization", ins, []string{e.Output(n.Out())}, FloatAttr("epsilon", stats.Attrs.Eps))
+	return nil
+}
