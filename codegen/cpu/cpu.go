@@ -76,9 +76,6 @@ func Supported(op ir.Op) bool {
 func unsupportedForm(n *ir.Node) string {
 	var why []string
 	a := n.Attrs
-	if a.Dil() != [2]int64{1, 1} || a.GroupCount() != 1 {
-		why = append(why, fmt.Sprintf("dilation %dx%d and groups=%d", a.Dil()[0], a.Dil()[1], a.GroupCount()))
-	}
 	if a.Smoothing != 0 {
 		why = append(why, fmt.Sprintf("label smoothing %g", a.Smoothing))
 	}
