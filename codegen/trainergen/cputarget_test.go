@@ -18,7 +18,8 @@ import (
 
 // A trainer of the CPU target (cnnc build --target cpu) has its kernels compiled into the binary
 // by go build (cgo, with flags go build allows) and trains where no compiler is installed; its
-// step's scalars (learning rate, step, valid count) reach the kernels through the scalar block.
+// step's scalars (learning rate, step, valid count) reach the kernels through the scalar block;
+// resume is bit-exact.
 func TestNativeCPUTrainerIsStandalone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a go build of a trainer module")
@@ -69,6 +70,20 @@ func TestNativeCPUTrainerIsStandalone(t *testing.T) {
 	for _, s := range steps {
 		assert.Equal(t, 64, s.Size)
 	}
+
+	// resume is bit-exact: 15 steps, then resumed to 30, write the checkpoint 30 steps wrote
+	half := filepath.Join(out, "half.safetensors")
+	for _, args := range [][]string{{"--max-steps", "15"}, {"--max-steps", "30", "--resume", half}} {
+		cmd := exec.Command(bin, append([]string{"--data", mnist, "--test", "", "--quiet", "--checkpoint", half}, args...)...)
+		cmd.Env = noToolsEnv(t)
+		b, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", b)
+	}
+	whole, err := os.ReadFile(filepath.Join(out, "m.safetensors"))
+	require.NoError(t, err)
+	resumed, err := os.ReadFile(half)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(whole, resumed), "the resumed run's checkpoint differs from the straight run's")
 }
 
 type logStep struct {
