@@ -8,10 +8,13 @@
 //
 // How: Lower builds the forward graph from the AST with parameter shapes
 // still unknown; then the passes table (passes.go) runs in order —
-// shapes, dce, autodiff, and later the fusion and memory passes. Each pass
-// is a small function over the graph, the IR verifier runs after every pass
-// in tests, and --dump-after prints the IR text after any of them. What is
-// specific to an op lives in tables: the DSL signature of each op
-// (lower.go), its type rule (ir/ops.go) and its gradient rule
-// (autodiff.go).
+// shapes, dce, autodiff, fuse — under order constraints checked when the
+// package initialises (passOrder). Each pass is a small function over the
+// graph, the IR verifier runs after every pass (RunPasses), and
+// --dump-after prints the IR text after any of them. Memory planning
+// follows in package compiler/plan, which reads the fused graph and writes
+// a Plan, not IR. What is specific to an op lives in one file of the op
+// registry (compiler/ops): its DSL signature, type rule, gradient rule,
+// float64 reference and kernel binding; lower.go, autodiff.go and fuse.go
+// read it.
 package compiler

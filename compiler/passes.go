@@ -1,6 +1,7 @@
 package compiler
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -25,22 +26,53 @@ type Pass struct {
 	Doc      string
 }
 
-// Passes run in this order. Order constraints:
-//   - shapes first: every later pass reads types, and parameter shapes are
-//     only known once it ran;
-//   - dce before autodiff, so no gradient is derived for dead layers;
-//   - autodiff adds the backward phase and the optimizer updates;
-//   - fuse after autodiff: it re-derives the backward over fused blocks
-//     (and so needs the optimizer state autodiff created); memory planning
-//     works on its result.
-//   - memory planning (package compiler/plan) follows the whole table: it
-//     reads the fused graph and produces a Plan, not IR, leaving
-//     Result.Graph untouched — plan.Build(res.Graph, ...).
+// Passes run in this order; passOrder states (and init checks) what that
+// order must respect. Memory planning (package compiler/plan) follows the
+// whole table: it reads the fused graph and produces a Plan, not IR,
+// leaving Result.Graph untouched — plan.Build(res.Graph, ...).
 var Passes = []Pass{
 	{Name: "shapes", Fn: shapesPass, Required: true, Doc: "infer every tensor's type, fill in parameter shapes, check each op's constraints"},
 	{Name: "dce", Fn: dcePass, Doc: "warn about layers the loss does not depend on, and remove them"},
 	{Name: "autodiff", Fn: autodiffPass, Required: true, Doc: "add the backward graph (one gradient rule per op) and the optimizer update"},
 	{Name: "fuse", Fn: fusePass, Doc: "fuse conv+bias+relu+maxpool, linear+bias+relu, softmax+cross-entropy, ReLU/pool gradients and optimizer updates into kernels"},
+}
+
+// passOrder lists the constraints on the order of Passes: each pair's first
+// pass must run before its second (as Go's SSA backend checks its table).
+var passOrder = []struct{ before, after, why string }{
+	{"shapes", "dce", "dce reads types"},
+	{"shapes", "autodiff", "gradients need every tensor's type and parameter shapes"},
+	{"shapes", "fuse", "fusion rules match on types"},
+	{"dce", "autodiff", "no gradient is derived for dead layers"},
+	{"autodiff", "fuse", "fuse re-derives the backward over fused blocks and needs the optimizer state autodiff created"},
+}
+
+func init() {
+	if err := checkPassOrder(Passes); err != nil {
+		panic(err)
+	}
+}
+
+// checkPassOrder reports every constraint of passOrder that passes break;
+// a constraint naming a pass that is not in the table is an error too (a
+// renamed pass must not silently drop its constraints).
+func checkPassOrder(passes []Pass) error {
+	index := map[string]int{}
+	for i, p := range passes {
+		index[p.Name] = i
+	}
+	var errs []error
+	for _, c := range passOrder {
+		b, okB := index[c.before]
+		a, okA := index[c.after]
+		switch {
+		case !okB || !okA:
+			errs = append(errs, fmt.Errorf("compiler: pass order constraint %s before %s names a pass not in the table", c.before, c.after))
+		case b >= a:
+			errs = append(errs, fmt.Errorf("compiler: pass %s must run before %s (%s)", c.before, c.after, c.why))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // PassNames lists the passes in order.
@@ -170,6 +202,11 @@ func RunPasses(ctx *Context, g *ir.Graph, opts Options) error {
 		if ctx.Diags.HasErrors() {
 			ctx.Diags.Sort()
 			return ctx.Diags.Errors()
+		}
+		// the graphs are small (the verifier is linear in them): a pass that
+		// breaks an invariant is caught here, named, not by a later pass
+		if err := g.Verify(); err != nil {
+			return fmt.Errorf("internal error: the IR after pass %s is invalid (please report it with the model): %w", p.Name, err)
 		}
 		if opts.AfterPass != nil {
 			if err := opts.AfterPass(p.Name, g); err != nil {

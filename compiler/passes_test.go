@@ -2,6 +2,7 @@ package compiler
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,8 +32,9 @@ func golden(t *testing.T, name, got string) {
 }
 
 // TestPassesBeforeAfter runs each pass of the table alone on the IR the
-// previous passes left, and compares the IR text before and after it with
-// golden files; the verifier runs after every pass.
+// previous passes left, and compares the IR text with one golden file per
+// pass output (NAME.lower.ir is the lowered input to the first pass,
+// NAME.PASS.ir what PASS leaves); the verifier runs after every pass.
 func TestPassesBeforeAfter(t *testing.T) {
 	for _, c := range []struct{ name, path string }{
 		{"mnist", "../examples/mnist.cnn"},
@@ -50,21 +52,63 @@ func TestPassesBeforeAfter(t *testing.T) {
 			require.False(t, diags.HasErrors(), "%v", diags)
 			g.Opt = &train.Optimizer
 			ctx := &Context{File: f, Train: train}
+			golden(t, filepath.Join("passes", c.name+".lower.ir"), g.Text())
 			for _, p := range Passes {
 				before := g.Text()
 				require.NoError(t, p.Fn(ctx, g))
 				require.False(t, ctx.Diags.HasErrors(), "%v", ctx.Diags)
 				require.NoError(t, g.Verify(), "after %s:\n%s", p.Name, g.Text())
 				after := g.Text()
-				golden(t, filepath.Join("passes", c.name+"."+p.Name+".before.ir"), before)
-				golden(t, filepath.Join("passes", c.name+"."+p.Name+".after.ir"), after)
+				golden(t, filepath.Join("passes", c.name+"."+p.Name+".ir"), after)
 				if p.Name != "dce" || c.name == "unused" {
 					// every pass but a dce with nothing to remove changes the IR
 					assert.NotEqual(t, before, after, "pass %s changed nothing", p.Name)
+				} else {
+					assert.Equal(t, before, after, "dce removed something from %s", c.name)
 				}
 			}
 		})
 	}
+}
+
+// The table's order respects every constraint, and checkPassOrder catches
+// a table that does not: each constraint broken alone by swapping its two
+// passes, and a constraint naming a pass that is gone.
+func TestPassOrderIsChecked(t *testing.T) {
+	require.NoError(t, checkPassOrder(Passes))
+	index := map[string]int{}
+	for i, p := range Passes {
+		index[p.Name] = i
+	}
+	for _, c := range passOrder {
+		swapped := append([]Pass(nil), Passes...)
+		i, j := index[c.before], index[c.after]
+		swapped[i], swapped[j] = swapped[j], swapped[i]
+		assert.ErrorContains(t, checkPassOrder(swapped), fmt.Sprintf("pass %s must run before %s", c.before, c.after))
+	}
+	var withoutDCE []Pass
+	for _, p := range Passes {
+		if p.Name != "dce" {
+			withoutDCE = append(withoutDCE, p)
+		}
+	}
+	assert.ErrorContains(t, checkPassOrder(withoutDCE), "names a pass not in the table")
+}
+
+// RunPasses runs the verifier after every pass and names the pass that
+// broke the graph.
+func TestRunPassesVerifiesEveryPass(t *testing.T) {
+	saved := Passes
+	defer func() { Passes = saved }()
+	breakGraph := func(_ *Context, g *ir.Graph) error {
+		g.Nodes = append(g.Nodes, g.Nodes[0]) // a node defined twice
+		return nil
+	}
+	Passes = append(append([]Pass(nil), saved...), Pass{Name: "broken", Fn: breakGraph})
+	_, err := CompileSource("m.cnn", []byte(header+"  f = linear(flatten(image), out=10)\n  loss = cross_entropy(f, label)\n}\n"), Options{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "internal error: the IR after pass broken is invalid")
+	assert.Contains(t, err.Error(), "defined twice")
 }
 
 // The IR text is deterministic: compiling twice prints the same bytes.

@@ -174,37 +174,64 @@ func splitUpdate(g *ir.Graph, w *ir.Node) error {
 // as the decisions say, and each separate update as early as its gradient
 // and the last read of its parameter allow.
 func (c *candidate) schedule(a *analysis) error {
-	g, d := c.g, c.d
 	byID := map[int]*ir.Node{}
-	for _, n := range g.Nodes {
+	for _, n := range c.g.Nodes {
 		byID[n.ID] = n
 	}
-	inLoop := func(n *ir.Node) bool {
-		switch d.loop {
-		case stepLoop:
-			return true
-		case trunkLoop:
-			o := a.ownerOf(n)
-			return o >= 0 && o <= d.cut
-		}
-		return false
+	splitIDs, err := c.applySplits(a, byID)
+	if err != nil {
+		return err
 	}
+	fwd, bwd, upd := phases(c.g)
+	bwd = weightGradientsFirst(a, bwd, splitIDs, byID)
+	seq, err := c.sequence(a, fwd, bwd)
+	if err != nil {
+		return err
+	}
+	c.steps = insertUpdates(seq, upd)
+	if err := c.measureLoops(a); err != nil {
+		return err
+	}
+	c.g.Nodes = graphOrder(c.g, c.steps)
+	return nil
+}
+
+// inLoop says whether node n runs inside the decisions' micro-batch loop.
+func (c *candidate) inLoop(a *analysis, n *ir.Node) bool {
+	switch c.d.loop {
+	case stepLoop:
+		return true
+	case trunkLoop:
+		o := a.ownerOf(n)
+		return o >= 0 && o <= c.d.cut
+	}
+	return false
+}
+
+// applySplits splits the fused weight-gradient updates the decisions split,
+// and those inside a loop (an update must not run once per micro-batch),
+// returning their node IDs.
+func (c *candidate) applySplits(a *analysis, byID map[int]*ir.Node) (map[int]bool, error) {
 	splitIDs := map[int]bool{}
 	for _, w := range a.fusedUpdates {
-		if d.split[w.ID] || inLoop(w) {
+		if c.d.split[w.ID] || c.inLoop(a, w) {
 			splitIDs[w.ID] = true
 		}
 	}
 	for _, w := range a.fusedUpdates {
 		if splitIDs[w.ID] {
 			n := byID[w.ID]
-			if err := splitUpdate(g, n); err != nil {
-				return err
+			if err := splitUpdate(c.g, n); err != nil {
+				return nil, err
 			}
 			c.split = append(c.split, n)
 		}
 	}
-	var fwd, bwd, upd []*ir.Node
+	return splitIDs, nil
+}
+
+// phases lists g's non-view nodes by phase, in graph order.
+func phases(g *ir.Graph) (fwd, bwd, upd []*ir.Node) {
 	for _, n := range g.Nodes {
 		switch {
 		case isView(n):
@@ -216,7 +243,12 @@ func (c *candidate) schedule(a *analysis) error {
 			bwd = append(bwd, n)
 		}
 	}
-	// a split layer's weight gradient moves before its input gradient
+	return fwd, bwd, upd
+}
+
+// weightGradientsFirst moves a split layer's weight gradient just before
+// its input gradient, so the gradient the update needs is ready earliest.
+func weightGradientsFirst(a *analysis, bwd []*ir.Node, splitIDs map[int]bool, byID map[int]*ir.Node) []*ir.Node {
 	moved := map[int]int{} // grad_input ID -> grad_weight ID
 	for id := range splitIDs {
 		if gi, ok := a.partner[id]; ok {
@@ -233,87 +265,106 @@ func (c *candidate) schedule(a *analysis) error {
 		}
 		ordered = append(ordered, n)
 	}
-	bwd = ordered
+	return ordered
+}
 
-	var seq []*pstep
-	add := func(ns []*ir.Node, loop int) {
-		for _, n := range ns {
-			seq = append(seq, &pstep{node: n, loop: loop})
+// steps wraps nodes as steps of loop (-1: none).
+func steps(ns []*ir.Node, loop int) []*pstep {
+	seq := make([]*pstep, 0, len(ns))
+	for _, n := range ns {
+		seq = append(seq, &pstep{node: n, loop: loop})
+	}
+	return seq
+}
+
+// sequence orders the forward and backward steps as the decisions' loop
+// kind says, and sets c.loops.
+func (c *candidate) sequence(a *analysis, fwd, bwd []*ir.Node) ([]*pstep, error) {
+	switch c.d.loop {
+	case stepLoop:
+		c.loops = []*ploop{{micro: c.d.micro, what: "the whole step"}}
+		return append(steps(fwd, 0), steps(bwd, 0)...), nil
+	case trunkLoop:
+		return c.trunkSequence(a, fwd, bwd)
+	}
+	c.loops = nil
+	return append(steps(fwd, -1), withRecomputes(bwd, c.d.drop, fwd, -1)...), nil
+}
+
+// trunkSequence is the trunk loop's order: the trunk's forward in loop 0,
+// the head's forward and backward over the whole batch, then the trunk's
+// backward in loop 1, recomputing the trunk forward it needs.
+func (c *candidate) trunkSequence(a *analysis, fwd, bwd []*ir.Node) ([]*pstep, error) {
+	var trunkF, headF, trunkB, headB []*ir.Node
+	for _, n := range fwd {
+		if c.inLoop(a, n) {
+			trunkF = append(trunkF, n)
+		} else {
+			headF = append(headF, n)
 		}
 	}
-	switch d.loop {
-	case noLoop:
-		add(fwd, -1)
-		seq = append(seq, withRecomputes(bwd, d.drop, fwd, -1)...)
-		c.loops = nil
-	case stepLoop:
-		add(fwd, 0)
-		add(bwd, 0)
-		c.loops = []*ploop{{micro: d.micro, what: "the whole step"}}
-	case trunkLoop:
-		var trunkF, headF, trunkB, headB []*ir.Node
-		for _, n := range fwd {
-			if inLoop(n) {
-				trunkF = append(trunkF, n)
-			} else {
-				headF = append(headF, n)
-			}
+	for _, n := range bwd {
+		if c.inLoop(a, n) {
+			trunkB = append(trunkB, n)
+		} else {
+			headB = append(headB, n)
 		}
-		for _, n := range bwd {
-			if inLoop(n) {
-				trunkB = append(trunkB, n)
-			} else {
-				headB = append(headB, n)
-			}
+	}
+	if len(trunkF) == 0 || len(headF) == 0 {
+		return nil, fmt.Errorf("empty trunk or head")
+	}
+	seq := append(steps(trunkF, 0), steps(headF, -1)...)
+	seq = append(seq, steps(headB, -1)...)
+	seq = append(seq, withRecomputes(trunkB, trunkRecomputes(trunkF, trunkB, append(append([]*ir.Node{}, headF...), headB...)), trunkF, 1)...)
+	first, last := layerName(trunkF[0]), layerName(trunkF[len(trunkF)-1])
+	c.loops = []*ploop{
+		{micro: c.d.micro, what: fmt.Sprintf("forward of %s..%s", first, last)},
+		{micro: c.d.micro, what: fmt.Sprintf("backward of %s..%s, recomputing its forward", first, last)},
+	}
+	return seq, nil
+}
+
+// trunkRecomputes picks the trunk forward nodes the backward loop must
+// recompute: those whose outputs the trunk's backward needs (directly or
+// through another recomputed node) and the head does not read (what the
+// head reads is kept whole-batch).
+func trunkRecomputes(trunkF, trunkB, head []*ir.Node) map[int]bool {
+	headReads := map[*ir.Value]bool{}
+	for _, n := range head {
+		for _, v := range n.Ins {
+			headReads[root(v)] = true
 		}
-		if len(trunkF) == 0 || len(headF) == 0 {
-			return fmt.Errorf("empty trunk or head")
+	}
+	need := map[*ir.Value]bool{}
+	for _, n := range trunkB {
+		for _, v := range n.Ins {
+			need[root(v)] = true
 		}
-		// recompute in the backward loop the trunk nodes it needs whose
-		// outputs the head does not read (those are kept whole-batch)
-		headReads := map[*ir.Value]bool{}
-		for _, n := range append(append([]*ir.Node{}, headF...), headB...) {
-			for _, v := range n.Ins {
-				headReads[root(v)] = true
-			}
+	}
+	rec := map[int]bool{}
+	for i := len(trunkF) - 1; i >= 0; i-- {
+		n := trunkF[i]
+		needed, shared := false, false
+		for _, o := range n.Outs {
+			needed = needed || need[o]
+			shared = shared || headReads[o]
 		}
-		need := map[*ir.Value]bool{}
-		for _, n := range trunkB {
+		if needed && !shared {
+			rec[n.ID] = true
 			for _, v := range n.Ins {
 				need[root(v)] = true
 			}
 		}
-		rec := map[int]bool{}
-		for i := len(trunkF) - 1; i >= 0; i-- {
-			n := trunkF[i]
-			needed, shared := false, false
-			for _, o := range n.Outs {
-				needed = needed || need[o]
-				shared = shared || headReads[o]
-			}
-			if needed && !shared {
-				rec[n.ID] = true
-				for _, v := range n.Ins {
-					need[root(v)] = true
-				}
-			}
-		}
-		add(trunkF, 0)
-		add(headF, -1)
-		add(headB, -1)
-		seq = append(seq, withRecomputes(trunkB, rec, trunkF, 1)...)
-		names := []string{layerName(trunkF[0]), layerName(trunkF[len(trunkF)-1])}
-		c.loops = []*ploop{
-			{micro: d.micro, what: fmt.Sprintf("forward of %s..%s", names[0], names[1])},
-			{micro: d.micro, what: fmt.Sprintf("backward of %s..%s, recomputing its forward", names[0], names[1])},
-		}
 	}
-	seq = insertUpdates(seq, upd)
-	c.steps = seq
-	// loop extents and iteration counts
+	return rec
+}
+
+// measureLoops sets each loop's extent in c.steps (which must be
+// contiguous and non-empty) and its iteration count.
+func (c *candidate) measureLoops(a *analysis) error {
 	for li, l := range c.loops {
 		l.first, l.last = -1, -1
-		for i, s := range seq {
+		for i, s := range c.steps {
 			if s.loop == li {
 				if l.first < 0 {
 					l.first = i
@@ -329,7 +380,13 @@ func (c *candidate) schedule(a *analysis) error {
 		}
 		l.count = (a.batch + l.micro - 1) / l.micro
 	}
-	// the planned graph lists nodes in step order (updates in their phase)
+	return nil
+}
+
+// graphOrder lists the planned graph's nodes in step order (each once,
+// recomputations not again), views right after the node defining their
+// input (keeping SSA order), and the updates last, in their phase.
+func graphOrder(g *ir.Graph, seq []*pstep) []*ir.Node {
 	var nodes []*ir.Node
 	seen := map[*ir.Node]bool{}
 	for _, s := range seq {
@@ -344,16 +401,13 @@ func (c *candidate) schedule(a *analysis) error {
 			views = append(views, n)
 		}
 	}
-	// views go right after the node defining their input (their readers
-	// come later), keeping the graph in SSA order
 	nodes = placeViews(nodes, views)
 	for _, s := range seq {
 		if s.node.Phase == ir.Update {
 			nodes = append(nodes, s.node)
 		}
 	}
-	g.Nodes = nodes
-	return nil
+	return nodes
 }
 
 // placeViews inserts each view node right after the node defining its

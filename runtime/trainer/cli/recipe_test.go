@@ -148,6 +148,9 @@ func TestKeepBestAndPatience(t *testing.T) {
 	r = run(t, spec, "--data", root, "--test", root, "--patience", "2", "--resume", ck, "--epochs", "4", "--quiet")
 	require.Equal(t, 0, r.code, r.err)
 	assert.Contains(t, r.out, "--keep-best-by accuracy: the checkpoint's run followed the test loss; the best epoch is chosen afresh from here")
+	r = run(t, spec, "--data", root, "--test", root, "--resume", ck, "--epochs", "4", "--quiet")
+	require.Equal(t, 0, r.code, r.err)
+	assert.Contains(t, r.out, "the checkpoint's run followed the test loss (--keep-best, --patience); this run does not, so checkpoints it writes forget the best epoch")
 
 	for _, c := range []struct {
 		args []string

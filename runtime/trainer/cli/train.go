@@ -159,6 +159,11 @@ func (r *runner) runMeta(at trainer.Position) map[string]string {
 func (r *runner) followBest(loop *trainer.Loop) error {
 	o := r.o
 	if r.best == nil {
+		if by := trainer.FollowedBy(r.meta); by != "" {
+			// say so: a later resume with --keep-best must not be
+			// surprised that the best epoch is chosen afresh
+			fmt.Fprintf(r.out, "the checkpoint's run followed the test %s (--keep-best, --patience); this run does not, so checkpoints it writes forget the best epoch\n", by)
+		}
 		return nil
 	}
 	loop.Best = r.best
