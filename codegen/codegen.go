@@ -111,14 +111,27 @@ type Program struct {
 	Scratch []*ir.Value
 }
 
-// NoRuleError is Generate's error for an op that has no kernel rule.
+// NoRuleError is Generate's error for an op that has no kernel rule, or
+// whose rule on a target other than CUDA cannot generate the node's form
+// (Reason says which).
 type NoRuleError struct {
 	Op   ir.Op
 	Node string // the node's text
+	// Target names the target (Target.Name) when it is not CUDA.
+	Target string
+	// Reason is what the target lacks for this node, when it has a rule
+	// for the op ("groups=2").
+	Reason string
 }
 
 func (e *NoRuleError) Error() string {
-	return fmt.Sprintf("codegen: no kernel for %s (%s)", e.Op, e.Node)
+	if e.Target == "" {
+		return fmt.Sprintf("codegen: no kernel for %s (%s)", e.Op, e.Node)
+	}
+	if e.Reason != "" {
+		return fmt.Sprintf("codegen: the %s target cannot generate %s with %s (%s)", e.Target, e.Op, e.Reason, e.Node)
+	}
+	return fmt.Sprintf("codegen: the %s target has no kernel for %s (%s)", e.Target, e.Op, e.Node)
 }
 
 // Options tune Generate.
@@ -131,8 +144,13 @@ type Options struct {
 	Eval bool
 	// Precision of the GEMM-shaped kernels' multiplications (linear and
 	// conv blocks): FP32 (the default: FFMA) or, on tensor cores, TF32 or
-	// BF16 — inputs rounded to it, products and sums in fp32.
+	// BF16 — inputs rounded to it, products and sums in fp32. Targets
+	// other than CUDA have no tensor cores and compute in fp32 at every
+	// precision (as PyTorch's CPU kernels ignore allow_tf32).
 	Precision Precision
+	// Target generates the kernels for a device other than CUDA (see
+	// Target); nil: CUDA.
+	Target Target
 }
 
 // Precision is how GEMM-shaped kernels multiply.
@@ -302,7 +320,11 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 		e.batch = it.batch
 		first := len(p.Launches)
 		for _, z := range it.zero {
-			if err := e.zeroFill(n, z); err != nil {
+			zero := e.zeroFill
+			if opts.Target != nil {
+				zero = func(n *ir.Node, v *ir.Value) error { return opts.Target.ZeroFill(e, n, v) }
+			}
+			if err := zero(n, z); err != nil {
 				return nil, err
 			}
 		}
@@ -314,28 +336,28 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 			p.Views[n.Out()] = src
 			continue
 		}
-		r, ok := ruleOf(n.Op)
-		if !ok {
-			return nil, &NoRuleError{Op: n.Op, Node: n.Text()}
-		}
-		if err := r(e, n); err != nil {
+		if err := e.nodeKernels(opts, n); err != nil {
 			return nil, err
 		}
 		for _, l := range p.Launches[first:] {
 			l.Seq = seq
 		}
 	}
-	if err := checkRestrict(p); err != nil {
-		return nil, err
-	}
 	var src bytes.Buffer
 	name := opts.SourceName
 	if name == "" {
 		name = model
 	}
-	if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": gentext.Comment(name), "Model": gentext.Comment(model), "Batch": opts.Batch,
-		"Tensor": prec.tensor()}); err != nil {
-		return nil, err
+	if opts.Target != nil {
+		src.WriteString(opts.Target.Prelude(gentext.Comment(name), gentext.Comment(model), opts.Batch))
+	} else {
+		if err := checkRestrict(p); err != nil {
+			return nil, err
+		}
+		if err := tmpl.ExecuteTemplate(&src, "prelude", map[string]any{"Source": gentext.Comment(name), "Model": gentext.Comment(model), "Batch": opts.Batch,
+			"Tensor": prec.tensor()}); err != nil {
+			return nil, err
+		}
 	}
 	for _, k := range p.Kernels {
 		src.WriteString("\n")

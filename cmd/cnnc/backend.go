@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/codegen/cpu"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/plan"
@@ -61,4 +62,28 @@ func identLen(src []byte, offset int) int {
 		n++
 	}
 	return max(n, 1)
+}
+
+// cpuRefusal finds the first layer of res whose kernels the CPU target
+// (codegen/cpu) cannot generate — an op it has no kernels for yet, such as
+// batch norm, or a form of one (label smoothing) — as a diagnostic of the
+// given severity at that layer; nil when it generates every node.
+func cpuRefusal(res *compiler.Result, warn bool) *dsl.Diagnostic {
+	for _, n := range res.Graph.Nodes {
+		_, err := cpu.GenerateNodes(res.Graph.Name, []*ir.Node{n}, codegen.Options{Batch: res.Train.Batch})
+		var nr *codegen.NoRuleError
+		if !errors.As(err, &nr) || nr.Target == "" {
+			continue
+		}
+		what := nr.Op.String()
+		if nr.Reason != "" {
+			what += " with " + nr.Reason
+		}
+		mk := dsl.Errorf
+		if warn {
+			mk = dsl.Warnf
+		}
+		return mk(n.Pos, "%s: the CPU target has no kernels for %s yet", n.Name, what)
+	}
+	return nil
 }

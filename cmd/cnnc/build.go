@@ -29,11 +29,17 @@ kernels — and builds a standalone trainer binary with go build. The trainer
 allocates exactly the planned arena once, takes its defaults from the
 model's train and data blocks, and explains its flags with -h.
 
---target cpu runs the generated CUDA C on the CPU through cnnc's emulator
-(it needs g++ where the trainer runs, to compile its kernels at start);
---target cuda embeds a fatbin built by nvcc for sm_80 and sm_90 (with PTX)
-and links gorgonia.org/cu — such a binary exits at start on a machine
-without a GPU; --target auto picks cuda when nvcc is present.
+--target cpu builds kernels generated for the CPU (vectorised, AVX2+FMA
+where the CPU has it, on every core) into the binary; --target emu runs the
+generated CUDA C on cnnc's CUDA emulator instead (slow: for checking the
+CUDA kernels in a whole trainer); --target cuda embeds a fatbin built by
+nvcc for sm_80 and sm_90 (with PTX) and links gorgonia.org/cu — such a
+binary exits at start on a machine without a GPU; --target auto picks cuda
+when nvcc is present. The CPU target has no kernels yet for some ops (batch
+norm, the activations other than relu, concat, global average pooling,
+grouped or dilated convolutions, label smoothing): --target cpu refuses such
+a model at the layer, and the default (cpu, or auto without nvcc) then
+warns and builds for the emulator.
 
 The build works in any directory: the trainer module carries a copy of
 cnnc's runtime and needs only the Go module proxy (or the module cache).
@@ -47,15 +53,16 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				fmt.Fprintf(stderr, "cnnc build: say what to build: -o BINARY (a trainer) and/or --emit-cuda DIR (the kernels)\nusage: %s\n", cmd.UseLine())
 				return exitError{exitUsage}
 			}
+			chosen := cmd.Flags().Changed("target") && target == "cpu" // not the default
 			switch target {
-			case "cpu", "cuda":
+			case "cpu", "cuda", "emu":
 			case "auto":
 				target = "cpu"
 				if _, err := nvcc.Path(); err == nil {
 					target = "cuda"
 				}
 			default:
-				fmt.Fprintf(stderr, "cnnc build: --target %s: want cpu, cuda or auto\n", target)
+				fmt.Fprintf(stderr, "cnnc build: --target %s: want cpu, cuda, emu or auto\n", target)
 				return exitError{exitUsage}
 			}
 			start := time.Now()
@@ -77,12 +84,44 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				}
 				source = "--memory-budget"
 			}
-			c, err := trainergen.Compile(res, budgetBytes, source)
+			if target == "cpu" && output == "" {
+				target = "cuda" // only --emit-cuda: the CUDA C is all it writes
+			}
+			if target == "cpu" {
+				// a model with a layer the CPU target cannot generate: an
+				// error when --target cpu was asked for, else the emulator
+				if d := cpuRefusal(res, !chosen); d != nil {
+					src, _ := dsl.ReadFile(args[0])
+					d.Span(identLen(src, d.Pos.Offset))
+					if chosen {
+						d.Hint("build with --target emu (cnnc's CUDA kernels on its CPU emulator, slower) or --target cuda")
+						printDiagnostics(stderr, dsl.Diagnostics{d}, map[string][]byte{args[0]: src})
+						return exitError{exitModel}
+					}
+					d.Hint("building for the CUDA emulator instead (--target emu: slower than the CPU target)")
+					printDiagnostics(stderr, dsl.Diagnostics{d}, map[string][]byte{args[0]: src})
+					target = "emu"
+				}
+			}
+			compile := trainergen.Compile
+			if target == "cpu" {
+				compile = trainergen.CompileCPU
+			}
+			c, err := compile(res, budgetBytes, source)
 			if err != nil {
 				return backendError(args[0], res, err, stderr)
 			}
 			step("planned memory: arena %s B (%s, %s)", compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
 			step("generated %d kernels, %d launches per training step", len(c.Train.Kernels), len(c.Train.Launches))
+			cudaC := c.Kernels
+			if emitCUDA != "" && target == "cpu" {
+				// the CUDA C is another target's kernels, on the same plan
+				cu, err := trainergen.Compile(res, budgetBytes, source)
+				if err != nil {
+					return backendError(args[0], res, err, stderr)
+				}
+				cudaC = cu.Kernels
+			}
 			if emitCUDA != "" {
 				name := strings.TrimSuffix(filepath.Base(args[0]), filepath.Ext(args[0])) + ".cu"
 				path := filepath.Join(emitCUDA, name)
@@ -90,7 +129,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
-				if err := os.WriteFile(path, c.Kernels, 0o644); err != nil {
+				if err := os.WriteFile(path, cudaC, 0o644); err != nil {
 					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 					return exitError{exitModel}
 				}
@@ -121,9 +160,15 @@ nvcc compiles as it is; without -o, build only writes them.`,
 					return exitError{exitModel}
 				}
 				tags = trainergen.CUDATags
-			} else if err := trainergen.WriteModule(dir, c.Spec, c.Kernels); err != nil {
-				fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
-				return exitError{exitModel}
+			} else {
+				write := trainergen.WriteModule
+				if target == "cpu" {
+					write = trainergen.WriteModuleCPU
+				}
+				if err := write(dir, c.Spec, c.Kernels); err != nil {
+					fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
+					return exitError{exitModel}
+				}
 			}
 			step("wrote the trainer module in %s", dir)
 			if _, err := exec.LookPath("go"); err != nil {
@@ -142,7 +187,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "the trainer `BINARY` to build")
-	cmd.Flags().StringVar(&target, "target", "cpu", "the `TARGET` the trainer runs on: cpu, cuda, or auto (cuda when nvcc is present)")
+	cmd.Flags().StringVar(&target, "target", "cpu", "the `TARGET` the trainer runs on: cpu, cuda, emu, or auto (cuda when nvcc is present)")
 	cmd.Flags().StringVar(&emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
 	cmd.Flags().StringVar(&workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
 	cmd.Flags().StringVar(&budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")

@@ -54,7 +54,7 @@ func TestBuildUsage(t *testing.T) {
 	assert.Contains(t, errOut, "build takes one model file")
 	code, _, errOut = cnnc("build", "-o", filepath.Join(t.TempDir(), "x"), "--target", "tpu", "../../examples/mnist.cnn")
 	assert.Equal(t, 2, code)
-	assert.Contains(t, errOut, "--target tpu: want cpu, cuda or auto")
+	assert.Contains(t, errOut, "--target tpu: want cpu, cuda, emu or auto")
 }
 
 func TestBuildReportsModelErrors(t *testing.T) {

@@ -217,7 +217,8 @@ type Compiled struct {
 	Plan  *plan.Plan
 	Train *codegen.Program
 	Eval  *codegen.Program
-	// Kernels is the CUDA C of training and evaluation in one file.
+	// Kernels is the CUDA C of training and evaluation in one file (the
+	// CPU target's C++ for CompileCPU).
 	Kernels []byte
 }
 
@@ -234,13 +235,20 @@ func Compile(res *compiler.Result, budget int64, budgetSource string) (*Compiled
 // CompilePlan is Compile with the planner's configuration given (e.g. a
 // forced micro-batch); the batch and the workspace sizes are filled in.
 func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
+	cfg.Workspace = codegen.Workspace
+	return compilePlan(res, cfg, nil)
+}
+
+// compilePlan plans memory and generates the kernels of target (nil:
+// CUDA), whose scratch needs cfg.Workspace gives.
+func compilePlan(res *compiler.Result, cfg plan.Config, target codegen.Target) (*Compiled, error) {
 	batch := res.Train.Batch
-	cfg.Batch, cfg.Workspace = batch, codegen.Workspace
+	cfg.Batch = batch
 	p, err := plan.Build(res.Graph, cfg)
 	if err != nil {
 		return nil, err
 	}
-	opts := codegen.Options{Batch: batch, SourceName: res.File.Name, Precision: codegen.Precision(res.Train.Precision)}
+	opts := codegen.Options{Batch: batch, SourceName: res.File.Name, Precision: codegen.Precision(res.Train.Precision), Target: target}
 	train, err := codegen.GenerateFromPlan(p, opts)
 	if err != nil {
 		return nil, err
@@ -269,7 +277,7 @@ func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
 	for m := batch; m >= 1; m /= 2 {
 		ev, nv := eval, naive
 		if m != batch {
-			if ev, err = codegen.GenerateEval(res.Graph, codegen.Options{Batch: m, SourceName: res.File.Name, Precision: opts.Precision}); err != nil {
+			if ev, err = codegen.GenerateEval(res.Graph, codegen.Options{Batch: m, SourceName: res.File.Name, Precision: opts.Precision, Target: target}); err != nil {
 				return nil, err
 			}
 			nv = NewNaiveLayout(ev, inputs, isParam)

@@ -22,6 +22,20 @@ const runtimeDir = "cnnc-runtime"
 // (from the cnnc binary itself) that go.mod points at with a replace
 // directive, so the module builds anywhere.
 func WriteModule(dir string, spec *trainer.Spec, kernels []byte) error {
+	mainSrc, err := MainFile(spec)
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{"main.go": mainSrc, "kernels.cu": kernels}
+	if err := addBuiltinKernels(files, "main", spec, kernels); err != nil {
+		return err
+	}
+	return writeModule(dir, spec, files)
+}
+
+// writeModule writes a trainer module: spec.go, go.mod, the given files,
+// and the copy of cnnc's runtime with the go.sum to start from.
+func writeModule(dir string, spec *trainer.Spec, files map[string][]byte) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -29,19 +43,7 @@ func WriteModule(dir string, spec *trainer.Spec, kernels []byte) error {
 	if err != nil {
 		return err
 	}
-	mainSrc, err := MainFile(spec)
-	if err != nil {
-		return err
-	}
-	files := map[string][]byte{
-		"spec.go":    specSrc,
-		"main.go":    mainSrc,
-		"kernels.cu": kernels,
-		"go.mod":     goMod(spec),
-	}
-	if err := addBuiltinKernels(files, "main", spec, kernels); err != nil {
-		return err
-	}
+	files["spec.go"], files["go.mod"] = specSrc, goMod(spec)
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
 			return err

@@ -1,0 +1,114 @@
+package cpu_test
+
+import (
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/codegen/cpu"
+	"github.com/cnnc/cnnc/codegen/kernelcheck"
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/internal/kernelcases"
+	"github.com/cnnc/cnnc/runtime/native"
+)
+
+// Every CPU kernel family against the float64 reference (kernelcheck.Node: outputs poisoned
+// with NaN before the launch, so an element left unwritten fails), on odd shapes, with every
+// instruction set this machine runs: the baseline (SSE2) always, AVX2+FMA where the CPU has it.
+// One program per batch size holds every case, so each compiles once.
+//
+// Tolerance: kernelcheck.Tolerance (1e-4 of the tensor's largest magnitude). The reductions here
+// run over at most K = 70·3·3 = 630 (convs), 1000 (linear) or a batch of conv outputs (3·28·28 =
+// 2352 terms) of products of values in [-1, 1): fp32 rounding leaves a relative error of at most
+// about K·2^-24 ≈ 1.4e-4 of the sum of magnitudes in the worst case, and a random-walk 4·sqrt(K)·
+// 2^-24 ≈ 1.2e-5 in practice — against a largest magnitude that is itself of the order of that
+// sum's square root for random signs, so the worst case stays below 1e-4 of it by a factor of
+// about 3 here; the measured worst is logged.
+
+// isas are the instruction sets to test on this machine.
+func isas(t *testing.T) []string {
+	out := []string{"sse2"}
+	if native.HasAVX2FMA() {
+		out = append(out, "avx2")
+	} else {
+		t.Log("this CPU lacks AVX2+FMA: only the baseline kernels are tested")
+	}
+	return out
+}
+
+// checkCases generates every case's node into one program, runs each on the CPU target (every
+// instruction set) with random inputs, compares with the reference and returns the worst error.
+func checkCases(t *testing.T, batch int64, seed uint64, cases []kernelcases.Case) float64 {
+	t.Helper()
+	if only := os.Getenv("CNNC_TEST_CASE"); only != "" { // while debugging: the cases whose name has it
+		var some []kernelcases.Case
+		for _, c := range cases {
+			if strings.Contains(c.Name, only) {
+				some = append(some, c)
+			}
+		}
+		cases = some
+	}
+	var nodes []*ir.Node
+	seen := map[*ir.Node]bool{}
+	for _, c := range cases {
+		if !seen[c.N] {
+			seen[c.N] = true
+			nodes = append(nodes, c.N)
+		}
+	}
+	prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+	require.NoError(t, err)
+	worst := 0.0
+	for _, isa := range isas(t) {
+		dev := openDevice(t, prog, native.Options{ISA: isa})
+		for i, c := range cases {
+			rng := rand.New(rand.NewPCG(seed+uint64(i), uint64(batch)))
+			ins := kernelcheck.RandomInputs(c.N, batch, rng)
+			kernelcases.ValidArgmax(c.N, ins, rng)
+			r, err := kernelcheck.Node(dev, prog, c.N, ins, kernelcheck.Scalars{LR: kernelcases.LR, Step: c.O.Step, Seed: c.O.Seed}, c.O)
+			require.NoError(t, err, "%s %s", isa, c.Name)
+			require.NotEmpty(t, r.Kernel, "no launch for %s", c.Name)
+			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, c.Name, r)
+			// fp32 and float64 can only pick different maxima when two window values are within
+			// rounding of each other, which random data does not produce
+			require.Zero(t, r.ArgmaxMismatches, "%s %s: %s", isa, c.Name, r)
+			worst = max(worst, r.Worst)
+		}
+	}
+	t.Logf("batch %d: %d cases, %d kernels; worst relative error %.2e", batch, len(cases), len(prog.Kernels), worst)
+	return worst
+}
+
+// Every conv case at batch 3; at batch 1 (one sample: fewer tasks than units, a weight gradient
+// of one partial sum) a third of them, which keeps the compile within reason.
+func TestConvKernels(t *testing.T) {
+	all := kernelcases.ConvChecks(t)
+	checkCases(t, 3, 1, all)
+	var some []kernelcases.Case
+	for i, c := range all {
+		if i/6%3 == 0 { // ConvChecks gives 6 checks per case
+			some = append(some, c)
+		}
+	}
+	checkCases(t, 1, 1, some)
+}
+
+// Batches 1 (every register tile's tail) and 67 (two sample tiles of the forward, a tail of each
+// register tile).
+func TestLinearKernels(t *testing.T) {
+	for bi, batch := range []int64{1, 67} {
+		checkCases(t, batch, 11, kernelcases.LinearChecks(t, bi, rand.New(rand.NewPCG(uint64(bi), 7))))
+	}
+}
+
+func TestSmallKernels(t *testing.T) {
+	for bi, batch := range []int64{1, 37} {
+		cases := append(kernelcases.PoolChecks(t), kernelcases.ElementwiseChecks(t)...)
+		checkCases(t, batch, 21, append(cases, kernelcases.LossUpdateDropoutChecks(t, bi)...))
+	}
+}

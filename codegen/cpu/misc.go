@@ -1,0 +1,156 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// The small kernels on the CPU: softmax cross-entropy (one task), elementwise ops, dropout,
+// standalone pools and optimizer updates, zero fill (tasks of chunk elements each).
+
+// chunk is cnnc_cpu.h's CHUNK: elements an elementwise task covers.
+const chunk = 16384
+
+func init() {
+	register(ir.OpSoftmaxCrossEntropy, softmaxCrossEntropy)
+	register(ir.OpToTensor, elementwise("to_tensor", "ToTensor", func(n *ir.Node) []def {
+		u8 := n.Ins[0].Type // [H,W,C]
+		return []def{{"H", u8.Dims[0]}, {"W", u8.Dims[1]}, {"C", u8.Dims[2]}}
+	}))
+	register(ir.OpAdd, elementwise("add", "Add", nil))
+	register(ir.OpReLU, elementwise("relu", "ReLU", nil))
+	register(ir.OpReLUGrad, elementwise("relu_grad", "ReLUGrad", nil))
+	register(ir.OpDropout, dropout("dropout"))
+	register(ir.OpDropoutGrad, dropout("dropout_grad"))
+	register(ir.OpMaxPool2D, pool("maxpool_fwd", "MaxPoolFwd"))
+	register(ir.OpAvgPool2D, pool("avgpool_fwd", "AvgPoolFwd"))
+	register(ir.OpMaxPool2DGrad, pool("maxpool_grad", "MaxPoolGrad"))
+	register(ir.OpAvgPool2DGrad, pool("avgpool_grad", "AvgPoolGrad"))
+	register(ir.OpSGDUpdate, update)
+	register(ir.OpAdamUpdate, update)
+}
+
+func softmaxCrossEntropy(e codegen.Emitter, n *ir.Node) error {
+	classes := n.Ins[0].Type.Dims[0]
+	defs := []def{{"B", e.Batch()}, {"CLASSES", classes}, {"ACC", n.Attrs.Accumulate}}
+	name := emit(e, kernelSpec{family: "softmax_cross_entropy", shape: fmt.Sprintf("b%d_c%d", e.Batch(), classes),
+		doc:     "softmax cross-entropy: mean loss over the valid rows, the logits' gradient, the correct count.",
+		structs: []structSpec{{"g", defs}}, impl: "SoftmaxCE<%s>", nparams: 7})
+	args := []codegen.Arg{buf(n.Ins[0]), buf(n.Ins[1])}
+	for _, v := range n.Outs {
+		args = append(args, buf(v))
+	}
+	// the step's scalars (the rows that are real), and the micro-batch's first row (set by
+	// GenerateFromPlan)
+	args = append(args, codegen.Arg{Kind: codegen.ArgScalars}, codegen.Arg{Kind: codegen.ArgInt, Int: 0})
+	return launch(e, n, name, 1, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
+}
+
+// elementwise: the node's inputs then its output, over the output's elements.
+func elementwise(family, impl string, extra func(n *ir.Node) []def) rule {
+	return func(e codegen.Emitter, n *ir.Node) error {
+		elems := n.Out().Type.Elems(e.Batch())
+		defs := []def{{"N", elems}}
+		if extra != nil {
+			defs = append(defs, extra(n)...)
+		}
+		var args []codegen.Arg
+		for _, v := range n.Ins {
+			args = append(args, buf(v))
+		}
+		args = append(args, buf(n.Out()))
+		name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s over %d elements.", n.Op, elems),
+			structs: []structSpec{{"g", defs}}, impl: impl + "<%s>", nparams: len(args)})
+		return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
+	}
+}
+
+func (target) ZeroFill(e codegen.Emitter, n *ir.Node, v *ir.Value) error {
+	words := cdiv(v.Type.Bytes(e.Batch()), 4)
+	name := emit(e, kernelSpec{family: "fill_zero", shape: fmt.Sprintf("n%d", words), doc: "zeroes a gradient accumulator.",
+		structs: []structSpec{{"g", []def{{"N", words}}}}, impl: "FillZero<%s>", nparams: 1})
+	return launch(e, n, name, cdiv(words, chunk), []codegen.Arg{buf(v)}, 0, 4*words)
+}
+
+// dropoutThreshold is the smallest 32-bit word kept: ceil(p·2^32) (codegen's dropout).
+func dropoutThreshold(p float64) uint64 {
+	if p <= 0 {
+		return 0
+	}
+	return uint64(math.Ceil(p * 4294967296.0))
+}
+
+func dropout(family string) rule {
+	return func(e codegen.Emitter, n *ir.Node) error {
+		p := n.Attrs.P
+		if p < 0 || p >= 1 {
+			return fmt.Errorf("%s: dropout probability %g outside [0,1)", n.Text(), p)
+		}
+		if n.Attrs.Stream < 0 || n.Attrs.Stream > math.MaxUint32 {
+			return fmt.Errorf("%s: stream %d does not fit the counter's 32 bits", n.Text(), n.Attrs.Stream)
+		}
+		elems := n.Out().Type.Elems(e.Batch())
+		defs := []def{{"N", elems}, {"STREAM", uint64(n.Attrs.Stream)}, {"THRESHOLD", dropoutThreshold(p)}, {"SCALE", float32(1 / (1 - p))}}
+		name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s, p=%g, over %d elements (training).", n.Op, p, elems),
+			structs: []structSpec{{"g", defs}}, impl: "Dropout<%s>", nparams: 4})
+		// the last argument: the slice's first element in the whole batch (set by GenerateFromPlan)
+		args := []codegen.Arg{buf(n.Ins[0]), buf(n.Out()), {Kind: codegen.ArgScalars}, {Kind: codegen.ArgInt, Int: 0}}
+		return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
+	}
+}
+
+func pool(family, impl string) rule {
+	return func(e codegen.Emitter, n *ir.Node) error {
+		a := n.Attrs
+		var in, out ir.Type // the pool's input and output
+		switch n.Op {
+		case ir.OpMaxPool2D, ir.OpAvgPool2D:
+			in, out = n.Ins[0].Type, n.Out().Type
+		case ir.OpMaxPool2DGrad:
+			in, out = n.Ins[1].Type, n.Ins[0].Type
+		default:
+			in, out = n.Out().Type, n.Ins[0].Type
+		}
+		if len(in.Dims) != 3 || len(out.Dims) != 3 {
+			return fmt.Errorf("%s: pools need [B,C,H,W] tensors", n.Text())
+		}
+		elems := out.Elems(e.Batch()) // forward: one output each
+		if n.Op == ir.OpMaxPool2DGrad || n.Op == ir.OpAvgPool2DGrad {
+			elems = in.Elems(e.Batch()) // gradients: one input element each
+		}
+		defs := []def{{"B", e.Batch()}, {"C", in.Dims[0]}, {"H", in.Dims[1]}, {"W", in.Dims[2]}, {"PHO", out.Dims[1]}, {"PWO", out.Dims[2]},
+			{"KH", a.Kernel[0]}, {"KW", a.Kernel[1]}, {"SH", a.Stride[0]}, {"SW", a.Stride[1]}, {"PH", a.Pad[0]}, {"PW", a.Pad[1]}, {"N", elems}}
+		var args []codegen.Arg
+		for _, v := range n.Ins {
+			args = append(args, buf(v))
+		}
+		args = append(args, buf(n.Out()))
+		name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("x%dx%dx%d_k%dx%ds%d_b%d", in.Dims[0], in.Dims[1], in.Dims[2], a.Kernel[0], a.Kernel[1], a.Stride[0], e.Batch()),
+			doc:     fmt.Sprintf("%s %dx%d stride %dx%d pad %dx%d.", n.Op, a.Kernel[0], a.Kernel[1], a.Stride[0], a.Stride[1], a.Pad[0], a.Pad[1]),
+			structs: []structSpec{{"g", defs}}, impl: impl + "<%s>", nparams: len(args)})
+		return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
+	}
+}
+
+// update: sgd_update / adam_update(param, grad, state...) in place.
+func update(e codegen.Emitter, n *ir.Node) error {
+	opt := n.Attrs.Opt
+	if opt == nil {
+		return fmt.Errorf("%s has no optimizer", n.Text())
+	}
+	if len(n.Ins) != 2+optStates(opt) {
+		return fmt.Errorf("%s: %d inputs, want %d", n.Text(), len(n.Ins), 2+optStates(opt))
+	}
+	elems := n.Ins[0].Type.SampleElems()
+	var args []codegen.Arg
+	for _, v := range n.Ins {
+		args = append(args, buf(v))
+	}
+	args = append(args, codegen.Arg{Kind: codegen.ArgScalars})
+	name := emit(e, kernelSpec{family: "update", shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, opt),
+		structs: []structSpec{{"g", []def{{"N", elems}}}, {"o", optDefs(opt)}}, impl: "Update<%s, %s>", nparams: len(args)})
+	return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch())+int64(len(n.Ins)-1)*n.Ins[0].Type.Bytes(e.Batch()))
+}

@@ -1,0 +1,94 @@
+package cpu_test
+
+import (
+	"math/rand/v2"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/codegen/cpu"
+	"github.com/cnnc/cnnc/codegen/kernelcheck"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/runtime/native"
+)
+
+// randomBatch makes n random uint8 HWC images and labels for g.
+func randomBatch(g *ir.Graph, n int, rng *rand.Rand) reference.Batch {
+	img := g.Inputs[0].Type
+	b := reference.Batch{N: n, Pixels: make([]uint8, n*int(img.SampleElems())), Labels: make([]int32, n)}
+	for i := range b.Pixels {
+		b.Pixels[i] = uint8(rng.IntN(256))
+	}
+	for i := range b.Labels {
+		b.Labels[i] = int32(rng.Int64N(g.Logits.Type.Dims[0]))
+	}
+	return b
+}
+
+// openDevice compiles prog's kernels for the CPU target.
+func openDevice(t *testing.T, prog *codegen.Program, opts native.Options) *native.Device {
+	t.Helper()
+	dev, err := native.New(prog.Source, "step.cc", opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	return dev
+}
+
+// checkSteps runs whole training steps of src's fused graph at batch on the CPU target and the
+// float64 reference, and requires the loss, every parameter and every optimizer-state tensor to
+// agree within kernelcheck.Tolerance after each.
+func checkSteps(t *testing.T, name string, src []byte, batch int64, seed uint64, steps int) {
+	t.Helper()
+	start := time.Now()
+	res, err := compiler.CompileSource(name, src, compiler.Options{Batch: batch})
+	require.NoError(t, err)
+	g := res.Graph
+	prog, err := cpu.Generate(g, codegen.Options{Batch: batch})
+	require.NoError(t, err)
+	dev := openDevice(t, prog, native.Options{})
+	compiled := time.Since(start)
+	rng := rand.New(rand.NewPCG(seed, 99))
+	var batches []reference.Batch
+	for range steps {
+		batches = append(batches, randomBatch(g, int(batch), rng))
+	}
+	reports, err := kernelcheck.Step(dev, prog, g, seed, batches)
+	require.NoError(t, err)
+	require.Len(t, reports, steps)
+	t.Logf("%s at batch %d on %s: %d kernels, %d launches; compile+codegen %v", name, batch, dev.Name(), len(prog.Kernels), len(prog.Launches), compiled.Round(time.Millisecond))
+	for _, r := range reports {
+		t.Log(r)
+		worst := append([]kernelcheck.TensorError(nil), r.Tensors...)
+		sort.SliceStable(worst, func(i, j int) bool { return worst[i].Worst > worst[j].Worst })
+		for _, te := range worst[:min(4, len(worst))] {
+			t.Logf("    %-8s %.2e %s", te.Role, te.Worst, te.Where)
+		}
+		require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s\n%v", r, r.Tensors)
+		require.Equal(t, r.RefCorrect, r.Correct)
+	}
+}
+
+func TestStepSmallSimpleCNN(t *testing.T) {
+	src := `model S(image: f32[3,14,13], label: class[10]) {
+    conv1 = conv2d(image, out=4, kernel=3)
+    relu1 = relu(conv1)
+    pool1 = maxpool(relu1, kernel=2)
+    conv2 = conv2d(pool1, out=5, kernel=3)
+    relu2 = relu(conv2)
+    pool2 = maxpool(relu2, kernel=2)
+    fc1   = linear(flatten(pool2), out=12)
+    fc2   = linear(fc1, out=10)
+    loss  = cross_entropy(fc2, label)
+}
+train { optimizer = sgd(lr=0.01, momentum=0.9) }
+`
+	checkSteps(t, "small_simplecnn.cnn", []byte(src), 3, 3, 2)
+}
+
+var _ = os.ReadFile

@@ -1,0 +1,564 @@
+// Package kernelcases builds the IR nodes kernel tests check: every fused conv and linear block
+// variant on odd shapes, pools, elementwise ops, the loss, standalone updates and dropout, and
+// inputs as the forward pass would produce them (argmax pointing inside the conv output).
+//
+// In:  a *testing.T and the case tables below.
+// Out: typed one-node graphs for kernelcheck.Node, each with the reference options its check
+// needs.
+//
+// Why here: a target's kernel tests (codegen/cpu; codegen's CUDA tests build the same cases in
+// their own files) check every kernel family on the same shapes, so both targets are held to one
+// set of cases.
+package kernelcases
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/dsl"
+)
+
+// Case is one node to check with the reference options it needs.
+type Case struct {
+	Name string
+	N    *ir.Node
+	O    reference.NodeOptions
+}
+
+// LR is the learning rate of every optimizer below: kernelcheck.Scalars.LR must equal it (the
+// reference reads Optimizer.LR).
+const LR = 0.05
+
+// Window makes a pooling window.
+func Window(k, s, p [2]int64) *ir.Window { return &ir.Window{Kernel: k, Stride: s, Pad: p} }
+
+var (
+	k1 = [2]int64{1, 1}
+	k2 = [2]int64{2, 2}
+	k3 = [2]int64{3, 3}
+	k5 = [2]int64{5, 5}
+	p0 = [2]int64{0, 0}
+	p1 = [2]int64{1, 1}
+	s1 = [2]int64{1, 1}
+	s2 = [2]int64{2, 2}
+)
+
+func sgd(mom float64, nesterov bool, wd float64) *ir.Optimizer {
+	return &ir.Optimizer{Kind: ir.SGD, LR: LR, Momentum: mom, Nesterov: nesterov, WeightDecay: wd}
+}
+
+func adam(kind ir.OptimizerKind, b1, b2, eps, wd float64) *ir.Optimizer {
+	return &ir.Optimizer{Kind: kind, LR: LR, Beta1: b1, Beta2: b2, Eps: eps, WeightDecay: wd}
+}
+
+// Optimizers are every fused and standalone update variant.
+var Optimizers = []*ir.Optimizer{
+	sgd(0, false, 0), sgd(0.9, false, 0), sgd(0.8, true, 0.01), sgd(0.9, true, 0.01),
+	adam(ir.Adam, 0.9, 0.999, 1e-8, 0.1), adam(ir.Adam, 0.9, 0.999, 1e-8, 0), adam(ir.AdamW, 0.85, 0.99, 1e-6, 0.01),
+}
+
+// Typed creates node op over ins in g and types its outputs with the op's rule.
+func Typed(t testing.TB, g *ir.Graph, op ir.Op, name string, attrs ir.Attrs, ins []*ir.Value, outs ...string) *ir.Node {
+	t.Helper()
+	n := g.NewNode(op, name, ir.Backward, dsl.Pos{}, ins, outs, ir.RoleActivation)
+	n.Attrs = attrs
+	types, err := op.Info().Infer(n)
+	require.NoError(t, err, n.Text())
+	require.Len(t, types, len(outs))
+	for i, ty := range types {
+		n.Outs[i].Type = ty
+	}
+	return n
+}
+
+// Node builds a one-node graph: op over inputs of the given types.
+func Node(t testing.TB, op ir.Op, attrs ir.Attrs, ins ...ir.Type) *ir.Node {
+	t.Helper()
+	g := ir.NewGraph("T")
+	var vals []*ir.Value
+	for i, ty := range ins {
+		vals = append(vals, g.NewValue(string(rune('a'+i)), ty, ir.RoleActivation, dsl.Pos{}))
+	}
+	return Typed(t, g, op, op.String(), attrs, vals, "out")
+}
+
+// NewState gives p fresh optimizer state values (replacing any earlier).
+func NewState(g *ir.Graph, p *ir.Param, opt *ir.Optimizer) []*ir.Value {
+	p.State = nil
+	for _, s := range opt.StateNames() {
+		v := g.NewValue(p.Name+"."+s, p.Value.Type, ir.RoleOptState, dsl.Pos{})
+		v.Param = p
+		p.State = append(p.State, v)
+	}
+	return p.State
+}
+
+// ---- convolution blocks ----
+
+// Conv is one conv block configuration.
+type Conv struct {
+	C, H, W         int64 // input channels and size
+	U8              bool  // the input is the u8 HWC image
+	Out             int64
+	K, S, P         [2]int64
+	Bias, ReLU      bool
+	Pool            *ir.Window
+	Masked, MaskOut bool          // backward: dOut already masked; dX masked by the input
+	Opt             *ir.Optimizer // weight gradient: the fused update (nil: gradients out)
+}
+
+func (c Conv) String() string {
+	s := fmt.Sprintf("x%dx%dx%d", c.C, c.H, c.W)
+	if c.U8 {
+		s += "u8"
+	}
+	s += fmt.Sprintf("_o%d_k%dx%d_s%dx%d_p%dx%d", c.Out, c.K[0], c.K[1], c.S[0], c.S[1], c.P[0], c.P[1])
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{c.Bias, "_bias"}, {c.ReLU, "_relu"}} {
+		if f.on {
+			s += f.name
+		}
+	}
+	if w := c.Pool; w != nil {
+		s += fmt.Sprintf("_pool%dx%ds%dx%dp%dx%d", w.Kernel[0], w.Kernel[1], w.Stride[0], w.Stride[1], w.Pad[0], w.Pad[1])
+	}
+	if c.Masked {
+		s += "_masked"
+	}
+	if c.MaskOut {
+		s += "_maskout"
+	}
+	if c.Opt != nil {
+		s += "_" + c.Opt.String()
+	}
+	return s
+}
+
+func (c Conv) attrs() ir.Attrs {
+	return ir.Attrs{Out: c.Out, Kernel: c.K, Stride: c.S, Pad: c.P, Bias: c.Bias, ReLU: c.ReLU, Pool: c.Pool}
+}
+
+// F32 is c with an f32 input (input gradients exist only for f32 inputs).
+func (c Conv) F32() Conv {
+	c.U8 = false
+	return c
+}
+
+type convGraph struct {
+	g    *ir.Graph
+	x    *ir.Value
+	w, b *ir.Param
+}
+
+func (c Conv) graph() *convGraph {
+	g := ir.NewGraph("T")
+	x := ir.F32Batched(c.C, c.H, c.W)
+	if c.U8 {
+		x = ir.ImageU8Type(x)
+	}
+	cg := &convGraph{g: g, x: g.AddInput("x", x, ir.RoleInput, dsl.Pos{})}
+	cg.w = g.AddParam("conv", "weight", ir.Init{}, dsl.Pos{})
+	cg.w.Value.Type = ir.F32Fixed(c.Out, c.C, c.K[0], c.K[1])
+	if c.Bias {
+		cg.b = g.AddParam("conv", "bias", ir.Init{}, dsl.Pos{})
+		cg.b.Value.Type = ir.F32Fixed(c.Out)
+	}
+	return cg
+}
+
+func (cg *convGraph) value(name string, t ir.Type) *ir.Value {
+	return cg.g.NewValue(name, t, ir.RoleActivation, dsl.Pos{})
+}
+
+// ConvForward is c's conv2d_block.
+func ConvForward(t testing.TB, c Conv) *ir.Node {
+	cg := c.graph()
+	ins := []*ir.Value{cg.x, cg.w.Value}
+	if c.Bias {
+		ins = append(ins, cg.b.Value)
+	}
+	outs := []string{"y"}
+	if c.Pool != nil {
+		outs = append(outs, "y.argmax")
+	}
+	return Typed(t, cg.g, ir.OpConvBlock, "conv", c.attrs(), ins, outs...)
+}
+
+// backwardInputs are dOut, then argmax and y when the layout has them.
+func (c Conv) backwardInputs(t testing.TB, cg *convGraph) []*ir.Value {
+	plain := c
+	plain.Masked, plain.MaskOut, plain.Opt = false, false, nil
+	fwd := ConvForward(t, plain)
+	ins := []*ir.Value{cg.value("dout", fwd.Outs[0].Type)}
+	if c.Pool != nil {
+		ins = append(ins, cg.value("argmax", fwd.Outs[1].Type))
+	}
+	if c.ReLU && !c.Masked {
+		ins = append(ins, cg.value("y", fwd.Outs[0].Type))
+	}
+	return ins
+}
+
+// ConvGradInput is c's conv2d_block_grad_input.
+func ConvGradInput(t testing.TB, c Conv) *ir.Node {
+	cg := c.graph()
+	bw := c.backwardInputs(t, cg)
+	ins := append([]*ir.Value{bw[0], cg.w.Value}, bw[1:]...)
+	if c.MaskOut {
+		ins = append(ins, cg.value("xmask", cg.x.Type))
+	}
+	a := c.attrs()
+	a.DOutMasked, a.MaskOut, a.Dims = c.Masked, c.MaskOut, []int64{c.C, c.H, c.W}
+	return Typed(t, cg.g, ir.OpConvBlockGradInput, "conv", a, ins, "dx")
+}
+
+// ConvGradWeight is c's conv2d_block_grad_weight, its update fused when c.Opt is set.
+func ConvGradWeight(t testing.TB, c Conv) *ir.Node {
+	cg := c.graph()
+	bw := c.backwardInputs(t, cg)
+	ins := append([]*ir.Value{bw[0], cg.x}, bw[1:]...)
+	var outs []string
+	if c.Opt == nil {
+		outs = []string{"dw"}
+		if c.Bias {
+			outs = append(outs, "db")
+		}
+	} else {
+		params := []*ir.Param{cg.w}
+		if c.Bias {
+			params = append(params, cg.b)
+		}
+		for _, p := range params {
+			ins = append(ins, p.Value)
+		}
+		for _, p := range params {
+			ins = append(ins, NewState(cg.g, p, c.Opt)...)
+		}
+	}
+	a := c.attrs()
+	a.DOutMasked, a.Opt = c.Masked, c.Opt
+	return Typed(t, cg.g, ir.OpConvBlockGradWeight, "conv", a, ins, outs...)
+}
+
+// ConvCases cover u8 images, odd sizes and channel counts (register-tile tails), kernels 1,
+// 2x3, 3, 5 and 7, strides (larger than the kernel too: pixels no output reads, stride phases
+// without taps), padding, and pools that overlap, are padded, rectangular, leave conv rows
+// unread, or have rows wider than a task's argmax words.
+var ConvCases = []Conv{
+	{C: 3, H: 13, W: 11, U8: true, Out: 5, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: Window(k2, s2, p0)},
+	{C: 1, H: 28, W: 28, U8: true, Out: 8, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: Window(k2, s2, p0)},
+	{C: 17, H: 7, W: 5, Out: 17, K: k3, S: s1, P: p1, ReLU: true, Pool: Window(k3, s2, p1)},
+	{C: 5, H: 13, W: 11, Out: 8, K: k5, S: s2, P: [2]int64{2, 2}, Bias: true},
+	{C: 3, H: 9, W: 7, Out: 33, K: k1, S: s1, P: p0, Bias: true, ReLU: true},
+	{C: 4, H: 11, W: 13, Out: 6, K: [2]int64{2, 3}, S: [2]int64{2, 1}, P: [2]int64{1, 0}, Bias: true, ReLU: true, Pool: Window([2]int64{3, 2}, [2]int64{1, 2}, [2]int64{1, 0})},
+	{C: 8, H: 14, W: 14, Out: 16, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: Window(k2, s2, p0)},
+	{C: 2, H: 12, W: 10, Out: 3, K: [2]int64{7, 7}, S: s1, P: [2]int64{3, 3}, Bias: true, Pool: Window(k2, s2, p0)},
+	{C: 70, H: 5, W: 6, Out: 70, K: k3, S: s1, P: p1, ReLU: true},
+	{C: 5, H: 13, W: 11, Out: 40, K: k3, S: s2, P: p1, Bias: true, ReLU: true, Pool: Window(k3, s2, p1)},
+	{C: 3, H: 7, W: 5, U8: true, Out: 4, K: k2, S: s1, P: p0, ReLU: true, Pool: Window([2]int64{2, 1}, [2]int64{2, 1}, p0)},
+	{C: 6, H: 9, W: 10, Out: 5, K: k1, S: s2, P: p0, Bias: true},
+	{C: 4, H: 11, W: 8, Out: 9, K: k2, S: [2]int64{3, 2}, P: p0, ReLU: true},
+	{C: 2, H: 9, W: 41, Out: 3, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: Window(k2, s2, p0)},
+	{C: 1, H: 5, W: 45, Out: 2, K: k3, S: s1, P: p1, Pool: Window(k3, s2, p1)},
+	// SimpleCNN's first block, cut down: u8 RGB, rows of 126 conv outputs (vector tails), 2x2 pool
+	{C: 3, H: 20, W: 128, U8: true, Out: 16, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: Window(k2, s2, p0)},
+	// a padded stride-3 conv under a u8 image, a 3x3/3 pool
+	{C: 3, H: 17, W: 19, U8: true, Out: 7, K: k3, S: [2]int64{3, 3}, P: [2]int64{2, 1}, Bias: true, ReLU: true, Pool: Window(k3, [2]int64{3, 3}, p0)},
+}
+
+// ConvChecks are the forward, input-gradient and weight-gradient checks of every conv case:
+// each backward as after a non-ReLU reader (y masks dOut) and after a maskout reader (dOut
+// arrives masked) with its own input masked too; the weight gradient with its gradients out and
+// with the update fused, at the first step (SGD's momentum buffer starts as the gradient) and a
+// later one.
+func ConvChecks(t testing.TB) []Case {
+	var checks []Case
+	for i, c := range ConvCases {
+		checks = append(checks, Case{Name: "fwd " + c.String(), N: ConvForward(t, c)})
+		plain, masked := c.F32(), c.F32()
+		masked.Masked, masked.MaskOut = c.ReLU, true
+		for _, v := range []Conv{plain, masked} {
+			checks = append(checks, Case{Name: "dgrad " + v.String(), N: ConvGradInput(t, v)})
+		}
+		grads := c
+		grads.Masked = c.ReLU && i%2 == 1
+		checks = append(checks, Case{Name: "wgrad " + grads.String(), N: ConvGradWeight(t, grads)})
+		fused := c
+		fused.Opt = Optimizers[i%len(Optimizers)]
+		n := ConvGradWeight(t, fused)
+		for _, step := range []int64{0, 3} {
+			checks = append(checks, Case{Name: fmt.Sprintf("wgrad %s step %d", fused, step), N: n, O: reference.NodeOptions{Update: true, Step: step}})
+		}
+	}
+	return checks
+}
+
+// ValidArgmax replaces random argmax inputs of a pooled backward node by window indices that
+// point inside the conv output (as the forward produces them: a padded position is never a
+// maximum).
+func ValidArgmax(n *ir.Node, ins [][]float64, rng *rand.Rand) {
+	if n.Attrs.Pool == nil || (n.Op != ir.OpConvBlockGradInput && n.Op != ir.OpConvBlockGradWeight) {
+		return
+	}
+	p, _ := n.Parts()
+	pw := n.Attrs.Pool
+	var xt ir.Type
+	if p.X != nil {
+		xt = p.X.Type
+		if xt.DType == ir.U8 {
+			xt = ir.F32Batched(xt.Dims[2], xt.Dims[0], xt.Dims[1])
+		}
+	} else {
+		xt = ir.F32Batched(n.Attrs.Dims...)
+	}
+	a := n.Attrs
+	ho, _ := ir.ConvOut(xt.Dims[1], a.Kernel[0], a.Stride[0], a.Pad[0])
+	wo, _ := ir.ConvOut(xt.Dims[2], a.Kernel[1], a.Stride[1], a.Pad[1])
+	am := p.Argmax.Type
+	pho, pwo := am.Dims[1], am.Dims[2]
+	for i, v := range n.Ins {
+		if v != p.Argmax {
+			continue
+		}
+		for e := range ins[i] {
+			py, px := int64(e)/pwo%pho, int64(e)%pwo
+			var valid []float64
+			for ky := int64(0); ky < pw.Kernel[0]; ky++ {
+				for kx := int64(0); kx < pw.Kernel[1]; kx++ {
+					cy, cx := py*pw.Stride[0]-pw.Pad[0]+ky, px*pw.Stride[1]-pw.Pad[1]+kx
+					if cy >= 0 && cy < ho && cx >= 0 && cx < wo {
+						valid = append(valid, float64(ky*pw.Kernel[1]+kx))
+					}
+				}
+			}
+			ins[i][e] = valid[rng.IntN(len(valid))]
+		}
+	}
+}
+
+// ---- linear blocks ----
+
+// Linear is a linear block's values in a test graph.
+type Linear struct {
+	g             *ir.Graph
+	name          string
+	in, out       int64
+	x, y, dy, xm  *ir.Value
+	w, b          *ir.Param
+	bias, relu    bool
+	Masked, XMask bool
+}
+
+// NewLinear makes a linear block of in -> out features in g.
+func NewLinear(g *ir.Graph, name string, in, out int64, bias, relu bool) *Linear {
+	l := &Linear{g: g, name: name, in: in, out: out, bias: bias, relu: relu}
+	l.x = g.NewValue(name+".x", ir.F32Batched(in), ir.RoleActivation, dsl.Pos{})
+	l.y = g.NewValue(name+".y", ir.F32Batched(out), ir.RoleActivation, dsl.Pos{})
+	l.dy = g.NewValue(name+".dy", ir.F32Batched(out), ir.RoleActGrad, dsl.Pos{})
+	l.xm = g.NewValue(name+".xmask", ir.F32Batched(in), ir.RoleActivation, dsl.Pos{})
+	l.w = g.AddParam(name, "weight", ir.Init{}, dsl.Pos{})
+	l.w.Value.Type = ir.F32Fixed(out, in)
+	if bias {
+		l.b = g.AddParam(name, "bias", ir.Init{}, dsl.Pos{})
+		l.b.Value.Type = ir.F32Fixed(out)
+	}
+	return l
+}
+
+func (l *Linear) params() []*ir.Param {
+	if l.b != nil {
+		return []*ir.Param{l.w, l.b}
+	}
+	return []*ir.Param{l.w}
+}
+
+func (l *Linear) attrs() ir.Attrs {
+	return ir.Attrs{Out: l.out, Bias: l.bias, ReLU: l.relu, DOutMasked: l.Masked, MaskOut: l.XMask}
+}
+
+// Forward is the block's linear_block.
+func (l *Linear) Forward(t testing.TB) *ir.Node {
+	ins := []*ir.Value{l.x, l.w.Value}
+	if l.bias {
+		ins = append(ins, l.b.Value)
+	}
+	return Typed(t, l.g, ir.OpLinearBlock, l.name, l.attrs(), ins, l.name+".out")
+}
+
+// GradInput is the block's linear_block_grad_input.
+func (l *Linear) GradInput(t testing.TB) *ir.Node {
+	ins := []*ir.Value{l.dy, l.w.Value}
+	if l.relu && !l.Masked {
+		ins = append(ins, l.y)
+	}
+	if l.XMask {
+		ins = append(ins, l.xm)
+	}
+	return Typed(t, l.g, ir.OpLinearBlockGradInput, l.name, l.attrs(), ins, l.name+".dx")
+}
+
+// GradWeight is the block's linear_block_grad_weight, its update fused when opt != nil (each
+// parameter then gets fresh optimizer state).
+func (l *Linear) GradWeight(t testing.TB, opt *ir.Optimizer) *ir.Node {
+	ins := []*ir.Value{l.dy, l.x}
+	if l.relu && !l.Masked {
+		ins = append(ins, l.y)
+	}
+	a := l.attrs()
+	a.MaskOut = false
+	var outs []string
+	if opt == nil {
+		outs = []string{l.name + ".dw"}
+		if l.bias {
+			outs = append(outs, l.name+".db")
+		}
+	} else {
+		a.Opt = opt
+		for _, p := range l.params() {
+			ins = append(ins, p.Value)
+		}
+		for _, p := range l.params() {
+			ins = append(ins, NewState(l.g, p, opt)...)
+		}
+	}
+	return Typed(t, l.g, ir.OpLinearBlockGradWeight, l.name, a, ins, outs...)
+}
+
+// LinearChecks: edge shapes (single features, register-tile and task boundaries, vector tails),
+// a random pair, every combination of bias, ReLU, masked and maskout, the weight gradient
+// unfused or with each optimizer at the first and a later step. variant varies the choices
+// between batches.
+func LinearChecks(t testing.TB, variant int, rng *rand.Rand) []Case {
+	type shape struct{ in, out int64 }
+	shapes := []shape{{1, 1}, {3, 17}, {17, 3}, {130, 130}, {700, 3}, {5, 300}, {64, 64}, {1000, 11},
+		{1 + rng.Int64N(200), 1 + rng.Int64N(200)}}
+	g := ir.NewGraph("T")
+	var cases []Case
+	for si, s := range shapes {
+		for v := 0; v < 8; v++ {
+			bias, relu, masked := v&1 != 0, v&2 != 0, v&4 != 0
+			if masked && !relu {
+				continue // masked only means something for a ReLU block
+			}
+			l := NewLinear(g, fmt.Sprintf("fc%d_%d", si, v), s.in, s.out, bias, relu)
+			l.Masked = masked
+			l.XMask = (v+si+variant)%2 == 0
+			name := fmt.Sprintf("%dx%d bias=%t relu=%t masked=%t maskout=%t", s.in, s.out, bias, relu, masked, l.XMask)
+			if v == 0 || v == 3 || si%2 == 0 {
+				cases = append(cases, Case{Name: "fwd " + name, N: l.Forward(t)})
+			}
+			cases = append(cases, Case{Name: "dgrad " + name, N: l.GradInput(t)})
+			k := (v + si + variant) % (len(Optimizers) + 1)
+			if k == len(Optimizers) {
+				cases = append(cases, Case{Name: "wgrad " + name, N: l.GradWeight(t, nil)})
+			} else {
+				step := int64(0)
+				if (v+si)%2 == 1 {
+					step = 4
+				}
+				cases = append(cases, Case{Name: fmt.Sprintf("wgrad %s %s step %d", name, Optimizers[k], step), N: l.GradWeight(t, Optimizers[k]),
+					O: reference.NodeOptions{Step: step, Update: true}})
+			}
+		}
+	}
+	for k, opt := range Optimizers {
+		for _, step := range []int64{0, 7} {
+			l := NewLinear(g, fmt.Sprintf("opt%d_%d", k, step), 37, 19, true, true)
+			cases = append(cases, Case{Name: fmt.Sprintf("wgrad 37x19 %s step %d", opt, step), N: l.GradWeight(t, opt), O: reference.NodeOptions{Step: step, Update: true}})
+		}
+	}
+	return cases
+}
+
+// ---- pools, elementwise, loss, updates, dropout ----
+
+// PoolChecks are max- and average-pool forward and gradient kernels on odd sizes (rows and
+// columns no window reads), overlapping and padded windows, rectangular windows, strides larger
+// than the window (gaps), 1x1 windows.
+func PoolChecks(t testing.TB) []Case {
+	var cases []Case
+	for _, c := range []struct {
+		c, h, w int64
+		k, s, p [2]int64
+	}{
+		{3, 13, 11, k2, s2, p0}, {5, 7, 5, k3, s2, p1}, {17, 9, 8, [2]int64{3, 2}, [2]int64{1, 2}, [2]int64{1, 0}},
+		{2, 6, 7, k1, s1, p0}, {4, 11, 12, k5, [2]int64{3, 3}, [2]int64{2, 2}}, {3, 10, 9, k2, [2]int64{3, 3}, p1},
+	} {
+		a := ir.Attrs{Kernel: c.k, Stride: c.s, Pad: c.p}
+		x := ir.F32Batched(c.c, c.h, c.w)
+		name := fmt.Sprintf("%dx%dx%d_k%dx%d_s%dx%d_p%dx%d", c.c, c.h, c.w, c.k[0], c.k[1], c.s[0], c.s[1], c.p[0], c.p[1])
+		maxFwd := Node(t, ir.OpMaxPool2D, a, x)
+		y := maxFwd.Out().Type
+		ga := a
+		ga.Dims = x.Dims
+		cases = append(cases,
+			Case{Name: "maxpool2d " + name, N: maxFwd},
+			Case{Name: "avgpool2d " + name, N: Node(t, ir.OpAvgPool2D, a, x)},
+			Case{Name: "maxpool2d_grad " + name, N: Node(t, ir.OpMaxPool2DGrad, a, y, x)},
+			Case{Name: "avgpool2d_grad " + name, N: Node(t, ir.OpAvgPool2DGrad, ga, y)})
+	}
+	return cases
+}
+
+// ElementwiseChecks: to_tensor, add, relu, relu_grad; large enough for several tasks.
+func ElementwiseChecks(t testing.TB) []Case {
+	var cases []Case
+	for _, d := range [][]int64{{5, 7, 3}, {3, 130, 70}} {
+		u8 := ir.Type{DType: ir.U8, Batched: true, Dims: d}
+		x := ir.F32Batched(d[2], d[0], d[1])
+		cases = append(cases,
+			Case{Name: "to_tensor", N: Node(t, ir.OpToTensor, ir.Attrs{}, u8)},
+			Case{Name: "add", N: Node(t, ir.OpAdd, ir.Attrs{}, x, x)},
+			Case{Name: "relu", N: Node(t, ir.OpReLU, ir.Attrs{}, x)},
+			Case{Name: "relu_grad", N: Node(t, ir.OpReLUGrad, ir.Attrs{}, x, x)})
+	}
+	return cases
+}
+
+// LossUpdateDropoutChecks: softmax cross-entropy over 1, 3, 10, 33 and 130 classes; standalone
+// updates with every optimizer (variant picks the step); dropout and its gradient, whose masks
+// must equal the reference's bit for bit (streams and steps vary with variant).
+func LossUpdateDropoutChecks(t testing.TB, variant int) []Case {
+	g := ir.NewGraph("T")
+	var cases []Case
+	for _, classes := range []int64{1, 3, 10, 33, 130} {
+		logits := g.NewValue(fmt.Sprintf("logits%d", classes), ir.F32Batched(classes), ir.RoleActivation, dsl.Pos{})
+		label := g.NewValue(fmt.Sprintf("label%d", classes), ir.Type{DType: ir.Class, Batched: true, Classes: classes}, ir.RoleLabel, dsl.Pos{})
+		cases = append(cases, Case{Name: fmt.Sprintf("softmax_cross_entropy c%d", classes),
+			N: Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")})
+	}
+	for k, opt := range Optimizers {
+		for si, dims := range [][]int64{{1}, {17, 130}, {200, 130}} {
+			p := g.AddParam(fmt.Sprintf("u%d_%d", k, si), "weight", ir.Init{}, dsl.Pos{})
+			p.Value.Type = ir.F32Fixed(dims...)
+			grad := g.NewValue(p.Name+".grad", p.Value.Type, ir.RoleGrad, dsl.Pos{})
+			op := ir.OpSGDUpdate
+			if opt.Kind != ir.SGD {
+				op = ir.OpAdamUpdate
+			}
+			n := g.NewNode(op, p.Layer, ir.Update, dsl.Pos{}, append([]*ir.Value{p.Value, grad}, NewState(g, p, opt)...), nil, 0)
+			n.Attrs.Opt = opt
+			_, err := op.Info().Infer(n)
+			require.NoError(t, err)
+			cases = append(cases, Case{Name: fmt.Sprintf("%s %v %s", op, dims, opt), N: n, O: reference.NodeOptions{Step: int64((k + variant) % 2 * 5), Update: true}})
+		}
+	}
+	for di, dims := range [][]int64{{3, 5, 7}, {130}, {9, 60, 70}} {
+		for _, p := range []float64{0.1, 0.5} {
+			x := g.NewValue(fmt.Sprintf("x%d", di), ir.F32Batched(dims...), ir.RoleActivation, dsl.Pos{})
+			a := ir.Attrs{P: p, Stream: int64(di*3 + variant)}
+			o := reference.NodeOptions{Training: true, Seed: 0x9e3779b97f4a7c15, Step: int64(di + 3*variant)}
+			cases = append(cases,
+				Case{Name: fmt.Sprintf("dropout %v p=%g", dims, p), N: Typed(t, g, ir.OpDropout, "drop", a, []*ir.Value{x}, "y"), O: o},
+				Case{Name: fmt.Sprintf("dropout_grad %v p=%g", dims, p), N: Typed(t, g, ir.OpDropoutGrad, "drop", a, []*ir.Value{x}, "dx"), O: o})
+		}
+	}
+	return cases
+}

@@ -1,0 +1,1370 @@
+// cnnc_cpu.h — the CPU target's kernel library (runtime/native; codegen/cpu instantiates it).
+//
+// The generated translation unit (native.Wrap) includes this header three times: once plain, for
+// the ABI shared with runtime/native (the kernel table), then inside two namespaces with
+// CNNC_VW defined — the baseline (SSE2, 4 floats a vector) and, under
+// `#pragma GCC target("avx2,fma")`, AVX2 with FMA (8 floats) — each followed by the model's
+// kernels, so one binary runs on any x86-64 and the device picks the AVX2 table where the CPU has
+// it. Kernels are C++ templates over a geometry struct of compile-time constants (shapes, flags,
+// the task decomposition) that codegen/cpu writes per kernel; vectors are GCC vector extensions,
+// so the same text compiles for both widths (and elsewhere, for the baseline's width).
+//
+// A kernel is `static void run(const uint64_t* params, int64_t task, float* scratch)` plus its
+// task count and the per-worker scratch it needs. A launch runs tasks 0..tasks-1 on the device's
+// workers in any order and on any thread: every task writes its own outputs (argmax words two
+// tasks share are updated with atomic and/or of the task's own bits), and every reduction runs in
+// a fixed order inside one task (weight gradients: per-task partial sums in the plan's workspace,
+// added in task order by a second kernel), so results do not depend on the number of threads or
+// on scheduling. No float atomics, no allocation: scratch is the worker's, sized by the table.
+#ifndef CNNC_CPU_H_ABI
+#define CNNC_CPU_H_ABI
+// The ABI part is C as well: runtime/native's cgo code reads the kernel table through it.
+#include <stdint.h>
+#ifdef __cplusplus
+#include <cmath>
+#include <cstring>
+#include <utility>
+extern "C" {
+#endif
+
+#define CNNC_CPU_ABI 3
+
+// The step's scalar block (runtime/device.StepScalars, the CUDA kernels' CnncStepScalars): kernels
+// that need the learning rate, step, seed or valid count take a pointer to it, which never
+// changes; the trainer fills the block before each step.
+typedef struct CnncStepScalars {
+  int64_t step;   // 0-based training step
+  uint64_t seed;  // the run's seed (dropout)
+  int64_t valid;  // samples of the batch that are real (a partial batch is padded)
+  float lr;       // learning rate
+  int32_t pad;
+} CnncStepScalars;
+#ifdef __cplusplus
+static_assert(sizeof(CnncStepScalars) == 32, "CnncStepScalars is runtime/device.StepScalars: 32 bytes");
+#endif
+
+typedef void (*cnnc_cpu_task_fn)(const uint64_t* params, int64_t task, float* scratch);
+// One kernel compiled for one instruction set: its entry, the scratch bytes it needs per worker,
+// its task count.
+typedef struct cnnc_cpu_kernel_impl {
+  cnnc_cpu_task_fn fn;
+  int64_t scratch_bytes;
+  int64_t tasks;
+} cnnc_cpu_kernel_impl;
+// A model's kernel library: per kernel its name and parameter count, and its implementation for
+// the baseline (impl[0], SSE2) and for AVX2+FMA (impl[1]), each compiled in a translation unit of
+// its own (runtime/native's wrap).
+typedef struct cnnc_cpu_library {
+  int32_t abi;                // CNNC_CPU_ABI
+  const char* source_sha256;  // hex SHA-256 of the model's kernel source
+  int32_t nkernels;
+  const char* const* names;
+  const int32_t* nparams;
+  const cnnc_cpu_kernel_impl* impl[2];
+} cnnc_cpu_library;
+
+#ifdef __cplusplus
+}
+// A kernel of the model's source: name is an implementation (a kernel template instantiated on
+// its geometry) taking nparams parameters; native.Wrap builds the kernel table from these lines.
+#define CNNC_CPU_KERNEL(name, nparams, ...) using name = __VA_ARGS__;
+#endif
+#endif  // CNNC_CPU_H_ABI
+
+#ifdef CNNC_VW
+// ---------------------------------------------------------------------------------------------
+// Per-ISA part: everything below is compiled once per vector width, inside its namespace.
+
+constexpr int VW = CNNC_VW;
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), __may_alias__));
+typedef int vi __attribute__((vector_size(VW * 4)));
+typedef int viu __attribute__((vector_size(VW * 4), aligned(4), __may_alias__));
+
+#define CNNC_INLINE static inline __attribute__((always_inline))
+#define CNNC_MEMBER inline __attribute__((always_inline))
+// register tiles: small loops over a tile's rows and vectors, unrolled so that the tile lives in
+// registers (at -O2 too)
+#define CNNC_UNROLL _Pragma("GCC unroll 16")
+
+CNNC_INLINE vf vload(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+CNNC_INLINE void vstore(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
+CNNC_INLINE vf vbcast(float s) {
+  vf r;  // not vf{} + s: adding +0 is no identity for -0, so the add would stay in the loop
+  CNNC_UNROLL
+  for (int i = 0; i < VW; i++) r[i] = s;
+  return r;
+}
+CNNC_INLINE vf vzero() { return vf{}; }
+CNNC_INLINE vf vrelu(vf v) { return v > vf{} ? v : vf{}; }
+// the lanes' sum, in lane order: a fixed order, so a task's sums are the same on every run
+CNNC_INLINE float hsum(vf v) {
+  float s = v[0];
+  CNNC_UNROLL
+  for (int i = 1; i < VW; i++) s += v[i];
+  return s;
+}
+CNNC_INLINE vf vsqrt(vf v) {
+  vf r;
+  CNNC_UNROLL
+  for (int i = 0; i < VW; i++) r[i] = sqrtf(v[i]);
+  return r;
+}
+CNNC_INLINE float vsqrt(float v) { return sqrtf(v); }
+// d where y > 0, else 0 (a ReLU's mask). Both values are loaded by the caller, unconditionally: GCC
+// 12's basic-block vectorizer turned `y > 0 ? d[i] : 0` (a conditional load) into wrong code for
+// AVX2 in short constant-length loops.
+CNNC_INLINE float masked(float y, float d) { return y > 0.0f ? d : 0.0f; }
+
+template <class T>
+CNNC_INLINE T* arg(const uint64_t* p, int i) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(p[i]));
+}
+CNNC_INLINE long argi(const uint64_t* p, int i) { return static_cast<long>(static_cast<int64_t>(p[i])); }
+// the step's scalar block that parameter i points to
+CNNC_INLINE const CnncStepScalars& argscalars(const uint64_t* p, int i) { return *arg<const CnncStepScalars>(p, i); }
+
+constexpr long cdiv(long a, long b) { return (a + b - 1) / b; }
+constexpr long rup(long a, long b) { return cdiv(a, b) * b; }
+constexpr long cmin(long a, long b) { return a < b ? a : b; }
+constexpr long cmax(long a, long b) { return a > b ? a : b; }
+// floor(a / b) for b > 0, a of either sign
+constexpr long fdiv(long a, long b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+// the bytes of n floats rounded up to 64 (scratch areas are cut at cache-line boundaries)
+constexpr long floats64(long n) { return rup(n * 4, 64); }
+
+// run f<I>() for I = 0..N-1, I a compile-time constant
+template <int... I, class F>
+CNNC_INLINE void static_for_(std::integer_sequence<int, I...>, F&& f) {
+  (f.template operator()<I>(), ...);
+}
+template <int N, class F>
+CNNC_INLINE void static_for(F&& f) {
+  static_for_(std::make_integer_sequence<int, N>{}, f);
+}
+// call f.template operator()<T1>() or <T2>() for the runtime r, which is one of the compile-time
+// tails T1, T2 of a loop in steps of a micro-tile (0: no tail of that kind)
+template <int T1, int T2, class F>
+CNNC_INLINE void dispatch_tail2(long r, F&& f) {
+  if constexpr (T1 > 0) {
+    if (r == T1) {
+      f.template operator()<T1>();
+      return;
+    }
+  }
+  if constexpr (T2 > 0 && T2 != T1) {
+    if (r == T2) f.template operator()<T2>();
+  }
+}
+
+// Packed argmax (codegen/argmax.go): element e's window index in BITS bits of word e / (32/BITS).
+// put_argmax writes the fields of elements [start, start+n), code(i) giving element start+i's; a
+// word holding elements of another task (or padding past the tensor's last element, which only
+// the task owning the word's start writes) is updated with atomic and/or of this task's fields,
+// so every word ends the same whatever the tasks' order.
+template <int BITS, class F>
+CNNC_INLINE void put_argmax(uint32_t* am, long start, long n, long total, F code) {
+  constexpr long PER = 32 / BITS;
+  constexpr uint32_t MASK = BITS == 32 ? ~0u : (1u << BITS) - 1u;
+  const long end = start + n;
+  for (long e = start; e < end;) {
+    const long wd = e / PER, wlo = wd * PER, whi = wlo + PER;
+    const long hi = whi < end ? whi : end;
+    uint32_t bits = 0, field = 0;
+    for (long i = e; i < hi; i++) {
+      const int sh = static_cast<int>(i - wlo) * BITS;
+      bits |= (static_cast<uint32_t>(code(i - start)) & MASK) << sh;
+      field |= MASK << sh;
+    }
+    if (e == wlo && (hi == whi || hi == total)) {
+      am[wd] = bits;
+    } else {
+      __atomic_fetch_and(&am[wd], ~field, __ATOMIC_RELAXED);
+      __atomic_fetch_or(&am[wd], bits, __ATOMIC_RELAXED);
+    }
+    e = hi;
+  }
+}
+template <int BITS>
+CNNC_INLINE int get_argmax(const uint32_t* am, long e) {
+  constexpr long PER = 32 / BITS;
+  constexpr uint32_t MASK = BITS == 32 ? ~0u : (1u << BITS) - 1u;
+  return static_cast<int>((am[e / PER] >> ((e % PER) * BITS)) & MASK);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer updates, as torch.optim computes them (and templates/update.cu.tmpl): T is float or
+// vf (a vector of consecutive elements). The struct O carries the compiled-in constants:
+//   KIND 0 sgd, 1 adam, 2 adamw; WD, MOM, NESTEROV, B1, B2, OMB1 (1-B1), OMB2, EPS, B1D, B2D.
+
+template <class O>
+struct OptRun {
+  float lr;
+  long step;
+  float bc1, sbc2;  // Adam's bias corrections for t = step + 1, in double as torch computes them
+  OptRun(float lr_, long step_) : lr(lr_), step(step_), bc1(1), sbc2(1) {
+    if (O::KIND != 0) {
+      bc1 = static_cast<float>(1.0 - pow(O::B1D, static_cast<double>(step + 1)));
+      sbc2 = static_cast<float>(sqrt(1.0 - pow(O::B2D, static_cast<double>(step + 1))));
+    }
+  }
+  // one update of parameter p (and its state s0, s1) with gradient g
+  template <class T>
+  CNNC_MEMBER void apply(T g, T& p, T& s0, T& s1) const {
+    if constexpr (O::KIND != 0) {
+      if constexpr (O::KIND == 2 && O::HAS_WD) {
+        p *= 1.0f - lr * O::WD;  // AdamW: decoupled weight decay
+      } else if constexpr (O::HAS_WD) {
+        g += O::WD * p;  // Adam: L2 weight decay
+      }
+      const T expAvg = O::B1 * s0 + O::OMB1 * g;
+      const T expAvgSq = O::B2 * s1 + O::OMB2 * g * g;
+      s0 = expAvg;
+      s1 = expAvgSq;
+      p -= lr / bc1 * expAvg / (vsqrt(expAvgSq) / sbc2 + O::EPS);
+    } else {
+      if constexpr (O::HAS_WD) g += O::WD * p;  // L2 weight decay
+      if constexpr (O::HAS_MOM) {
+        const T buf = step == 0 ? g : O::MOM * s0 + g;  // the first step's buffer is the gradient
+        s0 = buf;
+        if constexpr (O::NESTEROV) {
+          g += O::MOM * buf;
+        } else {
+          g = buf;
+        }
+      }
+      p -= lr * g;
+    }
+  }
+};
+
+// The parameter pointers of a fused or standalone update: p, then its NS states.
+template <class O>
+constexpr int opt_states() {
+  return O::KIND != 0 ? 2 : (O::HAS_MOM ? 1 : 0);
+}
+
+// Applies the update to n consecutive elements from index at: gradients g[0..n), parameter
+// p + at, states s0 + at, s1 + at (unused ones may be null).
+template <class O>
+CNNC_INLINE void opt_range(const OptRun<O>& run, const float* g, float* p, float* s0, float* s1, long n) {
+  long i = 0;
+  for (; i + VW <= n; i += VW) {
+    vf gv = vload(g + i), pv = vload(p + i);
+    vf a = s0 ? vload(s0 + i) : vzero(), b = s1 ? vload(s1 + i) : vzero();
+    run.apply(gv, pv, a, b);
+    vstore(p + i, pv);
+    if (s0) vstore(s0 + i, a);
+    if (s1) vstore(s1 + i, b);
+  }
+  for (; i < n; i++) {
+    float pv = p[i], a = s0 ? s0[i] : 0.0f, b = s1 ? s1[i] : 0.0f;
+    run.apply(g[i], pv, a, b);
+    p[i] = pv;
+    if (s0) s0[i] = a;
+    if (s1) s1[i] = b;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Convolution blocks (ir/fused.go). The geometry struct G has:
+//   B, C, H, W, U8 (input u8 HWC images, /255 in the loads), O, KH, KW, SH, SW, PH, PW, HO, WO,
+//   BIAS, RELU, POOL, PKH, PKW, PSH, PSW, PPH, PPW, PHO, PWO, BITS, HASY, MASKOUT,
+//   and the decomposition: BAND (rows per task), OT (channels per task), S (weight-gradient tasks).
+
+// Input tile: rows iyBase..iyBase+IR-1 of sample b, every channel, zero-padded, split by column
+// phase (ix + PW) mod SW so that a stride-SW conv reads consecutive floats:
+//   Xt[((c * IR + ir) * SW + ph) * JW + j] = x(b, c, iyBase + ir, j * SW + ph - PW)
+template <class G, long IR, long JW>
+CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt) {
+  if constexpr (G::U8) {
+    for (long ir = 0; ir < IR; ir++) {
+      const long iy = iyBase + ir;
+      if (iy < 0 || iy >= G::H) {
+        for (long c = 0; c < G::C; c++) memset(Xt + (c * IR + ir) * G::SW * JW, 0, sizeof(float) * G::SW * JW);
+        continue;
+      }
+      const unsigned char* src = static_cast<const unsigned char*>(xp) + (b * G::H + iy) * G::W * G::C;
+      for (long ph = 0; ph < G::SW; ph++) {
+        // j = (ix + PW - ph) / SW for the columns ix of this phase
+        const long jA = cmin(JW, cdiv(cmax(0, G::PW - ph), G::SW)), jB = cmax(jA, cmin(JW, cdiv(G::W + G::PW - ph, G::SW)));
+        for (long c = 0; c < G::C; c++) {
+          float* row = Xt + ((c * IR + ir) * G::SW + ph) * JW;
+          for (long j = 0; j < jA; j++) row[j] = 0.0f;
+          for (long j = jB; j < JW; j++) row[j] = 0.0f;
+        }
+        for (long j = jA; j < jB; j++) {
+          const unsigned char* px = src + (j * G::SW + ph - G::PW) * G::C;
+          for (long c = 0; c < G::C; c++) Xt[((c * IR + ir) * G::SW + ph) * JW + j] = static_cast<float>(px[c]) * (1.0f / 255.0f);
+        }
+      }
+    }
+    return;
+  }
+  for (long c = 0; c < G::C; c++)
+    for (long ir = 0; ir < IR; ir++) {
+      const long iy = iyBase + ir;
+      float* row = Xt + (c * IR + ir) * G::SW * JW;
+      if (iy < 0 || iy >= G::H) {
+        memset(row, 0, sizeof(float) * G::SW * JW);
+        continue;
+      }
+      const float* src = static_cast<const float*>(xp) + ((b * G::C + c) * G::H + iy) * G::W;
+      if constexpr (G::SW == 1) {
+        // j = ix + PW: [zeros | the row | zeros]
+        const long lo = G::PW < JW ? G::PW : JW;
+        const long n = cmin(G::W, JW - lo);
+        memset(row, 0, sizeof(float) * lo);
+        memcpy(row + lo, src, sizeof(float) * n);
+        memset(row + lo + n, 0, sizeof(float) * (JW - lo - n));
+      } else {
+        for (long ph = 0; ph < G::SW; ph++)
+          for (long j = 0; j < JW; j++) {
+            const long ix = j * G::SW + ph - G::PW;
+            row[ph * JW + j] = ix >= 0 && ix < G::W ? src[ix] : 0.0f;
+          }
+      }
+    }
+}
+
+// The conv output's gradient dy(b, o, oy, ox) for oy = oyLo + r (r < DR), o = o0 + i (i < no),
+// ox < DW - QL, into Dt[(i * DR + r) * DW + QL + ox], zero elsewhere: from dout at the block's output resolution,
+// masked by the saved output y > 0 (HASY), routed through the packed argmax (POOL) — each pooled
+// gradient lands on its window's maximum; sums over overlapping windows in window scan order.
+template <class G>
+CNNC_INLINE void form_dy(const float* dout, const uint32_t* am, const float* yout, long b, long o0, long no, long oyLo, long DR,
+                         long DW, long QL, float* Dt) {
+  memset(Dt, 0, sizeof(float) * no * DR * DW);
+  if constexpr (!G::POOL) {
+    for (long i = 0; i < no; i++)
+      for (long r = 0; r < DR; r++) {
+        const long oy = oyLo + r;
+        if (oy < 0 || oy >= G::HO) continue;
+        const long pe = ((b * G::O + o0 + i) * G::HO + oy) * G::WO;
+        float* dst = Dt + (i * DR + r) * DW + QL;
+        for (long ox = 0; ox < cmin(G::WO, DW - QL); ox++) {
+          if constexpr (G::HASY) {
+            dst[ox] = masked(yout[pe + ox], dout[pe + ox]);
+          } else {
+            dst[ox] = dout[pe + ox];
+          }
+        }
+      }
+  } else {
+    // pooled rows whose windows reach conv rows [oyLo, oyLo + DR)
+    const long pyA = cmax(0, fdiv(oyLo + G::PPH - G::PKH, G::PSH) + 1);
+    const long pyB = cmin(G::PHO - 1, fdiv(oyLo + DR - 1 + G::PPH, G::PSH));
+    for (long i = 0; i < no; i++)
+      for (long py = pyA; py <= pyB; py++) {
+        const long pe0 = ((b * G::O + o0 + i) * G::PHO + py) * G::PWO;
+        for (long px = 0; px < G::PWO; px++) {
+          const long pe = pe0 + px;
+          const int k = get_argmax<G::BITS>(am, pe);
+          const long cy = py * G::PSH - G::PPH + k / G::PKW, cx = px * G::PSW - G::PPW + k % G::PKW;
+          if (cy < oyLo || cy >= oyLo + DR || cy < 0 || cy >= G::HO || cx < 0 || cx >= G::WO || QL + cx >= DW || k >= G::PKH * G::PKW) continue;
+          float v = dout[pe];
+          if constexpr (G::HASY) v = masked(yout[pe], v);
+          Dt[(i * DR + cy - oyLo) * DW + QL + cx] += v;
+        }
+      }
+  }
+}
+
+// n floats from p, PSW apart (a pooling window's column over consecutive pooled outputs)
+template <int STRIDE>
+CNNC_INLINE vf vgather(const float* p) {
+  if constexpr (STRIDE == 1) {
+    return vload(p);
+  } else if constexpr (STRIDE == 2) {
+#if CNNC_VW == 8
+    return __builtin_shuffle(vload(p), vload(p + VW), vi{0, 2, 4, 6, 8, 10, 12, 14});
+#else
+    return __builtin_shuffle(vload(p), vload(p + VW), vi{0, 2, 4, 6});
+#endif
+  } else {
+    vf r;
+    CNNC_UNROLL
+    for (int l = 0; l < VW; l++) r[l] = p[l * STRIDE];
+    return r;
+  }
+}
+
+// Max-pool of one pooled row py over conv rows held WOP apart from conv row cyStart (ct): the
+// maximum of each window's positions inside the conv output and its index (ky·PKW + kx), the first
+// maximum in scan order, as PyTorch; into yrow and codes. Windows that lie inside the conv
+// output's columns run VW at a time.
+template <class G, long WOP>
+CNNC_INLINE void pool_row(const float* ct, long cyStart, long py, float* yrow, int* codes) {
+  const long cy0 = py * G::PSH - G::PPH;
+  const long kyA = cmax(0, -cy0), kyB = cmin(G::PKH, G::HO - cy0);
+  auto scalar = [&](long px) {
+    float best = 0.0f;
+    int bestK = -1;
+    for (long ky = kyA; ky < kyB; ky++) {
+      const float* crow = ct + (cy0 + ky - cyStart) * WOP;
+      for (int kx = 0; kx < G::PKW; kx++) {
+        const long cx = px * G::PSW - G::PPW + kx;
+        if (cx < 0 || cx >= G::WO) continue;  // padding: not a candidate
+        const float v = crow[cx];
+        if (bestK < 0 || v > best) {
+          best = v;
+          bestK = static_cast<int>(ky) * G::PKW + kx;
+        }
+      }
+    }
+    yrow[px] = best;
+    codes[px] = bestK < 0 ? 0 : bestK;
+  };
+  // pooled columns whose window lies inside [0, WO)
+  const long pxA = cmin(G::PWO, cdiv(G::PPW, G::PSW)), pxB = cmax(pxA, cmin(G::PWO, (G::WO - G::PKW + G::PPW) / G::PSW + 1));
+  long px = 0;
+  for (; px < pxA; px++) scalar(px);
+  if (kyA < kyB) {
+    for (; px + VW <= pxB; px += VW) {
+      vf best = vzero();
+      vi code = vi{};
+      for (long ky = kyA; ky < kyB; ky++) {
+        const float* crow = ct + (cy0 + ky - cyStart) * WOP + px * G::PSW - G::PPW;
+        for (int kx = 0; kx < G::PKW; kx++) {
+          const vf v = vgather<G::PSW>(crow + kx);
+          const int k = static_cast<int>(ky) * G::PKW + kx;
+          if (ky == kyA && kx == 0) {
+            best = v;
+            code = vi{} + k;
+          } else {
+            const vi m = v > best;
+            best = m ? v : best;
+            code = m ? vi{} + k : code;
+          }
+        }
+      }
+      vstore(yrow + px, best);
+      *reinterpret_cast<viu*>(codes + px) = code;
+    }
+  }
+  for (; px < G::PWO; px++) scalar(px);
+}
+
+// conv_block forward: conv + bias + ReLU + max-pool with packed argmax. A task is (sample,
+// band of BAND output rows — pooled rows when pooled —, OT output channels): it stages the input
+// rows it reads (fill_x), computes the conv rows under its band in MO x (NV vectors) register
+// tiles — vectors across output columns, every tap a broadcast weight times a contiguous load —
+// and writes the block's output: pooled, with the window's first maximum in scan order.
+template <class G>
+struct ConvFwd {
+  static constexpr int MO = 4, NV = 2;
+  static constexpr long WOP = rup(G::WO, NV * VW);
+  static constexpr long JW = WOP + (G::KW - 1) / G::SW;
+  static constexpr long ROWS = G::POOL ? G::PHO : G::HO;
+  static constexpr long NBANDS = cdiv(ROWS, G::BAND), NOG = cdiv(G::O, G::OT);
+  static constexpr long tasks = G::B * NBANDS * NOG;
+  static constexpr long CR = G::POOL ? (G::BAND - 1) * G::PSH + G::PKH : G::BAND;  // conv rows of a band
+  static constexpr long IR = (CR - 1) * G::SH + G::KH;                            // input rows they read
+  static constexpr long K = G::C * G::KH * G::KW;
+  static constexpr long XT = floats64(G::C * IR * G::SW * JW), CT = G::POOL ? floats64(G::OT * CR * WOP) : 0,
+                        CODES = G::POOL ? floats64(G::BAND * G::PWO) : 0;
+  static constexpr long scratch = XT + CT + CODES;
+
+  // conv rows cy in [cyA, cyB) of output channels o0..o0+M-1 (tile row cy - cyStart)
+  template <int M>
+  CNNC_MEMBER static void rows(const float* Xt, const float* w, const float* bias, long o0, long oc, long cyStart, long cyA, long cyB,
+                               float* Ct, float* y, long b) {
+    const float* wo = w + o0 * K;
+    for (long cy = cyA; cy < cyB; cy++) {
+      const long t = cy - cyStart;
+      for (long x0 = 0; x0 < WOP; x0 += NV * VW) {
+        vf acc[M][NV];
+        CNNC_UNROLL
+        for (int m = 0; m < M; m++)
+          CNNC_UNROLL
+          for (int j = 0; j < NV; j++) acc[m][j] = vzero();
+        for (long c = 0; c < G::C; c++)
+          for (int ky = 0; ky < G::KH; ky++) {
+            const float* xr = Xt + ((c * IR + t * G::SH + ky) * G::SW) * JW + x0;
+            const float* wr = wo + (c * G::KH + ky) * G::KW;
+#pragma GCC unroll 16
+            for (int kx = 0; kx < G::KW; kx++) {
+              const float* xk = xr + (kx % G::SW) * JW + kx / G::SW;
+              vf xv[NV];
+              CNNC_UNROLL
+              for (int j = 0; j < NV; j++) xv[j] = vload(xk + j * VW);
+              CNNC_UNROLL
+              for (int m = 0; m < M; m++) {
+                const vf wv = vbcast(wr[m * K + kx]);
+                CNNC_UNROLL
+                for (int j = 0; j < NV; j++) acc[m][j] += wv * xv[j];
+              }
+            }
+          }
+        CNNC_UNROLL
+        for (int m = 0; m < M; m++) {
+          const vf bv = G::BIAS ? vbcast(bias[o0 + m]) : vzero();
+          CNNC_UNROLL
+          for (int j = 0; j < NV; j++) {
+            vf v = acc[m][j];
+            if constexpr (G::BIAS) v += bv;
+            if constexpr (G::RELU) v = vrelu(v);
+            const long ox = x0 + j * VW;
+            if constexpr (G::POOL) {
+              vstore(Ct + ((o0 - oc + m) * CR + t) * WOP + ox, v);
+            } else {
+              float* dst = y + ((b * G::O + o0 + m) * G::HO + cy) * G::WO + ox;
+              if (ox + VW <= G::WO) {
+                vstore(dst, v);
+              } else {
+                for (int l = 0; l < VW && ox + l < G::WO; l++) dst[l] = v[l];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    int a = 0;
+    const void* x = arg<const void>(p, a++);
+    const float* w = arg<const float>(p, a++);
+    const float* bias = G::BIAS ? arg<const float>(p, a++) : nullptr;
+    float* y = arg<float>(p, a++);
+    uint32_t* am = G::POOL ? arg<uint32_t>(p, a++) : nullptr;
+    const long og = task % NOG, band = task / NOG % NBANDS, b = task / (NOG * NBANDS);
+    const long oc = og * G::OT, no = cmin(G::OT, G::O - oc);
+    const long r0 = band * G::BAND, nr = cmin(G::BAND, ROWS - r0);
+    const long cyStart = G::POOL ? r0 * G::PSH - G::PPH : r0;
+    const long cyA = cmax(0, cyStart);
+    const long cyB = G::POOL ? cmin(G::HO, (r0 + nr - 1) * G::PSH - G::PPH + G::PKH) : r0 + nr;
+    float* Xt = s;
+    float* Ct = s + XT / 4;
+    fill_x<G, IR, JW>(x, b, cyStart * G::SH - G::PH, Xt);
+    long m0 = 0;
+    for (; m0 + MO <= no; m0 += MO) rows<MO>(Xt, w, bias, oc + m0, oc, cyStart, cyA, cyB, Ct, y, b);
+    if (m0 < no)
+      dispatch_tail2<G::OT % MO, (G::O - (NOG - 1) * G::OT) % MO>(no - m0, [&]<int M>() { rows<M>(Xt, w, bias, oc + m0, oc, cyStart, cyA, cyB, Ct, y, b); });
+    if constexpr (G::POOL) {
+      int* codes = reinterpret_cast<int*>(s + (XT + CT) / 4);
+      for (long i = 0; i < no; i++) {
+        const long o = oc + i;
+        float* yp = y + ((b * G::O + o) * G::PHO + r0) * G::PWO;
+        for (long pr = 0; pr < nr; pr++) pool_row<G, WOP>(Ct + i * CR * WOP, cyStart, r0 + pr, yp + pr * G::PWO, codes + pr * G::PWO);
+        put_argmax<G::BITS>(am, ((b * G::O + o) * G::PHO + r0) * G::PWO, nr * G::PWO, G::B * G::O * G::PHO * G::PWO,
+                            [&](long e) { return codes[e]; });
+      }
+    }
+  }
+};
+
+// conv_block input gradient: dx(c, iy, ix) = sum over o, ky, kx of w(o, c, ky, kx)·dy(o, oy, ox) with
+// iy = oy·SH - PH + ky, ix = ox·SW - PW + kx. A task is (sample, band of BAND input rows, CT input
+// channels): it forms the band's dy once (form_dy) and, per stride phase (iy mod SH, ix mod SW) —
+// whose pixels all use the same taps, so each phase is a dense stride-1 correlation — runs MC x (NV
+// vectors) register tiles across the phase's columns. The maskout epilogue multiplies by
+// xmask > 0 (dx may be xmask: each element is read before it is written, by the same task).
+template <class G>
+struct ConvDgrad {
+  static constexpr int MC = 4, NV = 2;
+  static constexpr long NBANDS = cdiv(G::H, G::BAND), NCG = cdiv(G::C, G::OT);
+  static constexpr long tasks = G::B * NBANDS * NCG;
+  static constexpr long KHP = cdiv(G::KH, G::SH), KWP = cdiv(G::KW, G::SW);
+  static constexpr long VP = rup(cdiv(G::W, G::SW), NV * VW);  // a phase row's pixels, padded
+  static constexpr long QL = KWP - 1;                            // dy tile column of ox = 0
+  static constexpr long DW = QL + (G::SW - 1 + G::PW) / G::SW + VP;
+  static constexpr long DR = G::BAND / G::SH + (G::SH - 1 + G::PH) / G::SH - G::PH / G::SH + KHP - 1;
+  static constexpr long scratch = floats64(G::O * DR * DW);
+
+  template <int PY, int PX, int M>
+  CNNC_MEMBER static void phase_rows(const float* Dt, const float* w, const float* xmask, float* dx, long b, long c0, long iy0, long oyLo) {
+    constexpr long ky0 = (PY + G::PH) % G::SH, kx0 = (PX + G::PW) % G::SW;
+    constexpr int NA = ky0 < G::KH ? cdiv(G::KH - ky0, G::SH) : 0, NB = kx0 < G::KW ? cdiv(G::KW - kx0, G::SW) : 0;
+    constexpr long U0 = (PY + G::PH) / G::SH, V0 = (PX + G::PW) / G::SW;
+    constexpr long WU = PX < G::W ? cdiv(G::W - PX, G::SW) : 0;  // this phase's pixels per row
+    constexpr long KK = G::KH * G::KW;
+    for (long iy = iy0 + PY; iy < cmin(iy0 + G::BAND, G::H); iy += G::SH) {
+      const long u = iy / G::SH;
+      for (long v0 = 0; v0 < WU; v0 += NV * VW) {
+        vf acc[M][NV];
+        CNNC_UNROLL
+        for (int m = 0; m < M; m++)
+          CNNC_UNROLL
+          for (int j = 0; j < NV; j++) acc[m][j] = vzero();
+        for (long o = 0; o < G::O; o++) {
+          const float* wo = w + (o * G::C + c0) * KK;
+#pragma GCC unroll 16
+          for (int a = 0; a < NA; a++) {
+            const float* dr = Dt + (o * DR + (U0 + u - a - oyLo)) * DW + QL + V0 + v0;
+#pragma GCC unroll 16
+            for (int bb = 0; bb < NB; bb++) {
+              vf xv[NV];
+              CNNC_UNROLL
+              for (int j = 0; j < NV; j++) xv[j] = vload(dr - bb + j * VW);
+              CNNC_UNROLL
+              for (int m = 0; m < M; m++) {
+                const vf wv = vbcast(wo[m * KK + (ky0 + G::SH * a) * G::KW + kx0 + G::SW * bb]);
+                CNNC_UNROLL
+                for (int j = 0; j < NV; j++) acc[m][j] += wv * xv[j];
+              }
+            }
+          }
+        }
+        CNNC_UNROLL
+        for (int m = 0; m < M; m++) {
+          const long plane = ((b * G::C + c0 + m) * G::H + iy) * G::W;
+          CNNC_UNROLL
+          for (int j = 0; j < NV; j++) {
+            const long v = v0 + j * VW;
+            vf val = acc[m][j];
+            if constexpr (G::SW == 1) {
+              const long ix = PX + v;
+              if (v + VW <= WU) {
+                if constexpr (G::MASKOUT) val = vload(xmask + plane + ix) > vf{} ? val : vf{};
+                vstore(dx + plane + ix, val);
+                continue;
+              }
+            }
+            for (int l = 0; l < VW && v + l < WU; l++) {
+              const long at = plane + PX + G::SW * (v + l);
+              float e = val[l];
+              if constexpr (G::MASKOUT) e = xmask[at] > 0.0f ? e : 0.0f;
+              dx[at] = e;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  template <int M>
+  CNNC_MEMBER static void channels(const float* Dt, const float* w, const float* xmask, float* dx, long b, long c0, long iy0, long oyLo) {
+    static_for<G::SH * G::SW>([&]<int PH_>() {
+      phase_rows<PH_ / G::SW, PH_ % G::SW, M>(Dt, w, xmask, dx, b, c0, iy0, oyLo);
+    });
+  }
+
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    int a = 0;
+    const float* dout = arg<const float>(p, a++);
+    const float* w = arg<const float>(p, a++);
+    const uint32_t* am = G::POOL ? arg<const uint32_t>(p, a++) : nullptr;
+    const float* yout = G::HASY ? arg<const float>(p, a++) : nullptr;
+    const float* xmask = G::MASKOUT ? arg<const float>(p, a++) : nullptr;
+    float* dx = arg<float>(p, a++);
+    const long cg = task % NCG, band = task / NCG % NBANDS, b = task / (NCG * NBANDS);
+    const long cc = cg * G::OT, nc = cmin(G::OT, G::C - cc);
+    const long iy0 = band * G::BAND;
+    const long oyLo = iy0 / G::SH + G::PH / G::SH - (KHP - 1);
+    form_dy<G>(dout, am, yout, b, 0, G::O, oyLo, DR, DW, QL, s);
+    long m0 = 0;
+    for (; m0 + MC <= nc; m0 += MC) channels<MC>(s, w, xmask, dx, b, cc + m0, iy0, oyLo);
+    if (m0 < nc)
+      dispatch_tail2<G::OT % MC, (G::C - (NCG - 1) * G::OT) % MC>(nc - m0, [&]<int M>() { channels<M>(s, w, xmask, dx, b, cc + m0, iy0, oyLo); });
+  }
+};
+
+// conv_block weight gradient, first kernel: dw(o, c, ky, kx) = sum over (b, oy, ox) of
+// dy(o, oy, ox)·x(c, oy·SH - PH + ky, ox·SW - PW + kx), db(o) = sum of dy(o, ·). The reduction runs over
+// units (sample, band of BAND conv rows), split into S tasks of consecutive units; a task stages
+// each unit's dy and input rows, accumulates MO x NK register tiles (vectors across output
+// columns) over the unit, adds their lane sums into its own sums in unit order, and writes them
+// to partial[task] (the plan's workspace). ConvWgradReduce adds the S partial sums in task order.
+template <class G>
+struct ConvWgrad {
+  static constexpr int MO = 3, NK = 3;
+  static constexpr long K = G::C * G::KH * G::KW;
+  static constexpr long WE = G::O * K + (G::BIAS ? G::O : 0);
+  static constexpr long NBANDS = cdiv(G::HO, G::BAND), UNITS = G::B * NBANDS;
+  static constexpr long tasks = G::S;
+  static constexpr long WOP = rup(G::WO, VW);
+  static constexpr long JW = WOP + (G::KW - 1) / G::SW;
+  static constexpr long IR = (G::BAND - 1) * G::SH + G::KH;
+  static constexpr long XT = floats64(G::C * IR * G::SW * JW), DT = floats64(G::O * G::BAND * WOP), ACC = floats64(WE);
+  static constexpr long scratch = XT + DT + ACC;
+
+  template <int M, int N>
+  CNNC_MEMBER static void tile(const float* Xt, const float* Dt, long nr, long o0, long c, long ky, long kx0, float* accm) {
+    vf acc[M][N];
+    CNNC_UNROLL
+    for (int m = 0; m < M; m++)
+      CNNC_UNROLL
+      for (int k = 0; k < N; k++) acc[m][k] = vzero();
+    for (long r = 0; r < nr; r++) {
+      const float* xr = Xt + ((c * IR + r * G::SH + ky) * G::SW) * JW;
+      const float* dr = Dt + (o0 * G::BAND + r) * WOP;
+      for (long x0 = 0; x0 < WOP; x0 += VW) {
+        vf dv[M], xv[N];
+        CNNC_UNROLL
+        for (int m = 0; m < M; m++) dv[m] = vload(dr + m * G::BAND * WOP + x0);
+        CNNC_UNROLL
+        for (int k = 0; k < N; k++) xv[k] = vload(xr + ((kx0 + k) % G::SW) * JW + (kx0 + k) / G::SW + x0);
+        CNNC_UNROLL
+        for (int m = 0; m < M; m++)
+          CNNC_UNROLL
+          for (int k = 0; k < N; k++) acc[m][k] += dv[m] * xv[k];
+      }
+    }
+    CNNC_UNROLL
+    for (int m = 0; m < M; m++)
+      CNNC_UNROLL
+      for (int k = 0; k < N; k++) accm[(o0 + m) * K + (c * G::KH + ky) * G::KW + kx0 + k] += hsum(acc[m][k]);
+  }
+
+  template <int M>
+  CNNC_MEMBER static void outs(const float* Xt, const float* Dt, long nr, long o0, float* accm) {
+    for (long c = 0; c < G::C; c++)
+      for (long ky = 0; ky < G::KH; ky++) {
+        long kx = 0;
+        for (; kx + NK <= G::KW; kx += NK) tile<M, NK>(Xt, Dt, nr, o0, c, ky, kx, accm);
+        if constexpr (G::KW % NK != 0) tile<M, G::KW % NK>(Xt, Dt, nr, o0, c, ky, kx, accm);
+      }
+  }
+
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    int a = 0;
+    const float* dout = arg<const float>(p, a++);
+    const void* x = arg<const void>(p, a++);
+    const uint32_t* am = G::POOL ? arg<const uint32_t>(p, a++) : nullptr;
+    const float* yout = G::HASY ? arg<const float>(p, a++) : nullptr;
+    float* partial = arg<float>(p, a++);
+    float* Xt = s;
+    float* Dt = s + XT / 4;
+    float* accm = s + (XT + DT) / 4;
+    memset(accm, 0, sizeof(float) * WE);
+    const long u0 = task * UNITS / G::S, u1 = (task + 1) * UNITS / G::S;
+    for (long u = u0; u < u1; u++) {
+      const long b = u / NBANDS, cy0 = u % NBANDS * G::BAND, nr = cmin(G::BAND, G::HO - cy0);
+      form_dy<G>(dout, am, yout, b, 0, G::O, cy0, G::BAND, WOP, 0, Dt);
+      fill_x<G, IR, JW>(x, b, cy0 * G::SH - G::PH, Xt);
+      if constexpr (G::BIAS) {
+        for (long o = 0; o < G::O; o++) {
+          vf sv = vzero();
+          for (long r = 0; r < nr; r++)
+            for (long x0 = 0; x0 < WOP; x0 += VW) sv += vload(Dt + (o * G::BAND + r) * WOP + x0);
+          accm[G::O * K + o] += hsum(sv);
+        }
+      }
+      long o0 = 0;
+      for (; o0 + MO <= G::O; o0 += MO) outs<MO>(Xt, Dt, nr, o0, accm);
+      if constexpr (G::O % MO != 0) outs<G::O % MO>(Xt, Dt, nr, o0, accm);
+    }
+    memcpy(partial + task * WE, accm, sizeof(float) * WE);
+  }
+};
+
+// conv_block weight gradient, second kernel: the S partial sums added in task order, then written
+// to dw (and db), added to them (ACC: a micro-batch's share), or applied by the fused optimizer
+// update O to the weight (and bias) and their state. Tasks are runs of CHUNK elements.
+template <class G, class O>
+struct ConvWgradReduce {
+  static constexpr long K = G::C * G::KH * G::KW, WEL = G::O * K;
+  static constexpr long WE = WEL + (G::BIAS ? G::O : 0);
+  static constexpr long CHUNK = 1024;
+  static constexpr long tasks = cdiv(WE, CHUNK);
+  static constexpr long scratch = floats64(CHUNK);
+
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    const float* partial = arg<const float>(p, 0);
+    const long e0 = task * CHUNK, e1 = cmin(WE, e0 + CHUNK), n = e1 - e0;
+    float* g = s;
+    for (long i = 0; i < n; i++) g[i] = partial[e0 + i];
+    for (long t = 1; t < G::S; t++) {
+      const float* pt = partial + t * WE + e0;
+      for (long i = 0; i < n; i++) g[i] += pt[i];
+    }
+    // the weight elements [e0, min(e1, WEL)), then the bias elements
+    const long nw = cmax(0, cmin(e1, WEL) - e0), nb = n - nw;
+    const long b0 = e0 + nw - WEL;  // first bias element
+    if constexpr (O::KIND < 0) {
+      float* dw = arg<float>(p, 1);
+      float* db = G::BIAS ? arg<float>(p, 2) : nullptr;
+      for (long i = 0; i < nw; i++) {
+        if constexpr (G::ACC) dw[e0 + i] += g[i];
+        else dw[e0 + i] = g[i];
+      }
+      for (long i = 0; i < nb; i++) {
+        if constexpr (G::ACC) db[b0 + i] += g[nw + i];
+        else db[b0 + i] = g[nw + i];
+      }
+    } else {
+      constexpr int NS = opt_states<O>();
+      constexpr int NP = G::BIAS ? 2 : 1;
+      float* wp = arg<float>(p, 1);
+      float* bp = G::BIAS ? arg<float>(p, 2) : nullptr;
+      float* ws[2] = {nullptr, nullptr};
+      float* bs[2] = {nullptr, nullptr};
+      for (int k = 0; k < NS; k++) ws[k] = arg<float>(p, 1 + NP + k);
+      if (G::BIAS)
+        for (int k = 0; k < NS; k++) bs[k] = arg<float>(p, 1 + NP + NS + k);
+      const CnncStepScalars& sc = argscalars(p, 1 + NP + NP * NS);
+      const OptRun<O> run(sc.lr, sc.step);
+      if (nw > 0) opt_range<O>(run, g, wp + e0, ws[0] ? ws[0] + e0 : nullptr, ws[1] ? ws[1] + e0 : nullptr, nw);
+      if (nb > 0) opt_range<O>(run, g + nw, bp + b0, bs[0] ? bs[0] + b0 : nullptr, bs[1] ? bs[1] + b0 : nullptr, nb);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Linear blocks (W is [N][K] = [out][in]). The geometry struct L has B, K (in), N (out), BIAS,
+// RELU, HASY, MASKOUT, ACC, and the decomposition: TILE (output columns of a forward task, input
+// columns of a gradient task).
+
+// y = x·Wᵀ (+ b) (ReLU). A task is TILE outputs (rows of W) for BT samples; the reduction over K
+// runs in chunks of KC (the chunk of x and of the task's W rows stays in cache) with MB x NB
+// register tiles of vectors along K, kept in the task's scratch between chunks; each output is
+// its lanes' sum (in lane order) plus the scalar tail, so its order is fixed.
+template <class L>
+struct LinFwd {
+  static constexpr int MB = 3, NB = 3;
+  static constexpr long KC = 512;
+  static constexpr long KV = L::K / VW * VW;  // the vector part of K
+  static constexpr long NT = cdiv(L::N, L::TILE), NBT = cdiv(L::B, L::BT);
+  static constexpr long tasks = NT * NBT;
+  static constexpr long scratch = floats64(L::BT * L::TILE * VW);
+
+  // accs holds the task's vector sums: sample i (of the task's), output j at (i * nt + j) * VW
+  template <int M, int N>
+  CNNC_MEMBER static void tile(const float* x, const float* w, long bi, long b0, long n0, long ji, long nt, long k0, long k1, float* accs) {
+    vf acc[M][N];
+    CNNC_UNROLL
+    for (int m = 0; m < M; m++)
+      CNNC_UNROLL
+      for (int n = 0; n < N; n++) acc[m][n] = k0 == 0 ? vzero() : vload(accs + ((bi + m) * nt + ji + n) * VW);
+    for (long k = k0; k < k1; k += VW) {
+      vf xv[M], wv[N];
+      CNNC_UNROLL
+      for (int m = 0; m < M; m++) xv[m] = vload(x + (b0 + bi + m) * L::K + k);
+      CNNC_UNROLL
+      for (int n = 0; n < N; n++) wv[n] = vload(w + (n0 + ji + n) * L::K + k);
+      CNNC_UNROLL
+      for (int m = 0; m < M; m++)
+        CNNC_UNROLL
+        for (int n = 0; n < N; n++) acc[m][n] += xv[m] * wv[n];
+    }
+    CNNC_UNROLL
+    for (int m = 0; m < M; m++)
+      CNNC_UNROLL
+      for (int n = 0; n < N; n++) vstore(accs + ((bi + m) * nt + ji + n) * VW, acc[m][n]);
+  }
+
+  template <int M>
+  CNNC_MEMBER static void rowsOf(const float* x, const float* w, long bi, long b0, long n0, long nt, long k0, long k1, float* accs) {
+    long j = 0;
+    for (; j + NB <= nt; j += NB) tile<M, NB>(x, w, bi, b0, n0, j, nt, k0, k1, accs);
+    if (j < nt)
+      dispatch_tail2<L::TILE % NB, (L::N - (NT - 1) * L::TILE) % NB>(nt - j, [&]<int N>() { tile<M, N>(x, w, bi, b0, n0, j, nt, k0, k1, accs); });
+  }
+
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    int a = 0;
+    const float* x = arg<const float>(p, a++);
+    const float* w = arg<const float>(p, a++);
+    const float* bias = L::BIAS ? arg<const float>(p, a++) : nullptr;
+    float* y = arg<float>(p, a++);
+    const long n0 = task % NT * L::TILE, nt = cmin(L::TILE, L::N - n0);
+    const long b0 = task / NT * L::BT, bt = cmin(L::BT, L::B - b0);
+    if constexpr (KV > 0) {
+      for (long k0 = 0; k0 < KV; k0 += KC) {
+        const long k1 = cmin(KV, k0 + KC);
+        long i = 0;
+        for (; i + MB <= bt; i += MB) rowsOf<MB>(x, w, i, b0, n0, nt, k0, k1, s);
+        if (i < bt)
+          dispatch_tail2<L::BT % MB, (L::B - (NBT - 1) * L::BT) % MB>(bt - i, [&]<int M>() { rowsOf<M>(x, w, i, b0, n0, nt, k0, k1, s); });
+      }
+    }
+    for (long i = 0; i < bt; i++)
+      for (long j = 0; j < nt; j++) {
+        const long b = b0 + i, n = n0 + j;
+        float v = KV > 0 ? hsum(vload(s + (i * nt + j) * VW)) : 0.0f;
+        for (long k = KV; k < L::K; k++) v += x[b * L::K + k] * w[n * L::K + k];
+        if constexpr (L::BIAS) v += bias[n];
+        if constexpr (L::RELU) v = v > 0.0f ? v : 0.0f;
+        y[b * L::N + n] = v;
+      }
+  }
+};
+
+// dx = dy'·W (· [xmask > 0]), dy' = dy masked by the block's ReLU (y > 0) unless it arrives
+// masked. A task is TILE input columns for the whole batch: MB x NV register tiles, the sum over the
+// N outputs in order (n = 0, 1, ...), so every element's order is fixed. dx may be xmask.
+template <class L>
+struct LinDgrad {
+  static constexpr int MB = 4, NV = 3;
+  static constexpr long tasks = cdiv(L::K, L::TILE);
+  static constexpr long scratch = 0;
+
+  CNNC_MEMBER static float dyAt(const float* dy, const float* ym, long b, long n) {
+    if constexpr (L::HASY) return masked(ym[b * L::N + n], dy[b * L::N + n]);
+    return dy[b * L::N + n];
+  }
+
+  template <int M>
+  CNNC_MEMBER static void rowsOf(const float* dy, const float* ym, const float* w, const float* xmask, float* dx, long b0, long k0, long k1) {
+    long k = k0;
+    for (; k + NV * VW <= k1; k += NV * VW) {
+      vf acc[M][NV];
+      CNNC_UNROLL
+      for (int m = 0; m < M; m++)
+        CNNC_UNROLL
+        for (int j = 0; j < NV; j++) acc[m][j] = vzero();
+      for (long n = 0; n < L::N; n++) {
+        vf wv[NV];
+        CNNC_UNROLL
+        for (int j = 0; j < NV; j++) wv[j] = vload(w + n * L::K + k + j * VW);
+        CNNC_UNROLL
+        for (int m = 0; m < M; m++) {
+          const vf d = vbcast(dyAt(dy, ym, b0 + m, n));
+          CNNC_UNROLL
+          for (int j = 0; j < NV; j++) acc[m][j] += d * wv[j];
+        }
+      }
+      CNNC_UNROLL
+      for (int m = 0; m < M; m++)
+        CNNC_UNROLL
+        for (int j = 0; j < NV; j++) {
+          const long at = (b0 + m) * L::K + k + j * VW;
+          vf v = acc[m][j];
+          if constexpr (L::MASKOUT) v = vload(xmask + at) > vf{} ? v : vf{};
+          vstore(dx + at, v);
+        }
+    }
+    for (; k < k1; k++) {  // the tail, one column at a time
+      float acc[M];
+      CNNC_UNROLL
+      for (int m = 0; m < M; m++) acc[m] = 0.0f;
+      for (long n = 0; n < L::N; n++)
+        CNNC_UNROLL
+        for (int m = 0; m < M; m++) acc[m] += dyAt(dy, ym, b0 + m, n) * w[n * L::K + k];
+      CNNC_UNROLL
+      for (int m = 0; m < M; m++) {
+        const long at = (b0 + m) * L::K + k;
+        float v = acc[m];
+        if constexpr (L::MASKOUT) v = xmask[at] > 0.0f ? v : 0.0f;
+        dx[at] = v;
+      }
+    }
+  }
+
+  static void run(const uint64_t* p, int64_t task, float*) {
+    int a = 0;
+    const float* dy = arg<const float>(p, a++);
+    const float* w = arg<const float>(p, a++);
+    const float* ym = L::HASY ? arg<const float>(p, a++) : nullptr;
+    const float* xmask = L::MASKOUT ? arg<const float>(p, a++) : nullptr;
+    float* dx = arg<float>(p, a++);
+    const long k0 = task * L::TILE, k1 = cmin(L::K, k0 + L::TILE);
+    long b = 0;
+    for (; b + MB <= L::B; b += MB) rowsOf<MB>(dy, ym, w, xmask, dx, b, k0, k1);
+    if constexpr (L::B % MB != 0) rowsOf<L::B % MB>(dy, ym, w, xmask, dx, b, k0, k1);
+  }
+};
+
+// dW = dy'ᵀ·x over the batch (in batch order), dB = the batch sum of dy' (by the task of the first
+// columns); then written, added (ACC), or applied by the fused optimizer update O to W (and b) in
+// place. A task is TILE input columns of every output row: MN x NV register tiles.
+template <class L, class O>
+struct LinWgrad {
+  static constexpr int MN = 4, NV = 3;
+  static constexpr long tasks = cdiv(L::K, L::TILE);
+  static constexpr long scratch = floats64(MN * NV * VW);
+
+  CNNC_MEMBER static float dyAt(const float* dy, const float* ym, long b, long n) {
+    if constexpr (L::HASY) return masked(ym[b * L::N + n], dy[b * L::N + n]);
+    return dy[b * L::N + n];
+  }
+
+  // the gradient g[0..cnt) of W row n at columns k.., then its fate
+  CNNC_MEMBER static void finish(const OptRun<O>* run, float* const* wout, long n, long k, const float* g, long cnt) {
+    const long at = n * L::K + k;
+    if constexpr (O::KIND < 0) {
+      for (long i = 0; i < cnt; i++) {
+        if constexpr (L::ACC) wout[0][at + i] += g[i];
+        else wout[0][at + i] = g[i];
+      }
+    } else {
+      opt_range<O>(*run, g, wout[0] + at, wout[2] ? wout[2] + at : nullptr, wout[3] ? wout[3] + at : nullptr, cnt);
+    }
+  }
+
+  template <int M>
+  CNNC_MEMBER static void rowsOf(const float* dy, const float* ym, const float* x, const OptRun<O>* run, float* const* wout, long n0, long k0,
+                                 long k1, float* s) {
+    long k = k0;
+    for (; k + NV * VW <= k1; k += NV * VW) {
+      vf acc[M][NV];
+      CNNC_UNROLL
+      for (int m = 0; m < M; m++)
+        CNNC_UNROLL
+        for (int j = 0; j < NV; j++) acc[m][j] = vzero();
+      for (long b = 0; b < L::B; b++) {
+        vf xv[NV];
+        CNNC_UNROLL
+        for (int j = 0; j < NV; j++) xv[j] = vload(x + b * L::K + k + j * VW);
+        CNNC_UNROLL
+        for (int m = 0; m < M; m++) {
+          const vf d = vbcast(dyAt(dy, ym, b, n0 + m));
+          CNNC_UNROLL
+          for (int j = 0; j < NV; j++) acc[m][j] += d * xv[j];
+        }
+      }
+      CNNC_UNROLL
+      for (int m = 0; m < M; m++) {
+        CNNC_UNROLL
+        for (int j = 0; j < NV; j++) vstore(s + j * VW, acc[m][j]);
+        finish(run, wout, n0 + m, k, s, NV * VW);
+      }
+    }
+    for (; k < k1; k++) {
+      CNNC_UNROLL
+      for (int m = 0; m < M; m++) {
+        float acc = 0.0f;
+        for (long b = 0; b < L::B; b++) acc += dyAt(dy, ym, b, n0 + m) * x[b * L::K + k];
+        finish(run, wout, n0 + m, k, &acc, 1);
+      }
+    }
+  }
+
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    int a = 0;
+    const float* dy = arg<const float>(p, a++);
+    const float* x = arg<const float>(p, a++);
+    const float* ym = L::HASY ? arg<const float>(p, a++) : nullptr;
+    // wout: [0] dW or W, [1] dB or b, [2..3] W's states, [4..5] b's states
+    float* wout[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+    wout[0] = arg<float>(p, a++);
+    if (L::BIAS) wout[1] = arg<float>(p, a++);
+    float lr = 0.0f;
+    long step = 0;
+    if constexpr (O::KIND >= 0) {
+      constexpr int NS = opt_states<O>();
+      for (int k = 0; k < NS; k++) wout[2 + k] = arg<float>(p, a++);
+      if (L::BIAS)
+        for (int k = 0; k < NS; k++) wout[4 + k] = arg<float>(p, a++);
+      const CnncStepScalars& sc = argscalars(p, a++);
+      lr = sc.lr;
+      step = sc.step;
+    }
+    const OptRun<O> optRun(lr, step);
+    const OptRun<O>* run = &optRun;
+    const long k0 = task * L::TILE, k1 = cmin(L::K, k0 + L::TILE);
+    long n = 0;
+    for (; n + MN <= L::N; n += MN) rowsOf<MN>(dy, ym, x, run, wout, n, k0, k1, s);
+    if constexpr (L::N % MN != 0) rowsOf<L::N % MN>(dy, ym, x, run, wout, n, k0, k1, s);
+    if (L::BIAS && task == 0) {
+      for (long o = 0; o < L::N; o++) {
+        float g = 0.0f;
+        for (long b = 0; b < L::B; b++) g += dyAt(dy, ym, b, o);
+        if constexpr (O::KIND < 0) {
+          if constexpr (L::ACC) wout[1][o] += g;
+          else wout[1][o] = g;
+        } else {
+          opt_range<O>(*run, &g, wout[1] + o, wout[4] ? wout[4] + o : nullptr, wout[5] ? wout[5] + o : nullptr, 1);
+        }
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Softmax cross-entropy (templates/loss.cu.tmpl): one task. Rows past `valid` (a padded last
+// batch) get zero gradient; inside a micro-batch loop (ACC) rows first.. of a batch of `valid`
+// real rows, loss and correct added. The loss sum runs over rows in order.
+template <class L>
+struct SoftmaxCE {
+  static constexpr long tasks = 1;
+  static constexpr long scratch = 0;
+  static void run(const uint64_t* p, int64_t, float*) {
+    const float* logits = arg<const float>(p, 0);
+    const int32_t* label = arg<const int32_t>(p, 1);
+    float* loss = arg<float>(p, 2);
+    float* dlogits = arg<float>(p, 3);
+    float* correct = arg<float>(p, 4);
+    long valid = argscalars(p, 5).valid;
+    const long first = argi(p, 6);
+    long rows;
+    float invBatch;
+    if constexpr (L::ACC) {
+      if (valid < 1) valid = 1;
+      const long here = valid - first;
+      rows = here < 0 ? 0 : (here > L::B ? L::B : here);
+      invBatch = 1.0f / static_cast<float>(valid);
+    } else {
+      if (valid < 1 || valid > L::B) valid = L::B;
+      rows = valid;
+      invBatch = 1.0f / static_cast<float>(rows);
+    }
+    float total = 0.0f, hits = 0.0f;
+    for (long r = rows; r < L::B; r++)
+      for (long c = 0; c < L::CLASSES; c++) dlogits[r * L::CLASSES + c] = 0.0f;
+    for (long r = 0; r < rows; r++) {
+      const float* row = logits + r * L::CLASSES;
+      float best = row[0];
+      long bestIdx = 0;
+      for (long c = 1; c < L::CLASSES; c++)
+        if (row[c] > best) {
+          best = row[c];
+          bestIdx = c;
+        }
+      float sum = 0.0f;
+      for (long c = 0; c < L::CLASSES; c++) sum += expf(row[c] - best);
+      const float lse = best + logf(sum);
+      const int32_t lab = label[r];
+      const bool labelOK = lab >= 0 && lab < L::CLASSES;
+      for (long c = 0; c < L::CLASSES; c++) {
+        float d = expf(row[c] - lse) * invBatch;
+        if (c == lab) d -= invBatch;
+        dlogits[r * L::CLASSES + c] = d;
+      }
+      total += labelOK ? lse - row[lab] : NAN;  // NaN for a label out of range
+      hits += bestIdx == lab ? 1.0f : 0.0f;
+    }
+    if constexpr (L::ACC) {
+      loss[0] += total * invBatch;
+      correct[0] += hits;
+    } else {
+      loss[0] = total * invBatch;
+      correct[0] = hits;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise kernels and standalone updates: tasks are runs of CHUNK elements. E has N (elements)
+// and, for to_tensor, H, W, C.
+constexpr long CHUNK = 16384;
+#define CNNC_RANGE(n)                          \
+  const long lo = task * CHUNK;                \
+  const long hi = cmin(static_cast<long>(n), lo + CHUNK)
+
+template <class E>
+struct ToTensor {  // u8 HWC images -> f32 CHW / 255
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const unsigned char* in = arg<const unsigned char>(p, 0);
+    float* out = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) {
+      const long x = i % E::W, y = i / E::W % E::H, c = i / (E::W * E::H) % E::C, b = i / (E::W * E::H * E::C);
+      out[i] = static_cast<float>(in[((b * E::H + y) * E::W + x) * E::C + c]) * (1.0f / 255.0f);
+    }
+  }
+};
+template <class E>
+struct Add {  // out = a + b (out may be a or b)
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* a = arg<const float>(p, 0);
+    const float* b = arg<const float>(p, 1);
+    float* out = arg<float>(p, 2);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) out[i] = a[i] + b[i];
+  }
+};
+template <class E>
+struct ReLU {  // out = max(x, 0) (out may be x)
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* x = arg<const float>(p, 0);
+    float* out = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) out[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  }
+};
+template <class E>
+struct ReLUGrad {  // dx = dy where y > 0 (dx may be dy or y)
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    const float* y = arg<const float>(p, 1);
+    float* dx = arg<float>(p, 2);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) dx[i] = masked(y[i], dy[i]);
+  }
+};
+template <class E>
+struct FillZero {  // N 32-bit words
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    uint32_t* out = arg<uint32_t>(p, 0);
+    CNNC_RANGE(E::N);
+    memset(out + lo, 0, sizeof(uint32_t) * (hi - lo));
+  }
+};
+template <class E, class O>
+struct Update {  // sgd_update / adam_update: param, grad, states..., the step's scalars
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    constexpr int NS = opt_states<O>();
+    float* param = arg<float>(p, 0);
+    const float* grad = arg<const float>(p, 1);
+    float* s0 = NS > 0 ? arg<float>(p, 2) : nullptr;
+    float* s1 = NS > 1 ? arg<float>(p, 3) : nullptr;
+    const CnncStepScalars& sc = argscalars(p, 2 + NS);
+    const OptRun<O> run(sc.lr, sc.step);
+    CNNC_RANGE(E::N);
+    opt_range<O>(run, grad + lo, param + lo, s0 ? s0 + lo : nullptr, s1 ? s1 + lo : nullptr, hi - lo);
+  }
+};
+
+// Philox4x32-10, word 0 (templates/dropout.cu.tmpl, reference.DropoutKeep).
+CNNC_INLINE uint32_t philox_word0(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; round++) {
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0, p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c0;
+}
+// dropout forward and gradient: element i kept when the Philox word of counter (g lo, g hi, step,
+// STREAM), g = first + i, key (seed lo, seed hi) is at least THRESHOLD; kept ones scaled by SCALE.
+template <class E>
+struct Dropout {
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* in = arg<const float>(p, 0);
+    float* out = arg<float>(p, 1);
+    const CnncStepScalars& sc = argscalars(p, 2);
+    const uint64_t seed = sc.seed;
+    const long step = sc.step, first = argi(p, 3);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) {
+      const uint64_t g = static_cast<uint64_t>(first + i);
+      const uint32_t r = philox_word0(static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32), static_cast<uint32_t>(step), E::STREAM,
+                                      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+      out[i] = static_cast<uint64_t>(r) >= E::THRESHOLD ? in[i] * E::SCALE : 0.0f;
+    }
+  }
+};
+
+// Standalone pools (templates/pool.cu.tmpl): P has B, C, H, W, PHO, PWO, KH, KW, SH, SW, PH, PW, N
+// (elements the tasks cover: outputs forward, inputs backward).
+template <class P>
+struct MaxPoolFwd {
+  static constexpr long tasks = cdiv(P::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* x = arg<const float>(p, 0);
+    float* y = arg<float>(p, 1);
+    CNNC_RANGE(P::N);
+    for (long i = lo; i < hi; i++) {
+      const long px = i % P::PWO, py = i / P::PWO % P::PHO;
+      const float* xp = x + i / (P::PHO * P::PWO) * (P::H * P::W);
+      float best = 0.0f;
+      bool found = false;
+      for (long ky = 0; ky < P::KH; ky++) {
+        const long iy = py * P::SH - P::PH + ky;
+        if (iy < 0 || iy >= P::H) continue;
+        for (long kx = 0; kx < P::KW; kx++) {
+          const long ix = px * P::SW - P::PW + kx;
+          if (ix < 0 || ix >= P::W) continue;
+          const float v = xp[iy * P::W + ix];
+          if (!found || v > best) {
+            best = v;
+            found = true;
+          }
+        }
+      }
+      y[i] = best;
+    }
+  }
+};
+template <class P>
+CNNC_INLINE void pool_windows_of(long iy, long ix, long& pyLo, long& pyHi, long& pxLo, long& pxHi) {
+  pyLo = iy + P::PH - P::KH + 1 > 0 ? (iy + P::PH - P::KH + P::SH) / P::SH : 0;
+  pyHi = cmin((iy + P::PH) / P::SH, P::PHO - 1);
+  pxLo = ix + P::PW - P::KW + 1 > 0 ? (ix + P::PW - P::KW + P::SW) / P::SW : 0;
+  pxHi = cmin((ix + P::PW) / P::SW, P::PWO - 1);
+}
+template <class P>
+struct MaxPoolGrad {  // dy, x, dx
+  static constexpr long tasks = cdiv(P::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    const float* x = arg<const float>(p, 1);
+    float* dx = arg<float>(p, 2);
+    CNNC_RANGE(P::N);
+    for (long i = lo; i < hi; i++) {
+      const long ix = i % P::W, iy = i / P::W % P::H, plane = i / (P::H * P::W);
+      const float* xp = x + plane * P::H * P::W;
+      const float* dyp = dy + plane * P::PHO * P::PWO;
+      long pyLo, pyHi, pxLo, pxHi;
+      pool_windows_of<P>(iy, ix, pyLo, pyHi, pxLo, pxHi);
+      float sum = 0.0f;
+      for (long py = pyLo; py <= pyHi; py++)
+        for (long px = pxLo; px <= pxHi; px++) {
+          float best = 0.0f;
+          long at = -1;
+          for (long ky = 0; ky < P::KH; ky++) {
+            const long wy = py * P::SH - P::PH + ky;
+            if (wy < 0 || wy >= P::H) continue;
+            for (long kx = 0; kx < P::KW; kx++) {
+              const long wx = px * P::SW - P::PW + kx;
+              if (wx < 0 || wx >= P::W) continue;
+              const float v = xp[wy * P::W + wx];
+              if (at < 0 || v > best) {
+                best = v;
+                at = wy * P::W + wx;
+              }
+            }
+          }
+          if (at == iy * P::W + ix) sum += dyp[py * P::PWO + px];
+        }
+      dx[i] = sum;
+    }
+  }
+};
+template <class P>
+struct AvgPoolFwd {
+  static constexpr long tasks = cdiv(P::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* x = arg<const float>(p, 0);
+    float* y = arg<float>(p, 1);
+    CNNC_RANGE(P::N);
+    for (long i = lo; i < hi; i++) {
+      const long px = i % P::PWO, py = i / P::PWO % P::PHO;
+      const float* xp = x + i / (P::PHO * P::PWO) * (P::H * P::W);
+      float sum = 0.0f;
+      for (long ky = 0; ky < P::KH; ky++) {
+        const long iy = py * P::SH - P::PH + ky;
+        if (iy < 0 || iy >= P::H) continue;
+        for (long kx = 0; kx < P::KW; kx++) {
+          const long ix = px * P::SW - P::PW + kx;
+          if (ix >= 0 && ix < P::W) sum += xp[iy * P::W + ix];
+        }
+      }
+      y[i] = sum / static_cast<float>(P::KH * P::KW);
+    }
+  }
+};
+template <class P>
+struct AvgPoolGrad {  // dy, dx
+  static constexpr long tasks = cdiv(P::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    float* dx = arg<float>(p, 1);
+    CNNC_RANGE(P::N);
+    for (long i = lo; i < hi; i++) {
+      const long ix = i % P::W, iy = i / P::W % P::H;
+      const float* dyp = dy + i / (P::H * P::W) * (P::PHO * P::PWO);
+      long pyLo, pyHi, pxLo, pxHi;
+      pool_windows_of<P>(iy, ix, pyLo, pyHi, pxLo, pxHi);
+      float sum = 0.0f;
+      for (long py = pyLo; py <= pyHi; py++)
+        for (long px = pxLo; px <= pxHi; px++) sum += dyp[py * P::PWO + px];
+      dx[i] = sum / static_cast<float>(P::KH * P::KW);
+    }
+  }
+};
+#undef CNNC_RANGE
+
+// No optimizer: a weight-gradient kernel that writes (or adds) its gradients.
+struct NoOpt {
+  static constexpr int KIND = -1;
+  static constexpr bool HAS_WD = false, HAS_MOM = false, NESTEROV = false;
+  static constexpr float WD = 0, MOM = 0, B1 = 0, B2 = 0, OMB1 = 0, OMB2 = 0, EPS = 0;
+  static constexpr double B1D = 0, B2D = 0;
+};
+
+#endif  // CNNC_VW

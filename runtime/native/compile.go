@@ -1,0 +1,194 @@
+package native
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Compiling a library when the program runs (tests, tools; trainers carry theirs built in).
+
+// CompileError is a failed compilation: Output is the compiler's message, which names File and
+// the line of each error.
+type CompileError struct {
+	File   string
+	Output string
+}
+
+func (e *CompileError) Error() string {
+	return fmt.Sprintf("native: compiling %s failed:\n%s", e.File, strings.TrimSpace(e.Output))
+}
+
+var compilerIDs sync.Map // compiler -> first line of its --version
+
+func compilerID(cxx string) (string, error) {
+	if id, ok := compilerIDs.Load(cxx); ok {
+		return id.(string), nil
+	}
+	out, err := exec.Command(cxx, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("native: C++ compiler %q not usable: %w", cxx, err)
+	}
+	id := string(bytes.SplitN(out, []byte("\n"), 2)[0])
+	compilerIDs.Store(cxx, id)
+	return id, nil
+}
+
+func cacheDir(opts Options) string {
+	if opts.CacheDir != "" {
+		return opts.CacheDir
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "cnnc", "native")
+	}
+	return filepath.Join(os.TempDir(), "cnnc-native-cache")
+}
+
+// sourceName makes the caller's name a safe file name ending in .cc.
+func sourceName(name string) string {
+	name = strings.Map(func(r rune) rune {
+		if r == '.' || r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, filepath.Base(name))
+	if name == "" || name == "." || name == ".." {
+		name = "kernels"
+	}
+	if !strings.HasSuffix(name, ".cc") {
+		name += ".cc"
+	}
+	return name
+}
+
+// build compiles a model's kernel source into a shared library in the cache and returns its
+// path. The directory is named by a hash of the compiler, the header, the source and the flags,
+// so an existing library is reused as it is; files are written under temporary names and
+// renamed, so concurrent processes never see half-written files.
+func build(src []byte, name string, opts Options) (string, error) {
+	cxx := opts.Compiler
+	if cxx == "" {
+		cxx = "g++"
+	}
+	id, err := compilerID(cxx)
+	if err != nil {
+		return "", err
+	}
+	name = sourceName(name)
+	base := strings.TrimSuffix(name, ".cc")
+	srcFile := base + ".kernels.h"
+	tus, err := translationUnits(src, srcFile, "")
+	if err != nil {
+		return "", err
+	}
+	flags := append([]string{"-fPIC"}, CXXFlags...)
+	if asanEnabled {
+		// as the Go binary built with -asan: the library's accesses are checked too
+		flags = append(flags, "-g", "-fsanitize=address", "-fno-omit-frame-pointer")
+	}
+	files := []string{"cnnc_cpu.h", srcFile}
+	texts := map[string]string{"cnnc_cpu.h": header, srcFile: string(src)}
+	var units []string
+	for f, text := range tus {
+		units = append(units, f)
+		texts[f] = text
+	}
+	sort.Strings(units)
+	h := sha256.New()
+	for _, part := range append([]string{id, strings.Join(flags, " ")}, files...) {
+		fmt.Fprintf(h, "%d:%s\n", len(part), part)
+	}
+	for _, f := range append(files, units...) {
+		fmt.Fprintf(h, "%d:%s\n%d:%s\n", len(f), f, len(texts[f]), texts[f])
+	}
+	dir := filepath.Join(cacheDir(opts), hex.EncodeToString(h.Sum(nil))[:32])
+	lib := filepath.Join(dir, base+".so")
+	if _, err := os.Stat(lib); err == nil {
+		return lib, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("native: cache: %w", err)
+	}
+	for f, text := range texts {
+		if err := writeAtomic(filepath.Join(dir, f), text); err != nil {
+			return "", err
+		}
+	}
+	// each translation unit on its own compiler process (they take about the same time), then
+	// the link; objects get names of this process so concurrent builds do not collide
+	suffix := ".tmp" + randomSuffix()
+	objs := make([]string, len(units))
+	errs := make([]error, len(units))
+	var wg sync.WaitGroup
+	for i, u := range units {
+		objs[i] = filepath.Join(dir, strings.TrimSuffix(u, ".cc")+suffix+".o")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = runCompiler(cxx, dir, append(append([]string{"-x", "c++", "-c"}, flags...), "-I", dir, "-o", objs[i], filepath.Join(dir, u)), filepath.Join(dir, u))
+		}()
+	}
+	wg.Wait()
+	defer func() {
+		for _, o := range objs {
+			os.Remove(o)
+		}
+	}()
+	for _, err := range errs {
+		if err != nil {
+			return "", err
+		}
+	}
+	tmp := lib + suffix
+	if err := runCompiler(cxx, dir, append(append(append([]string{"-shared"}, flags...), "-o", tmp), objs...), lib); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, lib); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("native: cache: %w", err)
+	}
+	return lib, nil
+}
+
+// runCompiler runs the C++ compiler; a failure is a *CompileError about file.
+func runCompiler(cxx, dir string, args []string, file string) error {
+	cmd := exec.Command(cxx, args...)
+	cmd.Dir = dir
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			return &CompileError{File: file, Output: out.String()}
+		}
+		return fmt.Errorf("native: running %s: %w", cxx, err)
+	}
+	return nil
+}
+
+func writeAtomic(path, content string) error {
+	tmp := path + ".tmp" + randomSuffix()
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		return fmt.Errorf("native: cache: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("native: cache: %w", err)
+	}
+	return nil
+}
+
+func randomSuffix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%d-%s", os.Getpid(), hex.EncodeToString(b[:]))
+}
