@@ -1,6 +1,7 @@
 package trainergen_test
 
 import (
+	"flag"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -25,12 +26,20 @@ type exampleTwin struct {
 	file, model          string
 	batch, before, after int
 	dropout              []string // layers whose masks go to the twin
+	slow                 bool     // only with -examples-slow (minutes on 2 cores)
 }
 
+// examplesSlow runs TestExamplesInPyTorch's slow cases too (ResNet-18:
+// about 5 minutes on 2 cores, most of it the CPU emulator's and the
+// float64 reference's steps):
+// go test ./codegen/trainergen -run TestExamplesInPyTorch -args -examples-slow
+var examplesSlow = flag.Bool("examples-slow", false, "TestExamplesInPyTorch: the slow cases too (ResNet-18)")
+
 var exampleTwins = []exampleTwin{
-	{"lenet5.cnn", "lenet5", 8, 2, 3, nil},
-	{"vgg_small.cnn", "vgg_small", 4, 2, 3, []string{"drop1"}},
-	{"mobilenet_small.cnn", "mobilenet_small", 4, 2, 3, nil},
+	{"lenet5.cnn", "lenet5", 8, 2, 3, nil, false},
+	{"vgg_small.cnn", "vgg_small", 4, 2, 3, []string{"drop1"}, false},
+	{"mobilenet_small.cnn", "mobilenet_small", 4, 2, 3, nil, false},
+	{"resnet18.cnn", "resnet18", 2, 1, 2, nil, true},
 }
 
 // torchExample is what scripts/torch_examples.py prints.
@@ -82,7 +91,12 @@ type torchExample struct {
 func TestExamplesInPyTorch(t *testing.T) {
 	torchtest.Require(t)
 	for _, ex := range exampleTwins {
-		t.Run(ex.model, func(t *testing.T) { exampleAgreesWithTwin(t, ex) })
+		t.Run(ex.model, func(t *testing.T) {
+			if ex.slow && !*examplesSlow {
+				t.Skipf("!!! SKIPPING %s: minutes on the CPU; run it with -args -examples-slow", t.Name())
+			}
+			exampleAgreesWithTwin(t, ex)
+		})
 	}
 }
 
