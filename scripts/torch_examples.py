@@ -14,13 +14,16 @@ Reads one JSON object on stdin:
   steps       training steps to take on the batch
   masks       dropout layer -> one list of 0/1 per step: the elements cnnc
               kept (its counter-based masks cannot be drawn by torch's RNG)
+  out         a folder for the state after the steps
 Loads the checkpoint with load_state_dict(strict=True) in float32 (names,
 shapes and buffers must all match) and checks every value arrived; then,
 in float64 from those float32 values: the loss and correct count in
 evaluation mode, and STEPS training steps of the torch.optim optimizer the
-checkpoint names (from the checkpoint's optimizer state), each step's training-mode loss (batch statistics) before
-its update. Writes one JSON object: the parameter count, the losses, and
-every parameter and buffer after the steps (flattened, float64).
+checkpoint names (from the checkpoint's optimizer state), each step's
+training-mode loss (batch statistics) before its update. Writes every
+parameter and buffer after the steps to OUT/NAME (float64, little endian,
+row-major) and prints one JSON object: the parameter count, the losses and
+the names written.
 
 No safetensors package is needed (cnnc_checkpoint.py reads the format).
 """
@@ -206,7 +209,10 @@ def main():
         loss.backward()
         opt.step()
         out["train_losses"].append(loss.item())
-    out["state"] = {k: v.double().reshape(-1).tolist() for k, v in model.state_dict().items()}
+    for k, v in model.state_dict().items():
+        with open(os.path.join(req["out"], k), "wb") as f:
+            f.write(v.double().contiguous().numpy().astype("<f8").tobytes())
+    out["state"] = list(model.state_dict())
     json.dump(out, sys.stdout)
 
 
