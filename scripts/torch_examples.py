@@ -15,6 +15,8 @@ Reads one JSON object on stdin:
   masks       dropout layer -> one list of 0/1 per step: the elements cnnc
               kept (its counter-based masks cannot be drawn by torch's RNG)
   out         a folder for the state after the steps
+  loss_bound  true: also the float32 error bound of the evaluation loss
+              (f32_error_bound.py; its forward rules cover LeNet-5's ops)
 Loads the checkpoint with load_state_dict(strict=True) in float32 (names,
 shapes and buffers must all match) and checks every value arrived; then,
 in float64 from those float32 values: the loss and correct count in
@@ -39,6 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from cnnc_checkpoint import load_file  # noqa: E402
 from cnnc_checkpoint import read as read_raw  # noqa: E402
+from f32_error_bound import Analysis  # noqa: E402
 from torch_checkpoint import optimizer  # noqa: E402
 
 
@@ -195,6 +198,10 @@ def main():
            "buffers": sum(b.numel() for b in model.buffers()),
            "eval_loss": F.cross_entropy(logits, labels).item(),
            "eval_correct": int((logits.argmax(1) == labels).sum()), "train_losses": []}
+    if req.get("loss_bound"):
+        # the float32 error bound of the evaluation loss (f32_error_bound.py)
+        info = Analysis(model, exact=False).forward_bound(x, labels)
+        out["eval_loss_bound"], out["may_flip"] = info["loss_bound"], info["may_flip"]
     model.train()
     opt = optimizer(meta["optimizer"], model.parameters())
     for name, p in model.named_parameters():  # the checkpoint's momentum

@@ -30,6 +30,11 @@ type exampleTwin struct {
 	batch, before, after int
 	dropout              []string // layers whose masks go to the twin
 	slow                 bool     // only with -examples-slow (minutes on 2 cores)
+	// f32 checks cnnc's float32 losses against the float32 error bound
+	// of scripts/f32_error_bound.py (Analysis.forward_bound), whose rules
+	// cover LeNet-5's ops; not yet batch norm, hardswish, grouped convs,
+	// dropout or add
+	f32 bool
 }
 
 // examplesSlow runs TestExamplesInPyTorch's slow cases too (ResNet-18:
@@ -39,14 +44,14 @@ type exampleTwin struct {
 var examplesSlow = flag.Bool("examples-slow", false, "TestExamplesInPyTorch: the slow cases too (ResNet-18)")
 
 var exampleTwins = []exampleTwin{
-	{"lenet5.cnn", "lenet5", 8, 2, 3, nil, false},
-	{"vgg_small.cnn", "vgg_small", 4, 2, 3, []string{"drop1"}, false},
-	{"mobilenet_small.cnn", "mobilenet_small", 4, 2, 3, nil, false},
+	{"lenet5.cnn", "lenet5", 8, 2, 3, nil, false, true},
+	{"vgg_small.cnn", "vgg_small", 4, 2, 3, []string{"drop1"}, false, false},
+	{"mobilenet_small.cnn", "mobilenet_small", 4, 2, 3, nil, false, false},
 	// ResNet-18's steps take minutes; without -examples-slow its check is
 	// the parameter count, the strict load and the evaluation loss at
 	// initialisation
-	{"resnet18.cnn", "resnet18", 2, 0, 0, nil, false},
-	{"resnet18.cnn", "resnet18", 2, 1, 2, nil, true},
+	{"resnet18.cnn", "resnet18", 2, 0, 0, nil, false, false},
+	{"resnet18.cnn", "resnet18", 2, 1, 2, nil, true, false},
 }
 
 // torchExample is what scripts/torch_examples.py prints.
@@ -57,6 +62,7 @@ type torchExample struct {
 	EvalLoss    float64   `json:"eval_loss"`
 	EvalCorrect int       `json:"eval_correct"`
 	TrainLosses []float64 `json:"train_losses"`
+	LossBound   float64   `json:"eval_loss_bound"`
 	State       []string  // written to the request's folder, float64 LE
 }
 
@@ -161,7 +167,7 @@ func exampleAgreesWithTwin(t *testing.T, ex exampleTwin) {
 	var tw torchExample
 	out := t.TempDir()
 	torchtest.Run(t, filepath.Join(root, "scripts/torch_examples.py"), map[string]any{
-		"model": ex.model, "checkpoint": ck, "pixels": pixels, "labels": labels, "steps": ex.after, "masks": masks, "out": out,
+		"model": ex.model, "checkpoint": ck, "pixels": pixels, "labels": labels, "steps": ex.after, "masks": masks, "out": out, "loss_bound": ex.f32,
 	}, &tw)
 
 	var params, buffers int64
@@ -200,6 +206,14 @@ func exampleAgreesWithTwin(t *testing.T, ex exampleTwin) {
 		l, _, err := s.TrainStep(b)
 		require.NoError(t, err)
 		train32 = append(train32, float64(l))
+	}
+	if ex.f32 {
+		// the checkpoint's loss in float32, within the bound of its
+		// float32 rounding; the first training step's loss is the same
+		// function (no batch norm, no dropout)
+		assert.LessOrEqual(t, math.Abs(float64(loss32)-tw.EvalLoss), tw.LossBound, "cnnc's float32 evaluation loss: error past the float32 bound")
+		assert.LessOrEqual(t, math.Abs(train32[0]-tw.TrainLosses[0]), tw.LossBound, "cnnc's float32 training loss: error past the float32 bound")
+		t.Logf("float32 loss errors %.1e (evaluation), %.1e (training); bound %.1e", math.Abs(float64(loss32)-tw.EvalLoss), math.Abs(train32[0]-tw.TrainLosses[0]), tw.LossBound)
 	}
 	t.Logf("%s (torch %s): %d parameters; evaluation loss %.9f (cnnc float32 %.9f); training losses %v (cnnc float32 %v)",
 		ex.model, tw.Torch, params, tw.EvalLoss, loss32, tw.TrainLosses, train32)
