@@ -373,6 +373,23 @@ class Analysis:
             live = vals[pre].detach() + E[pre] > 0
         _flips(D, sites, a, n, lambda Dout: live * fold(cand * several * (dy.abs() + Dout.reshape(B * C, 1, -1))))
 
+    def _bwd_tanh(self, n, vals, E, D, G, ambiguous, sites):
+        # cnnc: dx = dy * (1 - v*v), v = tanh's float32 output, within E_y
+        # of y: |(1 - v^2) - (1 - y^2)| <= 2|y| E_y + E_y^2; v*v, 1 - vv and
+        # the product round once each:
+        # |d dx| <= (1 - y^2) D_y + |dy| (2|y| E_y + E_y^2 + u y^2 + 2u (1 - y^2))
+        (a,) = n.args
+        y, Ey, dy, Dy = vals[n].detach(), E[n], vals[n].grad, D[n]
+        slope = 1 - y * y
+        D[a] = slope * Dy + dy.abs() * (2 * y.abs() * Ey + Ey * Ey + U * y * y + 2 * U * slope)
+
+    def _bwd_avgpool(self, n, vals, E, D, G, ambiguous, sites):
+        # stride = kernel: each input's gradient is its window's dy divided
+        # by k*k, one rounding: |d dx| <= D_y/(k k) + u |dy|/(k k)
+        a, k = n.args[0], n.args[1] if len(n.args) > 1 else n.kwargs["kernel_size"]
+        up = lambda t: t.repeat_interleave(k, 2).repeat_interleave(k, 3) / (k * k)  # noqa: E731
+        D[a] = up(D[n]) + U * up(vals[n].grad.abs())
+
     def _bwd_reshape(self, n, vals, E, D, G, ambiguous, sites):
         src = n.args[0]
         D[src] = D[n].reshape(vals[src].shape)

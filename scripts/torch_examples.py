@@ -16,7 +16,7 @@ Reads one JSON object on stdin:
               kept (its counter-based masks cannot be drawn by torch's RNG)
   out         a folder for the state after the steps
   loss_bound  true: also the float32 error bound of the evaluation loss
-              (f32_error_bound.py; its forward rules cover LeNet-5's ops)
+              (f32_error_bound.py; its rules cover LeNet-5's ops)
 Loads the checkpoint with load_state_dict(strict=True) in float32 (names,
 shapes and buffers must all match) and checks every value arrived; then,
 in float64 from those float32 values: the loss and correct count in
@@ -42,7 +42,6 @@ sys.path.insert(0, HERE)
 from cnnc_checkpoint import load_file  # noqa: E402
 from cnnc_checkpoint import read as read_raw  # noqa: E402
 from f32_error_bound import Analysis  # noqa: E402
-from torch_checkpoint import optimizer  # noqa: E402
 
 
 class Dropout(nn.Module):
@@ -177,6 +176,7 @@ def set_masks(model, masks, step):
 
 
 def main():
+    from torch_checkpoint import optimizer  # here: torch_checkpoint imports the twins
     req = json.load(sys.stdin)
     cls = MODELS[req["model"]]
     tensors = load_file(req["checkpoint"])
