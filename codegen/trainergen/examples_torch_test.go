@@ -38,7 +38,7 @@ type exampleTwin struct {
 }
 
 // examplesSlow runs TestExamplesInPyTorch's slow cases too (ResNet-18:
-// about 5 minutes on 2 cores, most of it the CPU emulator's and the
+// about 2 minutes on 2 shared cores, most of it the CPU emulator's and the
 // float64 reference's steps):
 // go test ./codegen/trainergen -run TestExamplesInPyTorch -args -examples-slow
 var examplesSlow = flag.Bool("examples-slow", false, "TestExamplesInPyTorch: the slow cases too (ResNet-18)")
