@@ -68,35 +68,38 @@ type torchExample struct {
 
 // Every example model has a PyTorch twin (scripts/torch_examples.py) with
 // the same parameter count, into which a checkpoint that cnnc's float32
-// trainer wrote after two steps loads with load_state_dict(strict=True),
-// every value bit for bit (names, shapes, OIHW and flatten layouts, batch
-// norm's buffers with num_batches_tracked an int64). From that checkpoint
-// (parameters, running statistics, momentum) cnnc's float64 reference —
-// the semantics cnnc's kernels are tested against — and PyTorch in float64
-// compute the loss on a batch in evaluation mode (running statistics) and
-// take three SGD steps (momentum, weight decay) in training mode (batch
-// statistics; dropout with cnnc's masks, which torch's RNG cannot draw);
-// the losses before each step and every parameter and buffer after them
-// (running mean and variance, num_batches_tracked) must agree.
+// trainer wrote after a few steps (none in ResNet-18's quick case) loads
+// with load_state_dict(strict=True), every value bit for bit (names,
+// shapes, OIHW and flatten layouts, batch norm's buffers with
+// num_batches_tracked an int64). From that checkpoint (parameters, running
+// statistics, momentum) cnnc's float64 reference — the semantics cnnc's
+// kernels are tested against — and PyTorch in float64 compute the loss on
+// a batch in evaluation mode (running statistics) and take SGD steps
+// (momentum, weight decay) in training mode (batch statistics; dropout
+// with cnnc's masks, which torch's RNG cannot draw); the losses before
+// each step and every parameter and buffer after them (running mean and
+// variance, num_batches_tracked) must agree.
 //
 // The tolerance, from error analysis: both sides compute one function in
 // float64 from the same float64 inputs (float32 checkpoint values, pixels
-// /255), so they differ only by float64 rounding in different orders.
-// Each value is a sum of at most n < 2^13 terms here (the widest: vgg
-// conv2's weight gradient, 4 images x 32x32 pixels x ... per element ≤
-// 4,096 products; a linear layer's 2,048 inputs), within
-// gamma_n = n 2^-53 < 1e-12 of the sum of the terms' magnitudes; through
-// at most 30 layers, each magnifying an incoming relative error by at
-// most its Lipschitz constant over its output's scale (batch norm's
-// 1/sigma ≲ 10^2 for these random inputs, the others ≤ 1.5), and three
-// steps, the worst relative error stays below 1e-12 x 30 x 10^2 x 3 ≈
-// 1e-8 of each tensor's largest magnitude; the test allows 1e-7 —
-// tolerance 1e-7. A relu or max-pool whose input is within 1e-12 of a
-// tie (probability ~1e-12 per element on random data) could route a
-// gradient differently; none did. The test's power: a wrong layout, an
-// argument's default (momentum, eps), batch norm's biased/unbiased
-// variance (n/(n-1) ≥ 1 + 1/4096 here), a missing bias or a different
-// shortcut change these values by more than 1e-4 relative.
+// /255, exact), so they differ only by float64 rounding in different
+// orders. Each value is a sum of at most n = 4,608 terms here (a 3x3
+// conv's input gradient over 512 channels; weight gradients sum batch x
+// output pixels <= 4 x 1,024), within gamma_n = n 2^-53 = 5.1e-13 of the
+// sum of its terms' magnitudes. Carried through the network (at most 60
+// layers and 3 steps), an error grows by the layers' magnification of
+// relative errors: 1 for relu, pools, adds and the losses' softmax, at
+// most 1.5 for hardswish and tanh, and for batch norm (|mean|+sigma)/sigma
+// of its input. The tolerance 1e-7 (relative to each tensor's largest
+// magnitude; 9e8 units of float64 rounding) leaves a product of
+// magnifications up to 1e-7 / (5.1e-13 x 60 x 3) ≈ 1,000 — far above what
+// batch norm's normalised activations give, below which no float64
+// rounding can reach it. A relu or max-pool input within 1e-13 of a tie
+// (probability ~1e-13 per element on random data) could route a gradient
+// differently. The test's power: a wrong layout, an argument's default
+// (momentum, eps), batch norm's biased/unbiased variance (n/(n-1) >=
+// 1 + 1/4096 here), a missing bias or another shortcut changes these
+// values by more than 1e-4 relative.
 //
 // cnnc's float32 trainer's own losses from the checkpoint are logged
 // beside the float64 truth for information: its kernels are checked
