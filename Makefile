@@ -2,7 +2,7 @@
 GO      ?= go
 BIN     := bin
 CNNC    := $(BIN)/cnnc
-EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn
+EXAMPLES := examples/simplecnn.cnn examples/mnist.cnn examples/lenet5.cnn examples/vgg_small.cnn examples/mobilenet_small.cnn examples/resnet18.cnn
 
 .PHONY: help build test test-fakecuda test-cuda-headers test-asan gpu-bundle-fake fuzz-short demo bench gpu-bundle lint cuda-toolkit clean
 

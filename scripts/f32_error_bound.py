@@ -68,6 +68,14 @@ def _kind(model, node):
         if isinstance(k, int) and kw.get("stride") in (None, k) and kw.get("padding", 0) == 0 \
                 and kw.get("dilation", 1) == 1 and not kw.get("ceil_mode") and not kw.get("return_indices"):
             return "maxpool"
+    if (node.op == "call_function" and node.target in (torch.tanh, F.tanh)) or (node.op == "call_method" and node.target == "tanh"):
+        return "tanh"
+    if node.op == "call_function" and node.target is F.avg_pool2d:
+        k = node.args[1] if len(node.args) > 1 else node.kwargs["kernel_size"]
+        kw = node.kwargs
+        if isinstance(k, int) and len(node.args) <= 2 and kw.get("stride") in (None, k) and kw.get("padding", 0) == 0 \
+                and not kw.get("ceil_mode") and kw.get("divisor_override") is None:
+            return "avgpool"
     if (node.op == "call_method" and node.target in ("flatten", "view", "reshape")) or \
             (node.op == "call_function" and node.target is torch.flatten):
         return "reshape"
@@ -112,6 +120,51 @@ class Analysis:
             vals[n] = v
         F.cross_entropy(vals[self.out], y).backward(retain_graph=self.exact)
         return vals
+
+    def forward_bound(self, x, y):
+        """The loss info of a forward pass alone (no gradients): the float64
+        loss and correct count and their bounds (tanh and avg_pool2d have
+        forward rules only, no backward rules yet).
+
+        First order, the logits' error is the sum over the nodes of each
+        node's own rounding carried through the exact derivatives:
+        |dz| <= sum_l |dz/dv_l| r_l, r_l the node's rule with exact inputs
+        (E = 0 there). One backward pass per logit, through zero
+        perturbations added to every node's output; unlike carrying E
+        through magnitudes (|W| E, which assumes every error aligns with
+        every weight's sign), this does not grow with each layer's
+        absolute row sums. Needs every logit to depend on its own sample
+        only (no batch norm in training mode)."""
+        vals, perts, zero = {}, {}, {}
+        for n in self.nodes:
+            if n.op == "output":
+                continue
+            args = torch.fx.node.map_arg(n.args, lambda a: vals[a])
+            kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: vals[a])
+            if n.op == "placeholder":
+                v = x
+            elif n.op == "call_module":
+                v = self.model.get_submodule(n.target)(*args, **kwargs)
+            elif n.op == "call_function":
+                v = n.target(*args, **kwargs)
+            else:
+                v = getattr(args[0], n.target)(*args[1:], **kwargs)
+            perts[n] = torch.zeros_like(v, requires_grad=True)
+            vals[n] = v + perts[n]
+        with torch.no_grad():
+            own = {}
+            for n in self.nodes:
+                if n.op != "output":
+                    zero = {a: torch.zeros_like(vals[a]) for a in n.all_input_nodes}
+                    own[n] = getattr(self, "_fwd_" + self.kinds[n])(n, {k: v.detach() for k, v in vals.items()}, zero)[0]
+        z = vals[self.out]
+        Ez = torch.zeros_like(z)
+        nodes = list(perts)
+        for b in range(z.shape[0]):
+            for c in range(z.shape[1]):
+                grads = torch.autograd.grad(z[b, c], [perts[n] for n in nodes], retain_graph=True, allow_unused=True)
+                Ez[b, c] = sum(float((g.abs() * own[n]).sum()) for n, g in zip(nodes, grads) if g is not None)
+        return _cross_entropy(z.detach(), Ez, y)[1]
 
     def bound(self, vals, y):
         """Bounds on the float32 gradients' errors (by parameter name), and
@@ -230,6 +283,25 @@ class Analysis:
         out = ew.max(1).values.reshape(B, C, H // k, W // k)
         return out, (cand, k)
 
+    def _fwd_tanh(self, n, vals, E):
+        # tanh's slope 1 - tanh^2 is largest where the input interval
+        # a +- E comes nearest 0: |tanh(a32) - tanh(a)| <= (1 -
+        # tanh(max(|a| - E, 0))^2) E; tanhf adds its EXP_ULPS ulp (an ulp
+        # at most 2u |y|)
+        (a,) = n.args
+        av, Ea = vals[a].detach(), E[a]
+        slope = 1 - torch.tanh((av.abs() - Ea).clamp(min=0)) ** 2
+        return slope * Ea + 2 * EXP_ULPS * U * vals[n].detach().abs(), None
+
+    def _fwd_avgpool(self, n, vals, E):
+        # cnnc sums the k*k window, then divides once: the mean of the
+        # inputs' E, the sum's gamma_sum(k*k) of the mean of |a|, and the
+        # division's u |y|
+        a, k = n.args[0], n.args[1] if len(n.args) > 1 else n.kwargs["kernel_size"]
+        av, Ea = vals[a].detach(), E[a]
+        out = F.avg_pool2d(Ea, k) + gamma_sum(k * k) * F.avg_pool2d(av.abs(), k) + U * vals[n].detach().abs()
+        return out, None
+
     def _fwd_reshape(self, n, vals, E):
         src = n.args[0]
         shape = vals[n].shape
@@ -300,6 +372,23 @@ class Analysis:
             pre = a.args[0]
             live = vals[pre].detach() + E[pre] > 0
         _flips(D, sites, a, n, lambda Dout: live * fold(cand * several * (dy.abs() + Dout.reshape(B * C, 1, -1))))
+
+    def _bwd_tanh(self, n, vals, E, D, G, ambiguous, sites):
+        # cnnc: dx = dy * (1 - v*v), v = tanh's float32 output, within E_y
+        # of y: |(1 - v^2) - (1 - y^2)| <= 2|y| E_y + E_y^2; v*v, 1 - vv and
+        # the product round once each:
+        # |d dx| <= (1 - y^2) D_y + |dy| (2|y| E_y + E_y^2 + u y^2 + 2u (1 - y^2))
+        (a,) = n.args
+        y, Ey, dy, Dy = vals[n].detach(), E[n], vals[n].grad, D[n]
+        slope = 1 - y * y
+        D[a] = slope * Dy + dy.abs() * (2 * y.abs() * Ey + Ey * Ey + U * y * y + 2 * U * slope)
+
+    def _bwd_avgpool(self, n, vals, E, D, G, ambiguous, sites):
+        # stride = kernel: each input's gradient is its window's dy divided
+        # by k*k, one rounding: |d dx| <= D_y/(k k) + u |dy|/(k k)
+        a, k = n.args[0], n.args[1] if len(n.args) > 1 else n.kwargs["kernel_size"]
+        up = lambda t: t.repeat_interleave(k, 2).repeat_interleave(k, 3) / (k * k)  # noqa: E731
+        D[a] = up(D[n]) + U * up(vals[n].grad.abs())
 
     def _bwd_reshape(self, n, vals, E, D, G, ambiguous, sites):
         src = n.args[0]

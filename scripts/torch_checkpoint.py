@@ -23,7 +23,7 @@ that step's own: a bound carried across steps through magnitudes alone
 grows a hundredfold a step, far beyond the error it bounds.
 
 Usage: torch_checkpoint.py MODEL CHECKPOINT PIXELS LABELS N STEPS OUT
-  MODEL: simplecnn or mnist
+  MODEL: simplecnn, mnist or lenet5
   PIXELS: N images, uint8 HWC (as cnnc's loader gives them)
   LABELS: N int32, little endian
 Prints one JSON object: the float64 loss and correct count on the batch at
@@ -48,6 +48,7 @@ sys.path[:0] = [HERE, os.path.join(HERE, "bench")]
 from cnnc_checkpoint import load_file  # noqa: E402
 from cnnc_checkpoint import read as read_raw  # noqa: E402
 from f32_error_bound import Analysis, optimizer_step  # noqa: E402
+from torch_examples import LeNet5  # noqa: E402  (examples/lenet5.cnn's twin)
 from torch_train import MNISTNet, SimpleCNN  # noqa: E402  (the guide's SimpleCNN, pools added)
 
 
@@ -56,7 +57,8 @@ from torch_train import MNISTNet, SimpleCNN  # noqa: E402  (the guide's SimpleCN
 # tightens the conv layers' bounds ~30x for a second a step; SimpleCNN's
 # conv bounds stay above their step either way (its 47,628-term gradient
 # sums), and its 30 passes would take ~10 s
-MODELS = {"simplecnn": (SimpleCNN, (128, 128, 3), False), "mnist": (MNISTNet, (28, 28, 1), True)}
+MODELS = {"simplecnn": (SimpleCNN, (128, 128, 3), False), "mnist": (MNISTNet, (28, 28, 1), True),
+          "lenet5": (LeNet5, (28, 28, 1), True)}
 
 
 def optimizer(spec, params):

@@ -47,8 +47,8 @@ var torchSeeds = flag.Int("torch-seeds", 1, "TestCheckpointInPyTorch: seeds per 
 
 // A cnnc checkpoint loads into the same model written for PyTorch with
 // load_state_dict(strict=True) — the OOM guide's SimpleCNN (pools added),
-// and MNISTNet; PyTorch then computes cnnc's loss on a batch, and steps of
-// the torch.optim optimizer the checkpoint names (SGD with momentum,
+// MNISTNet and LeNet-5 (tanh, average pooling); PyTorch then computes
+// cnnc's loss on a batch, and steps of the torch.optim optimizer the checkpoint names (SGD with momentum,
 // Nesterov and weight decay; Adam with L2; AdamW) give the parameters and
 // optimizer state cnnc's steps give: names, shapes, layouts (OIHW, out x
 // in, flatten order) and optimizers agree with PyTorch's.
@@ -77,7 +77,12 @@ var torchSeeds = flag.Int("torch-seeds", 1, "TestCheckpointInPyTorch: seeds per 
 //   - input, pixel * (1.0f/255): E_x = gamma_2 |x|, x = pixel/255 exactly.
 //   - forward, y = W h + b with fan_in products per output:
 //     E_y = |W| E_h + g(fan_in+1) (|W||h| + |b|); relu passes E (exactly 0
-//     where a + E_a <= 0), max-pool the window's largest E.
+//     where a + E_a <= 0), max-pool the window's largest E; tanh
+//     (1 - tanh(max(|a| - E, 0))^2) E plus tanhf's 2 ulp, average pooling
+//     the window's mean E plus g(k*k) mean|a| and the division's u|y|.
+//     Backward, tanh's dx = dy (1 - v v) from its float32 output v:
+//     (1 - y^2) D_y + |dy| (2|y| E_y + E_y^2 + u y^2 + 2u (1 - y^2));
+//     average pooling D_y/(k k) + u |dy|/(k k).
 //   - loss: lse = max + logf(sum expf(z - max)) moves by at most the
 //     logits' largest error, plus its own rounding (the sum's g(C-1),
 //     expf's and logf's 2 ulp, the arguments'); expf(z - lse) turns the
@@ -127,7 +132,10 @@ var torchSeeds = flag.Int("torch-seeds", 1, "TestCheckpointInPyTorch: seeds per 
 // and except
 // SimpleCNN's conv layers, whose weight gradients sum 47,628 and 11,163
 // products each: bounded for every summation order, their error may
-// exceed their step, and they are checked only that far.
+// exceed their step, and they are checked only that far;
+// likewise LeNet-5's (examples/lenet5.cnn) conv layers: the bounds reach
+// them through the magnitudes of three linear and four tanh layers (the
+// forward errors through |W| grow about tenfold a layer).
 func TestCheckpointInPyTorch(t *testing.T) {
 	py := requireTorch(t)
 	mnist, err := os.ReadFile("../../examples/mnist.cnn")
@@ -139,12 +147,15 @@ func TestCheckpointInPyTorch(t *testing.T) {
 	}
 	simplecnn, err := os.ReadFile("../../examples/simplecnn.cnn")
 	require.NoError(t, err)
+	lenet5, err := os.ReadFile("../../examples/lenet5.cnn")
+	require.NoError(t, err)
 	for seed := range uint64(*torchSeeds) {
 		for _, tc := range []torchCase{
 			{"simplecnn sgd", "simplecnn", simplecnn, 3, 1, []string{"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"}},
 			{"mnist sgd nesterov", "mnist", withOptimizer("sgd(lr=0.05, momentum=0.9, nesterov=true, weight_decay=0.001)"), 8, 3, nil},
 			{"mnist adam", "mnist", withOptimizer("adam(lr=0.01, weight_decay=0.01)"), 8, 3, nil},
 			{"mnist adamw", "mnist", withOptimizer("adamw(lr=0.01, betas=[0.8, 0.99], eps=1e-6)"), 8, 3, nil},
+			{"lenet5 sgd", "lenet5", lenet5, 8, 3, []string{"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"}},
 		} {
 			t.Run(fmt.Sprintf("%s seed %d", tc.name, seed), func(t *testing.T) { agreesWithPyTorch(t, py, tc, seed) })
 		}
