@@ -1,6 +1,7 @@
 package compiler
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -154,6 +155,14 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 	}
 	if diags.HasErrors() {
 		diags.Sort()
+		return nil, diags
+	}
+	batchSource := ""
+	if opts.Batch > 0 {
+		batchSource = cmp.Or(opts.BatchSource, "the compiler's options")
+	}
+	if d := checkAccumulate(g, train, batchSource); d != nil {
+		diags = append(diags, d)
 		return nil, diags
 	}
 	g.Opt = &train.Optimizer

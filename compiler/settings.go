@@ -1,6 +1,7 @@
 package compiler
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -23,7 +24,24 @@ type TrainConfig struct {
 	// Schedule is the learning-rate schedule (schedule, warmup); with
 	// onecycle, Optimizer.LR is its max_lr, the run's base rate.
 	Schedule schedule.Schedule
-	Pos      map[string]dsl.Pos // where each setting was written
+	// Accumulate is the batches per optimizer update (the train block's
+	// accumulate; 1 without it): a step trains on Batch×Accumulate samples,
+	// planned as a micro-batch loop of Accumulate micro-batches of Batch.
+	Accumulate int64
+	Pos        map[string]dsl.Pos // where each setting was written
+}
+
+// StepBatch is the samples one optimizer update trains on: the batch
+// times the batches accumulated.
+func (t TrainConfig) StepBatch() int64 { return t.Batch * max(t.Accumulate, 1) }
+
+// BatchWords says the batch for people: "batch 32", or with accumulation
+// "batch 32, accumulate 4: 128 samples per update".
+func (t TrainConfig) BatchWords() string {
+	if t.Accumulate > 1 {
+		return fmt.Sprintf("batch %d, accumulate %d: %d samples per update", t.Batch, t.Accumulate, t.StepBatch())
+	}
+	return fmt.Sprintf("batch %d", t.Batch)
 }
 
 // DataSource is one dataset of the data block.
@@ -61,6 +79,7 @@ var trainSettings = []argSpec{
 	{Name: "seed", Kind: ops.ArgInt, Min: 0, Doc: "seed for initialisation, shuffling and dropout (default 0)"},
 	{Name: "schedule", Kind: ops.ArgCustom, Doc: "learning-rate schedule: step(...), multistep(...), cosine(...) or onecycle(...)"},
 	{Name: "warmup", Kind: ops.ArgInt, Min: 1, Doc: "steps of linear warmup before the schedule"},
+	{Name: "accumulate", Kind: ops.ArgInt, Min: 1, MaxInt: MaxBatch, MaxWhy: "an update trains on at most 1,048,576 samples (2^20)", Doc: "batches per optimizer update: gradient accumulation (default 1)"},
 	{Name: "precision", Kind: ops.ArgCustom, Doc: "fp32, tf32 or bf16: how convolutions and linear layers multiply (tensor cores for tf32, bf16; default fp32)"},
 }
 
@@ -70,10 +89,11 @@ var precisions = []string{"fp32", "tf32", "bf16"}
 // ParseTrain reads the train block (nil gives the defaults).
 func ParseTrain(s *dsl.Section) (TrainConfig, dsl.Diagnostics) {
 	cfg := TrainConfig{
-		Optimizer: ir.Optimizer{Kind: ir.SGD, LR: 0.01},
-		Batch:     DefaultBatch,
-		Epochs:    DefaultEpochs,
-		Pos:       map[string]dsl.Pos{},
+		Optimizer:  ir.Optimizer{Kind: ir.SGD, LR: 0.01},
+		Batch:      DefaultBatch,
+		Epochs:     DefaultEpochs,
+		Accumulate: 1,
+		Pos:        map[string]dsl.Pos{},
 	}
 	var diags dsl.Diagnostics
 	if s == nil {
@@ -91,6 +111,7 @@ func ParseTrain(s *dsl.Section) (TrainConfig, dsl.Diagnostics) {
 	cfg.Batch = vals.Int("batch", DefaultBatch)
 	cfg.Epochs = vals.Int("epochs", DefaultEpochs)
 	cfg.Seed = uint64(vals.Int("seed", 0))
+	cfg.Accumulate = vals.Int("accumulate", 1)
 	var maxLR float64
 	if cfg.Schedule, maxLR = parseSchedule(vals["schedule"], vals["warmup"], &diags); maxLR > 0 {
 		cfg.Optimizer.LR = maxLR

@@ -73,7 +73,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			if err != nil {
 				return err
 			}
-			step("checked %s: %s, batch %d, %s parameters", args[0], res.Graph.Name, res.Train.Batch, compiler.Commas(res.Graph.ParamCount()))
+			step("checked %s: %s, %s, %s parameters", args[0], res.Graph.Name, res.Train.BatchWords(), compiler.Commas(res.Graph.ParamCount()))
 			budgetBytes, source := res.Train.MemoryBudget, ""
 			if budget != "" {
 				if budget == "none" {

@@ -107,7 +107,14 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if f.dumpAfter != "" {
 		return nil
 	}
-	cfg := plan.Config{Batch: res.Train.Batch, Workspace: codegen.Workspace, Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
+	if res.Train.Accumulate > 1 && (pf.microBatch > 0 || pf.maxBatch) {
+		flag := "--micro-batch"
+		if pf.maxBatch {
+			flag = "--max-batch"
+		}
+		return usage("%s: the train block's accumulate = %d (%s) fixes the micro-batch at the batch; remove accumulate to use %s", flag, res.Train.Accumulate, res.Train.Pos["accumulate"], flag)
+	}
+	cfg := plan.Config{Batch: res.Train.StepBatch(), Accumulate: res.Train.Accumulate, Workspace: codegen.Workspace, Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
 		MicroBatch: pf.microBatch, Trunk: pf.trunk}
 	switch pf.budget {
 	case "":

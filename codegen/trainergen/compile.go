@@ -242,8 +242,10 @@ func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
 // compilePlan plans memory and generates the kernels of target (nil:
 // CUDA), whose scratch needs cfg.Workspace gives.
 func compilePlan(res *compiler.Result, cfg plan.Config, target codegen.Target) (*Compiled, error) {
-	batch := res.Train.Batch
-	cfg.Batch = batch
+	// with accumulate = N a step is one update of batch×N samples, in N
+	// micro-batches of the batch
+	batch := res.Train.StepBatch()
+	cfg.Batch, cfg.Accumulate = batch, res.Train.Accumulate
 	p, err := plan.Build(res.Graph, cfg)
 	if err != nil {
 		return nil, err

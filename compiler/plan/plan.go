@@ -89,6 +89,10 @@ type Plan struct {
 	// Batch is the samples per step; a micro-batch loop runs part of the
 	// step on MicroBatch samples at a time.
 	Batch int64 `json:"batch"`
+	// Accumulate > 1: the step is one optimizer update of Batch samples
+	// trained as Accumulate micro-batches of Batch/Accumulate with their
+	// gradients accumulated (the train block's accumulate); 0 otherwise.
+	Accumulate int64 `json:"accumulate,omitempty"`
 	// BudgetBytes is the memory budget planned for (0: none).
 	BudgetBytes int64 `json:"budget_bytes"`
 	// PeakBytes is the planned peak: the arena's size. ArenaBytes is the

@@ -63,6 +63,9 @@ type ReportOptions struct {
 func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 	peak := p.Steps[p.PeakStep]
 	title := fmt.Sprintf("cnnc memory plan: %s, batch %d", p.Model, p.Batch)
+	if p.Accumulate > 1 {
+		title += fmt.Sprintf(" per update (accumulate = %d batches of %d)", p.Accumulate, p.Batch/p.Accumulate)
+	}
 	if o.Optimizer != "" {
 		title += ", " + o.Optimizer
 	}
@@ -227,6 +230,10 @@ func (p *Plan) strategyWords() string {
 		return fmt.Sprintf("%s..%s run in micro-batches of %d (recomputing the trunk in the backward loop, accumulating its gradients); the rest on the whole batch",
 			p.Choices.Trunk[0], p.Choices.Trunk[len(p.Choices.Trunk)-1], p.Choices.MicroBatch)
 	case "step":
+		if p.Accumulate > 1 {
+			return fmt.Sprintf("gradient accumulation (the train block's accumulate = %d): each update trains on %d samples in %d micro-batches of %d, accumulating every gradient; activations take the memory of a batch of %d, gradients and the update's input are whole",
+				p.Accumulate, p.Batch, p.Accumulate, p.Choices.MicroBatch, p.Choices.MicroBatch)
+		}
 		return fmt.Sprintf("the whole step runs in micro-batches of %d, accumulating every gradient", p.Choices.MicroBatch)
 	}
 	if len(p.Choices.Recompute) > 0 {

@@ -37,6 +37,11 @@ type Config struct {
 	// loss), or the whole step when Trunk is empty.
 	MicroBatch int64
 	Trunk      string
+	// Accumulate > 1 is gradient accumulation (the train block's
+	// accumulate): Batch is the update's samples, a multiple of Accumulate,
+	// and the whole step runs in Accumulate micro-batches of
+	// Batch/Accumulate (MicroBatch and Trunk must then be unset).
+	Accumulate int64
 	// Alignment of buffer offsets (0: DefaultAlignment).
 	Alignment int64
 	// Workspace gives the scratch bytes a node's kernels need while it runs
@@ -139,6 +144,15 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 	}
 	a.budget = max(cfg.Budget, 0)
 	a.workspace = cfg.Workspace
+	if cfg.Accumulate > 1 {
+		if cfg.MicroBatch > 0 || cfg.Trunk != "" {
+			return nil, nil, "", fmt.Errorf("plan: accumulate = %d fixes the micro-batch; a forced micro-batch or trunk cannot be given too", cfg.Accumulate)
+		}
+		if cfg.Batch%cfg.Accumulate != 0 {
+			return nil, nil, "", fmt.Errorf("plan: the update's batch %d is not a multiple of accumulate = %d", cfg.Batch, cfg.Accumulate)
+		}
+		cfg.MicroBatch = cfg.Batch / cfg.Accumulate
+	}
 	base, err := a.bestSplits(decisions{split: map[int]bool{}, drop: map[int]bool{}})
 	if err != nil {
 		return nil, nil, "", err
@@ -147,6 +161,9 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 		c, err := a.forced(base.d, cfg)
 		if err != nil {
 			return nil, nil, "", err
+		}
+		if cfg.Accumulate > 1 {
+			return a, c, "accumulate", nil
 		}
 		return a, c, "micro-batch", nil
 	}

@@ -1,0 +1,114 @@
+package trainergen_test
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/runtime/trainer"
+)
+
+// accumulateModel trains with 3 batches of 4 accumulated per update
+// (dropout included: its mask is keyed by the element's index in the
+// update's 12 samples).
+const accumulateModel = `model D(image: f32[1,9,8], label: class[5]) {
+    c    = conv2d(image, out=4, kernel=3, padding=1)
+    p    = maxpool(relu(c), kernel=2)
+    h    = linear(flatten(p), out=12)
+    d    = dropout(relu(h), p=0.3)
+    out  = linear(d, out=5)
+    loss = cross_entropy(out, label)
+}
+train { optimizer = %s batch = %d%s }
+`
+
+func compileSrc(t *testing.T, src string) *trainergen.Compiled {
+	t.Helper()
+	res, err := compiler.CompileSource("d.cnn", []byte(src), compiler.Options{})
+	require.NoError(t, err)
+	c, err := trainergen.Compile(res, 0, "")
+	require.NoError(t, err)
+	return c
+}
+
+// accumulate = 3 at batch 4 is one update of 12 samples per step, planned
+// as the whole step in 3 micro-batches of 4 (activations of 4 samples),
+// and each update equals the full-batch step of 12: the trainer compiled
+// for batch 12, and the float64 reference's step on the 12 samples —
+// a partial last update (7 samples: micro-batches of 4, 3 and padding)
+// included. Bounds: those of the micro-batching tests
+// (TestWholeStepMicroBatchesWithDropoutEqualFullBatch): the float32
+// kernels differ from float64 by rounding over sums of at most a few
+// hundred terms (relative 1e-6 or so per step), well within 1e-5 of the
+// loss and 1e-4 of each parameter tensor's largest magnitude after three
+// steps; a wrong accumulation (a micro-batch's gradient dropped, counted
+// twice or averaged over 4 instead of 12) moves parameters by lr-sized
+// amounts, 1e-2 here.
+func TestAccumulateEqualsTheFullBatchStep(t *testing.T) {
+	for _, opt := range []string{"sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01)"} {
+		t.Run(opt, func(t *testing.T) {
+			acc := compileSrc(t, fmt.Sprintf(accumulateModel, opt, 4, " accumulate = 3"))
+			full := compileSrc(t, fmt.Sprintf(accumulateModel, opt, 12, ""))
+			p := acc.Plan
+			assert.Equal(t, int64(12), p.Batch)
+			assert.Equal(t, int64(3), p.Accumulate)
+			require.Len(t, p.Loops, 1)
+			assert.Equal(t, int64(4), p.Loops[0].MicroBatch)
+			assert.Equal(t, int64(3), p.Loops[0].Count)
+			assert.Equal(t, "step", p.Choices.MicroBatched)
+			assert.Equal(t, "accumulate", p.Choices.Strategy)
+			assert.Equal(t, 12, acc.Spec.Batch, "the trainer feeds an update's 12 samples per step")
+			// activations are sized for the micro-batch: the accumulating
+			// plan's non-persistent, non-input bytes are below the full one's
+			assert.Less(t, p.PeakBytes, full.Plan.PeakBytes)
+
+			a, b := newSession(t, acc, 3), newSession(t, full, 3)
+			ref := reference.New(full.Plan.Graph, 3)
+			rng := rand.New(rand.NewPCG(5, 5))
+			for step := 0; step < 3; step++ {
+				valid := 12
+				if step == 2 {
+					valid = 7
+				}
+				batch := trainer.Batch{Valid: valid, Pixels: make([]uint8, valid*72), Labels: make([]int32, valid)}
+				for i := range batch.Pixels {
+					batch.Pixels[i] = uint8(rng.IntN(256))
+				}
+				for i := range batch.Labels {
+					batch.Labels[i] = int32(rng.IntN(5))
+				}
+				la, ca, err := a.TrainStep(batch)
+				require.NoError(t, err)
+				lb, cb, err := b.TrainStep(batch)
+				require.NoError(t, err)
+				r, err := ref.Run(reference.Batch{N: valid, Pixels: batch.Pixels, Labels: batch.Labels}, reference.Train)
+				require.NoError(t, err)
+				assert.InDelta(t, lb, la, 1e-5*math.Max(1, float64(lb)), "step %d loss vs batch 12", step)
+				assert.InDelta(t, r.Loss, float64(la), 1e-5*math.Max(1, r.Loss), "step %d loss vs the reference", step)
+				assert.Equal(t, cb, ca, "step %d correct", step)
+				assert.Equal(t, r.Correct, ca, "step %d correct vs the reference", step)
+				for _, q := range full.Spec.Params {
+					x, err := b.ReadTensor(q)
+					require.NoError(t, err)
+					qa, ok := a.Param(q.Name)
+					require.True(t, ok)
+					y, err := a.ReadTensor(qa)
+					require.NoError(t, err)
+					want := make([]float64, len(x))
+					for i, v := range x {
+						want[i] = float64(v)
+					}
+					assert.Less(t, maxRel(y, want), 1e-4, "step %d %s vs batch 12", step, q.Name)
+					assert.Less(t, maxRel(y, ref.ParamByName(q.Name)), 1e-4, "step %d %s vs the reference", step, q.Name)
+				}
+			}
+		})
+	}
+}
