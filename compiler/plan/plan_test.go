@@ -350,3 +350,41 @@ func TestReportLabelsUpdatesAndSizes(t *testing.T) {
 		}
 	}
 }
+
+// Gradient accumulation plans the update's samples as the whole step in
+// micro-batches of the batch, reports it, and refuses a second forced
+// micro-batch or a batch that is not a multiple.
+func TestAccumulatePlan(t *testing.T) {
+	g := compileFile(t, "../../examples/simplecnn.cnn").Graph
+	p := build(t, g, plan.Config{Batch: 128, Accumulate: 4})
+	one := build(t, g, plan.Config{Batch: 32})
+	assert.Equal(t, int64(4), p.Accumulate)
+	assert.Equal(t, "accumulate", p.Choices.Strategy)
+	require.Len(t, p.Loops, 1)
+	assert.Equal(t, plan.Loop{FirstStep: 0, LastStep: p.Loops[0].LastStep, MicroBatch: 32, Count: 4, Zero: p.Loops[0].Zero, What: p.Loops[0].What}, *p.Loops[0])
+	// every activation is sized for 32 samples: beyond the batch of 32's
+	// plan, only the 128 samples' input and the gradient buffers of the
+	// split updates
+	var grads int64
+	for _, b := range p.Buffers {
+		if b.Category == plan.CatGrad {
+			grads += b.Bytes
+		}
+	}
+	input := int64(3*128*128+4) * 96 // 96 more samples of uint8 pixels and an int32 label
+	assert.LessOrEqual(t, p.PeakBytes, one.PeakBytes+grads+input+8*plan.DefaultAlignment)
+	var b strings.Builder
+	p.WriteReport(&b, plan.ReportOptions{})
+	out := b.String()
+	assert.Contains(t, out, "batch 128 per update (accumulate = 4 batches of 32)")
+	assert.Contains(t, out, "each update trains on 128 samples in 4 micro-batches of 32")
+	assert.Regexp(t, `loop 0 +steps 0\.\.\d+ +4 micro-batches of 32: the whole step`, out)
+	js, err := json.Marshal(p)
+	require.NoError(t, err)
+	assert.Contains(t, string(js), `"accumulate":4`)
+
+	_, err = plan.Build(g, plan.Config{Batch: 130, Accumulate: 4})
+	assert.ErrorContains(t, err, "the update's batch 130 is not a multiple of accumulate = 4")
+	_, err = plan.Build(g, plan.Config{Batch: 128, Accumulate: 4, MicroBatch: 8})
+	assert.ErrorContains(t, err, "accumulate = 4 fixes the micro-batch")
+}
