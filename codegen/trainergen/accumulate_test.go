@@ -65,6 +65,8 @@ func TestAccumulateEqualsTheFullBatchStep(t *testing.T) {
 			assert.Equal(t, "step", p.Choices.MicroBatched)
 			assert.Equal(t, "accumulate", p.Choices.Strategy)
 			assert.Equal(t, 12, acc.Spec.Batch, "the trainer feeds an update's 12 samples per step")
+			assert.Contains(t, acc.Spec.PlanSummary, "gradient accumulation: a step is one update of up to 12 samples, trained as 3 micro-batches of 4")
+			assert.NotContains(t, full.Spec.PlanSummary, "accumulation")
 			// activations are sized for the micro-batch: the accumulating
 			// plan's non-persistent, non-input bytes are below the full one's
 			assert.Less(t, p.PeakBytes, full.Plan.PeakBytes)

@@ -312,6 +312,10 @@ func planSummary(p *plan.Plan) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "memory plan: peak %s (%d bytes), kernel workspace included", units.FormatBytes(p.PeakBytes), p.PeakBytes)
 	fmt.Fprintf(&b, "; strategy %s; in place: %s; recomputed: %s\n", p.Choices.Strategy, orNone(p.Choices.InPlace), orNone(p.Choices.Recompute))
+	if p.Accumulate > 1 {
+		fmt.Fprintf(&b, "gradient accumulation: a step is one update of up to %d samples, trained as %d micro-batches of %d (the train block's accumulate)\n",
+			p.Batch, p.Accumulate, p.Batch/p.Accumulate)
+	}
 	return b.String()
 }
 
