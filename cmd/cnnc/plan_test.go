@@ -157,3 +157,23 @@ func TestPlanForcedMicroBatch(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, "4 micro-batches of 8: forward of conv1..conv2")
 }
+
+// A train block's accumulate shows in the plan: the update's batch, the
+// loop of micro-batches; --micro-batch and --max-batch say why they cannot
+// be given with it.
+func TestPlanAccumulate(t *testing.T) {
+	src, err := os.ReadFile(simple)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "acc.cnn")
+	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(src), "batch = 32", "batch = 32\n    accumulate = 4", 1)), 0o644))
+	code, out, errOut := cnnc("plan", "--memory-budget", "none", path)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "cnnc memory plan: SimpleCNN, batch 128 per update (accumulate = 4 batches of 32)")
+	assert.Contains(t, out, "strategy    accumulate: gradient accumulation (the train block's accumulate = 4): each update trains on 128 samples in 4 micro-batches of 32")
+	assert.Regexp(t, `loop 0 +steps 0\.\.\d+ +4 micro-batches of 32: the whole step`, out)
+	for _, flag := range []string{"--micro-batch=8", "--max-batch"} {
+		code, _, errOut = cnnc("plan", flag, path)
+		assert.Equal(t, 2, code, flag)
+		assert.Contains(t, errOut, "the train block's accumulate = 4 ("+path+":", flag)
+	}
+}
