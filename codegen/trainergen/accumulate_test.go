@@ -12,6 +12,7 @@ import (
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/runtime/native"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -113,4 +114,66 @@ func TestAccumulateEqualsTheFullBatchStep(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The CPU target runs the same accumulating plan (its kernels accumulate
+// into gradient buffers as the emulator's do): its update of 3 batches of
+// 4 equals its full-batch step of 12, with the bounds above.
+func TestAccumulateOnTheCPUTarget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiles two CPU trainers' kernels with g++")
+	}
+	compile := func(src string) *trainergen.Compiled {
+		res, err := compiler.CompileSource("d.cnn", []byte(src), compiler.Options{})
+		require.NoError(t, err)
+		c, err := trainergen.CompileCPU(res, 0, "")
+		require.NoError(t, err)
+		return c
+	}
+	opt := "sgd(lr=0.1, momentum=0.9)"
+	acc := compile(fmt.Sprintf(accumulateModel, opt, 4, " accumulate = 3"))
+	full := compile(fmt.Sprintf(accumulateModel, opt, 12, ""))
+	require.Len(t, acc.Plan.Loops, 1)
+	a, b := newNativeSession(t, acc, 3), newNativeSession(t, full, 3)
+	rng := rand.New(rand.NewPCG(6, 6))
+	for step, valid := range []int{12, 12, 7} {
+		batch := trainer.Batch{Valid: valid, Pixels: make([]uint8, valid*72), Labels: make([]int32, valid)}
+		for i := range batch.Pixels {
+			batch.Pixels[i] = uint8(rng.IntN(256))
+		}
+		for i := range batch.Labels {
+			batch.Labels[i] = int32(rng.IntN(5))
+		}
+		la, ca, err := a.TrainStep(batch)
+		require.NoError(t, err)
+		lb, cb, err := b.TrainStep(batch)
+		require.NoError(t, err)
+		assert.InDelta(t, lb, la, 1e-5*math.Max(1, float64(lb)), "step %d loss", step)
+		assert.Equal(t, cb, ca, "step %d correct", step)
+	}
+	for _, q := range full.Spec.Params {
+		x, err := b.ReadTensor(q)
+		require.NoError(t, err)
+		qa, _ := a.Param(q.Name)
+		y, err := a.ReadTensor(qa)
+		require.NoError(t, err)
+		want := make([]float64, len(x))
+		for i, v := range x {
+			want[i] = float64(v)
+		}
+		assert.Less(t, maxRel(y, want), 1e-4, q.Name)
+	}
+}
+
+// newNativeSession opens c (compiled for the CPU target) on the native
+// device: its C++ kernels compiled with g++.
+func newNativeSession(t *testing.T, c *trainergen.Compiled, seed uint64) *trainer.Session {
+	t.Helper()
+	dev, err := native.New(c.Kernels, "kernels.cc", native.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	s, err := trainer.NewSession(c.Spec, dev, seed)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
 }
