@@ -1,6 +1,7 @@
 package trainergen_test
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -12,6 +13,7 @@ import (
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/native"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -176,4 +178,52 @@ func newNativeSession(t *testing.T, c *trainergen.Compiled, seed uint64) *traine
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// A training run with accumulate: a step is an update of 12 samples, so an
+// epoch of 30 samples is 3 steps (12, 12 and a partial 6), the step count
+// and the learning-rate schedule count updates, and two epochs end where
+// the trainer compiled for batch 12 ends (same shuffled order: both feed
+// batches of 12), within the bounds above.
+func TestAccumulateTrainingRunCountsUpdates(t *testing.T) {
+	src := func(batch int, acc string) string {
+		return fmt.Sprintf(accumulateModel, "sgd(lr=0.1, momentum=0.9)", batch, acc+" schedule = step(every=1, gamma=0.5)")
+	}
+	acc := compileSrc(t, src(4, " accumulate = 3"))
+	full := compileSrc(t, src(12, ""))
+	ds := trainertest.Data(acc.Spec, 30, 1)
+	run := func(c *trainergen.Compiled) (*trainer.Session, []trainer.StepMetrics) {
+		sess := newSession(t, c, 2)
+		var steps []trainer.StepMetrics
+		loop := &trainer.Loop{Session: sess, Train: ds, Epochs: 2, Schedule: c.Spec.Schedule, OnStep: func(m *trainer.StepMetrics) error {
+			steps = append(steps, *m)
+			return nil
+		}}
+		_, err := loop.Run(context.Background())
+		require.NoError(t, err)
+		return sess, steps
+	}
+	a, stepsA := run(acc)
+	b, stepsB := run(full)
+	require.Len(t, stepsA, 6)
+	for i, m := range stepsA {
+		assert.Equal(t, int64(i+1), m.Step)
+		assert.Equal(t, 3, m.Batches)
+		assert.Equal(t, []int{12, 12, 6}[i%3], m.Size, "step %d", i)
+		assert.Equal(t, float32(0.1)*[]float32{1, 0.5}[i/3], m.LR, "step %d: the schedule's epochs count updates", i)
+		assert.InDelta(t, stepsB[i].Loss, m.Loss, 1e-5*math.Max(1, float64(m.Loss)), "step %d loss", i)
+	}
+	assert.Equal(t, int64(6), a.Step)
+	for _, q := range full.Spec.Params {
+		x, err := b.ReadTensor(q)
+		require.NoError(t, err)
+		qa, _ := a.Param(q.Name)
+		y, err := a.ReadTensor(qa)
+		require.NoError(t, err)
+		want := make([]float64, len(x))
+		for i, v := range x {
+			want[i] = float64(v)
+		}
+		assert.Less(t, maxRel(y, want), 1e-4, q.Name)
+	}
 }
