@@ -82,13 +82,7 @@ func TestAccumulateEqualsTheFullBatchStep(t *testing.T) {
 				if step == 2 {
 					valid = 7
 				}
-				batch := trainer.Batch{Valid: valid, Pixels: make([]uint8, valid*72), Labels: make([]int32, valid)}
-				for i := range batch.Pixels {
-					batch.Pixels[i] = uint8(rng.IntN(256))
-				}
-				for i := range batch.Labels {
-					batch.Labels[i] = int32(rng.IntN(5))
-				}
+				batch := randomBatch(rng, valid)
 				la, ca, err := a.TrainStep(batch)
 				require.NoError(t, err)
 				lb, cb, err := b.TrainStep(batch)
@@ -99,18 +93,10 @@ func TestAccumulateEqualsTheFullBatchStep(t *testing.T) {
 				assert.InDelta(t, r.Loss, float64(la), 1e-5*math.Max(1, r.Loss), "step %d loss vs the reference", step)
 				assert.Equal(t, cb, ca, "step %d correct", step)
 				assert.Equal(t, r.Correct, ca, "step %d correct vs the reference", step)
-				for _, q := range full.Spec.Params {
-					x, err := b.ReadTensor(q)
+				sameParams(t, acc, a, b, fmt.Sprintf("step %d vs batch 12", step))
+				for _, q := range acc.Spec.Params {
+					y, err := a.ReadTensor(q)
 					require.NoError(t, err)
-					qa, ok := a.Param(q.Name)
-					require.True(t, ok)
-					y, err := a.ReadTensor(qa)
-					require.NoError(t, err)
-					want := make([]float64, len(x))
-					for i, v := range x {
-						want[i] = float64(v)
-					}
-					assert.Less(t, maxRel(y, want), 1e-4, "step %d %s vs batch 12", step, q.Name)
 					assert.Less(t, maxRel(y, ref.ParamByName(q.Name)), 1e-4, "step %d %s vs the reference", step, q.Name)
 				}
 			}
@@ -139,13 +125,7 @@ func TestAccumulateOnTheCPUTarget(t *testing.T) {
 	a, b := newNativeSession(t, acc, 3), newNativeSession(t, full, 3)
 	rng := rand.New(rand.NewPCG(6, 6))
 	for step, valid := range []int{12, 12, 7} {
-		batch := trainer.Batch{Valid: valid, Pixels: make([]uint8, valid*72), Labels: make([]int32, valid)}
-		for i := range batch.Pixels {
-			batch.Pixels[i] = uint8(rng.IntN(256))
-		}
-		for i := range batch.Labels {
-			batch.Labels[i] = int32(rng.IntN(5))
-		}
+		batch := randomBatch(rng, valid)
 		la, ca, err := a.TrainStep(batch)
 		require.NoError(t, err)
 		lb, cb, err := b.TrainStep(batch)
@@ -153,18 +133,7 @@ func TestAccumulateOnTheCPUTarget(t *testing.T) {
 		assert.InDelta(t, lb, la, 1e-5*math.Max(1, float64(lb)), "step %d loss", step)
 		assert.Equal(t, cb, ca, "step %d correct", step)
 	}
-	for _, q := range full.Spec.Params {
-		x, err := b.ReadTensor(q)
-		require.NoError(t, err)
-		qa, _ := a.Param(q.Name)
-		y, err := a.ReadTensor(qa)
-		require.NoError(t, err)
-		want := make([]float64, len(x))
-		for i, v := range x {
-			want[i] = float64(v)
-		}
-		assert.Less(t, maxRel(y, want), 1e-4, q.Name)
-	}
+	sameParams(t, acc, a, b, "after the run")
 }
 
 // newNativeSession opens c (compiled for the CPU target) on the native
@@ -214,16 +183,38 @@ func TestAccumulateTrainingRunCountsUpdates(t *testing.T) {
 		assert.InDelta(t, stepsB[i].Loss, m.Loss, 1e-5*math.Max(1, float64(m.Loss)), "step %d loss", i)
 	}
 	assert.Equal(t, int64(6), a.Step)
-	for _, q := range full.Spec.Params {
-		x, err := b.ReadTensor(q)
-		require.NoError(t, err)
-		qa, _ := a.Param(q.Name)
+	sameParams(t, acc, a, b, "after the run")
+}
+
+// sameParams requires every parameter of session a (compiled as c) within
+// 1e-4 of the largest magnitude of the same tensor in session b.
+func sameParams(t *testing.T, c *trainergen.Compiled, a, b *trainer.Session, what string) {
+	t.Helper()
+	for _, q := range c.Spec.Params {
+		qa, ok := a.Param(q.Name)
+		require.True(t, ok, q.Name)
 		y, err := a.ReadTensor(qa)
+		require.NoError(t, err)
+		qb, ok := b.Param(q.Name)
+		require.True(t, ok, q.Name)
+		x, err := b.ReadTensor(qb)
 		require.NoError(t, err)
 		want := make([]float64, len(x))
 		for i, v := range x {
 			want[i] = float64(v)
 		}
-		assert.Less(t, maxRel(y, want), 1e-4, q.Name)
+		assert.Less(t, maxRel(y, want), 1e-4, "%s: %s", what, q.Name)
 	}
+}
+
+// randomBatch is valid random samples of the 1x9x8 model's 5 classes.
+func randomBatch(rng *rand.Rand, valid int) trainer.Batch {
+	b := trainer.Batch{Valid: valid, Pixels: make([]uint8, valid*72), Labels: make([]int32, valid)}
+	for i := range b.Pixels {
+		b.Pixels[i] = uint8(rng.IntN(256))
+	}
+	for i := range b.Labels {
+		b.Labels[i] = int32(rng.IntN(5))
+	}
+	return b
 }
