@@ -383,6 +383,16 @@ func TestAccumulatePlan(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(js), `"accumulate":4`)
 
+	// a budget the fixed micro-batch misses is a budget error at the budget
+	_, err = plan.Build(g, plan.Config{Batch: 128, Accumulate: 4, Budget: 30e6, BudgetSource: "--memory-budget"})
+	var be *plan.BudgetError
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, p.PeakBytes, be.Min, "the fixed plan's arena is the budget that works")
+	assert.Contains(t, be.Error(), "--memory-budget 30.00 MB is too small for SimpleCNN at accumulate = 4 batches of 32")
+	assert.Contains(t, be.Diagnostic().Render(nil), "lower the batch and raise accumulate")
+	fits, err := plan.Build(g, plan.Config{Batch: 128, Accumulate: 4, Budget: p.PeakBytes})
+	require.NoError(t, err)
+	assert.Equal(t, p.PeakBytes, fits.PeakBytes)
 	_, err = plan.Build(g, plan.Config{Batch: 130, Accumulate: 4})
 	assert.ErrorContains(t, err, "the update's batch 130 is not a multiple of accumulate = 4")
 	_, err = plan.Build(g, plan.Config{Batch: 128, Accumulate: 4, MicroBatch: 8})

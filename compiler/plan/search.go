@@ -67,6 +67,9 @@ type BudgetError struct {
 	// Coupled is the first batch-coupled layer (batch norm), which no
 	// micro-batch loop may cross, and where it is; nil when there is none.
 	Coupled *ir.Node
+	// Accumulate > 1: the train block's accumulate fixed the micro-batch
+	// (Batch is the update's samples).
+	Accumulate int64
 }
 
 func (e *BudgetError) Error() string { return e.Diagnostic().Error() }
@@ -80,19 +83,31 @@ func (e *BudgetError) Diagnostic() *dsl.Diagnostic {
 	if e.Budget < e.Persistent {
 		d := dsl.Errorf(e.Pos, "%s %s is too small for %s: its parameters and optimizer state alone need %s (%s), at any batch",
 			what, units.FormatBytes(e.Budget), e.Model, units.FormatBytes(e.Persistent), commas(e.Persistent))
-		d.Hint("the smallest plan at batch %d needs %s (%s, %s): a budget of %s or more works; a smaller batch does not help",
-			e.Batch, commas(e.Min), units.FormatBytes(e.Min), e.MinHow, roundUpSize(e.Min))
+		d.Hint("the smallest plan at %s needs %s (%s, %s): a budget of %s or more works; a smaller batch does not help",
+			e.batchWords(), commas(e.Min), units.FormatBytes(e.Min), e.MinHow, roundUpSize(e.Min))
 		return d
 	}
-	d := dsl.Errorf(e.Pos, "%s %s is too small for %s at batch %d: the smallest plan needs %s (%s, %s)",
-		what, units.FormatBytes(e.Budget), e.Model, e.Batch, commas(e.Min), units.FormatBytes(e.Min), e.MinHow)
+	d := dsl.Errorf(e.Pos, "%s %s is too small for %s at %s: the smallest plan needs %s (%s, %s)",
+		what, units.FormatBytes(e.Budget), e.Model, e.batchWords(), commas(e.Min), units.FormatBytes(e.Min), e.MinHow)
 	d.Hint("tried: %s", e.Tactics)
+	if e.Accumulate > 1 {
+		return d.Hint("a budget of %s or more works, or lower the batch and raise accumulate (the same samples per update in smaller micro-batches)", roundUpSize(e.Min))
+	}
 	if n := e.Coupled; n != nil {
 		d.Hint("micro-batches cannot cross %s (%s at %s): its statistics are the whole batch's, so only the layers before it may run in micro-batches",
 			n.Name, n.Op, n.Pos)
 	}
 	d.Hint("a budget of %s or more works, or lower the batch (cnnc plan --max-batch tells how far)", roundUpSize(e.Min))
 	return d
+}
+
+// batchWords is the batch planned for: "batch 32", "accumulate = 4
+// batches of 32".
+func (e *BudgetError) batchWords() string {
+	if e.Accumulate > 1 {
+		return fmt.Sprintf("accumulate = %d batches of %d", e.Accumulate, e.Batch/e.Accumulate)
+	}
+	return fmt.Sprintf("batch %d", e.Batch)
 }
 
 // roundUpSize prints n bytes rounded up, in the decimal unit that fits
@@ -254,7 +269,17 @@ func (a *analysis) forced(base decisions, cfg Config) (*candidate, error) {
 		return nil, fmt.Errorf("plan: cannot micro-batch that way: %v", err)
 	}
 	c = a.descend(c)
+	if a.budget > 0 && c.arena > a.budget && c.arena > c.maxLive {
+		c.arena = place(c.bufs, a.align, placeEffort)
+	}
 	if a.budget > 0 && c.arena > a.budget {
+		if cfg.Accumulate > 1 {
+			// the train block fixed the micro-batch: an error at the budget,
+			// as for any plan that misses it
+			return nil, &BudgetError{Model: a.g.Name, Batch: a.batch, Budget: a.budget, Min: c.arena, MinHow: a.describe(c),
+				Pos: cfg.BudgetPos, Source: cfg.BudgetSource, Persistent: persistentBytes(a.g, a.align), Accumulate: cfg.Accumulate,
+				Tactics: fmt.Sprintf("accumulate = %d fixes the step: micro-batches of %d, no recomputation", cfg.Accumulate, cfg.MicroBatch)}
+		}
 		return nil, fmt.Errorf("plan: micro-batches of %d need %s, over the budget of %s", cfg.MicroBatch, mb(c.arena), mb(a.budget))
 	}
 	return c, nil
