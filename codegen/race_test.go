@@ -2,6 +2,7 @@ package codegen_test
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/driver"
 	"hash/maphash"
 	"os"
 	"testing"
@@ -9,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/codegen"
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/perf"
 	"github.com/cnnc/cnnc/compiler/plan"
@@ -62,7 +62,7 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 	res, err := compiler.CompileSource(name, src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
 	res.Train.Precision = string(prec)
-	comp, err := trainergen.CompilePlan(res, cfg)
+	comp, err := driver.Compile(res, cfg, driver.CUDA)
 	require.NoError(t, err)
 	spec := comp.Spec
 	mod, err := emu.Compile(comp.Train.Source, "race.cu", emu.Options{})

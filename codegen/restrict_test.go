@@ -1,6 +1,7 @@
 package codegen_test
 
 import (
+	"github.com/cnnc/cnnc/driver"
 	"os"
 	"testing"
 
@@ -40,7 +41,7 @@ func TestPlansPassNoAliasedRestrictPointers(t *testing.T) {
 		require.NoError(t, err)
 		res, err := compiler.CompileSource(c.file, src, compiler.Options{Batch: c.batch})
 		require.NoError(t, err)
-		comp, err := trainergen.CompilePlan(res, c.cfg)
+		comp, err := driver.Compile(res, c.cfg, driver.CUDA)
 		require.NoError(t, err)
 		aliased += checkNoRestrictAliasing(t, comp)
 	}

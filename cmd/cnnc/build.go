@@ -1,18 +1,18 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/units"
@@ -103,11 +103,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 					target = "emu"
 				}
 			}
-			compile := trainergen.Compile
-			if target == "cpu" {
-				compile = trainergen.CompileCPU
-			}
-			c, err := compile(res, budgetBytes, source)
+			c, err := driver.Compile(res, driver.Budget(res, budgetBytes, source), driver.Target(target))
 			if err != nil {
 				return backendError(args[0], res, err, stderr)
 			}
@@ -116,7 +112,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 			cudaC := c.Kernels
 			if emitCUDA != "" && target == "cpu" {
 				// the CUDA C is another target's kernels, on the same plan
-				cu, err := trainergen.Compile(res, budgetBytes, source)
+				cu, err := driver.Compile(res, driver.Budget(res, budgetBytes, source), driver.CUDA)
 				if err != nil {
 					return backendError(args[0], res, err, stderr)
 				}
@@ -146,37 +142,12 @@ nvcc compiles as it is; without -o, build only writes them.`,
 				}
 				defer os.RemoveAll(dir)
 			}
-			var tags []string
-			if target == "cuda" {
-				fatbin, err := trainergen.CompileFatbinFor(c.Spec, c.Kernels)
-				if err != nil {
+			if err := driver.Build(c, driver.Target(target), driver.BuildOptions{Dir: dir, Output: output, Log: func(s string) { step("%s", s) }}); err != nil {
+				if errors.Is(err, driver.ErrNoGo) {
+					fmt.Fprintf(stderr, "cnnc build: %s\n", err)
+				} else {
 					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
-					return exitError{exitModel}
 				}
-				step("nvcc: %s fatbin for sm_80 and sm_90 (with PTX); ptxas: all %d launches fit an A100's and an H100's blocks (registers, shared memory)",
-					units.FormatBytes(int64(len(fatbin))), len(c.Spec.Train.Launches)+len(c.Spec.Eval.Launches))
-				if err := trainergen.WriteModuleCUDA(dir, c.Spec, c.Kernels, fatbin); err != nil {
-					fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
-					return exitError{exitModel}
-				}
-				tags = trainergen.CUDATags
-			} else {
-				write := trainergen.WriteModule
-				if target == "cpu" {
-					write = trainergen.WriteModuleCPU
-				}
-				if err := write(dir, c.Spec, c.Kernels); err != nil {
-					fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
-					return exitError{exitModel}
-				}
-			}
-			step("wrote the trainer module in %s", dir)
-			if _, err := exec.LookPath("go"); err != nil {
-				fmt.Fprintf(stderr, "cnnc build: building a trainer needs the Go toolchain on PATH\n")
-				return exitError{exitModel}
-			}
-			if err := trainergen.GoBuild(dir, output, tags, func(s string) { step("%s", s) }); err != nil {
-				fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 				return exitError{exitModel}
 			}
 			step("built %s (target %s); run it with -h for its flags", output, target)

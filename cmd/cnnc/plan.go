@@ -10,11 +10,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/perf"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/plan/timeline"
+	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/runtime/units"
 )
@@ -107,7 +107,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if f.dumpAfter != "" {
 		return nil
 	}
-	cfg := plan.Config{Batch: res.Train.Batch, Workspace: codegen.Workspace, Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
+	cfg := plan.Config{Batch: res.Train.Batch, Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
 		MicroBatch: pf.microBatch, Trunk: pf.trunk}
 	switch pf.budget {
 	case "":
@@ -126,7 +126,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if pf.gpu != "" {
 		return runGPUPrediction(path, res, cfg, pf, stdout, stderr)
 	}
-	p, err := plan.Build(res.Graph, cfg)
+	p, err := driver.Plan(res, cfg, driver.CUDA)
 	if err != nil {
 		return planError(path, err, stderr)
 	}
@@ -188,7 +188,7 @@ func runMaxBatch(res *compiler.Result, cfg plan.Config, pf *planFlags, stdout, s
 		fmt.Fprintf(stderr, "cnnc: --max-batch chooses micro-batches itself; drop --micro-batch\n")
 		return exitError{exitUsage}
 	}
-	m, err := plan.FindMaxBatch(res.Graph, cfg.Budget, res.BatchLimit, codegen.Workspace)
+	m, err := driver.MaxBatch(res, cfg.Budget, driver.CUDA)
 	if err != nil {
 		fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 		return exitError{exitModel}

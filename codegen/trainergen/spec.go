@@ -2,9 +2,13 @@
 // links: a trainer.Spec (arena offsets of every tensor, the launches of a
 // training step and of evaluation) and the Go source that declares it.
 //
-// In:  the compiler's Result, the codegen Programs of the training step and
-// of evaluation, and their memory layouts (the planner's, or NaiveLayout).
-// Out: a *trainer.Spec, and Go files rendered with jennifer.
+// In:  the compiler's Result and its memory plan (package driver plans it
+// with the target's workspace sizes); Assemble generates the codegen
+// Programs of the training step and of evaluation from them and lays them
+// out (the planner's offsets, or NaiveLayout).
+// Out: a *trainer.Spec, and Go files rendered with jennifer; CompileFatbin
+// runs nvcc on the CUDA kernels, WriteModule* write a trainer module and
+// GoBuild runs go build on it.
 package trainergen
 
 import (
