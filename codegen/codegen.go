@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"text/template"
 
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -368,35 +367,53 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 }
 
 // Workspace is the scratch memory node n's kernels need over samples
-// samples: its scratch buffers, each 256-byte aligned, one after another.
-// The memory planner places it (plan.Config.Workspace).
+// samples, at FP32: its scratch buffers, each 256-byte aligned, one after
+// another. The memory planner places it (plan.Config.Workspace, which
+// package driver sets). It renders nothing: each kernel family that needs
+// scratch registers the pure function of the node's shapes that its rule
+// sizes its scratch buffers by (registerScratch).
 func Workspace(n *ir.Node, samples int64) int64 {
-	if _, ok := ruleOf(n.Op); !ok {
-		return 0
-	}
-	// the planner asks for every node of every candidate plan: remember
-	// the answers by what determines them (the node's text has its op,
-	// attributes and operand types)
-	key := fmt.Sprintf("%d|%s", samples, n.Text())
-	if b, ok := workspaceMemo.Load(key); ok {
-		return b.(int64)
-	}
-	var bytes int64
-	if p, err := GenerateNodes("workspace", []*ir.Node{n}, Options{Batch: samples}); err == nil {
-		bytes = p.ScratchBytes(p.Scratch)
-	}
-	workspaceMemo.Store(key, bytes)
-	return bytes
+	return scratchBytes(n, samples, FP32)
 }
 
-var workspaceMemo sync.Map
+// scratchBytes is Workspace at a precision (the tensor-core kernels tile
+// differently, and so split their reductions differently).
+func scratchBytes(n *ir.Node, samples int64, prec Precision) int64 {
+	f, ok := scratchRules[n.Op]
+	if !ok {
+		return 0
+	}
+	b, err := f(n, samples, prec)
+	if err != nil {
+		return 0 // generation fails for this node, and says why
+	}
+	return b
+}
+
+// scratchRule gives the bytes of the scratch buffers the op's kernel rule
+// makes for node n over samples samples at precision prec.
+type scratchRule func(n *ir.Node, samples int64, prec Precision) (int64, error)
+
+var scratchRules = map[ir.Op]scratchRule{}
+
+// registerScratch adds the scratch sizing of op's kernel rule.
+func registerScratch(op ir.Op, f scratchRule) {
+	if _, dup := scratchRules[op]; dup {
+		panic(fmt.Sprintf("codegen: two scratch rules for %s", op))
+	}
+	scratchRules[op] = f
+}
+
+// ScratchAligned is the size of a scratch buffer of bytes bytes in a
+// workspace: each starts 256-byte aligned (Program.ScratchBytes).
+func ScratchAligned(bytes int64) int64 { return (bytes + 255) / 256 * 256 }
 
 // ScratchBytes is the size of the given scratch buffers laid out one after
 // another at 256-byte alignment.
 func (p *Program) ScratchBytes(vs []*ir.Value) int64 {
 	var total int64
 	for _, v := range vs {
-		total += (v.Type.Bytes(p.Batch) + 255) / 256 * 256
+		total += ScratchAligned(v.Type.Bytes(p.Batch))
 	}
 	return total
 }

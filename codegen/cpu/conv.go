@@ -14,6 +14,7 @@ func init() {
 	register(ir.OpConvBlock, convForward)
 	register(ir.OpConvBlockGradInput, convGradInput)
 	register(ir.OpConvBlockGradWeight, convGradWeight)
+	registerScratch(ir.OpConvBlockGradWeight, convGradWeightScratch)
 }
 
 // convGeom is a conv block's compile-time geometry, as cnnc_cpu.h's struct G names it.
@@ -266,6 +267,25 @@ func (g *convGeom) weightElems() int64 {
 	return we
 }
 
+// gradWeightPartials is the type of the weight-gradient kernel's scratch (after
+// splitGradWeight): a partial weight gradient per task, sized for the batch's split, the
+// largest of any batch up to it (a micro-batch loop's smaller last iteration uses part of it).
+func (g *convGeom) gradWeightPartials() ir.Type { return ir.F32Fixed(g.S, g.weightElems()) }
+
+// convGradWeightScratch is convGradWeight's scratch.
+func convGradWeightScratch(n *ir.Node, b int64) (int64, error) {
+	p, err := n.Parts()
+	if err != nil {
+		return 0, err
+	}
+	g, err := newConvGeom(n, p.X.Type, b)
+	if err != nil {
+		return 0, err
+	}
+	g.splitGradWeight()
+	return codegen.ScratchAligned(g.gradWeightPartials().Bytes(b)), nil
+}
+
 func convGradWeight(e codegen.Emitter, n *ir.Node) error {
 	p, err := n.Parts()
 	if err != nil {
@@ -276,9 +296,7 @@ func convGradWeight(e codegen.Emitter, n *ir.Node) error {
 		return err
 	}
 	g.splitGradWeight()
-	// sized for the batch's split, the largest of any batch up to it (a micro-batch loop's
-	// smaller last iteration uses part of it)
-	partial := e.Scratch(n, "dw_partials", ir.F32Fixed(g.S, g.weightElems()))
+	partial := e.Scratch(n, "dw_partials", g.gradWeightPartials())
 	args := []codegen.Arg{buf(p.DOut), buf(p.X)}
 	if g.Pool {
 		args = append(args, buf(p.Argmax))
