@@ -1,6 +1,7 @@
 package codegen_test
 
 import (
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -71,14 +72,14 @@ func TestAccumulatingKernels(t *testing.T) {
 			var params []uint64
 			for _, a := range l.Args {
 				switch a.Kind {
-				case codegen.ArgBuffer:
+				case kernelarg.Buffer:
 					if _, ok := ptr[a.Value]; !ok { // scratch
 						p, err := dev.Alloc(a.Value.Type.Bytes(batch))
 						require.NoError(t, err)
 						ptr[a.Value] = p
 					}
 					params = append(params, uint64(ptr[a.Value]))
-				case codegen.ArgScalars:
+				case kernelarg.Scalars:
 					params = append(params, uint64(block))
 				default:
 					params = append(params, uint64(a.Int))

@@ -21,6 +21,7 @@ package codegen
 import (
 	"bytes"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"sort"
 	"strings"
 	"text/template"
@@ -31,24 +32,10 @@ import (
 	"github.com/cnnc/cnnc/templates"
 )
 
-// ArgKind says what a kernel argument is.
-type ArgKind uint8
-
-const (
-	ArgBuffer ArgKind = iota // device pointer to an IR value's buffer
-	ArgInt                   // compile-time integer passed at run time
-	ArgFloat                 // compile-time float passed at run time
-	// ArgScalars points to the step's scalar block (CnncStepScalars,
-	// runtime/device.StepScalars): learning rate, step, seed and valid
-	// count, which change from step to step. Kernels read them there, so
-	// their arguments never change and a captured step replays as it is.
-	ArgScalars
-)
-
 // Arg is one kernel argument.
 type Arg struct {
-	Kind  ArgKind
-	Value *ir.Value // for ArgBuffer
+	Kind  kernelarg.Kind
+	Value *ir.Value // for kernelarg.Buffer
 	// Offset is added to the buffer's address, in bytes: a micro-batch's
 	// slice of a whole-batch buffer.
 	Offset int64
@@ -58,11 +45,11 @@ type Arg struct {
 
 func (a Arg) String() string {
 	switch a.Kind {
-	case ArgBuffer:
+	case kernelarg.Buffer:
 		return a.Value.String()
-	case ArgInt:
+	case kernelarg.Int:
 		return fmt.Sprint(a.Int)
-	case ArgFloat:
+	case kernelarg.Float:
 		return fmt.Sprint(a.Float)
 	}
 	return "scalars"
@@ -470,10 +457,10 @@ func gridFor(n int64, block uint32) [3]uint32 {
 	return [3]uint32{uint32(blocks), 1, 1}
 }
 
-func buf(v *ir.Value) Arg { return Arg{Kind: ArgBuffer, Value: v} }
+func buf(v *ir.Value) Arg { return Arg{Kind: kernelarg.Buffer, Value: v} }
 
 // scalarsParam is the kernel parameter that points to the step's scalar
 // block, and scalarsArg its argument.
 const scalarsParam = "const CnncStepScalars* __restrict__ scalars"
 
-var scalarsArg = Arg{Kind: ArgScalars}
+var scalarsArg = Arg{Kind: kernelarg.Scalars}

@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
@@ -121,7 +122,7 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 			}
 		}
 		for i, a := range l.Args {
-			if a.Kind != ArgBuffer || !sliced[a.Value.Name] {
+			if a.Kind != kernelarg.Buffer || !sliced[a.Value.Name] {
 				continue
 			}
 			t := a.Value.Type

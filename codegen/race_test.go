@@ -3,6 +3,7 @@ package codegen_test
 import (
 	"fmt"
 	"github.com/cnnc/cnnc/driver"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"hash/maphash"
 	"os"
 	"testing"
@@ -15,7 +16,6 @@ import (
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/emu"
-	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
 // The emulator runs a block's threads one after another, so a kernel that
@@ -90,7 +90,7 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 			var h maphash.Hash
 			h.SetSeed(seed)
 			for j, a := range l.Args {
-				if a.Kind != trainer.ArgBuffer {
+				if a.Kind != kernelarg.Buffer {
 					continue
 				}
 				v := comp.Train.Launches[i].Args[j].Value

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -336,7 +337,7 @@ func convWeightReduce(e codegen.Emitter, n *ir.Node, p ir.BlockParts, g *convGeo
 			args = append(args, buf(v))
 			moved += 2 * v.Type.Bytes(e.Batch())
 		}
-		args = append(args, codegen.Arg{Kind: codegen.ArgScalars})
+		args = append(args, codegen.Arg{Kind: kernelarg.Scalars})
 	}
 	we := g.weightElems()
 	doc := fmt.Sprintf("adds the %d partial sums of the %dx%d weight gradient", g.S, g.O, g.C*g.KH*g.KW)

@@ -21,6 +21,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"strconv"
 	"strings"
 
@@ -247,7 +248,7 @@ func launch(e codegen.Emitter, n *ir.Node, name string, tasks int64, args []code
 	return nil
 }
 
-func buf(v *ir.Value) codegen.Arg { return codegen.Arg{Kind: codegen.ArgBuffer, Value: v} }
+func buf(v *ir.Value) codegen.Arg { return codegen.Arg{Kind: kernelarg.Buffer, Value: v} }
 
 // minBytes: every input read and every output written once.
 func minBytes(n *ir.Node, batch int64) int64 {

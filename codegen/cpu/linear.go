@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -130,7 +131,7 @@ func linearGradWeight(e codegen.Emitter, n *ir.Node) error {
 			args = append(args, buf(v))
 			bytes += v.Type.Bytes(e.Batch())
 		}
-		args = append(args, codegen.Arg{Kind: codegen.ArgScalars})
+		args = append(args, codegen.Arg{Kind: kernelarg.Scalars})
 	} else {
 		if l.Acc {
 			doc += ", added to the gradients"

@@ -2,6 +2,7 @@ package trainergen
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"sort"
 	"strings"
 
@@ -31,7 +32,7 @@ func NewPlanLayout(p *plan.Plan, prog *codegen.Program) (*PlanLayout, error) {
 	stepOf := map[*ir.Value]run{}
 	for _, ln := range prog.Launches {
 		for _, a := range ln.Args {
-			if a.Kind == codegen.ArgBuffer {
+			if a.Kind == kernelarg.Buffer {
 				stepOf[a.Value] = run{ln.Step, ln.Iter}
 			}
 		}

@@ -1,6 +1,7 @@
 package trainergen_test
 
 import (
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"os"
 	"testing"
 
@@ -45,7 +46,7 @@ func TestScalarsInThePlannedArena(t *testing.T) {
 				if sp.EvalArenaBytes == 0 { // evaluation in the training arena, around the block
 					for _, l := range sp.Eval.Launches {
 						for _, a := range l.Args {
-							if a.Kind == trainer.ArgBuffer && a.Arena == trainer.TrainArena {
+							if a.Kind == kernelarg.Buffer && a.Arena == trainer.TrainArena {
 								assert.False(t, block.off <= a.Offset && a.Offset < block.off+block.bytes, "%s: %s", path, l.Kernel)
 							}
 						}

@@ -13,6 +13,7 @@ package trainergen
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
@@ -57,7 +58,7 @@ func NewNaiveLayout(prog *codegen.Program, values []*ir.Value, skip func(*ir.Val
 	}
 	for _, ln := range prog.Launches {
 		for _, a := range ln.Args {
-			if a.Kind == codegen.ArgBuffer {
+			if a.Kind == kernelarg.Buffer {
 				add(a.Value)
 			}
 		}
@@ -221,22 +222,16 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 	for _, l := range prog.Launches {
 		tl := trainer.Launch{Kernel: l.Kernel, Grid: l.Grid, Block: l.Block, SharedBytes: l.SharedBytes, FLOPs: l.FLOPs, MinBytes: l.MinBytes}
 		for _, a := range l.Args {
-			ta := trainer.Arg{Int: a.Int, Float: a.Float}
+			ta := trainer.Arg{Kind: a.Kind, Int: a.Int, Float: a.Float}
 			switch a.Kind {
-			case codegen.ArgBuffer:
-				ta.Kind = trainer.ArgBuffer
+			case kernelarg.Buffer:
 				if ll, ok := launchPlace(prog, a.Value, l, eval); ok {
 					ta.Arena, ta.Offset = trainer.TrainArena, ll
 				} else if ta.Arena, ta.Offset, err = place(prog, a.Value, eval); err != nil {
 					return st, err
 				}
 				ta.Offset += a.Offset // a micro-batch's slice
-			case codegen.ArgInt:
-				ta.Kind = trainer.ArgInt
-			case codegen.ArgFloat:
-				ta.Kind = trainer.ArgFloat
-			case codegen.ArgScalars:
-				ta.Kind = trainer.ArgScalars
+			case kernelarg.Int, kernelarg.Float, kernelarg.Scalars:
 			default:
 				return st, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
 			}
