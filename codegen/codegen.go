@@ -128,6 +128,11 @@ type Options struct {
 	// Eval generates evaluation: dropout keeps every element, so its
 	// output is a view of its input and runs no kernel.
 	Eval bool
+	// Accumulate lists the nodes whose kernels add their unbatched outputs
+	// (weight gradients, the loss, the correct count) to what the buffers
+	// hold, for GenerateNodes (kernel tests); GenerateFromPlan takes it
+	// from the plan's steps (plan.Step.Accumulate).
+	Accumulate map[*ir.Node]bool
 	// Precision of the GEMM-shaped kernels' multiplications (linear and
 	// conv blocks): FP32 (the default: FFMA) or, on tensor cores, TF32 or
 	// BF16 — inputs rounded to it, products and sums in fp32. Targets
@@ -233,6 +238,9 @@ type emitter struct {
 	eval    bool // evaluation's kernels (Options.Eval)
 	kernels map[string]*Kernel
 	prec    Precision
+	// accumulate: the node being generated adds its unbatched outputs to
+	// the buffers (genItem.accumulate)
+	accumulate bool
 }
 
 // kernel renders template family with data (which must have a Name field
@@ -277,18 +285,20 @@ func Generate(g *ir.Graph, opts Options) (*Program, error) {
 func GenerateNodes(model string, nodes []*ir.Node, opts Options) (*Program, error) {
 	items := make([]genItem, len(nodes))
 	for i, n := range nodes {
-		items[i] = genItem{node: n, batch: opts.Batch}
+		items[i] = genItem{node: n, batch: opts.Batch, accumulate: opts.Accumulate[n]}
 	}
 	return generate(model, items, opts)
 }
 
 // genItem is a node to generate and the samples its kernels process (a
 // micro-batch inside a loop, else the batch); zero lists accumulators to
-// clear before it.
+// clear before it; accumulate says its kernels add their unbatched
+// outputs to the buffers (a step of a micro-batch loop).
 type genItem struct {
-	node  *ir.Node
-	batch int64
-	zero  []*ir.Value
+	node       *ir.Node
+	batch      int64
+	zero       []*ir.Value
+	accumulate bool
 }
 
 func generate(model string, items []genItem, opts Options) (*Program, error) {
@@ -303,7 +313,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 	e := &emitter{prog: p, batch: opts.Batch, eval: opts.Eval, kernels: map[string]*Kernel{}, prec: prec}
 	for seq, it := range items {
 		n := it.node
-		e.batch = it.batch
+		e.batch, e.accumulate = it.batch, it.accumulate
 		first := len(p.Launches)
 		for _, z := range it.zero {
 			zero := e.zeroFill

@@ -635,7 +635,7 @@ func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, par
 	moved := partial.Type.Bytes(e.batch)
 	var flops int64 = (d.Splits - 1) * d.WE
 	if opt == nil {
-		if n.Attrs.Accumulate {
+		if e.accumulate {
 			d.Accumulate = true
 			what = "grads_acc" // added to dw/db: a micro-batch's share
 		}

@@ -54,21 +54,18 @@ func GenerateFromPlan(p *plan.Plan, opts Options) (*Program, error) {
 		if n == nil {
 			return fmt.Errorf("codegen: plan step %d (%s) has no IR node", s.Index, s.Text)
 		}
+		accumulate := false
 		if s.Loop >= 0 {
-			if n.Op.Info().Loss {
-				n.Attrs.Accumulate = true // loss and correct count summed over micro-batches
-			}
-			if s.Accumulate {
-				if n.Attrs.Opt != nil {
-					return fmt.Errorf("codegen: step %d accumulates into a fused update", s.Index)
-				}
-				n.Attrs.Accumulate = true
+			// the loss and correct count are summed over micro-batches
+			accumulate = s.Accumulate || n.Op.Info().Loss
+			if s.Accumulate && n.Attrs.Opt != nil {
+				return fmt.Errorf("codegen: step %d accumulates into a fused update", s.Index)
 			}
 		}
 		for _, v := range n.Ins {
 			addViews(v)
 		}
-		items = append(items, genItem{node: n, batch: samples, zero: zero})
+		items = append(items, genItem{node: n, batch: samples, zero: zero, accumulate: accumulate})
 		at = append(at, where{step: s.Index, iter: iter, first: first})
 		return nil
 	}

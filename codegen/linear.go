@@ -411,7 +411,7 @@ func linearGradWeightRule(e *emitter, n *ir.Node) error {
 		}
 		name += "_" + optName(opt)
 	} else {
-		if a.Accumulate {
+		if e.accumulate {
 			k.Accumulate = true
 			k.Doc += ", added to dW" + map[bool]string{true: " and dB", false: ""}[a.Bias] + " (a micro-batch's share)"
 			name += "_acc"

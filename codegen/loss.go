@@ -24,10 +24,10 @@ func softmaxCrossEntropyRule(e *emitter, n *ir.Node) error {
 	if eps != 0 {
 		name += "_ls" + nameNumber(eps)
 	}
-	if n.Attrs.Accumulate {
+	if e.accumulate {
 		name += "_acc" // a micro-batch of a loop: adds its share of the batch's loss
 	}
-	data := map[string]any{"Name": name, "Batch": e.batch, "Classes": classes, "Idx": indexType(e.batch * classes), "Accumulate": n.Attrs.Accumulate}
+	data := map[string]any{"Name": name, "Batch": e.batch, "Classes": classes, "Idx": indexType(e.batch * classes), "Accumulate": e.accumulate}
 	if eps != 0 {
 		// the smoothed target's weights, rounded once to float32 here
 		data["Smoothing"] = eps

@@ -34,7 +34,7 @@ type convGeom struct {
 func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	a := n.Attrs
 	g := &convGeom{B: batch, O: a.Out, KH: a.Kernel[0], KW: a.Kernel[1], SH: a.Stride[0], SW: a.Stride[1], PH: a.Pad[0], PW: a.Pad[1],
-		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut, Acc: a.Accumulate,
+		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut,
 		PKH: 1, PKW: 1, PSH: 1, PSW: 1, Bits: 1}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
@@ -167,6 +167,7 @@ func convForward(e codegen.Emitter, n *ir.Node) error {
 	if err != nil {
 		return err
 	}
+	g.Acc = e.Accumulate() // a micro-batch loop's step, as the plan says
 	g.splitForward()
 	args := []codegen.Arg{buf(p.X), buf(p.W)}
 	if g.Bias {
@@ -209,6 +210,7 @@ func convGradInput(e codegen.Emitter, n *ir.Node) error {
 	if err != nil {
 		return err
 	}
+	g.Acc = e.Accumulate() // a micro-batch loop's step, as the plan says
 	g.splitGradInput()
 	args := []codegen.Arg{buf(p.DOut), buf(p.W)}
 	if g.Pool {
@@ -296,6 +298,7 @@ func convGradWeight(e codegen.Emitter, n *ir.Node) error {
 	if err != nil {
 		return err
 	}
+	g.Acc = e.Accumulate() // a micro-batch loop's step, as the plan says
 	g.splitGradWeight()
 	partial := e.Scratch(n, "dw_partials", g.gradWeightPartials())
 	args := []codegen.Arg{buf(p.DOut), buf(p.X)}

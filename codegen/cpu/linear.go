@@ -107,7 +107,7 @@ func linearGradWeight(e codegen.Emitter, n *ir.Node) error {
 		return err
 	}
 	a := n.Attrs
-	l := &linGeom{B: e.Batch(), K: p.X.Type.Dims[0], N: a.Out, Bias: a.Bias, HasY: p.Y != nil, Acc: a.Accumulate && a.Opt == nil}
+	l := &linGeom{B: e.Batch(), K: p.X.Type.Dims[0], N: a.Out, Bias: a.Bias, HasY: p.Y != nil, Acc: e.Accumulate() && a.Opt == nil}
 	l.splitGrad()
 	args := []codegen.Arg{buf(p.DOut), buf(p.X)}
 	if p.Y != nil {

@@ -36,7 +36,7 @@ func init() {
 
 func softmaxCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 	classes := n.Ins[0].Type.Dims[0]
-	defs := []def{{"B", e.Batch()}, {"CLASSES", classes}, {"ACC", n.Attrs.Accumulate}}
+	defs := []def{{"B", e.Batch()}, {"CLASSES", classes}, {"ACC", e.Accumulate()}}
 	name := emit(e, kernelSpec{family: "softmax_cross_entropy", shape: fmt.Sprintf("b%d_c%d", e.Batch(), classes),
 		doc:     "softmax cross-entropy: mean loss over the valid rows, the logits' gradient, the correct count.",
 		structs: []structSpec{{"g", defs}}, impl: "SoftmaxCE<%s>", nparams: 7})
