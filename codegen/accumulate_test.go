@@ -1,6 +1,7 @@
 package codegen_test
 
 import (
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -25,16 +26,20 @@ func TestAccumulatingKernels(t *testing.T) {
 	g := ir.NewGraph("T")
 	val := func(name string, ty ir.Type) *ir.Value { return g.NewValue(name, ty, ir.RoleActivation, dsl.Pos{}) }
 	pool := &ir.Window{Kernel: [2]int64{2, 2}, Stride: [2]int64{2, 2}}
-	convAttrs := ir.Attrs{Out: 4, Kernel: [2]int64{3, 3}, Stride: [2]int64{1, 1}, Pad: [2]int64{1, 1}, Bias: true, ReLU: true, Pool: pool, DOutMasked: true, Accumulate: true}
+	convAttrs := ir.Attrs{Out: 4, Kernel: [2]int64{3, 3}, Stride: [2]int64{1, 1}, Pad: [2]int64{1, 1}, Bias: true, ReLU: true, Pool: pool, DOutMasked: true}
 	nodes := []*ir.Node{
 		typed(t, g, ir.OpConvBlockGradWeight, "conv", convAttrs,
 			[]*ir.Value{val("dpool", ir.F32Batched(4, 4, 3)), val("x", ir.F32Batched(5, 9, 7)), val("am", ir.ArgmaxType(4, 4, 4, 3))}, "dw", "db"),
-		typed(t, g, ir.OpLinearBlockGradWeight, "fc", ir.Attrs{Out: 6, Bias: true, Accumulate: true},
+		typed(t, g, ir.OpLinearBlockGradWeight, "fc", ir.Attrs{Out: 6, Bias: true},
 			[]*ir.Value{val("dy", ir.F32Batched(6)), val("h", ir.F32Batched(17))}, "dw2", "db2"),
-		typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Accumulate: true},
+		typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{},
 			[]*ir.Value{val("logits", ir.F32Batched(7)), val("label", ir.Type{DType: ir.Class, Batched: true, Classes: 7})}, "l", "dl", "c"),
 	}
-	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+	acc := map[*ir.Node]bool{}
+	for _, n := range nodes {
+		acc[n] = true // as in a micro-batch loop's steps
+	}
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Accumulate: acc})
 	require.NoError(t, err)
 	dev, err := cpu.New(prog.Source, "acc.cu", cpu.Options{})
 	require.NoError(t, err)
@@ -71,14 +76,14 @@ func TestAccumulatingKernels(t *testing.T) {
 			var params []uint64
 			for _, a := range l.Args {
 				switch a.Kind {
-				case codegen.ArgBuffer:
+				case kernelarg.Buffer:
 					if _, ok := ptr[a.Value]; !ok { // scratch
 						p, err := dev.Alloc(a.Value.Type.Bytes(batch))
 						require.NoError(t, err)
 						ptr[a.Value] = p
 					}
 					params = append(params, uint64(ptr[a.Value]))
-				case codegen.ArgScalars:
+				case kernelarg.Scalars:
 					params = append(params, uint64(block))
 				default:
 					params = append(params, uint64(a.Int))

@@ -31,7 +31,7 @@ type bnKernel struct {
 }
 
 func batchNormRule(e *emitter, n *ir.Node) error {
-	if n.Attrs.Accumulate {
+	if e.accumulate {
 		return fmt.Errorf("codegen: %s: batch norm cannot run in a micro-batch loop", n.Text())
 	}
 	x := n.Ins[0].Type

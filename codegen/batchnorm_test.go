@@ -1,6 +1,7 @@
 package codegen_test
 
 import (
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -111,9 +112,9 @@ func launchPartial(t *testing.T, dev device.Device, prog *codegen.Program, n *ir
 		var params []uint64
 		for _, a := range l.Args {
 			switch a.Kind {
-			case codegen.ArgBuffer:
+			case kernelarg.Buffer:
 				params = append(params, uint64(ptrs[a.Value]))
-			case codegen.ArgScalars:
+			case kernelarg.Scalars:
 				params = append(params, uint64(block))
 			default:
 				params = append(params, uint64(a.Int))

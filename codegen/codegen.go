@@ -21,9 +21,9 @@ package codegen
 import (
 	"bytes"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"sort"
 	"strings"
-	"sync"
 	"text/template"
 
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -32,24 +32,10 @@ import (
 	"github.com/cnnc/cnnc/templates"
 )
 
-// ArgKind says what a kernel argument is.
-type ArgKind uint8
-
-const (
-	ArgBuffer ArgKind = iota // device pointer to an IR value's buffer
-	ArgInt                   // compile-time integer passed at run time
-	ArgFloat                 // compile-time float passed at run time
-	// ArgScalars points to the step's scalar block (CnncStepScalars,
-	// runtime/device.StepScalars): learning rate, step, seed and valid
-	// count, which change from step to step. Kernels read them there, so
-	// their arguments never change and a captured step replays as it is.
-	ArgScalars
-)
-
 // Arg is one kernel argument.
 type Arg struct {
-	Kind  ArgKind
-	Value *ir.Value // for ArgBuffer
+	Kind  kernelarg.Kind
+	Value *ir.Value // for kernelarg.Buffer
 	// Offset is added to the buffer's address, in bytes: a micro-batch's
 	// slice of a whole-batch buffer.
 	Offset int64
@@ -59,11 +45,11 @@ type Arg struct {
 
 func (a Arg) String() string {
 	switch a.Kind {
-	case ArgBuffer:
+	case kernelarg.Buffer:
 		return a.Value.String()
-	case ArgInt:
+	case kernelarg.Int:
 		return fmt.Sprint(a.Int)
-	case ArgFloat:
+	case kernelarg.Float:
 		return fmt.Sprint(a.Float)
 	}
 	return "scalars"
@@ -142,6 +128,11 @@ type Options struct {
 	// Eval generates evaluation: dropout keeps every element, so its
 	// output is a view of its input and runs no kernel.
 	Eval bool
+	// Accumulate lists the nodes whose kernels add their unbatched outputs
+	// (weight gradients, the loss, the correct count) to what the buffers
+	// hold, for GenerateNodes (kernel tests); GenerateFromPlan takes it
+	// from the plan's steps (plan.Step.Accumulate).
+	Accumulate map[*ir.Node]bool
 	// Precision of the GEMM-shaped kernels' multiplications (linear and
 	// conv blocks): FP32 (the default: FFMA) or, on tensor cores, TF32 or
 	// BF16 — inputs rounded to it, products and sums in fp32. Targets
@@ -247,6 +238,9 @@ type emitter struct {
 	eval    bool // evaluation's kernels (Options.Eval)
 	kernels map[string]*Kernel
 	prec    Precision
+	// accumulate: the node being generated adds its unbatched outputs to
+	// the buffers (genItem.accumulate)
+	accumulate bool
 }
 
 // kernel renders template family with data (which must have a Name field
@@ -291,18 +285,20 @@ func Generate(g *ir.Graph, opts Options) (*Program, error) {
 func GenerateNodes(model string, nodes []*ir.Node, opts Options) (*Program, error) {
 	items := make([]genItem, len(nodes))
 	for i, n := range nodes {
-		items[i] = genItem{node: n, batch: opts.Batch}
+		items[i] = genItem{node: n, batch: opts.Batch, accumulate: opts.Accumulate[n]}
 	}
 	return generate(model, items, opts)
 }
 
 // genItem is a node to generate and the samples its kernels process (a
 // micro-batch inside a loop, else the batch); zero lists accumulators to
-// clear before it.
+// clear before it; accumulate says its kernels add their unbatched
+// outputs to the buffers (a step of a micro-batch loop).
 type genItem struct {
-	node  *ir.Node
-	batch int64
-	zero  []*ir.Value
+	node       *ir.Node
+	batch      int64
+	zero       []*ir.Value
+	accumulate bool
 }
 
 func generate(model string, items []genItem, opts Options) (*Program, error) {
@@ -317,7 +313,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 	e := &emitter{prog: p, batch: opts.Batch, eval: opts.Eval, kernels: map[string]*Kernel{}, prec: prec}
 	for seq, it := range items {
 		n := it.node
-		e.batch = it.batch
+		e.batch, e.accumulate = it.batch, it.accumulate
 		first := len(p.Launches)
 		for _, z := range it.zero {
 			zero := e.zeroFill
@@ -368,35 +364,53 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 }
 
 // Workspace is the scratch memory node n's kernels need over samples
-// samples: its scratch buffers, each 256-byte aligned, one after another.
-// The memory planner places it (plan.Config.Workspace).
+// samples, at FP32: its scratch buffers, each 256-byte aligned, one after
+// another. The memory planner places it (plan.Config.Workspace, which
+// package driver sets). It renders nothing: each kernel family that needs
+// scratch registers the pure function of the node's shapes that its rule
+// sizes its scratch buffers by (registerScratch).
 func Workspace(n *ir.Node, samples int64) int64 {
-	if _, ok := ruleOf(n.Op); !ok {
-		return 0
-	}
-	// the planner asks for every node of every candidate plan: remember
-	// the answers by what determines them (the node's text has its op,
-	// attributes and operand types)
-	key := fmt.Sprintf("%d|%s", samples, n.Text())
-	if b, ok := workspaceMemo.Load(key); ok {
-		return b.(int64)
-	}
-	var bytes int64
-	if p, err := GenerateNodes("workspace", []*ir.Node{n}, Options{Batch: samples}); err == nil {
-		bytes = p.ScratchBytes(p.Scratch)
-	}
-	workspaceMemo.Store(key, bytes)
-	return bytes
+	return scratchBytes(n, samples, FP32)
 }
 
-var workspaceMemo sync.Map
+// scratchBytes is Workspace at a precision (the tensor-core kernels tile
+// differently, and so split their reductions differently).
+func scratchBytes(n *ir.Node, samples int64, prec Precision) int64 {
+	f, ok := scratchRules[n.Op]
+	if !ok {
+		return 0
+	}
+	b, err := f(n, samples, prec)
+	if err != nil {
+		return 0 // generation fails for this node, and says why
+	}
+	return b
+}
+
+// scratchRule gives the bytes of the scratch buffers the op's kernel rule
+// makes for node n over samples samples at precision prec.
+type scratchRule func(n *ir.Node, samples int64, prec Precision) (int64, error)
+
+var scratchRules = map[ir.Op]scratchRule{}
+
+// registerScratch adds the scratch sizing of op's kernel rule.
+func registerScratch(op ir.Op, f scratchRule) {
+	if _, dup := scratchRules[op]; dup {
+		panic(fmt.Sprintf("codegen: two scratch rules for %s", op))
+	}
+	scratchRules[op] = f
+}
+
+// ScratchAligned is the size of a scratch buffer of bytes bytes in a
+// workspace: each starts 256-byte aligned (Program.ScratchBytes).
+func ScratchAligned(bytes int64) int64 { return (bytes + 255) / 256 * 256 }
 
 // ScratchBytes is the size of the given scratch buffers laid out one after
 // another at 256-byte alignment.
 func (p *Program) ScratchBytes(vs []*ir.Value) int64 {
 	var total int64
 	for _, v := range vs {
-		total += (v.Type.Bytes(p.Batch) + 255) / 256 * 256
+		total += ScratchAligned(v.Type.Bytes(p.Batch))
 	}
 	return total
 }
@@ -453,10 +467,10 @@ func gridFor(n int64, block uint32) [3]uint32 {
 	return [3]uint32{uint32(blocks), 1, 1}
 }
 
-func buf(v *ir.Value) Arg { return Arg{Kind: ArgBuffer, Value: v} }
+func buf(v *ir.Value) Arg { return Arg{Kind: kernelarg.Buffer, Value: v} }
 
 // scalarsParam is the kernel parameter that points to the step's scalar
 // block, and scalarsArg its argument.
 const scalarsParam = "const CnncStepScalars* __restrict__ scalars"
 
-var scalarsArg = Arg{Kind: ArgScalars}
+var scalarsArg = Arg{Kind: kernelarg.Scalars}

@@ -38,6 +38,7 @@ func init() {
 	register(ir.OpConvBlock, convBlockForwardRule)
 	register(ir.OpConvBlockGradInput, convBlockGradInputRule)
 	register(ir.OpConvBlockGradWeight, convBlockGradWeightRule)
+	registerScratch(ir.OpConvBlockGradWeight, convBlockGradWeightScratch)
 }
 
 // convGeom is the compile-time geometry of a conv block.
@@ -478,6 +479,44 @@ func appendDYArgs(g *convGeom, p ir.BlockParts, params []string, args []Arg) ([]
 	return params, args
 }
 
+// wgradBQ is how many output positions the weight-gradient kernel
+// reduces per step of its loop.
+const wgradBQ = 16
+
+// wgradTile is the weight-gradient kernel's block tile at prec.
+func wgradTile(o int64, prec Precision) gemmTile {
+	if prec.tensor() {
+		return tcTile(o)
+	}
+	return tileFor(o)
+}
+
+// wgradPartials is the type of the weight-gradient kernel's scratch: a
+// partial weight gradient (and bias gradient) per split of the reduction,
+// sized for the most splits any batch up to g.B takes, so that the
+// workspace planned for a micro-batch also holds a smaller last one's.
+func wgradPartials(g *convGeom, tile gemmTile) ir.Type {
+	we := g.O * g.K
+	if g.Bias {
+		we += g.O
+	}
+	splits := maxOver(g.B, func(b int64) int64 { s, _ := wgradSplits(g, tile, wgradBQ, b); return s })
+	return ir.F32Fixed(splits, we)
+}
+
+// convBlockGradWeightScratch is convBlockGradWeightRule's scratch.
+func convBlockGradWeightScratch(n *ir.Node, b int64, prec Precision) (int64, error) {
+	p, err := n.Parts()
+	if err != nil {
+		return 0, err
+	}
+	g, err := newConvGeom(n, p.X.Type, b)
+	if err != nil {
+		return 0, err
+	}
+	return ScratchAligned(wgradPartials(g, wgradTile(g.O, prec)).Bytes(b)), nil
+}
+
 // wgradTargetBlocks is how many blocks the split reduction aims for: a few
 // per SM of an A100/H100, enough to hide latency.
 const wgradTargetBlocks = 512
@@ -491,11 +530,8 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	if err != nil {
 		return err
 	}
-	d := &convData{convGeom: g, gemmTile: tileFor(g.O)}
-	if e.prec.tensor() {
-		d.gemmTile = tcTile(g.O)
-	}
-	d.BQ = 16
+	d := &convData{convGeom: g, gemmTile: wgradTile(g.O, e.prec)}
+	d.BQ = wgradBQ
 	d.G = d.T / d.BQ
 	d.XPT, d.DPT = d.BN/d.G, d.BM/d.G
 	d.XS, d.DS = d.BN+4, d.BM+4
@@ -540,10 +576,7 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	params := []string{"const float* __restrict__ dout", "const " + xt + "* __restrict__ x"}
 	args := []Arg{buf(p.DOut), buf(p.X)}
 	params, args = appendDYArgs(g, p, params, args)
-	// sized for the most splits any batch up to this one takes, so that the
-	// workspace planned for a micro-batch also holds a smaller last one's
-	maxSplits := maxOver(g.B, func(b int64) int64 { s, _ := wgradSplits(g, d.gemmTile, d.BQ, b); return s })
-	partial := e.scratch(n, "dw_partials", ir.F32Fixed(maxSplits, d.WE))
+	partial := e.scratch(n, "dw_partials", wgradPartials(g, d.gemmTile))
 	params = append(params, "float* __restrict__ partial")
 	args = append(args, buf(partial))
 	d.Params = strings.Join(params, ", ")
@@ -602,7 +635,7 @@ func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, par
 	moved := partial.Type.Bytes(e.batch)
 	var flops int64 = (d.Splits - 1) * d.WE
 	if opt == nil {
-		if n.Attrs.Accumulate {
+		if e.accumulate {
 			d.Accumulate = true
 			what = "grads_acc" // added to dw/db: a micro-batch's share
 		}

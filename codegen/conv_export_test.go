@@ -8,3 +8,6 @@ func SetForceLongIndex(on bool) (restore func()) {
 	forceLongIndex = on
 	return func() { forceLongIndex = old }
 }
+
+// ScratchBytesAt is the planner's scratch function at a precision.
+var ScratchBytesAt = scratchBytes

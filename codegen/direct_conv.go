@@ -55,7 +55,7 @@ func directConvRule(family string) rule {
 		d, g := a.Dil(), a.GroupCount()
 		k := &directConvGeom{B: e.batch, C: x.Dims[0], H: x.Dims[1], W: x.Dims[2], O: y.Dims[0], HO: y.Dims[1], WO: y.Dims[2],
 			KH: a.Kernel[0], KW: a.Kernel[1], SH: a.Stride[0], SW: a.Stride[1], PH: a.Pad[0], PW: a.Pad[1], DH: d[0], DW: d[1],
-			Accumulate: a.Accumulate}
+			Accumulate: e.accumulate}
 		k.CG, k.OG = k.C/g, k.O/g
 		k.HW, k.HWO, k.KHKW = k.H*k.W, k.HO*k.WO, k.KH*k.KW
 		k.Elems, k.InElems, k.WElems = y.Elems(e.batch), x.Elems(e.batch), k.O*k.CG*k.KHKW

@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -51,7 +52,7 @@ func dropoutRule(family, what string) rule {
 		e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
 			// the last argument: the slice's first element in the whole batch
 			// (set by GenerateFromPlan inside micro-batch loops)
-			Args: []Arg{buf(n.Ins[0]), buf(out), scalarsArg, {Kind: ArgInt, Int: 0}}, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+			Args: []Arg{buf(n.Ins[0]), buf(out), scalarsArg, {Kind: kernelarg.Int, Int: 0}}, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 		return nil
 	}
 }

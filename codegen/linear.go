@@ -39,6 +39,50 @@ func init() {
 	register(ir.OpLinearBlock, linearBlockRule)
 	register(ir.OpLinearBlockGradInput, linearGradInputRule)
 	register(ir.OpLinearBlockGradWeight, linearGradWeightRule)
+	registerScratch(ir.OpLinearBlock, linearBlockScratch)
+	registerScratch(ir.OpLinearBlockGradInput, linearGradInputScratch)
+}
+
+// linearBlockScratch is linearBlockRule's scratch: the split-K partial
+// sums of y[b, out] = x[b, in]·Wᵀ.
+func linearBlockScratch(n *ir.Node, b int64, prec Precision) (int64, error) {
+	p, err := n.Parts()
+	if err != nil {
+		return 0, err
+	}
+	return splitKScratch(b, p.W.Type.Dims[0], p.W.Type.Dims[1], prec), nil
+}
+
+// linearGradInputScratch is linearGradInputRule's scratch: the split-K
+// partial sums of dX[b, in] = dY[b, out]·W.
+func linearGradInputScratch(n *ir.Node, b int64, prec Precision) (int64, error) {
+	p, err := n.Parts()
+	if err != nil {
+		return 0, err
+	}
+	return splitKScratch(b, p.W.Type.Dims[1], p.W.Type.Dims[0], prec), nil
+}
+
+// splitKScratch is the workspace of an [m, n] = [m, k]·[k, n] GEMM that
+// emitGemm splits along k (none when it does not split).
+func splitKScratch(m, n, k int64, prec Precision) int64 {
+	g := &gemmKernel{M: m, N: n, K: k}
+	g.plan(true, prec)
+	if g.Splits == 1 {
+		return 0
+	}
+	return ScratchAligned(ir.F32Fixed(splitKRows(g, prec), n).Bytes(m))
+}
+
+// splitKRows is how many partial rows of k.N floats a split-K GEMM keeps:
+// the most (splits x M) of any M up to k.M (M is the batch), so that the
+// workspace planned for a micro-batch also holds a smaller last one's.
+func splitKRows(k *gemmKernel, prec Precision) int64 {
+	return maxOver(k.M, func(m int64) int64 {
+		km := gemmKernel{M: m, N: k.N, K: k.K}
+		km.plan(true, prec)
+		return km.Splits * m
+	})
 }
 
 // gemmKernel is the data of the linear templates.
@@ -217,15 +261,7 @@ func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, 
 			Args: append(mainArgs, epilogueArgs...), FLOPs: flops, MinBytes: mainBytes + epilogueBytes})
 		return nil
 	}
-	// sized for the most partial rows (splits x M) of any M up to this one
-	// (M is the batch): the workspace planned for a micro-batch then also
-	// holds a smaller last one's
-	rows := maxOver(k.M, func(m int64) int64 {
-		km := gemmKernel{M: m, N: k.N, K: k.K}
-		km.plan(true, e.prec)
-		return km.Splits * m
-	})
-	scratch := e.scratch(n, k.Epilogue+"_splitk", ir.F32Fixed(rows, k.N))
+	scratch := e.scratch(n, k.Epilogue+"_splitk", ir.F32Fixed(splitKRows(k, e.prec), k.N))
 	partial := *k
 	partial.Name = partialName
 	partial.Doc = "the partial sums of " + name + " per k slice."
@@ -375,7 +411,7 @@ func linearGradWeightRule(e *emitter, n *ir.Node) error {
 		}
 		name += "_" + optName(opt)
 	} else {
-		if a.Accumulate {
+		if e.accumulate {
 			k.Accumulate = true
 			k.Doc += ", added to dW" + map[bool]string{true: " and dB", false: ""}[a.Bias] + " (a micro-batch's share)"
 			name += "_acc"

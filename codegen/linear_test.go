@@ -3,6 +3,7 @@ package codegen_test
 import (
 	"bytes"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math/rand/v2"
 	"testing"
 
@@ -306,14 +307,14 @@ func TestLinearAndLossDeterministic(t *testing.T) {
 			var params []uint64
 			for _, a := range l.Args {
 				switch a.Kind {
-				case codegen.ArgBuffer:
+				case kernelarg.Buffer:
 					if _, ok := ptrs[a.Value]; !ok {
 						p, err := dev.Alloc(a.Value.Type.Bytes(batch))
 						require.NoError(t, err)
 						ptrs[a.Value] = p
 					}
 					params = append(params, uint64(ptrs[a.Value]))
-				case codegen.ArgScalars:
+				case kernelarg.Scalars:
 					params = append(params, uint64(block))
 				default:
 					params = append(params, uint64(a.Int))

@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 )
@@ -23,10 +24,10 @@ func softmaxCrossEntropyRule(e *emitter, n *ir.Node) error {
 	if eps != 0 {
 		name += "_ls" + nameNumber(eps)
 	}
-	if n.Attrs.Accumulate {
+	if e.accumulate {
 		name += "_acc" // a micro-batch of a loop: adds its share of the batch's loss
 	}
-	data := map[string]any{"Name": name, "Batch": e.batch, "Classes": classes, "Idx": indexType(e.batch * classes), "Accumulate": n.Attrs.Accumulate}
+	data := map[string]any{"Name": name, "Batch": e.batch, "Classes": classes, "Idx": indexType(e.batch * classes), "Accumulate": e.accumulate}
 	if eps != 0 {
 		// the smoothed target's weights, rounded once to float32 here
 		data["Smoothing"] = eps
@@ -46,7 +47,7 @@ func softmaxCrossEntropyRule(e *emitter, n *ir.Node) error {
 	// the step's scalars (the rows that are real: a padded last batch
 	// contributes nothing); and the micro-batch's first row (set by
 	// GenerateFromPlan inside loops)
-	args = append(args, scalarsArg, Arg{Kind: ArgInt, Int: 0})
+	args = append(args, scalarsArg, Arg{Kind: kernelarg.Int, Int: 0})
 	e.launch(&Launch{Node: n, Kernel: name, Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{lossThreads, 1, 1}, SharedBytes: 16 * 4,
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 	return nil

@@ -2,6 +2,7 @@ package codegen_test
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -63,9 +64,9 @@ func partialBatchCE(t *testing.T, eps float64) {
 	var params []uint64
 	for i, a := range l.Args {
 		switch a.Kind {
-		case codegen.ArgScalars:
+		case kernelarg.Scalars:
 			params = append(params, uint64(block))
-		case codegen.ArgInt:
+		case kernelarg.Int:
 			params = append(params, uint64(a.Int))
 		default:
 			params = append(params, uint64(bufs[i]))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/internal/nvcc"
 )
 
@@ -16,12 +17,11 @@ import (
 func TestPtxasMicroBatchedPlan(t *testing.T) {
 	nvcc.Require(t)
 	res, _ := exampleProgram(t, "../examples/simplecnn.cnn", 32)
-	for _, cfg := range []plan.Config{{Batch: 32, Budget: 40e6, Workspace: codegen.Workspace}, {Batch: 32, MicroBatch: 12, Workspace: codegen.Workspace}} {
-		p, err := plan.Build(res.Graph, cfg)
+	for _, cfg := range []plan.Config{{Budget: 40e6}, {MicroBatch: 12}} {
+		c, err := driver.Compile(res, cfg, driver.CUDA)
 		require.NoError(t, err)
-		require.NotEmpty(t, p.Loops)
-		prog, err := codegen.GenerateFromPlan(p, codegen.Options{Batch: 32, SourceName: "examples/simplecnn.cnn"})
-		require.NoError(t, err)
+		require.NotEmpty(t, c.Plan.Loops)
+		prog := c.Train
 		ks, err := codegen.CompilePtxas(prog.Source, "simplecnn.cu", nvcc.Targets)
 		require.NoError(t, err)
 		requireClean(t, prog, ks)

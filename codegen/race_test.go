@@ -2,6 +2,8 @@ package codegen_test
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/driver"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"hash/maphash"
 	"os"
 	"testing"
@@ -9,13 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/codegen"
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/perf"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/emu"
-	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
 // The emulator runs a block's threads one after another, so a kernel that
@@ -62,7 +62,7 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 	res, err := compiler.CompileSource(name, src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
 	res.Train.Precision = string(prec)
-	comp, err := trainergen.CompilePlan(res, cfg)
+	comp, err := driver.Compile(res, cfg, driver.CUDA)
 	require.NoError(t, err)
 	spec := comp.Spec
 	mod, err := emu.Compile(comp.Train.Source, "race.cu", emu.Options{})
@@ -90,7 +90,7 @@ func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.
 			var h maphash.Hash
 			h.SetSeed(seed)
 			for j, a := range l.Args {
-				if a.Kind != trainer.ArgBuffer {
+				if a.Kind != kernelarg.Buffer {
 					continue
 				}
 				v := comp.Train.Launches[i].Args[j].Value

@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -93,7 +94,7 @@ func checkRestrict(p *Program) error {
 			return fmt.Errorf("codegen: kernel %s declares %d parameters, its launch passes %d", k.Name, len(k.Params), len(l.Args))
 		}
 		for i, a := range l.Args {
-			if a.Kind == ArgBuffer && k.Params[i].Restrict && aliasable(l.Node, a.Value) {
+			if a.Kind == kernelarg.Buffer && k.Params[i].Restrict && aliasable(l.Node, a.Value) {
 				return fmt.Errorf("codegen: kernel %s: parameter %q receives %s, which the memory plan may alias with another argument (%s is in place); it must not be __restrict__",
 					k.Name, k.Params[i].Decl, a.Value, l.Node.Op)
 			}

@@ -1,6 +1,8 @@
 package codegen_test
 
 import (
+	"github.com/cnnc/cnnc/driver"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"os"
 	"testing"
 
@@ -10,7 +12,6 @@ import (
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
-	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
 // Every plan of the examples — at their own batch and larger, under
@@ -40,7 +41,7 @@ func TestPlansPassNoAliasedRestrictPointers(t *testing.T) {
 		require.NoError(t, err)
 		res, err := compiler.CompileSource(c.file, src, compiler.Options{Batch: c.batch})
 		require.NoError(t, err)
-		comp, err := trainergen.CompilePlan(res, c.cfg)
+		comp, err := driver.Compile(res, c.cfg, driver.CUDA)
 		require.NoError(t, err)
 		aliased += checkNoRestrictAliasing(t, comp)
 	}
@@ -65,14 +66,14 @@ func checkNoRestrictAliasing(t *testing.T, comp *trainergen.Compiled) int {
 		type span struct{ lo, hi int64 }
 		spans := make([]span, len(l.Args))
 		for j, a := range l.Args {
-			if a.Kind == trainer.ArgBuffer {
+			if a.Kind == kernelarg.Buffer {
 				spans[j] = span{a.Offset, a.Offset + gl.Args[j].Value.Type.Bytes(samples)}
 			}
 		}
 		found := false
 		for j := range l.Args {
 			for m := j + 1; m < len(l.Args); m++ {
-				if l.Args[j].Kind != trainer.ArgBuffer || l.Args[m].Kind != trainer.ArgBuffer {
+				if l.Args[j].Kind != kernelarg.Buffer || l.Args[m].Kind != kernelarg.Buffer {
 					continue
 				}
 				if spans[j].hi <= spans[m].lo || spans[m].hi <= spans[j].lo {

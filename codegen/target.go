@@ -34,6 +34,10 @@ type Emitter interface {
 	// Batch is the number of samples the node's kernels process: the
 	// batch, or a micro-batch inside a loop.
 	Batch() int64
+	// Accumulate says whether the node's kernels add their unbatched
+	// outputs (weight gradients, the loss, the correct count) to what the
+	// buffers hold: a step of a micro-batch loop, as the plan says.
+	Accumulate() bool
 	// AddKernel adds k to the program unless a kernel of its name exists
 	// (equal names mean equal kernels: each is emitted once).
 	AddKernel(k *Kernel)
@@ -45,6 +49,8 @@ type Emitter interface {
 }
 
 func (e *emitter) Batch() int64 { return e.batch }
+
+func (e *emitter) Accumulate() bool { return e.accumulate }
 
 func (e *emitter) AddKernel(k *Kernel) {
 	if _, ok := e.kernels[k.Name]; ok {

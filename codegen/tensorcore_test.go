@@ -1,6 +1,7 @@
 package codegen_test
 
 import (
+	"github.com/cnnc/cnnc/driver"
 	"os"
 	"strings"
 	"testing"
@@ -35,7 +36,7 @@ func compilePrecision(t *testing.T, file string, batch int64, prec codegen.Preci
 	res, err := compiler.CompileSource(file, src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
 	res.Train.Precision = string(prec)
-	comp, err := trainergen.CompilePlan(res, plan.Config{})
+	comp, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	return comp
 }

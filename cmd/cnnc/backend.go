@@ -14,7 +14,7 @@ import (
 )
 
 // backendError reports an error of the steps after the compiler — the
-// memory plan and code generation (trainergen.Compile) — at the model's
+// memory plan and code generation (driver.Compile) — at the model's
 // line: a budget no plan meets at memory_budget (or naming the flag), a
 // layer whose kernels cannot be generated at that layer. Anything else
 // (which would be cnnc's own fault) still names the model's position.

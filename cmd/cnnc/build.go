@@ -1,10 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/units"
@@ -20,7 +22,7 @@ import (
 
 func newBuildCmd(stdout, stderr io.Writer) *cobra.Command {
 	var f compileFlags
-	var emitCUDA, output, target, workDir, budget string
+	var bf buildFlags
 	cmd := &cobra.Command{
 		Use:   "build FILE -o BINARY",
 		Short: "build a standalone trainer binary (or write the CUDA kernels with --emit-cuda)",
@@ -49,148 +51,187 @@ nvcc compiles as it is; without -o, build only writes them.`,
 		Example: "  cnnc build examples/mnist.cnn -o mnist-trainer\n  cnnc build examples/simplecnn.cnn -o simplecnn --batch 16 --memory-budget 40MB\n  cnnc build --emit-cuda out examples/simplecnn.cnn",
 		Args:    exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output == "" && emitCUDA == "" {
-				fmt.Fprintf(stderr, "cnnc build: say what to build: -o BINARY (a trainer) and/or --emit-cuda DIR (the kernels)\nusage: %s\n", cmd.UseLine())
-				return exitError{exitUsage}
-			}
-			chosen := cmd.Flags().Changed("target") && target == "cpu" // not the default
-			switch target {
-			case "cpu", "cuda", "emu":
-			case "auto":
-				target = "cpu"
-				if _, err := nvcc.Path(); err == nil {
-					target = "cuda"
-				}
-			default:
-				fmt.Fprintf(stderr, "cnnc build: --target %s: want cpu, cuda, emu or auto\n", target)
-				return exitError{exitUsage}
-			}
-			start := time.Now()
-			step := func(format string, a ...any) {
-				fmt.Fprintf(stdout, "[%6.2fs] %s\n", time.Since(start).Seconds(), dsl.Printable(fmt.Sprintf(format, a...)))
-			}
-			res, err := loadModel(args[0], &f, stdout, stderr)
-			if err != nil {
-				return err
-			}
-			step("checked %s: %s, %s, %s parameters", args[0], res.Graph.Name, res.Train.BatchWords(), compiler.Commas(res.Graph.ParamCount()))
-			budgetBytes, source := res.Train.MemoryBudget, ""
-			if budget != "" {
-				if budget == "none" {
-					budgetBytes = 0
-				} else if budgetBytes, err = dsl.ParseSize(budget); err != nil || budgetBytes <= 0 {
-					fmt.Fprintf(stderr, "cnnc build: --memory-budget %q: want a size such as 40MB or 64MiB, or none\n", budget)
-					return exitError{exitUsage}
-				}
-				source = "--memory-budget"
-			}
-			if target == "cpu" && output == "" {
-				target = "cuda" // only --emit-cuda: the CUDA C is all it writes
-			}
-			if target == "cpu" {
-				// a model with a layer the CPU target cannot generate: an
-				// error when --target cpu was asked for, else the emulator
-				if d := cpuRefusal(res, !chosen); d != nil {
-					src, _ := dsl.ReadFile(args[0])
-					d.Span(identLen(src, d.Pos.Offset))
-					if chosen {
-						d.Hint("build with --target emu (cnnc's CUDA kernels on its CPU emulator, slower) or --target cuda")
-						printDiagnostics(stderr, dsl.Diagnostics{d}, map[string][]byte{args[0]: src})
-						return exitError{exitModel}
-					}
-					d.Hint("building for the CUDA emulator instead (--target emu: slower than the CPU target)")
-					printDiagnostics(stderr, dsl.Diagnostics{d}, map[string][]byte{args[0]: src})
-					target = "emu"
-				}
-			}
-			compile := trainergen.Compile
-			if target == "cpu" {
-				compile = trainergen.CompileCPU
-			}
-			c, err := compile(res, budgetBytes, source)
-			if err != nil {
-				return backendError(args[0], res, err, stderr)
-			}
-			step("planned memory: arena %s B (%s, %s)", compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
-			step("generated %d kernels, %d launches per training step", len(c.Train.Kernels), len(c.Train.Launches))
-			cudaC := c.Kernels
-			if emitCUDA != "" && target == "cpu" {
-				// the CUDA C is another target's kernels, on the same plan
-				cu, err := trainergen.Compile(res, budgetBytes, source)
-				if err != nil {
-					return backendError(args[0], res, err, stderr)
-				}
-				cudaC = cu.Kernels
-			}
-			if emitCUDA != "" {
-				name := strings.TrimSuffix(filepath.Base(args[0]), filepath.Ext(args[0])) + ".cu"
-				path := filepath.Join(emitCUDA, name)
-				if err := os.MkdirAll(emitCUDA, 0o755); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
-					return exitError{exitModel}
-				}
-				if err := os.WriteFile(path, cudaC, 0o644); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
-					return exitError{exitModel}
-				}
-				step("wrote %s", path)
-			}
-			if output == "" {
-				return nil
-			}
-			dir := workDir
-			if dir == "" {
-				if dir, err = os.MkdirTemp("", "cnnc-build-*"); err != nil {
-					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
-					return exitError{exitModel}
-				}
-				defer os.RemoveAll(dir)
-			}
-			var tags []string
-			if target == "cuda" {
-				fatbin, err := trainergen.CompileFatbinFor(c.Spec, c.Kernels)
-				if err != nil {
-					fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
-					return exitError{exitModel}
-				}
-				step("nvcc: %s fatbin for sm_80 and sm_90 (with PTX); ptxas: all %d launches fit an A100's and an H100's blocks (registers, shared memory)",
-					units.FormatBytes(int64(len(fatbin))), len(c.Spec.Train.Launches)+len(c.Spec.Eval.Launches))
-				if err := trainergen.WriteModuleCUDA(dir, c.Spec, c.Kernels, fatbin); err != nil {
-					fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
-					return exitError{exitModel}
-				}
-				tags = trainergen.CUDATags
-			} else {
-				write := trainergen.WriteModule
-				if target == "cpu" {
-					write = trainergen.WriteModuleCPU
-				}
-				if err := write(dir, c.Spec, c.Kernels); err != nil {
-					fmt.Fprintf(stderr, "cnnc: writing the trainer module: %v\n", err)
-					return exitError{exitModel}
-				}
-			}
-			step("wrote the trainer module in %s", dir)
-			if _, err := exec.LookPath("go"); err != nil {
-				fmt.Fprintf(stderr, "cnnc build: building a trainer needs the Go toolchain on PATH\n")
-				return exitError{exitModel}
-			}
-			if err := trainergen.GoBuild(dir, output, tags, func(s string) { step("%s", s) }); err != nil {
-				fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
-				return exitError{exitModel}
-			}
-			step("built %s (target %s); run it with -h for its flags", output, target)
-			if target == "cuda" {
-				fmt.Fprintf(stdout, "note: a cuda trainer links gorgonia.org/cu and exits at start on a machine without a GPU\n")
-			}
-			return nil
+			return runBuild(cmd, args[0], &f, &bf, stdout, stderr)
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "", "the trainer `BINARY` to build")
-	cmd.Flags().StringVar(&target, "target", "cpu", "the `TARGET` the trainer runs on: cpu, cuda, emu, or auto (cuda when nvcc is present)")
-	cmd.Flags().StringVar(&emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
-	cmd.Flags().StringVar(&workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
-	cmd.Flags().StringVar(&budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")
+	cmd.Flags().StringVarP(&bf.output, "output", "o", "", "the trainer `BINARY` to build")
+	cmd.Flags().StringVar(&bf.target, "target", "cpu", "the `TARGET` the trainer runs on: cpu, cuda, emu, or auto (cuda when nvcc is present)")
+	cmd.Flags().StringVar(&bf.emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
+	cmd.Flags().StringVar(&bf.workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
+	cmd.Flags().StringVar(&bf.budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")
 	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
 	return cmd
+}
+
+// buildFlags are cnnc build's own flags.
+type buildFlags struct {
+	emitCUDA, output, target, workDir, budget string
+}
+
+// builder is one run of cnnc build: the model file, where it reports,
+// and the clock its steps are timed by.
+type builder struct {
+	path           string
+	stdout, stderr io.Writer
+	start          time.Time
+}
+
+// step reports a finished step with the seconds since the build started.
+func (b *builder) step(format string, a ...any) {
+	fmt.Fprintf(b.stdout, "[%6.2fs] %s\n", time.Since(b.start).Seconds(), dsl.Printable(fmt.Sprintf(format, a...)))
+}
+
+// fail prints err as cnnc's error and ends the build with exit status 1.
+func (b *builder) fail(err error) error {
+	fmt.Fprintf(b.stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
+	return exitError{exitModel}
+}
+
+// runBuild is cnnc build FILE: check, plan, generate, then write the
+// kernels (--emit-cuda) and/or build the trainer (-o).
+func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, stdout, stderr io.Writer) error {
+	if bf.output == "" && bf.emitCUDA == "" {
+		fmt.Fprintf(stderr, "cnnc build: say what to build: -o BINARY (a trainer) and/or --emit-cuda DIR (the kernels)\nusage: %s\n", cmd.UseLine())
+		return exitError{exitUsage}
+	}
+	chosen := cmd.Flags().Changed("target") && bf.target == "cpu" // not the default
+	target, err := buildTarget(bf.target, stderr)
+	if err != nil {
+		return err
+	}
+	b := &builder{path: path, stdout: stdout, stderr: stderr, start: time.Now()}
+	res, err := loadModel(path, f, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	b.step("checked %s: %s, %s, %s parameters", path, res.Graph.Name, res.Train.BatchWords(), compiler.Commas(res.Graph.ParamCount()))
+	cfg, err := buildBudget(res, bf.budget, stderr)
+	if err != nil {
+		return err
+	}
+	if target == "cpu" && bf.output == "" {
+		target = "cuda" // only --emit-cuda: the CUDA C is all it writes
+	}
+	if target == "cpu" {
+		if target, err = b.cpuOrEmulator(res, chosen); err != nil {
+			return err
+		}
+	}
+	c, err := driver.Compile(res, cfg, driver.Target(target))
+	if err != nil {
+		return backendError(path, res, err, stderr)
+	}
+	b.step("planned memory: arena %s B (%s, %s)", compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
+	b.step("generated %d kernels, %d launches per training step", len(c.Train.Kernels), len(c.Train.Launches))
+	if bf.emitCUDA != "" {
+		if err := b.emitCUDA(res, cfg, c, target, bf.emitCUDA); err != nil {
+			return err
+		}
+	}
+	if bf.output == "" {
+		return nil
+	}
+	return b.buildTrainer(c, target, bf)
+}
+
+// buildTarget resolves --target: auto is cuda where nvcc is installed, else cpu.
+func buildTarget(target string, stderr io.Writer) (string, error) {
+	switch target {
+	case "cpu", "cuda", "emu":
+	case "auto":
+		target = "cpu"
+		if _, err := nvcc.Path(); err == nil {
+			target = "cuda"
+		}
+	default:
+		fmt.Fprintf(stderr, "cnnc build: --target %s: want cpu, cuda, emu or auto\n", target)
+		return "", exitError{exitUsage}
+	}
+	return target, nil
+}
+
+// buildBudget is the planner's budget: --memory-budget (a size, or none)
+// over the train block's memory_budget.
+func buildBudget(res *compiler.Result, budget string, stderr io.Writer) (plan.Config, error) {
+	if budget == "" {
+		return driver.Budget(res, res.Train.MemoryBudget, ""), nil
+	}
+	var bytes int64
+	if budget != "none" {
+		var err error
+		if bytes, err = dsl.ParseSize(budget); err != nil || bytes <= 0 {
+			fmt.Fprintf(stderr, "cnnc build: --memory-budget %q: want a size such as 40MB or 64MiB, or none\n", budget)
+			return plan.Config{}, exitError{exitUsage}
+		}
+	}
+	return driver.Budget(res, bytes, "--memory-budget"), nil
+}
+
+// cpuOrEmulator checks that the CPU target generates every layer of res:
+// a model with a layer it cannot generate is an error when --target cpu
+// was asked for (chosen), else it builds for the emulator, with a warning.
+func (b *builder) cpuOrEmulator(res *compiler.Result, chosen bool) (string, error) {
+	d := cpuRefusal(res, !chosen)
+	if d == nil {
+		return "cpu", nil
+	}
+	src, _ := dsl.ReadFile(b.path)
+	d.Span(identLen(src, d.Pos.Offset))
+	if chosen {
+		d.Hint("build with --target emu (cnnc's CUDA kernels on its CPU emulator, slower) or --target cuda")
+		printDiagnostics(b.stderr, dsl.Diagnostics{d}, map[string][]byte{b.path: src})
+		return "", exitError{exitModel}
+	}
+	d.Hint("building for the CUDA emulator instead (--target emu: slower than the CPU target)")
+	printDiagnostics(b.stderr, dsl.Diagnostics{d}, map[string][]byte{b.path: src})
+	return "emu", nil
+}
+
+// emitCUDA writes the CUDA C of the model (c's kernels, or for the CPU
+// target another target's, on the same plan) to dir/NAME.cu.
+func (b *builder) emitCUDA(res *compiler.Result, cfg plan.Config, c *trainergen.Compiled, target, dir string) error {
+	cudaC := c.Kernels
+	if target == "cpu" {
+		cu, err := driver.Compile(res, cfg, driver.CUDA)
+		if err != nil {
+			return backendError(b.path, res, err, b.stderr)
+		}
+		cudaC = cu.Kernels
+	}
+	name := strings.TrimSuffix(filepath.Base(b.path), filepath.Ext(b.path)) + ".cu"
+	path := filepath.Join(dir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return b.fail(err)
+	}
+	if err := os.WriteFile(path, cudaC, 0o644); err != nil {
+		return b.fail(err)
+	}
+	b.step("wrote %s", path)
+	return nil
+}
+
+// buildTrainer writes the trainer module (in --work DIR, else a temporary
+// directory) and builds the binary -o names.
+func (b *builder) buildTrainer(c *trainergen.Compiled, target string, bf *buildFlags) error {
+	dir := bf.workDir
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "cnnc-build-*"); err != nil {
+			return b.fail(err)
+		}
+		defer os.RemoveAll(dir)
+	}
+	log := func(s string) { b.step("%s", s) }
+	if err := driver.Build(c, driver.Target(target), driver.BuildOptions{Dir: dir, Output: bf.output, Log: log}); err != nil {
+		if errors.Is(err, driver.ErrNoGo) {
+			fmt.Fprintf(b.stderr, "cnnc build: %s\n", err)
+			return exitError{exitModel}
+		}
+		return b.fail(err)
+	}
+	b.step("built %s (target %s); run it with -h for its flags", bf.output, target)
+	if target == "cuda" {
+		fmt.Fprintf(b.stdout, "note: a cuda trainer links gorgonia.org/cu and exits at start on a machine without a GPU\n")
+	}
+	return nil
 }

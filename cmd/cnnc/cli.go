@@ -8,9 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/runtime/trainer/cli"
 	"github.com/cnnc/cnnc/runtime/version"
@@ -125,11 +125,6 @@ func loadModel(path string, f *compileFlags, stdout, stderr io.Writer) (*compile
 		return nil, exitError{exitModel}
 	}
 	sources := map[string][]byte{path: src}
-	file, err := dsl.Parse(path, src)
-	if err != nil {
-		printDiagnostics(stderr, err, sources)
-		return nil, exitError{exitModel}
-	}
 	opts := compiler.Options{Batch: f.batch, BatchSource: "--batch", Disable: f.disable, StopAfter: f.stopAfter}
 	if f.dumpAfter != "" {
 		all := f.dumpAfter == "all"
@@ -143,8 +138,8 @@ func loadModel(path string, f *compileFlags, stdout, stderr io.Writer) (*compile
 			return nil
 		}
 	}
-	res, err := compiler.Compile(file, opts)
-	if err != nil {
+	res, err := driver.Load(path, src, opts)
+	if err != nil { // a syntax or model error (diagnostics), or a bad option
 		var ds dsl.Diagnostics
 		if !errors.As(err, &ds) {
 			fmt.Fprintf(stderr, "cnnc: %v\n", err)
@@ -215,7 +210,7 @@ the exit status is 1.`,
 			// the train block's budget) and the kernels — unless passes
 			// build always runs were disabled, which no build does
 			if len(f.disable) == 0 {
-				if _, err := trainergen.Compile(res, res.Train.MemoryBudget, ""); err != nil {
+				if _, err := driver.Compile(res, driver.Budget(res, res.Train.MemoryBudget, ""), driver.CUDA); err != nil {
 					return backendError(args[0], res, err, stderr)
 				}
 			}

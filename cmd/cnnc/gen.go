@@ -12,6 +12,7 @@ import (
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/runtime/units"
 )
@@ -64,7 +65,7 @@ without the tag, the same package runs on the CPU.`,
 			if err != nil {
 				return err
 			}
-			c, err := trainergen.Compile(res, res.Train.MemoryBudget, "")
+			c, err := driver.Compile(res, driver.Budget(res, res.Train.MemoryBudget, ""), driver.CUDA)
 			if err != nil {
 				return backendError(args[0], res, err, stderr)
 			}

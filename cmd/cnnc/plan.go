@@ -10,11 +10,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/perf"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/plan/timeline"
+	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/runtime/units"
 )
@@ -114,7 +114,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 		}
 		return usage("%s: the train block's accumulate = %d (%s) fixes the micro-batch at the batch; remove accumulate to use %s", flag, res.Train.Accumulate, res.Train.Pos["accumulate"], flag)
 	}
-	cfg := plan.Config{Batch: res.Train.StepBatch(), Accumulate: res.Train.Accumulate, Workspace: codegen.Workspace, Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
+	cfg := plan.Config{Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
 		MicroBatch: pf.microBatch, Trunk: pf.trunk}
 	switch pf.budget {
 	case "":
@@ -133,7 +133,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if pf.gpu != "" {
 		return runGPUPrediction(path, res, cfg, pf, stdout, stderr)
 	}
-	p, err := plan.Build(res.Graph, cfg)
+	p, err := driver.Plan(res, cfg, driver.CUDA)
 	if err != nil {
 		return planError(path, err, stderr)
 	}
@@ -195,7 +195,7 @@ func runMaxBatch(res *compiler.Result, cfg plan.Config, pf *planFlags, stdout, s
 		fmt.Fprintf(stderr, "cnnc: --max-batch chooses micro-batches itself; drop --micro-batch\n")
 		return exitError{exitUsage}
 	}
-	m, err := plan.FindMaxBatch(res.Graph, cfg.Budget, res.BatchLimit, codegen.Workspace)
+	m, err := driver.MaxBatch(res, cfg.Budget, driver.CUDA)
 	if err != nil {
 		fmt.Fprintf(stderr, "cnnc: %s\n", dsl.Printable(err.Error()))
 		return exitError{exitModel}

@@ -5,10 +5,10 @@ import (
 	"io"
 
 	"github.com/cnnc/cnnc/codegen"
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/perf"
 	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 )
 
 // runGPUPrediction is `cnnc plan --gpu NAME`: the plan's training step,
@@ -27,7 +27,7 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 		}
 		res.Train.Precision = string(prec)
 	}
-	comp, err := trainergen.CompilePlan(res, cfg)
+	comp, err := driver.Compile(res, cfg, driver.CUDA)
 	if err != nil {
 		return planError(path, err, stderr)
 	}

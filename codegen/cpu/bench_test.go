@@ -1,6 +1,8 @@
 package cpu_test
 
 import (
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -11,7 +13,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/native"
@@ -37,7 +38,7 @@ func BenchmarkStep(b *testing.B) {
 	}
 	res, err := compiler.CompileSource(path, src, compiler.Options{Batch: batch})
 	require.NoError(b, err)
-	c, err := trainergen.CompileCPU(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CPU)
 	require.NoError(b, err)
 	workers := 0
 	if os.Getenv("CNNC_BENCH_PROFILE") != "" {

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -14,6 +15,7 @@ func init() {
 	register(ir.OpConvBlock, convForward)
 	register(ir.OpConvBlockGradInput, convGradInput)
 	register(ir.OpConvBlockGradWeight, convGradWeight)
+	registerScratch(ir.OpConvBlockGradWeight, convGradWeightScratch)
 }
 
 // convGeom is a conv block's compile-time geometry, as cnnc_cpu.h's struct G names it.
@@ -32,7 +34,7 @@ type convGeom struct {
 func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	a := n.Attrs
 	g := &convGeom{B: batch, O: a.Out, KH: a.Kernel[0], KW: a.Kernel[1], SH: a.Stride[0], SW: a.Stride[1], PH: a.Pad[0], PW: a.Pad[1],
-		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut, Acc: a.Accumulate,
+		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut,
 		PKH: 1, PKW: 1, PSH: 1, PSW: 1, Bits: 1}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
@@ -165,6 +167,7 @@ func convForward(e codegen.Emitter, n *ir.Node) error {
 	if err != nil {
 		return err
 	}
+	g.Acc = e.Accumulate() // a micro-batch loop's step, as the plan says
 	g.splitForward()
 	args := []codegen.Arg{buf(p.X), buf(p.W)}
 	if g.Bias {
@@ -207,6 +210,7 @@ func convGradInput(e codegen.Emitter, n *ir.Node) error {
 	if err != nil {
 		return err
 	}
+	g.Acc = e.Accumulate() // a micro-batch loop's step, as the plan says
 	g.splitGradInput()
 	args := []codegen.Arg{buf(p.DOut), buf(p.W)}
 	if g.Pool {
@@ -266,6 +270,25 @@ func (g *convGeom) weightElems() int64 {
 	return we
 }
 
+// gradWeightPartials is the type of the weight-gradient kernel's scratch (after
+// splitGradWeight): a partial weight gradient per task, sized for the batch's split, the
+// largest of any batch up to it (a micro-batch loop's smaller last iteration uses part of it).
+func (g *convGeom) gradWeightPartials() ir.Type { return ir.F32Fixed(g.S, g.weightElems()) }
+
+// convGradWeightScratch is convGradWeight's scratch.
+func convGradWeightScratch(n *ir.Node, b int64) (int64, error) {
+	p, err := n.Parts()
+	if err != nil {
+		return 0, err
+	}
+	g, err := newConvGeom(n, p.X.Type, b)
+	if err != nil {
+		return 0, err
+	}
+	g.splitGradWeight()
+	return codegen.ScratchAligned(g.gradWeightPartials().Bytes(b)), nil
+}
+
 func convGradWeight(e codegen.Emitter, n *ir.Node) error {
 	p, err := n.Parts()
 	if err != nil {
@@ -275,10 +298,9 @@ func convGradWeight(e codegen.Emitter, n *ir.Node) error {
 	if err != nil {
 		return err
 	}
+	g.Acc = e.Accumulate() // a micro-batch loop's step, as the plan says
 	g.splitGradWeight()
-	// sized for the batch's split, the largest of any batch up to it (a micro-batch loop's
-	// smaller last iteration uses part of it)
-	partial := e.Scratch(n, "dw_partials", ir.F32Fixed(g.S, g.weightElems()))
+	partial := e.Scratch(n, "dw_partials", g.gradWeightPartials())
 	args := []codegen.Arg{buf(p.DOut), buf(p.X)}
 	if g.Pool {
 		args = append(args, buf(p.Argmax))
@@ -318,7 +340,7 @@ func convWeightReduce(e codegen.Emitter, n *ir.Node, p ir.BlockParts, g *convGeo
 			args = append(args, buf(v))
 			moved += 2 * v.Type.Bytes(e.Batch())
 		}
-		args = append(args, codegen.Arg{Kind: codegen.ArgScalars})
+		args = append(args, codegen.Arg{Kind: kernelarg.Scalars})
 	}
 	we := g.weightElems()
 	doc := fmt.Sprintf("adds the %d partial sums of the %dx%d weight gradient", g.S, g.O, g.C*g.KH*g.KW)

@@ -21,6 +21,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"strconv"
 	"strings"
 
@@ -125,15 +126,29 @@ func Workspace(n *ir.Node, samples int64) int64 {
 	return max(codegen.Workspace(n, samples), ownWorkspace(n, samples))
 }
 
+// ownWorkspace is the CPU kernels' scratch for n: what the rule of a family that needs scratch
+// (registerScratch) sizes its buffers by, computed from the node's shapes without generating.
 func ownWorkspace(n *ir.Node, samples int64) int64 {
-	if _, ok := rules[n.Op]; !ok {
+	f, ok := scratchRules[n.Op]
+	if !ok || unsupportedForm(n) != "" {
 		return 0
 	}
-	p, err := GenerateNodes("workspace", []*ir.Node{n}, codegen.Options{Batch: samples})
+	b, err := f(n, samples)
 	if err != nil {
-		return 0
+		return 0 // generation fails for this node, and says why
 	}
-	return p.ScratchBytes(p.Scratch)
+	return b
+}
+
+// scratchRules size the scratch buffers of the rules that make any: the bytes for node n over
+// samples samples, each buffer 256-byte aligned (codegen.Program.ScratchBytes).
+var scratchRules = map[ir.Op]func(n *ir.Node, samples int64) (int64, error){}
+
+func registerScratch(op ir.Op, f func(n *ir.Node, samples int64) (int64, error)) {
+	if _, dup := scratchRules[op]; dup {
+		panic(fmt.Sprintf("codegen/cpu: two scratch rules for %s", op))
+	}
+	scratchRules[op] = f
 }
 
 // def is one compile-time constant of a kernel's struct.
@@ -233,7 +248,7 @@ func launch(e codegen.Emitter, n *ir.Node, name string, tasks int64, args []code
 	return nil
 }
 
-func buf(v *ir.Value) codegen.Arg { return codegen.Arg{Kind: codegen.ArgBuffer, Value: v} }
+func buf(v *ir.Value) codegen.Arg { return codegen.Arg{Kind: kernelarg.Buffer, Value: v} }
 
 // minBytes: every input read and every output written once.
 func minBytes(n *ir.Node, batch int64) int64 {

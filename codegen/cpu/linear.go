@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -106,7 +107,7 @@ func linearGradWeight(e codegen.Emitter, n *ir.Node) error {
 		return err
 	}
 	a := n.Attrs
-	l := &linGeom{B: e.Batch(), K: p.X.Type.Dims[0], N: a.Out, Bias: a.Bias, HasY: p.Y != nil, Acc: a.Accumulate && a.Opt == nil}
+	l := &linGeom{B: e.Batch(), K: p.X.Type.Dims[0], N: a.Out, Bias: a.Bias, HasY: p.Y != nil, Acc: e.Accumulate() && a.Opt == nil}
 	l.splitGrad()
 	args := []codegen.Arg{buf(p.DOut), buf(p.X)}
 	if p.Y != nil {
@@ -130,7 +131,7 @@ func linearGradWeight(e codegen.Emitter, n *ir.Node) error {
 			args = append(args, buf(v))
 			bytes += v.Type.Bytes(e.Batch())
 		}
-		args = append(args, codegen.Arg{Kind: codegen.ArgScalars})
+		args = append(args, codegen.Arg{Kind: kernelarg.Scalars})
 	} else {
 		if l.Acc {
 			doc += ", added to the gradients"

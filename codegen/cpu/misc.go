@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 
 	"github.com/cnnc/cnnc/codegen"
@@ -35,7 +36,7 @@ func init() {
 
 func softmaxCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 	classes := n.Ins[0].Type.Dims[0]
-	defs := []def{{"B", e.Batch()}, {"CLASSES", classes}, {"ACC", n.Attrs.Accumulate}}
+	defs := []def{{"B", e.Batch()}, {"CLASSES", classes}, {"ACC", e.Accumulate()}}
 	name := emit(e, kernelSpec{family: "softmax_cross_entropy", shape: fmt.Sprintf("b%d_c%d", e.Batch(), classes),
 		doc:     "softmax cross-entropy: mean loss over the valid rows, the logits' gradient, the correct count.",
 		structs: []structSpec{{"g", defs}}, impl: "SoftmaxCE<%s>", nparams: 7})
@@ -45,7 +46,7 @@ func softmaxCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 	}
 	// the step's scalars (the rows that are real), and the micro-batch's first row (set by
 	// GenerateFromPlan)
-	args = append(args, codegen.Arg{Kind: codegen.ArgScalars}, codegen.Arg{Kind: codegen.ArgInt, Int: 0})
+	args = append(args, codegen.Arg{Kind: kernelarg.Scalars}, codegen.Arg{Kind: kernelarg.Int, Int: 0})
 	return launch(e, n, name, 1, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 }
 
@@ -97,7 +98,7 @@ func dropout(family string) rule {
 		name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s, p=%g, over %d elements (training).", n.Op, p, elems),
 			structs: []structSpec{{"g", defs}}, impl: "Dropout<%s>", nparams: 4})
 		// the last argument: the slice's first element in the whole batch (set by GenerateFromPlan)
-		args := []codegen.Arg{buf(n.Ins[0]), buf(n.Out()), {Kind: codegen.ArgScalars}, {Kind: codegen.ArgInt, Int: 0}}
+		args := []codegen.Arg{buf(n.Ins[0]), buf(n.Out()), {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int, Int: 0}}
 		return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 	}
 }
@@ -149,7 +150,7 @@ func update(e codegen.Emitter, n *ir.Node) error {
 	for _, v := range n.Ins {
 		args = append(args, buf(v))
 	}
-	args = append(args, codegen.Arg{Kind: codegen.ArgScalars})
+	args = append(args, codegen.Arg{Kind: kernelarg.Scalars})
 	name := emit(e, kernelSpec{family: "update", shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, opt),
 		structs: []structSpec{{"g", []def{{"N", elems}}}, {"o", optDefs(opt)}}, impl: "Update<%s, %s>", nparams: len(args)})
 	return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch())+int64(len(n.Ins)-1)*n.Ins[0].Type.Bytes(e.Batch()))

@@ -14,6 +14,7 @@ package kernelcheck
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"math/rand/v2"
 
@@ -200,7 +201,7 @@ func windowElems(n *ir.Node) int64 {
 }
 
 // Scalars are the run-time scalars of a launch, which kernels read from
-// the step's scalar block (codegen.ArgScalars).
+// the step's scalar block (kernelarg.Scalars).
 type Scalars struct {
 	LR   float32
 	Step int64
@@ -236,12 +237,12 @@ func ScalarBlock(dev device.Device, s Scalars, batch int64) (device.Ptr, error) 
 // block is the scalar block's address.
 func scalarArg(a codegen.Arg, block device.Ptr) uint64 {
 	switch a.Kind {
-	case codegen.ArgInt:
+	case kernelarg.Int:
 		return uint64(a.Int)
-	case codegen.ArgFloat:
+	case kernelarg.Float:
 		return uint64(math.Float32bits(a.Float))
 	}
-	return uint64(block) // codegen.ArgScalars
+	return uint64(block) // kernelarg.Scalars
 }
 
 // Node checks node n's generated kernels on dev (whose module must hold
@@ -310,7 +311,7 @@ func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64,
 		r.Kernel = l.Kernel
 		var params []uint64
 		for _, a := range l.Args {
-			if a.Kind == codegen.ArgBuffer {
+			if a.Kind == kernelarg.Buffer {
 				p, ok := ptrs[a.Value]
 				if !ok {
 					// an intermediate buffer of a multi-kernel node

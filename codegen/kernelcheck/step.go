@@ -3,6 +3,7 @@ package kernelcheck
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"time"
 
@@ -109,7 +110,7 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 	written = append(written, prog.Scratch...)
 	for _, l := range prog.Launches {
 		for _, a := range l.Args {
-			if a.Kind == codegen.ArgBuffer {
+			if a.Kind == kernelarg.Buffer {
 				written = append(written, prog.Buffer(a.Value))
 			}
 		}
@@ -161,7 +162,7 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 		for _, l := range prog.Launches {
 			params := make([]uint64, len(l.Args))
 			for i, a := range l.Args {
-				if a.Kind == codegen.ArgBuffer {
+				if a.Kind == kernelarg.Buffer {
 					params[i] = uint64(s.ptrs[prog.Buffer(a.Value)])
 				} else {
 					params[i] = scalarArg(a, block)

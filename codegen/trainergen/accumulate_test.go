@@ -12,7 +12,9 @@ import (
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/native"
 	"github.com/cnnc/cnnc/runtime/trainer"
@@ -36,7 +38,7 @@ func compileSrc(t *testing.T, src string) *trainergen.Compiled {
 	t.Helper()
 	res, err := compiler.CompileSource("d.cnn", []byte(src), compiler.Options{})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	return c
 }
@@ -114,7 +116,7 @@ func TestAccumulateOnTheCPUTarget(t *testing.T) {
 	compile := func(src string) *trainergen.Compiled {
 		res, err := compiler.CompileSource("d.cnn", []byte(src), compiler.Options{})
 		require.NoError(t, err)
-		c, err := trainergen.CompileCPU(res, 0, "")
+		c, err := driver.Compile(res, plan.Config{}, driver.CPU)
 		require.NoError(t, err)
 		return c
 	}

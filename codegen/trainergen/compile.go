@@ -2,6 +2,7 @@ package trainergen
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"sort"
 	"strings"
 
@@ -31,13 +32,13 @@ func NewPlanLayout(p *plan.Plan, prog *codegen.Program) (*PlanLayout, error) {
 	stepOf := map[*ir.Value]run{}
 	for _, ln := range prog.Launches {
 		for _, a := range ln.Args {
-			if a.Kind == codegen.ArgBuffer {
+			if a.Kind == kernelarg.Buffer {
 				stepOf[a.Value] = run{ln.Step, ln.Iter}
 			}
 		}
 	}
 	used := map[run]int64{}
-	for _, v := range prog.Scratch { // creation order, as codegen.Workspace sizes them
+	for _, v := range prog.Scratch { // creation order, as the target's workspace function sizes them
 		r, ok := stepOf[v]
 		if !ok {
 			continue
@@ -218,38 +219,18 @@ type Compiled struct {
 	Train *codegen.Program
 	Eval  *codegen.Program
 	// Kernels is the CUDA C of training and evaluation in one file (the
-	// CPU target's C++ for CompileCPU).
+	// CPU target's C++ for the CPU target).
 	Kernels []byte
 }
 
-// Compile plans memory for res at its batch size (under budget, if any),
-// generates the training and evaluation kernels and assembles the Spec.
-func Compile(res *compiler.Result, budget int64, budgetSource string) (*Compiled, error) {
-	cfg := plan.Config{Budget: budget, BudgetSource: budgetSource}
-	if budgetSource == "" && budget > 0 {
-		cfg.BudgetPos = res.Train.Pos["memory_budget"]
-	}
-	return CompilePlan(res, cfg)
-}
-
-// CompilePlan is Compile with the planner's configuration given (e.g. a
-// forced micro-batch); the batch and the workspace sizes are filled in.
-func CompilePlan(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
-	cfg.Workspace = codegen.Workspace
-	return compilePlan(res, cfg, nil)
-}
-
-// compilePlan plans memory and generates the kernels of target (nil:
-// CUDA), whose scratch needs cfg.Workspace gives.
-func compilePlan(res *compiler.Result, cfg plan.Config, target codegen.Target) (*Compiled, error) {
+// Assemble generates the training step's kernels from p (res's memory
+// plan, which package driver builds with target's workspace sizes: it is
+// the one place that wires the planner to codegen), evaluation's kernels
+// and the Spec; target nil is CUDA.
+func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target) (*Compiled, error) {
 	// with accumulate = N a step is one update of batch×N samples, in N
-	// micro-batches of the batch
+	// micro-batches of the batch (the plan's loop)
 	batch := res.Train.StepBatch()
-	cfg.Batch, cfg.Accumulate = batch, res.Train.Accumulate
-	p, err := plan.Build(res.Graph, cfg)
-	if err != nil {
-		return nil, err
-	}
 	opts := codegen.Options{Batch: batch, SourceName: res.File.Name, Precision: codegen.Precision(res.Train.Precision), Target: target}
 	train, err := codegen.GenerateFromPlan(p, opts)
 	if err != nil {

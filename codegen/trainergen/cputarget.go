@@ -6,32 +6,15 @@ import (
 
 	"github.com/dave/jennifer/jen"
 
-	"github.com/cnnc/cnnc/codegen/cpu"
-	"github.com/cnnc/cnnc/compiler"
-	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/internal/gentext"
 	"github.com/cnnc/cnnc/runtime/native"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
-// The CPU target (codegen/cpu, runtime/native): the same memory plan — its workspace sized for
-// both targets' kernels (cpu.Workspace), so cnnc plan's peak is the CPU trainer's arena too —
-// and the same Spec, with launches of kernels generated for the CPU.
-
-// CompileCPU is Compile for the CPU target: Compiled.Kernels is the kernels' C++ source.
-func CompileCPU(res *compiler.Result, budget int64, budgetSource string) (*Compiled, error) {
-	cfg := plan.Config{Budget: budget, BudgetSource: budgetSource}
-	if budgetSource == "" && budget > 0 {
-		cfg.BudgetPos = res.Train.Pos["memory_budget"]
-	}
-	return CompilePlanCPU(res, cfg)
-}
-
-// CompilePlanCPU is CompilePlan for the CPU target.
-func CompilePlanCPU(res *compiler.Result, cfg plan.Config) (*Compiled, error) {
-	cfg.Workspace = cpu.Workspace
-	return compilePlan(res, cfg, cpu.Target)
-}
+// The CPU target (codegen/cpu, runtime/native): the same memory plan — package driver sizes its
+// workspace for both targets' kernels (cpu.Workspace), so cnnc plan's peak is the CPU trainer's
+// arena too — and the same Spec (Assemble with cpu.Target), with launches of kernels generated
+// for the CPU.
 
 const nativePkg = "github.com/cnnc/cnnc/runtime/native"
 
@@ -41,7 +24,7 @@ const nativePkg = "github.com/cnnc/cnnc/runtime/native"
 const nativeSource = "kernels_cpu.h"
 
 // WriteModuleCPU writes a trainer module for the CPU target into dir: what WriteModule writes
-// (spec.go, go.mod, go.sum, the runtime's copy), with the kernels of kernels (CompileCPU's) built
+// (spec.go, go.mod, go.sum, the runtime's copy), with the kernels of kernels (Assemble's for cpu.Target) built
 // in by go build (addNativeKernels) and main.go from MainFileCPU.
 func WriteModuleCPU(dir string, spec *trainer.Spec, kernels []byte) error {
 	mainSrc, err := MainFileCPU(spec)

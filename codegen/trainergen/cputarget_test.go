@@ -3,6 +3,8 @@ package trainergen_test
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,7 +33,7 @@ func TestNativeCPUTrainerIsStandalone(t *testing.T) {
 	require.NoError(t, err)
 	res, err := compiler.CompileSource("mnist.cnn", src, compiler.Options{Batch: 64})
 	require.NoError(t, err)
-	c, err := trainergen.CompileCPU(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CPU)
 	require.NoError(t, err)
 	dir := t.TempDir()
 	require.NoError(t, trainergen.WriteModuleCPU(dir, c.Spec, c.Kernels))

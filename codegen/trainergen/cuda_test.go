@@ -178,7 +178,7 @@ func TestVetCUDABackend(t *testing.T) {
 	require.NoError(t, err, out)
 }
 
-// The whole CUDA target for examples/mnist.cnn: trainergen.Compile (memory
+// The whole CUDA target for examples/mnist.cnn: driver.Compile (memory
 // plan, training and evaluation kernels, spec), the kernels' fatbin, the
 // trainer module with the runtime's copy, `go build -tags cuda`. Without a
 // GPU the binary must stop at start saying what to do (runtime/cuda/

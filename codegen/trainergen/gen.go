@@ -3,6 +3,7 @@ package trainergen
 import (
 	"bytes"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"reflect"
 	"strconv"
 
@@ -130,9 +131,9 @@ func literal(v reflect.Value) jen.Code {
 
 // enumNames spell the trainer's enumerations by their constants.
 var enumNames = map[reflect.Type]map[uint64]string{
-	reflect.TypeOf(trainer.ArgBuffer): {
-		uint64(trainer.ArgBuffer): "ArgBuffer", uint64(trainer.ArgInt): "ArgInt", uint64(trainer.ArgFloat): "ArgFloat",
-		uint64(trainer.ArgScalars): "ArgScalars",
+	reflect.TypeOf(kernelarg.Buffer): {
+		uint64(kernelarg.Buffer): kernelarg.Buffer.String(), uint64(kernelarg.Int): kernelarg.Int.String(),
+		uint64(kernelarg.Float): kernelarg.Float.String(), uint64(kernelarg.Scalars): kernelarg.Scalars.String(),
 	},
 	reflect.TypeOf(trainer.TrainArena): {uint64(trainer.TrainArena): "TrainArena", uint64(trainer.EvalArena): "EvalArena"},
 	reflect.TypeOf(schedule.Constant): {

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"go/parser"
 	"go/scanner"
 	"go/token"
@@ -106,7 +108,7 @@ func tinyCompiled(t testing.TB) (*compiler.Result, *trainergen.Compiled) {
 		if compiled.res, compiled.err = compiler.CompileSource(placeholders.source, []byte(tinyModel), compiler.Options{}); compiled.err != nil {
 			return
 		}
-		compiled.c, compiled.err = trainergen.Compile(compiled.res, 0, "")
+		compiled.c, compiled.err = driver.Compile(compiled.res, plan.Config{}, driver.CUDA)
 	})
 	require.NoError(t, compiled.err)
 	return compiled.res, compiled.c

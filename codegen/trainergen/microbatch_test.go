@@ -1,6 +1,7 @@
 package trainergen_test
 
 import (
+	"github.com/cnnc/cnnc/driver"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -28,11 +29,11 @@ func TestMicroBatchedTrainerEqualsFullBatch(t *testing.T) {
 	require.NoError(t, err)
 	res, err := compiler.CompileSource("simplecnn.cnn", src, compiler.Options{})
 	require.NoError(t, err)
-	full, err := trainergen.Compile(res, 0, "")
+	full, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	res2, err := compiler.CompileSource("simplecnn.cnn", src, compiler.Options{})
 	require.NoError(t, err)
-	micro, err := trainergen.Compile(res2, 40e6, "--memory-budget")
+	micro, err := driver.Compile(res2, driver.Budget(res2, 40e6, "--memory-budget"), driver.CUDA)
 	require.NoError(t, err)
 	require.NotEmpty(t, micro.Plan.Loops, "the 40 MB plan micro-batches")
 	assert.LessOrEqual(t, micro.Spec.ArenaBytes, int64(40e6))
@@ -101,7 +102,7 @@ train { optimizer = adam(lr=0.01) batch = 10 }
 	compile := func(cfg plan.Config) *trainergen.Compiled {
 		res, err := compiler.CompileSource("d.cnn", src, compiler.Options{})
 		require.NoError(t, err)
-		c, err := trainergen.CompilePlan(res, cfg)
+		c, err := driver.Compile(res, cfg, driver.CUDA)
 		require.NoError(t, err)
 		return c
 	}

@@ -1,6 +1,8 @@
 package trainergen_test
 
 import (
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"os"
 	"path/filepath"
 	"testing"
@@ -29,7 +31,7 @@ train {
 `
 	res, err := compiler.CompileSource("s.cnn", []byte(src), compiler.Options{})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	assert.Equal(t, schedule.Schedule{Kind: schedule.OneCycle, PctStart: 0.25, DivFactor: 25, FinalDivFactor: 1e4}, c.Spec.Schedule)
 	assert.Equal(t, float32(0.2), c.Spec.LR)

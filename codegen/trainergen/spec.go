@@ -2,13 +2,18 @@
 // links: a trainer.Spec (arena offsets of every tensor, the launches of a
 // training step and of evaluation) and the Go source that declares it.
 //
-// In:  the compiler's Result, the codegen Programs of the training step and
-// of evaluation, and their memory layouts (the planner's, or NaiveLayout).
-// Out: a *trainer.Spec, and Go files rendered with jennifer.
+// In:  the compiler's Result and its memory plan (package driver plans it
+// with the target's workspace sizes); Assemble generates the codegen
+// Programs of the training step and of evaluation from them and lays them
+// out (the planner's offsets, or NaiveLayout).
+// Out: a *trainer.Spec, and Go files rendered with jennifer; CompileFatbin
+// runs nvcc on the CUDA kernels, WriteModule* write a trainer module and
+// GoBuild runs go build on it.
 package trainergen
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
@@ -53,7 +58,7 @@ func NewNaiveLayout(prog *codegen.Program, values []*ir.Value, skip func(*ir.Val
 	}
 	for _, ln := range prog.Launches {
 		for _, a := range ln.Args {
-			if a.Kind == codegen.ArgBuffer {
+			if a.Kind == kernelarg.Buffer {
 				add(a.Value)
 			}
 		}
@@ -89,6 +94,35 @@ type Programs struct {
 
 // BuildSpec assembles the trainer.Spec of a compiled model.
 func BuildSpec(p Programs) (*trainer.Spec, error) {
+	spec, err := specHeader(p)
+	if err != nil {
+		return nil, err
+	}
+	sb := &specBuilder{p: p, evalArena: trainer.EvalArena}
+	if p.EvalPlace != nil && !p.EvalInTrainArena {
+		spec.EvalArenaBytes = p.EvalPlace.Bytes()
+	}
+	if p.EvalInTrainArena {
+		sb.evalArena = trainer.TrainArena
+	}
+	if err := sb.addPersistent(spec); err != nil {
+		return nil, err
+	}
+	g := p.Result.Graph
+	if spec.Train, err = buildStep(p.Train, g, false, sb.launchPlace, sb.tensor, sb.place); err != nil {
+		return nil, err
+	}
+	if p.Eval != nil {
+		if spec.Eval, err = buildStep(p.Eval, g, true, sb.launchPlace, sb.tensor, sb.place); err != nil {
+			return nil, err
+		}
+	}
+	return spec, spec.Validate()
+}
+
+// specHeader is the Spec's model, shapes, training settings and arena
+// size, for a fused image classifier.
+func specHeader(p Programs) (*trainer.Spec, error) {
 	g := p.Result.Graph
 	if len(g.Inputs) != 2 || g.Inputs[0].Type.DType != ir.U8 || g.Inputs[1].Type.DType != ir.Class {
 		return nil, fmt.Errorf("trainergen: %s is not a fused image classifier (inputs %v)", g.Name, g.Inputs)
@@ -107,80 +141,84 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 	if p.Eval != nil && p.Eval.Batch != p.Train.Batch {
 		spec.EvalBatch = int(p.Eval.Batch) // evaluated in chunks
 	}
-	evalArena := trainer.EvalArena
-	if p.EvalPlace != nil && !p.EvalInTrainArena {
-		spec.EvalArenaBytes = p.EvalPlace.Bytes()
-	}
-	if p.EvalInTrainArena {
-		evalArena = trainer.TrainArena
-	}
-	isParam := persistentValue
-	place := func(prog *codegen.Program, v *ir.Value, eval bool) (trainer.Arena, int64, error) {
-		v = prog.Buffer(v)
-		if !eval || isParam(v) {
-			o, ok := p.TrainPlace.Offset(v)
-			if !ok {
-				return 0, 0, fmt.Errorf("trainergen: %s has no place in the training arena", v)
-			}
-			return trainer.TrainArena, o, nil
-		}
-		o, ok := p.EvalPlace.Offset(v)
+	return spec, nil
+}
+
+// specBuilder places the programs' values in the Spec's arenas.
+type specBuilder struct {
+	p         Programs
+	evalArena trainer.Arena // where evaluation's own values live
+}
+
+// place is the arena and offset of v's buffer: parameters and optimizer
+// state, and all of training's values, in the training arena.
+func (b *specBuilder) place(prog *codegen.Program, v *ir.Value, eval bool) (trainer.Arena, int64, error) {
+	v = prog.Buffer(v)
+	if !eval || persistentValue(v) {
+		o, ok := b.p.TrainPlace.Offset(v)
 		if !ok {
-			return 0, 0, fmt.Errorf("trainergen: %s has no place in the evaluation arena", v)
+			return 0, 0, fmt.Errorf("trainergen: %s has no place in the training arena", v)
 		}
-		return evalArena, o, nil
+		return trainer.TrainArena, o, nil
 	}
-	tensor := func(prog *codegen.Program, v *ir.Value, name string, eval bool) (trainer.Tensor, error) {
-		a, o, err := place(prog, v, eval)
-		shape := v.Type.Dims
-		if v.Type.Batched {
-			shape = append([]int64{prog.Batch}, shape...)
-		}
-		return trainer.Tensor{Name: name, Shape: shape, Arena: a, Offset: o}, err
+	o, ok := b.p.EvalPlace.Offset(v)
+	if !ok {
+		return 0, 0, fmt.Errorf("trainergen: %s has no place in the evaluation arena", v)
 	}
+	return b.evalArena, o, nil
+}
+
+// tensor is v as a named Spec tensor, its shape with the program's batch.
+func (b *specBuilder) tensor(prog *codegen.Program, v *ir.Value, name string, eval bool) (trainer.Tensor, error) {
+	a, o, err := b.place(prog, v, eval)
+	shape := v.Type.Dims
+	if v.Type.Batched {
+		shape = append([]int64{prog.Batch}, shape...)
+	}
+	return trainer.Tensor{Name: name, Shape: shape, Arena: a, Offset: o}, err
+}
+
+// launchPlace is where v lives during training launch l, by the plan's
+// step (stepLayout); ok is false where the layout has no steps.
+func (b *specBuilder) launchPlace(prog *codegen.Program, v *ir.Value, l *codegen.Launch, eval bool) (int64, bool) {
+	sl, ok := b.p.TrainPlace.(stepLayout)
+	if eval || !ok {
+		return 0, false
+	}
+	if o, ok := sl.OffsetIn(v, l); ok {
+		return o, true
+	}
+	return sl.OffsetIn(prog.Buffer(v), l)
+}
+
+// addPersistent adds the parameters, buffers (with their initialisation)
+// and optimizer state to spec.
+func (b *specBuilder) addPersistent(spec *trainer.Spec) error {
+	g := b.p.Result.Graph
 	for _, par := range g.Params {
-		t, err := tensor(p.Train, par.Value, par.Name, false)
+		t, err := b.tensor(b.p.Train, par.Value, par.Name, false)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		setInit(&t, par)
 		spec.Params = append(spec.Params, t)
 	}
 	for _, par := range g.Buffers {
-		t, err := tensor(p.Train, par.Value, par.Name, false)
+		t, err := b.tensor(b.p.Train, par.Value, par.Name, false)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		setInit(&t, par)
 		spec.Buffers = append(spec.Buffers, t)
 	}
 	for _, s := range g.State {
-		t, err := tensor(p.Train, s, "optimizer."+s.Name, false)
+		t, err := b.tensor(b.p.Train, s, "optimizer."+s.Name, false)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		spec.State = append(spec.State, t)
 	}
-	var err error
-	launchPlace := func(prog *codegen.Program, v *ir.Value, l *codegen.Launch, eval bool) (int64, bool) {
-		sl, ok := p.TrainPlace.(stepLayout)
-		if eval || !ok {
-			return 0, false
-		}
-		if o, ok := sl.OffsetIn(v, l); ok {
-			return o, true
-		}
-		return sl.OffsetIn(prog.Buffer(v), l)
-	}
-	if spec.Train, err = buildStep(p.Train, g, false, launchPlace, tensor, place); err != nil {
-		return nil, err
-	}
-	if p.Eval != nil {
-		if spec.Eval, err = buildStep(p.Eval, g, true, launchPlace, tensor, place); err != nil {
-			return nil, err
-		}
-	}
-	return spec, spec.Validate()
+	return nil
 }
 
 // stepLayout places a value for one launch (PlanLayout does).
@@ -217,22 +255,16 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 	for _, l := range prog.Launches {
 		tl := trainer.Launch{Kernel: l.Kernel, Grid: l.Grid, Block: l.Block, SharedBytes: l.SharedBytes, FLOPs: l.FLOPs, MinBytes: l.MinBytes}
 		for _, a := range l.Args {
-			ta := trainer.Arg{Int: a.Int, Float: a.Float}
+			ta := trainer.Arg{Kind: a.Kind, Int: a.Int, Float: a.Float}
 			switch a.Kind {
-			case codegen.ArgBuffer:
-				ta.Kind = trainer.ArgBuffer
+			case kernelarg.Buffer:
 				if ll, ok := launchPlace(prog, a.Value, l, eval); ok {
 					ta.Arena, ta.Offset = trainer.TrainArena, ll
 				} else if ta.Arena, ta.Offset, err = place(prog, a.Value, eval); err != nil {
 					return st, err
 				}
 				ta.Offset += a.Offset // a micro-batch's slice
-			case codegen.ArgInt:
-				ta.Kind = trainer.ArgInt
-			case codegen.ArgFloat:
-				ta.Kind = trainer.ArgFloat
-			case codegen.ArgScalars:
-				ta.Kind = trainer.ArgScalars
+			case kernelarg.Int, kernelarg.Float, kernelarg.Scalars:
 			default:
 				return st, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
 			}

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -19,7 +21,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
 	"github.com/cnnc/cnnc/runtime/cpu"
@@ -192,7 +193,7 @@ func agreesWithPyTorch(t *testing.T, py string, tc torchCase, seed uint64) {
 	model, n, steps := tc.model, tc.n, tc.steps
 	res, err := compiler.CompileSource(model+".cnn", tc.src, compiler.Options{Batch: int64(n)})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	// CNNC_EMU_TEST_FLAGS (e.g. "-O3 -march=native -ffp-contract=fast")
 	// compiles the kernels otherwise: the bound holds for any
@@ -378,7 +379,7 @@ func TestREADMELoadsCheckpointInPyTorch(t *testing.T) {
 	require.NoError(t, err)
 	res, err := compiler.CompileSource("mnist.cnn", src, compiler.Options{Batch: 8})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	s := newSession(t, c, 3)
 	dir := t.TempDir()

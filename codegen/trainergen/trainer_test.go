@@ -2,6 +2,8 @@ package trainergen_test
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"math"
 	"os"
 	"strings"
@@ -26,7 +28,7 @@ func compileExample(t *testing.T, path string, batch int64) *trainergen.Compiled
 	require.NoError(t, err)
 	res, err := compiler.CompileSource(path, src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	return c
 }

@@ -302,10 +302,6 @@ type Attrs struct {
 	Pool       *Window // a max-pool epilogue
 	DOutMasked bool    // the incoming gradient already has the ReLU mask applied
 	MaskOut    bool    // multiply the input gradient by (x > 0): the producer's ReLU mask
-	// Accumulate: a weight-gradient kernel adds to its gradient outputs
-	// instead of writing them (micro-batch loops sum over micro-batches).
-	// Set by codegen from the memory plan; not part of the IR's meaning.
-	Accumulate bool
 
 	// Smoothing is cross_entropy's label smoothing ε in [0,1): the target
 	// is (1-ε)·onehot(label) + ε/classes, as PyTorch's label_smoothing.

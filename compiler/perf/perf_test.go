@@ -2,6 +2,7 @@ package perf
 
 import (
 	"encoding/json"
+	"github.com/cnnc/cnnc/driver"
 	"math"
 	"os"
 	"testing"
@@ -22,7 +23,7 @@ func compileExample(t *testing.T, file string, batch int64, cfg plan.Config) *tr
 	require.NoError(t, err)
 	res, err := compiler.CompileSource(file, src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
-	comp, err := trainergen.CompilePlan(res, cfg)
+	comp, err := driver.Compile(res, cfg, driver.CUDA)
 	require.NoError(t, err)
 	return comp
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -137,13 +138,13 @@ func StepParams(spec *trainer.Spec, l trainer.Launch, base emu.Ptr) []uint64 {
 	params := make([]uint64, len(l.Args))
 	for i, a := range l.Args {
 		switch a.Kind {
-		case trainer.ArgBuffer:
+		case kernelarg.Buffer:
 			params[i] = uint64(base) + uint64(a.Offset)
-		case trainer.ArgInt:
+		case kernelarg.Int:
 			params[i] = uint64(a.Int)
-		case trainer.ArgFloat:
+		case kernelarg.Float:
 			params[i] = uint64(math.Float32bits(a.Float))
-		case trainer.ArgScalars:
+		case kernelarg.Scalars:
 			params[i] = uint64(base) + uint64(spec.Scalars)
 		default:
 			panic(fmt.Sprintf("perf: unknown launch argument kind %d", a.Kind))

@@ -61,6 +61,27 @@ type ReportOptions struct {
 // recomputation and its FLOPs, micro-batching), every step with the bytes
 // live during it, and every buffer with its offset and DSL position.
 func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
+	p.reportSummary(w, o)
+	p.reportChoices(w)
+	p.reportCategories(w)
+	p.reportLiveAtPeak(w)
+	p.reportSteps(w)
+	p.reportBuffers(w)
+	if o.Plot != "" {
+		fmt.Fprintf(w, "\nmemory timeline: %s\n", o.Plot)
+	}
+}
+
+// extraPercent is recomputation's FLOPs as a percentage of the step's own.
+func (p *Plan) extraPercent() float64 {
+	if base := p.FLOPs - p.ExtraFLOPs; base > 0 {
+		return 100 * float64(p.ExtraFLOPs) / float64(base)
+	}
+	return 0
+}
+
+// reportSummary is the title and the peak, budget, FLOPs and strategy.
+func (p *Plan) reportSummary(w io.Writer, o ReportOptions) {
 	peak := p.Steps[p.PeakStep]
 	title := fmt.Sprintf("cnnc memory plan: %s, batch %d", p.Model, p.Batch)
 	if p.Accumulate > 1 {
@@ -71,10 +92,7 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 	}
 	fmt.Fprintln(w, title)
 	fmt.Fprintln(w, strings.Repeat("=", len(title)))
-	pct := 0.0
-	if base := p.FLOPs - p.ExtraFLOPs; base > 0 {
-		pct = 100 * float64(p.ExtraFLOPs) / float64(base)
-	}
+	pct := p.extraPercent()
 	budget := "none: the smallest peak found without recomputing or micro-batching"
 	if p.BudgetBytes > 0 {
 		from := ""
@@ -90,7 +108,12 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 		{"step FLOPs", fmt.Sprintf("%s; recomputation +%s (%.1f%% of the step)", gflops(p.FLOPs), gflops(p.ExtraFLOPs), pct)},
 		{"strategy", p.Choices.Strategy + ": " + p.strategyWords()},
 	}, []bool{false, false}, "  ")
+}
 
+// reportChoices lists the planner's choices: updates, in place,
+// recomputation, micro-batch loops.
+func (p *Plan) reportChoices(w io.Writer) {
+	pct := p.extraPercent()
 	fmt.Fprintln(w, "\nChoices")
 	var rows [][]string
 	if len(p.Choices.SplitUpdates) > 0 {
@@ -118,7 +141,10 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 			fmt.Sprintf("%d micro-batches of %d: %s", l.Count, l.MicroBatch, l.What)})
 	}
 	table(w, rows, []bool{false, false, false}, "  ")
+}
 
+// reportCategories is the bytes by category at the peak and at most.
+func (p *Plan) reportCategories(w io.Writer) {
 	fmt.Fprintf(w, "\nMemory by category: at the peak (step %d), and the most during the step\n", p.PeakStep)
 	atPeak := p.CategoryBytes(p.PeakStep)
 	var most [NumCategories]int64
@@ -128,7 +154,7 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 			most[i] = max(most[i], c[i])
 		}
 	}
-	rows = [][]string{{"category", "at the peak", "", "most", ""}}
+	rows := [][]string{{"category", "at the peak", "", "most", ""}}
 	var total int64
 	for c := Category(0); c < NumCategories; c++ {
 		rows = append(rows, []string{c.Title(), commas(atPeak[c]), mb(atPeak[c]), commas(most[c]), mb(most[c])})
@@ -142,7 +168,11 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 		ws = fmt.Sprintf("%d steps' kernels use scratch memory, each buffer live during its step only", n)
 	}
 	fmt.Fprintf(w, "  (arena - most live at once = %s (%s) of alignment and gaps; workspace: %s)\n", commas(p.ArenaBytes-p.MaxLiveBytes), mb(p.ArenaBytes-p.MaxLiveBytes), ws)
+}
 
+// reportLiveAtPeak lists the buffers live at the peak, largest first.
+func (p *Plan) reportLiveAtPeak(w io.Writer) {
+	peak := p.Steps[p.PeakStep]
 	fmt.Fprintf(w, "\nLive at the peak (step %d: %s)\n", p.PeakStep, peak.Label())
 	var live []*Buffer
 	for _, b := range p.Buffers {
@@ -151,15 +181,18 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 		}
 	}
 	sort.SliceStable(live, func(i, j int) bool { return live[i].Bytes > live[j].Bytes })
-	rows = [][]string{{"holds", "category", "bytes", "", "offset", "steps", "source"}}
+	rows := [][]string{{"holds", "category", "bytes", "", "offset", "steps", "source"}}
 	for _, b := range live {
 		rows = append(rows, []string{b.valueAt(p.PeakStep), b.categoryAt(p.PeakStep).String(), commas(b.Bytes), mb(b.Bytes),
 			fmt.Sprint(b.Offset), fmt.Sprintf("%d..%d", b.FirstStep, b.LastStep), b.Pos.String()})
 	}
 	table(w, rows, []bool{false, false, true, true, true, false, false}, "  ")
+}
 
+// reportSteps lists every step with the bytes live during it.
+func (p *Plan) reportSteps(w io.Writer) {
 	fmt.Fprintln(w, "\nSteps")
-	rows = [][]string{{"step", "phase", "kernel", "layer", "samples", "live", "GFLOP", "loop", "note"}}
+	rows := [][]string{{"step", "phase", "kernel", "layer", "samples", "live", "GFLOP", "loop", "note"}}
 	for _, s := range p.Steps {
 		loop, note := "", ""
 		if s.Loop >= 0 {
@@ -193,11 +226,14 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 			mb(s.LiveBytes), fmt.Sprintf("%.3f", float64(s.FLOPs)/1e9), loop, note})
 	}
 	table(w, rows, []bool{true, false, false, false, true, true, true, false, false}, "  ")
+}
 
+// reportBuffers lists every buffer by offset, with what it holds.
+func (p *Plan) reportBuffers(w io.Writer) {
 	fmt.Fprintln(w, "\nBuffers (by offset)")
 	all := append([]*Buffer(nil), p.Buffers...)
 	sort.SliceStable(all, func(i, j int) bool { return all[i].Offset < all[j].Offset })
-	rows = [][]string{{"offset", "bytes", "buffer", "type", "category", "steps", "holds", "source"}}
+	rows := [][]string{{"offset", "bytes", "buffer", "type", "category", "steps", "holds", "source"}}
 	for _, b := range all {
 		steps := fmt.Sprintf("%d..%d", b.FirstStep, b.LastStep)
 		if b.Persistent {
@@ -219,9 +255,6 @@ func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 		rows = append(rows, []string{fmt.Sprint(b.Offset), commas(b.Bytes), b.Name, b.Type, b.Category.String(), steps, strings.Join(holds, ", then "), b.Pos.String()})
 	}
 	table(w, rows, []bool{true, true, false, false, false, false, false, false}, "  ")
-	if o.Plot != "" {
-		fmt.Fprintf(w, "\nmemory timeline: %s\n", o.Plot)
-	}
 }
 
 func (p *Plan) strategyWords() string {

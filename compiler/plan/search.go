@@ -47,7 +47,7 @@ type Config struct {
 	// Workspace gives the scratch bytes a node's kernels need while it runs
 	// (split-K partial sums) for a launch over samples; the plan places a
 	// workspace buffer live only during that step. Nil: no kernel needs any
-	// (codegen.Workspace is the real one).
+	// (package driver gives the code generator's for the target).
 	Workspace func(n *ir.Node, samples int64) int64
 }
 

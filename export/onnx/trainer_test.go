@@ -1,6 +1,8 @@
 package onnx_test
 
 import (
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"math"
 	"os"
 	"path/filepath"
@@ -9,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/export/onnx"
 	"github.com/cnnc/cnnc/internal/datasets"
@@ -36,7 +37,7 @@ func TestTrainerCheckpointInONNXRuntime(t *testing.T) {
 	require.NoError(t, err)
 	full, err := compiler.CompileSource(path, src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(full, 0, "")
+	c, err := driver.Compile(full, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	dev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
 	require.NoError(t, err)

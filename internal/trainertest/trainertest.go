@@ -15,6 +15,8 @@ package trainertest
 import (
 	_ "embed"
 	"fmt"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"image"
 	"image/png"
 	"math/rand/v2"
@@ -26,7 +28,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/data"
@@ -76,7 +77,7 @@ func Compile(t testing.TB, name string, src []byte) *Model {
 	}
 	res, err := compiler.CompileSource(name, src, compiler.Options{})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	m := &Model{Spec: c.Spec, Kernels: c.Kernels}
 	m.Backends = trainer.Backends{"cpu": func(*trainer.Spec) (device.Device, error) {

@@ -10,6 +10,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -538,7 +540,7 @@ func TestGraphCaptureAndSetParams(t *testing.T) {
 	assert.Equal(t, before+5, read()[7], "y += x, with x = 5 from the last copy")
 }
 
-// Models as their trainers run them (trainergen.Compile: planned arena,
+// Models as their trainers run them (driver.Compile: planned arena,
 // training and evaluation kernels): a trainer.Session on the GPU launching
 // kernel by kernel, one replaying the step as CUDA graphs, both pipelined,
 // and one on the emulator; training steps (one partial) and an evaluation
@@ -559,7 +561,7 @@ func TestTrainerSessionMatchesEmulator(t *testing.T) {
 func sessionsAgree(t *testing.T, name string, src []byte) {
 	res, err := compiler.CompileSource(name, src, compiler.Options{})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	spec := c.Spec
 	fb, err := trainergen.CompileFatbin(c.Kernels)

@@ -5,6 +5,8 @@ package cuda_test
 import (
 	"bufio"
 	"fmt"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -109,7 +111,7 @@ func TestDriverCallsChild(t *testing.T) {
 	require.NoError(t, err)
 	res, err := compiler.CompileSource("adam_dropout.cnn", src, compiler.Options{})
 	require.NoError(t, err)
-	c, err := trainergen.Compile(res, 0, "")
+	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
 	fb, err := trainergen.CompileFatbin(c.Kernels)
 	require.NoError(t, err)

@@ -25,6 +25,7 @@ package trainer
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"sort"
 	"time"
@@ -268,13 +269,13 @@ func (s *Session) args(l Launch, dst []uint64) []uint64 {
 	for _, a := range l.Args {
 		var v uint64
 		switch a.Kind {
-		case ArgBuffer:
+		case kernelarg.Buffer:
 			v = uint64(s.addr(a.Arena, a.Offset))
-		case ArgInt:
+		case kernelarg.Int:
 			v = uint64(a.Int)
-		case ArgFloat:
+		case kernelarg.Float:
 			v = uint64(math.Float32bits(a.Float))
-		case ArgScalars:
+		case kernelarg.Scalars:
 			v = uint64(s.addr(TrainArena, s.Spec.Scalars))
 		}
 		dst = append(dst, v)

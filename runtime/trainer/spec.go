@@ -21,22 +21,10 @@ package trainer
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 
 	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/schedule"
-)
-
-// ArgKind says what a kernel argument is.
-type ArgKind uint8
-
-const (
-	ArgBuffer ArgKind = iota // a pointer into an arena
-	ArgInt
-	ArgFloat
-	// ArgScalars points to the step's scalar block (Spec.Scalars): the
-	// learning rate, step, seed and valid count that change from step to
-	// step live there (device.StepScalars), never in kernel arguments.
-	ArgScalars
 )
 
 // Arena names the memory an argument points into.
@@ -49,7 +37,7 @@ const (
 
 // Arg is one kernel argument.
 type Arg struct {
-	Kind   ArgKind
+	Kind   kernelarg.Kind
 	Arena  Arena
 	Offset int64
 	Int    int64
@@ -234,7 +222,7 @@ func (s *Spec) Validate() error {
 		}
 		for _, l := range st.Launches {
 			for _, a := range l.Args {
-				if a.Kind == ArgBuffer && (a.Offset < 0 || a.Offset >= size(a.Arena)) {
+				if a.Kind == kernelarg.Buffer && (a.Offset < 0 || a.Offset >= size(a.Arena)) {
 					return fmt.Errorf("trainer: spec %s: kernel %s points at offset %d outside its arena", s.Model, l.Kernel, a.Offset)
 				}
 			}

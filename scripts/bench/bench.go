@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/cnnc/cnnc/driver"
 	"image"
 	"image/jpeg"
 	"math/rand/v2"
@@ -23,8 +24,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cnnc/cnnc/codegen"
-	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/internal/datasets"
@@ -69,7 +68,7 @@ func median(xs []float64) float64 {
 
 func compile(path string, batch int64) *compiler.Result {
 	src := must(os.ReadFile(path))
-	return must(compiler.CompileSource(path, src, compiler.Options{Batch: batch}))
+	return must(driver.Load(path, src, compiler.Options{Batch: batch}))
 }
 
 func memory(haveTorch bool) {
@@ -93,7 +92,7 @@ func memory(haveTorch bool) {
 		budget int64
 	}{{32, 0}, {32, 40e6}, {256, 0}} {
 		res := compile("examples/simplecnn.cnn", c.batch)
-		p := must(plan.Build(res.Graph, plan.Config{Batch: c.batch, Budget: c.budget, BudgetSource: "--memory-budget", Workspace: codegen.Workspace}))
+		p := must(driver.Plan(res, plan.Config{Budget: c.budget, BudgetSource: "--memory-budget"}, driver.CUDA))
 		budget, ratio := "none", "—"
 		if c.budget > 0 {
 			budget = fmt.Sprintf("%.0f MB", float64(c.budget)/1e6)
@@ -112,7 +111,7 @@ func memory(haveTorch bool) {
 // backend, on random uint8 batches.
 func stepTime(path string, batch int64, steps int) float64 {
 	res := compile(path, batch)
-	c := must(trainergen.Compile(res, 0, ""))
+	c := must(driver.Compile(res, plan.Config{}, driver.CUDA))
 	dev := must(cpudev.New(c.Kernels, "kernels.cu", cpudev.Options{}))
 	defer dev.Close()
 	sess := must(trainer.NewSession(c.Spec, dev, 1))

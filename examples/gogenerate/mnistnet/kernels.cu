@@ -138,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8
         }
     }
     // the main loop ended at a barrier: the tiles' shared memory now holds the conv outputs of the region
-    float* const Cs = smem;  // conv(m0 + m, region position n) at m*64 + n
+    float* const Cs = smem;  // conv(m0 + m, region position n) at m*65 + n (a stride that spreads the rows over the banks)
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int m = tm * 2 + i;
@@ -147,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8
         for (int j = 0; j < 4; j++) {
             float v = acc[i][j] + bo;
             v = fmaxf(v, 0.0f);
-            Cs[m * 64 + tn * 4 + j] = v;
+            Cs[m * 65 + tn * 4 + j] = v;
         }
     }
     __syncthreads();
@@ -181,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8
                 for (int kx = 0; kx < 2; kx++) {
                     const int rx = tx * 2 + kx;
                     if ((unsigned)(cx0 + rx) >= 28u) continue;
-                    const float v = Cs[m * 64 + ry * 16 + rx];
+                    const float v = Cs[m * 65 + ry * 16 + rx];
                     if (bestK < 0 || v > best) {
                         best = v;
                         bestK = ky * 2 + kx;
@@ -315,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_
         }
     }
     // the main loop ended at a barrier: the tiles' shared memory now holds the conv outputs of the region
-    float* const Cs = smem;  // conv(m0 + m, region position n) at m*64 + n
+    float* const Cs = smem;  // conv(m0 + m, region position n) at m*65 + n (a stride that spreads the rows over the banks)
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int m = tm * 4 + i;
@@ -324,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_
         for (int j = 0; j < 4; j++) {
             float v = acc[i][j] + bo;
             v = fmaxf(v, 0.0f);
-            Cs[m * 64 + tn * 4 + j] = v;
+            Cs[m * 65 + tn * 4 + j] = v;
         }
     }
     __syncthreads();
@@ -358,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_
                 for (int kx = 0; kx < 2; kx++) {
                     const int rx = tx * 2 + kx;
                     if ((unsigned)(cx0 + rx) >= 14u) continue;
-                    const float v = Cs[m * 64 + ry * 8 + rx];
+                    const float v = Cs[m * 65 + ry * 8 + rx];
                     if (bestK < 0 || v > best) {
                         best = v;
                         bestK = ky * 2 + kx;
@@ -386,7 +386,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_partial_b32_in784_out64_splitk6(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in784_out64_splitk6(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -446,12 +446,21 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_partial_b32_in784
 }
 
 // linear_block_reduce_b32_out64_splitk6_bias_relu: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
-// Adds the 6 partial sums of each of the 2048 outputs in slice order (so the result
-// does not depend on scheduling), then applies the epilogue.
-extern "C" __global__ void linear_block_reduce_b32_out64_splitk6_bias_relu(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
-    for (int at = (int)blockIdx.x * blockDim.x + threadIdx.x; at < 2048; at += (int)gridDim.x * blockDim.x) {
-        float v = partial[at];
-        for (int s = 1; s < 6; s++) v += partial[(int)s * 2048 + at];
+// Adds the 6 partial sums of each of the 2048 outputs, then applies the epilogue. A block of 1 warp(s)
+// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 1, ... in order, then warp 0
+// adds the warps' sums in warp order — a fixed tree, so the result does not depend on scheduling.
+extern "C" __global__ void __launch_bounds__(32) linear_block_reduce_b32_out64_splitk6_bias_relu(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
+    __shared__ float warpSums[1][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int at = (int)blockIdx.x * 32 + lane;
+    float sum = 0.0f;
+    if (at < 2048)
+        for (int s = warp; s < 6; s += 1) sum += partial[(int)s * 2048 + at];
+    warpSums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && at < 2048) {
+        float v = warpSums[0][lane];
+        for (int w = 1; w < 1; w++) v += warpSums[w][lane];
         {  // the epilogue
             const int n = at % 64;
             v += bias[n];
@@ -467,7 +476,7 @@ extern "C" __global__ void linear_block_reduce_b32_out64_splitk6_bias_relu(const
 // memory; each thread keeps 2x1 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_b32_in64_out10_bias(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_b32_in64_out10_bias(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(16+1) + nn
@@ -600,7 +609,7 @@ extern "C" __global__ void __launch_bounds__(256) softmax_cross_entropy_b32_c10(
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out10_in64_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_input_b32_out10_in64_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -665,7 +674,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_ou
 // memory; each thread keeps 1x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(16+1) + mm
     float* Bs = smem + 16 * (16 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -760,7 +769,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_o
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_out64_in784_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_input_b32_out64_in784_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -825,7 +834,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_block_grad_input_b32_ou
 // memory; each thread keeps 4x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) linear_block_grad_weight_b32_out64_in784_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b32_out64_in784_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(64+1) + mm
     float* Bs = smem + 16 * (64 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
@@ -1072,11 +1081,21 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x8x14x14_o1
 }
 
 // conv_block_wgrad_reduce_o16_k72_bias_split98_grads: sums 98 split partials of the 16x72 weight gradient and the bias gradient into the gradient outputs.
-// One thread per element, grid-stride loop; the splits are added in order, so the result does not depend on scheduling.
-extern "C" __global__ void conv_block_wgrad_reduce_o16_k72_bias_split98_grads(const float* __restrict__ partial, float* __restrict__ dw, float* __restrict__ db) {
-    for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < 1168; e += (int)gridDim.x * blockDim.x) {
-        float gradSum = partial[e];
-        for (int s = 1; s < 98; s++) gradSum += partial[(int)s * 1168 + e];
+// A block of 13 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 13, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 13 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(416) conv_block_wgrad_reduce_o16_k72_bias_split98_grads(const float* __restrict__ partial, float* __restrict__ dw, float* __restrict__ db) {
+    __shared__ float warpSums[13][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int e = (int)blockIdx.x * 32 + lane;
+    float sum = 0.0f;
+    if (e < 1168)
+        for (int sp = warp; sp < 98; sp += 13) sum += partial[(int)sp * 1168 + e];
+    warpSums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && e < 1168) {
+        float gradSum = warpSums[0][lane];
+        for (int w = 1; w < 13; w++) gradSum += warpSums[w][lane];
         if (e < 1152) {
             const int at = e;  // weight element (o, c, ky, kx)
             dw[at] = gradSum;
@@ -1376,13 +1395,23 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x1x28x28u8_
 }
 
 // conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9: sums 392 split partials of the 8x9 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
-// One thread per element, grid-stride loop; the splits are added in order, so the result does not depend on scheduling.
-extern "C" __global__ void conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+// A block of 16 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 16, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 16 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(512) conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+    __shared__ float warpSums[16][32];
     const float lr = scalars->lr;
     const long long step = scalars->step;
-    for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < 80; e += (int)gridDim.x * blockDim.x) {
-        float gradSum = partial[e];
-        for (int s = 1; s < 392; s++) gradSum += partial[(int)s * 80 + e];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int e = (int)blockIdx.x * 32 + lane;
+    float sum = 0.0f;
+    if (e < 80)
+        for (int sp = warp; sp < 392; sp += 16) sum += partial[(int)sp * 80 + e];
+    warpSums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && e < 80) {
+        float gradSum = warpSums[0][lane];
+        for (int w = 1; w < 16; w++) gradSum += warpSums[w][lane];
         if (e < 72) {
             const int at = e;  // weight element (o, c, ky, kx)
 

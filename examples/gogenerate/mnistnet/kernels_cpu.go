@@ -3,7 +3,7 @@
 package mnistnet
 
 // #cgo CXXFLAGS: -std=c++20 -O3 -g0 -fvisibility=hidden
-// void* cnnc_emu_builtin_071b63279330441c(const char*);
+// void* cnnc_emu_builtin_d11acc6228cc73c7(const char*);
 import "C"
 
 import (
@@ -13,4 +13,4 @@ import (
 )
 
 // The kernels compiled into the program: the CPU device runs them without a compiler.
-func init() { emu.RegisterBuiltin(unsafe.Pointer(C.cnnc_emu_builtin_071b63279330441c)) }
+func init() { emu.RegisterBuiltin(unsafe.Pointer(C.cnnc_emu_builtin_d11acc6228cc73c7)) }

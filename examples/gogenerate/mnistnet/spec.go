@@ -2,7 +2,10 @@
 
 package mnistnet
 
-import "github.com/cnnc/cnnc/runtime/trainer"
+import (
+	kernelarg "github.com/cnnc/cnnc/runtime/kernelarg"
+	"github.com/cnnc/cnnc/runtime/trainer"
+)
 
 // Spec is model MNISTNet compiled for batch 32: its memory plan (arena of 1227012 bytes) and kernel launches.
 var Spec = &trainer.Spec{
@@ -52,9 +55,9 @@ var Spec = &trainer.Spec{
 			SharedBytes: 6272,
 		}, {
 			Args:     []trainer.Arg{{Offset: 719872}, {Offset: 412672}, {Offset: 806656}},
-			Block:    [3]uint32{256, 1, 1},
+			Block:    [3]uint32{32, 1, 1},
 			FLOPs:    14336,
-			Grid:     [3]uint32{8, 1, 1},
+			Grid:     [3]uint32{64, 1, 1},
 			Kernel:   "linear_block_reduce_b32_out64_splitk6_bias_relu",
 			MinBytes: 57600,
 		}, {
@@ -66,7 +69,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    12072,
 			SharedBytes: 3200,
 		}, {
-			Args:        []trainer.Arg{{Offset: 821248}, {Offset: 823808}, {Offset: 824064}, {Offset: 822528}, {Offset: 824320}, {Kind: trainer.ArgScalars}, {Kind: trainer.ArgInt}},
+			Args:        []trainer.Arg{{Offset: 821248}, {Offset: 823808}, {Offset: 824064}, {Offset: 822528}, {Offset: 824320}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       1280,
 			Grid:        [3]uint32{1, 1, 1},
@@ -211,9 +214,9 @@ var Spec = &trainer.Spec{
 			SharedBytes: 6272,
 		}, {
 			Args:     []trainer.Arg{{Offset: 519168}, {Offset: 412672}, {Offset: 1077504}},
-			Block:    [3]uint32{256, 1, 1},
+			Block:    [3]uint32{32, 1, 1},
 			FLOPs:    14336,
-			Grid:     [3]uint32{8, 1, 1},
+			Grid:     [3]uint32{64, 1, 1},
 			Kernel:   "linear_block_reduce_b32_out64_splitk6_bias_relu",
 			MinBytes: 57600,
 		}, {
@@ -225,7 +228,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    12072,
 			SharedBytes: 3200,
 		}, {
-			Args:        []trainer.Arg{{Offset: 1085696}, {Offset: 1088256}, {Offset: 1226752}, {Offset: 1086976}, {Offset: 1227008}, {Kind: trainer.ArgScalars}, {Kind: trainer.ArgInt}},
+			Args:        []trainer.Arg{{Offset: 1085696}, {Offset: 1088256}, {Offset: 1226752}, {Offset: 1086976}, {Offset: 1227008}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       1280,
 			Grid:        [3]uint32{1, 1, 1},
@@ -241,7 +244,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    20224,
 			SharedBytes: 6272,
 		}, {
-			Args:        []trainer.Arg{{Offset: 1086976}, {Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 415744}, {Offset: 418560}, {Kind: trainer.ArgScalars}},
+			Args:        []trainer.Arg{{Offset: 1086976}, {Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 415744}, {Offset: 418560}, {Kind: kernelarg.Scalars}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       40960,
 			Grid:        [3]uint32{1, 1, 1},
@@ -257,7 +260,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    409600,
 			SharedBytes: 6272,
 		}, {
-			Args:        []trainer.Arg{{Offset: 519168}, {Offset: 418816}, {Offset: 11264}, {Offset: 412672}, {Offset: 211968}, {Offset: 412928}, {Kind: trainer.ArgScalars}},
+			Args:        []trainer.Arg{{Offset: 519168}, {Offset: 418816}, {Offset: 11264}, {Offset: 412672}, {Offset: 211968}, {Offset: 412928}, {Kind: kernelarg.Scalars}},
 			Block:       [3]uint32{256, 1, 1},
 			FLOPs:       3211264,
 			Grid:        [3]uint32{13, 1, 1},
@@ -274,13 +277,13 @@ var Spec = &trainer.Spec{
 			SharedBytes: 6144,
 		}, {
 			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1221888}, {Offset: 1226496}},
-			Block:    [3]uint32{256, 1, 1},
+			Block:    [3]uint32{416, 1, 1},
 			FLOPs:    113296,
-			Grid:     [3]uint32{5, 1, 1},
+			Grid:     [3]uint32{37, 1, 1},
 			Kernel:   "conv_block_wgrad_reduce_o16_k72_bias_split98_grads",
 			MinBytes: 462528,
 		}, {
-			Args:     []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: trainer.ArgScalars}},
+			Args:     []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: kernelarg.Scalars}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    64,
 			Grid:     [3]uint32{1, 1, 1},
@@ -295,7 +298,7 @@ var Spec = &trainer.Spec{
 			MinBytes:    512640,
 			SharedBytes: 5824,
 		}, {
-			Args:     []trainer.Arg{{Offset: 1536}, {Offset: 1221888}, {Offset: 6144}, {Kind: trainer.ArgScalars}},
+			Args:     []trainer.Arg{{Offset: 1536}, {Offset: 1221888}, {Offset: 6144}, {Kind: kernelarg.Scalars}},
 			Block:    [3]uint32{256, 1, 1},
 			FLOPs:    4608,
 			Grid:     [3]uint32{5, 1, 1},
@@ -310,10 +313,10 @@ var Spec = &trainer.Spec{
 			MinBytes:    363776,
 			SharedBytes: 5632,
 		}, {
-			Args:     []trainer.Arg{{Offset: 418816}, {}, {Offset: 1024}, {Offset: 512}, {Offset: 1280}, {Kind: trainer.ArgScalars}},
-			Block:    [3]uint32{256, 1, 1},
+			Args:     []trainer.Arg{{Offset: 418816}, {}, {Offset: 1024}, {Offset: 512}, {Offset: 1280}, {Kind: kernelarg.Scalars}},
+			Block:    [3]uint32{512, 1, 1},
 			FLOPs:    31600,
-			Grid:     [3]uint32{1, 1, 1},
+			Grid:     [3]uint32{3, 1, 1},
 			Kernel:   "conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9",
 			MinBytes: 126720,
 		}},
