@@ -12,6 +12,7 @@ import (
 	"github.com/cnnc/cnnc/codegen/cpu"
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/runtime/native"
 )
@@ -110,5 +111,44 @@ func TestSmallKernels(t *testing.T) {
 	for bi, batch := range []int64{1, 37} {
 		cases := append(kernelcases.PoolChecks(t), kernelcases.ElementwiseChecks(t)...)
 		checkCases(t, batch, 21, append(cases, kernelcases.LossUpdateDropoutChecks(t, bi)...))
+	}
+}
+
+// Every kernel of every DSL op's examples (kernelcases.Examples: the ops' harness model, odd
+// shapes, fused as trainers compile it) that the CPU target generates, on every instruction set,
+// at batches 1 and 3, against the float64 reference with NaN-poisoned outputs — as codegen's
+// TestEveryOpExampleKernels checks the CUDA kernels. The ops the target refuses are
+// TestRegistryOpsHaveCPURulesOrAreRefused's list; their nodes are skipped here.
+//
+// Tolerance: kernelcheck.Tolerance (1e-4 of the tensor's largest magnitude). These kernels are
+// elementwise or reduce over a few hundred terms at most: one to a few fp32 roundings per
+// element (expf, erff, tanhf are within a few ulp, 2^-22 relative), far below it.
+func TestEveryOpExampleKernels(t *testing.T) {
+	var checks []kernelcases.Example
+	var nodes []*ir.Node
+	skipped := map[string]bool{}
+	for _, c := range kernelcases.Examples(t) {
+		if !cpu.Supported(c.N.Op) {
+			skipped[c.N.Op.String()] = true
+			continue
+		}
+		checks, nodes = append(checks, c), append(nodes, c.N)
+	}
+	t.Logf("%d nodes; skipped (refused by the CPU target): %v", len(nodes), skipped)
+	for _, batch := range []int64{1, 3} {
+		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		for _, isa := range isas(t) {
+			dev := openDevice(t, prog, native.Options{ISA: isa})
+			for i, c := range checks {
+				ins := c.Inputs(batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				o := reference.NodeOptions{Training: true, Update: true, Seed: 7, Step: 3}
+				r, err := kernelcheck.Node(dev, prog, c.N, ins, kernelcheck.Scalars{LR: c.LR, Step: o.Step, Seed: o.Seed}, o)
+				require.NoError(t, err, "%s b%d %s", isa, batch, c.Name)
+				require.NotEmpty(t, r.Kernel, "no launch for %s", c.Name)
+				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s b%d %s: %s", isa, batch, c.Name, r)
+				t.Logf("%s b%d %s: %s", isa, batch, c.Name, r)
+			}
+		}
 	}
 }

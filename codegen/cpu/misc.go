@@ -3,9 +3,11 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // The small kernels on the CPU: softmax cross-entropy (one task), elementwise ops, dropout,
@@ -16,13 +18,14 @@ const chunk = 16384
 
 func init() {
 	register(ir.OpSoftmaxCrossEntropy, softmaxCrossEntropy)
-	register(ir.OpToTensor, elementwise("to_tensor", "ToTensor", func(n *ir.Node) []def {
+	register(ir.OpToTensor, elementwise("to_tensor", "ToTensor<%s>", func(n *ir.Node) []def {
 		u8 := n.Ins[0].Type // [H,W,C]
 		return []def{{"H", u8.Dims[0]}, {"W", u8.Dims[1]}, {"C", u8.Dims[2]}}
 	}))
-	register(ir.OpAdd, elementwise("add", "Add", nil))
-	register(ir.OpReLU, elementwise("relu", "ReLU", nil))
-	register(ir.OpReLUGrad, elementwise("relu_grad", "ReLUGrad", nil))
+	register(ir.OpAdd, elementwise("add", "Add<%s>", nil))
+	register(ir.OpReLU, elementwise("relu", "ReLU<%s>", nil))
+	register(ir.OpReLUGrad, elementwise("relu_grad", "ReLUGrad<%s>", nil))
+	registerActivations()
 	register(ir.OpDropout, dropout("dropout"))
 	register(ir.OpDropoutGrad, dropout("dropout_grad"))
 	register(ir.OpMaxPool2D, pool("maxpool_fwd", "MaxPoolFwd"))
@@ -31,6 +34,35 @@ func init() {
 	register(ir.OpAvgPool2DGrad, pool("avgpool_grad", "AvgPoolGrad"))
 	register(ir.OpSGDUpdate, update)
 	register(ir.OpAdamUpdate, update)
+}
+
+// activations are the activations other than ReLU, bound like CUDA's by their ops' elementwise
+// kernel names (compiler/ops, Kernel.Elementwise): cnnc_cpu.h's functor (f, the forward, and g,
+// the gradient, which reads dy and the saved tensor) and its constants.
+var activations = map[string]struct {
+	functor string // %[1]s: the kernel's struct of constants
+	consts  func(n *ir.Node) []def
+}{
+	"leaky_relu": {"LeakyReLUF<%[1]s>", func(n *ir.Node) []def { return []def{{"SLOPE", float32(n.Attrs.Alpha)}} }},
+	"sigmoid":    {"SigmoidF", nil},
+	"tanh":       {"TanhF", nil},
+	"gelu":       {"GELUF", nil},
+	"silu":       {"SiLUF", nil},
+	"hardswish":  {"HardSwishF", nil},
+}
+
+// registerActivations adds the rules of the activations and of their gradients: Act and
+// ActGrad of cnnc_cpu.h on the activation's functor.
+func registerActivations() {
+	for _, d := range ops.All() {
+		name, impl := d.Kernel.Elementwise, "Act"
+		if base, ok := strings.CutSuffix(name, "_grad"); ok {
+			name, impl = base, "ActGrad"
+		}
+		if a, ok := activations[name]; ok {
+			register(d.Op, elementwise(d.Kernel.Elementwise, impl+"<%[1]s, "+a.functor+">", a.consts))
+		}
+	}
 }
 
 func softmaxCrossEntropy(e codegen.Emitter, n *ir.Node) error {
@@ -49,7 +81,8 @@ func softmaxCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 	return launch(e, n, name, 1, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 }
 
-// elementwise: the node's inputs then its output, over the output's elements.
+// elementwise: the node's inputs then its output, over the output's elements; impl is the
+// kernel's template (kernelSpec.impl: %s or %[1]s for its struct of constants).
 func elementwise(family, impl string, extra func(n *ir.Node) []def) rule {
 	return func(e codegen.Emitter, n *ir.Node) error {
 		elems := n.Out().Type.Elems(e.Batch())
@@ -63,7 +96,7 @@ func elementwise(family, impl string, extra func(n *ir.Node) []def) rule {
 		}
 		args = append(args, buf(n.Out()))
 		name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s over %d elements.", n.Op, elems),
-			structs: []structSpec{{"g", defs}}, impl: impl + "<%s>", nparams: len(args)})
+			structs: []structSpec{{"g", defs}}, impl: impl, nparams: len(args)})
 		return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 	}
 }

@@ -1178,6 +1178,63 @@ struct ReLUGrad {  // dx = dy where y > 0 (dx may be dy or y)
     for (long i = lo; i < hi; i++) dx[i] = masked(y[i], dy[i]);
   }
 };
+// The activations other than ReLU (templates/activations.cu.tmpl's formulas, in the same fp32
+// operations): Act<E, F> runs out = F::f(x), ActGrad<E, F> dx = F::g(dy, s), s the tensor the
+// derivative reads (the input or the output, as compiler/ops says). Outputs may be written over
+// inputs.
+template <class E, class F>
+struct Act {  // x, out
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* x = arg<const float>(p, 0);
+    float* out = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) out[i] = F::f(x[i]);
+  }
+};
+template <class E, class F>
+struct ActGrad {  // dy, s, dx
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    const float* s = arg<const float>(p, 1);
+    float* dx = arg<float>(p, 2);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) dx[i] = F::g(dy[i], s[i]);
+  }
+};
+template <class E>
+struct LeakyReLUF {  // E::SLOPE; the gradient reads x
+  CNNC_INLINE float f(float v) { return v > 0.0f ? v : v * E::SLOPE; }
+  CNNC_INLINE float g(float dy, float x) { return x > 0.0f ? dy : dy * E::SLOPE; }
+};
+struct SigmoidF {  // the gradient reads y
+  CNNC_INLINE float f(float v) { return 1.0f / (1.0f + expf(-v)); }
+  CNNC_INLINE float g(float dy, float y) { return dy * (1.0f - y) * y; }
+};
+struct TanhF {  // the gradient reads y
+  CNNC_INLINE float f(float v) { return tanhf(v); }
+  CNNC_INLINE float g(float dy, float y) { return dy * (1.0f - y * y); }
+};
+struct GELUF {  // x·Φ(x), the erf form; the gradient reads x: dy·(Φ(x) + x·φ(x))
+  CNNC_INLINE float f(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
+  CNNC_INLINE float g(float dy, float v) {
+    const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+    const float pdf = expf(-0.5f * v * v) * 0.39894228040143268f;
+    return dy * (cdf + v * pdf);
+  }
+};
+struct SiLUF {  // x·sigmoid(x); the gradient reads x: dy·s·(1 + x·(1-s))
+  CNNC_INLINE float f(float v) { return v / (1.0f + expf(-v)); }
+  CNNC_INLINE float g(float dy, float v) {
+    const float s = 1.0f / (1.0f + expf(-v));
+    return dy * s * (1.0f + v * (1.0f - s));
+  }
+};
+struct HardSwishF {  // x·min(max(x+3, 0), 6)/6; the gradient reads x (PyTorch's hardswish_backward)
+  CNNC_INLINE float f(float v) { return v * fminf(fmaxf(v + 3.0f, 0.0f), 6.0f) / 6.0f; }
+  CNNC_INLINE float g(float dy, float v) { return v < -3.0f ? 0.0f : (v <= 3.0f ? dy * (v / 3.0f + 0.5f) : dy); }
+};
 template <class E>
 struct FillZero {  // N 32-bit words
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
