@@ -26,6 +26,12 @@ func init() {
 	register(ir.OpReLU, elementwise("relu", "ReLU<%s>", nil))
 	register(ir.OpReLUGrad, elementwise("relu_grad", "ReLUGrad<%s>", nil))
 	registerActivations()
+	register(ops.GlobalAvgPool, globalAvgPool)
+	register(ops.GlobalAvgPoolGrad, elementwise("global_avgpool_grad", "GlobalAvgPoolGrad<%s>", func(n *ir.Node) []def {
+		return []def{{"HW", mapSize(n.Out().Type)}}
+	}))
+	register(ops.Concat, concat)
+	register(ops.ConcatGrad, concatGrad)
 	register(ir.OpDropout, dropout("dropout"))
 	register(ir.OpDropoutGrad, dropout("dropout_grad"))
 	register(ir.OpMaxPool2D, pool("maxpool_fwd", "MaxPoolFwd"))
@@ -99,6 +105,54 @@ func elementwise(family, impl string, extra func(n *ir.Node) []def) rule {
 			structs: []structSpec{{"g", defs}}, impl: impl, nparams: len(args)})
 		return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 	}
+}
+
+// mapSize is a [C,H,W] tensor's H·W.
+func mapSize(t ir.Type) int64 { return t.Dims[1] * t.Dims[2] }
+
+// globalAvgPool: each (sample, channel) output sums its map in order; a task takes about chunk
+// elements' worth of maps.
+func globalAvgPool(e codegen.Emitter, n *ir.Node) error {
+	x := n.Ins[0].Type
+	if len(x.Dims) != 3 {
+		return fmt.Errorf("%s: global_avgpool needs a [B,C,H,W] tensor", n.Text())
+	}
+	outs, hw := n.Out().Type.Elems(e.Batch()), mapSize(x)
+	per := max(1, chunk/hw)
+	name := emit(e, kernelSpec{family: "global_avgpool", shape: fmt.Sprintf("n%d_hw%d", outs, hw), doc: fmt.Sprintf("global_avgpool of %d maps of %d elements.", outs, hw),
+		structs: []structSpec{{"g", []def{{"N", outs}, {"HW", hw}, {"OUTS", per}}}}, impl: "GlobalAvgPool<%s>", nparams: 2})
+	return launch(e, n, name, cdiv(outs, per), []codegen.Arg{buf(n.Ins[0]), buf(n.Out())}, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
+}
+
+// concatSlice emits and launches impl (ConcatPart or ConcatGrad) over the elements [first,
+// first+per) of samples of all elements: from src to dst.
+func concatSlice(e codegen.Emitter, n *ir.Node, family, impl string, src, dst *ir.Value, per, all, first int64) error {
+	elems := per * e.Batch()
+	name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("n%d_of%d_at%d", elems, all, first),
+		doc:     fmt.Sprintf("%s: elements [%d, %d) of each %d-element sample of the concat.", n.Op, first, first+per, all),
+		structs: []structSpec{{"g", []def{{"N", elems}, {"PER", per}, {"ALL", all}, {"FIRST", first}}}}, impl: impl, nparams: 2})
+	return launch(e, n, name, cdiv(elems, chunk), []codegen.Arg{buf(src), buf(dst)}, 0, 2*4*elems)
+}
+
+// concat: one ConcatPart launch per input, into its channels of the output.
+func concat(e codegen.Emitter, n *ir.Node) error {
+	all, first := n.Out().Type.SampleElems(), int64(0)
+	for _, v := range n.Ins {
+		per := v.Type.SampleElems()
+		if err := concatSlice(e, n, "concat", "ConcatPart<%s>", v, n.Out(), per, all, first); err != nil {
+			return err
+		}
+		first += per
+	}
+	return nil
+}
+
+// concatGrad: one input's channels [offset, offset+dims[0]) of the concat's gradient.
+func concatGrad(e codegen.Emitter, n *ir.Node) error {
+	dy := n.Ins[0].Type
+	all, per := dy.SampleElems(), n.Out().Type.SampleElems()
+	first := n.Attrs.Offset * (all / dy.Dims[0])
+	return concatSlice(e, n, "concat_grad", "ConcatGrad<%s>", n.Ins[0], n.Out(), per, all, first)
 }
 
 func (target) ZeroFill(e codegen.Emitter, n *ir.Node, v *ir.Value) error {

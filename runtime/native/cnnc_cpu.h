@@ -1235,6 +1235,58 @@ struct HardSwishF {  // x·min(max(x+3, 0), 6)/6; the gradient reads x (PyTorch'
   CNNC_INLINE float f(float v) { return v * fminf(fmaxf(v + 3.0f, 0.0f), 6.0f) / 6.0f; }
   CNNC_INLINE float g(float dy, float v) { return v < -3.0f ? 0.0f : (v <= 3.0f ? dy * (v / 3.0f + 0.5f) : dy); }
 };
+// Global average pooling: E has N (the pool's outputs, B·C; the gradient's: its B·C·H·W
+// elements), HW (a channel's map) and, forward, OUTS (outputs per task: about CHUNK elements read).
+template <class E>
+struct GlobalAvgPool {  // x, out: out[b,c] = the mean of x[b,c,:,:], summed in order
+  static constexpr long tasks = cdiv(E::N, E::OUTS), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* x = arg<const float>(p, 0);
+    float* out = arg<float>(p, 1);
+    const long lo = task * E::OUTS, hi = cmin(static_cast<long>(E::N), lo + E::OUTS);
+    for (long i = lo; i < hi; i++) {
+      const float* m = x + i * E::HW;
+      float s = 0.0f;
+      for (long q = 0; q < E::HW; q++) s += m[q];
+      out[i] = s / static_cast<float>(E::HW);
+    }
+  }
+};
+template <class E>
+struct GlobalAvgPoolGrad {  // dy, dx: dx[b,c,h,w] = dy[b,c]/HW
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    float* dx = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) dx[i] = dy[i / E::HW] / static_cast<float>(E::HW);
+  }
+};
+
+// Concat along channels: one launch per input copies its samples (PER elements each) into
+// elements [FIRST, FIRST+PER) of the output's samples (ALL elements each); the gradient copies
+// such a slice of dy back out. E has N (B·PER), PER, ALL, FIRST.
+template <class E>
+struct ConcatPart {  // in, out
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* in = arg<const float>(p, 0);
+    float* out = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) out[(i / E::PER) * E::ALL + E::FIRST + i % E::PER] = in[i];
+  }
+};
+template <class E>
+struct ConcatGrad {  // dy, dx
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    float* dx = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) dx[i] = dy[(i / E::PER) * E::ALL + E::FIRST + i % E::PER];
+  }
+};
+
 template <class E>
 struct FillZero {  // N 32-bit words
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
