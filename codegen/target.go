@@ -34,6 +34,9 @@ type Emitter interface {
 	// Batch is the number of samples the node's kernels process: the
 	// batch, or a micro-batch inside a loop.
 	Batch() int64
+	// Eval says whether the program is evaluation's (Options.Eval): batch
+	// norm reads its running statistics.
+	Eval() bool
 	// AddKernel adds k to the program unless a kernel of its name exists
 	// (equal names mean equal kernels: each is emitted once).
 	AddKernel(k *Kernel)
@@ -45,6 +48,8 @@ type Emitter interface {
 }
 
 func (e *emitter) Batch() int64 { return e.batch }
+
+func (e *emitter) Eval() bool { return e.eval }
 
 func (e *emitter) AddKernel(k *Kernel) {
 	if _, ok := e.kernels[k.Name]; ok {

@@ -31,6 +31,14 @@ func init() {
 		return []def{{"HW", mapSize(n.Out().Type)}}
 	}))
 	register(ops.Concat, concat)
+	register(ops.BatchNormStats, batchNormStats)
+	register(ops.BatchNormGrad, batchNormGrad)
+	for _, op := range []ir.Op{ops.BatchNorm2D, ops.BatchNorm1D} {
+		register(op, elementwise("batchnorm_apply", "BNApply<%s>", func(n *ir.Node) []def {
+			c, s := bnGeom(n.Ins[0].Type)
+			return []def{{"C", c}, {"S", s}, {"AFFINE", len(n.Ins) == 5}}
+		}))
+	}
 	register(ops.ConcatGrad, concatGrad)
 	register(ir.OpDropout, dropout("dropout"))
 	register(ir.OpDropoutGrad, dropout("dropout_grad"))
@@ -153,6 +161,43 @@ func concatGrad(e codegen.Emitter, n *ir.Node) error {
 	all, per := dy.SampleElems(), n.Out().Type.SampleElems()
 	first := n.Attrs.Offset * (all / dy.Dims[0])
 	return concatSlice(e, n, "concat_grad", "ConcatGrad<%s>", n.Ins[0], n.Out(), per, all, first)
+}
+
+// bnGeom: a [C,...] type's channels and values per channel per sample.
+func bnGeom(t ir.Type) (c, s int64) { return t.Dims[0], t.SampleElems() / t.Dims[0] }
+
+// batchNormStats: training, one task per channel (the batch's statistics, the running ones
+// moved); evaluation, one task reading the running statistics. The node's inputs, outputs and
+// the step's scalars (the valid count) are the parameters.
+func batchNormStats(e codegen.Emitter, n *ir.Node) error {
+	return batchNorm(e, n, n.Ins[0].Type, "batchnorm_stats", "BNStats<%s>", []def{{"EPS", float32(n.Attrs.Eps)}, {"MOM", float32(n.Attrs.Momentum)}})
+}
+
+// batchNormGrad: one task per channel.
+func batchNormGrad(e codegen.Emitter, n *ir.Node) error {
+	if e.Eval() {
+		return fmt.Errorf("%s: no gradient in evaluation", n.Text())
+	}
+	return batchNorm(e, n, n.Ins[1].Type, "batchnorm_grad", "BNGrad<%s>", []def{{"AFFINE", n.Attrs.Bias}})
+}
+
+func batchNorm(e codegen.Emitter, n *ir.Node, x ir.Type, family, impl string, extra []def) error {
+	if n.Attrs.Accumulate {
+		return fmt.Errorf("%s: batch norm cannot run in a micro-batch loop", n.Text())
+	}
+	c, s := bnGeom(x)
+	tasks := c
+	if family == "batchnorm_stats" && e.Eval() {
+		family, impl, tasks = "batchnorm_stats_eval", "BNStatsEval<%s>", 1
+	}
+	var args []codegen.Arg
+	for _, v := range append(append([]*ir.Value{}, n.Ins...), n.Outs...) {
+		args = append(args, buf(v))
+	}
+	args = append(args, codegen.Arg{Kind: codegen.ArgScalars}) // the batch's valid count
+	name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("c%d_s%d_b%d", c, s, e.Batch()), doc: fmt.Sprintf("%s over [%d,%d,%d] (the batch valid at run time).", n.Op, e.Batch(), c, s),
+		structs: []structSpec{{"g", append([]def{{"B", e.Batch()}, {"C", c}, {"S", s}}, extra...)}}, impl: impl, nparams: len(args)})
+	return launch(e, n, name, tasks, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 }
 
 func (target) ZeroFill(e codegen.Emitter, n *ir.Node, v *ir.Value) error {
