@@ -14,7 +14,7 @@ import (
 
 // Every op of the registry that runs kernels has a CPU rule, or is one of the ops the CPU
 // target refuses (a codegen.NoRuleError naming the target; cmd/cnnc's
-// TestBuildTargetCPURefusesBatchNormAtTheLayer shows the user's error). An op added to the
+// TestBuildTargetCPURefusesDilatedConvAtTheLayer shows the user's error). An op added to the
 // registry shows up here: give it a CPU rule, or add it to the refused list and the docs
 // (docs/architecture.md, "The CPU target").
 func TestRegistryOpsHaveCPURulesOrAreRefused(t *testing.T) {

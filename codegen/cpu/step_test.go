@@ -92,3 +92,12 @@ train { optimizer = sgd(lr=0.01, momentum=0.9) }
 }
 
 var _ = os.ReadFile
+
+// Whole training steps of a model with batch norm (maps and features, affine or not, a conv
+// without bias before it, the fused blocks around it) against the reference: loss, parameters,
+// optimizer state and running statistics after each step — codegen's TestBatchNormSteps.
+func TestBatchNormSteps(t *testing.T) {
+	src, err := os.ReadFile("../../compiler/plan/testdata/bn.cnn")
+	require.NoError(t, err)
+	checkSteps(t, "bn.cnn", src, 6, 3, 3)
+}
