@@ -41,9 +41,11 @@ func TestCPURefusal(t *testing.T) {
 	assert.Equal(t, 3, d.Pos.Line)
 	assert.Equal(t, dsl.SeverityError, cpuRefusal(res, false).Severity)
 
-	src, err := os.ReadFile("../../examples/mnist.cnn")
-	require.NoError(t, err)
-	mnist, err := compiler.CompileSource("mnist.cnn", src, compiler.Options{})
-	require.NoError(t, err)
-	assert.Nil(t, cpuRefusal(mnist, true))
+	for _, m := range []string{"mnist.cnn", "vgg_small.cnn"} { // vgg_small: batch norm, dropout
+		src, err := os.ReadFile("../../examples/" + m)
+		require.NoError(t, err)
+		res, err := compiler.CompileSource(m, src, compiler.Options{})
+		require.NoError(t, err)
+		assert.Nil(t, cpuRefusal(res, true), m)
+	}
 }
