@@ -1,6 +1,7 @@
 package cpu_test
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/cnnc/cnnc/codegen/cpu"
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/runtime/native"
@@ -154,6 +156,41 @@ func TestEveryOpExampleKernels(t *testing.T) {
 				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s b%d %s: %s", isa, batch, c.Name, r)
 				t.Logf("%s b%d %s: %s", isa, batch, c.Name, r)
 			}
+		}
+	}
+}
+
+// Batch norm in evaluation (Options.Eval): the statistics node reads the running statistics and
+// changes nothing, the normalisation uses them — every batch norm example's forward nodes on
+// every instruction set against the reference in evaluation mode (NodeOptions.Training false),
+// NaN-poisoned outputs. Tolerance: kernelcheck.Tolerance; one sqrt, one division and a few
+// roundings per element.
+func TestBatchNormEvalKernels(t *testing.T) {
+	var checks []kernelcases.Example
+	var nodes []*ir.Node
+	for _, c := range kernelcases.Examples(t) {
+		if c.N.Op == ops.BatchNormStats || c.N.Op == ops.BatchNorm2D || c.N.Op == ops.BatchNorm1D {
+			checks, nodes = append(checks, c), append(nodes, c.N)
+		}
+	}
+	require.NotEmpty(t, checks)
+	const batch = 3
+	prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Eval: true})
+	require.NoError(t, err)
+	for _, isa := range isas(t) {
+		dev := openDevice(t, prog, native.Options{ISA: isa})
+		for i, c := range checks {
+			ins := c.Inputs(batch, rand.New(rand.NewPCG(uint64(i)+1, 5)))
+			if c.N.Op == ops.BatchNormStats {
+				for j := range ins[2] { // running variances are positive
+					ins[2][j] = math.Abs(ins[2][j]) + 0.1
+				}
+			}
+			o := reference.NodeOptions{Training: false}
+			r, err := kernelcheck.Node(dev, prog, c.N, ins, kernelcheck.Scalars{LR: c.LR}, o)
+			require.NoError(t, err, "%s %s", isa, c.Name)
+			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, c.Name, r)
+			t.Logf("%s %s: %s", isa, c.Name, r)
 		}
 	}
 }
