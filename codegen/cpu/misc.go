@@ -10,8 +10,10 @@ import (
 	"github.com/cnnc/cnnc/compiler/ops"
 )
 
-// The small kernels on the CPU: softmax cross-entropy (one task), elementwise ops, dropout,
-// standalone pools and optimizer updates, zero fill (tasks of chunk elements each).
+// The small kernels on the CPU: softmax cross-entropy (one task), elementwise ops (activations
+// included), dropout, standalone pools and optimizer updates, zero fill, concat (tasks of chunk
+// elements each), global average pooling (tasks of about chunk elements read), batch norm (a
+// task per channel).
 
 // chunk is cnnc_cpu.h's CHUNK: elements an elementwise task covers.
 const chunk = 16384
