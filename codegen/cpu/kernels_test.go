@@ -12,6 +12,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/cpu"
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
+	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
@@ -191,6 +192,35 @@ func TestBatchNormEvalKernels(t *testing.T) {
 			require.NoError(t, err, "%s %s", isa, c.Name)
 			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, c.Name, r)
 			t.Logf("%s %s: %s", isa, c.Name, r)
+		}
+	}
+}
+
+// A padded last batch through batch norm on the CPU target (kernelcheck.PartialBatch): the
+// statistics are the valid samples' (and so the running statistics' update), the gradient sums
+// over them and gives the padding zero — codegen's TestBatchNormPartialBatch, on every
+// instruction set.
+func TestBatchNormPartialBatch(t *testing.T) {
+	const batch, valid = 5, 3
+	for _, call := range []string{"batchnorm2d(x)", "batchnorm1d(x, affine=false)"} {
+		d := ops.ByDSLName(call[:len("batchnorm2d")])
+		res, err := compiler.CompileSource("t.cnn", []byte(ops.ExampleModel(d, call)), compiler.Options{})
+		require.NoError(t, err)
+		var nodes []*ir.Node
+		for _, n := range res.Graph.Nodes {
+			if n.Op == ops.BatchNormStats || n.Op == ops.BatchNormGrad {
+				nodes = append(nodes, n)
+			}
+		}
+		require.Len(t, nodes, 2)
+		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		for _, isa := range isas(t) {
+			dev := openDevice(t, prog, native.Options{ISA: isa})
+			for _, n := range nodes {
+				ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(5, 6)))
+				require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, valid), "%s %s", isa, call)
+			}
 		}
 	}
 }
