@@ -217,7 +217,7 @@ func loadAverage() string {
 
 func training(haveTorch bool) {
 	fmt.Printf("## Training on the CPU: images/s (one step = forward, backward, SGD-momentum update)\n\n"+
-		"cnnc CPU target: `cnnc build --target cpu`'s kernels (codegen/cpu, compiled with the trainers' g++ flags) on runtime/native with %d workers, "+
+		"cnnc CPU target: `cnnc build --target cpu`'s kernels (codegen/cpu, compiled with the trainers' g++ flags) on runtime/native (workers: %d), "+
 		"`Session.TrainStep` on random uint8 batches, no memory budget. "+
 		"PyTorch: `scripts/bench/torch_train.py train` (eager, `torch.set_num_threads(%d)`, same model, batch, fp32, SGD momentum, uint8 input converted in the step). "+
 		"Side by side: %d rounds, each N steps of cnnc (after 1 of warm-up, 2 in the first round) then N steps of PyTorch in a fresh process (after 3 of warm-up); "+
