@@ -38,6 +38,9 @@ type Emitter interface {
 	// outputs (weight gradients, the loss, the correct count) to what the
 	// buffers hold: a step of a micro-batch loop, as the plan says.
 	Accumulate() bool
+	// Eval says whether the program is evaluation's (Options.Eval): batch
+	// norm reads its running statistics.
+	Eval() bool
 	// AddKernel adds k to the program unless a kernel of its name exists
 	// (equal names mean equal kernels: each is emitted once).
 	AddKernel(k *Kernel)
@@ -51,6 +54,7 @@ type Emitter interface {
 func (e *emitter) Batch() int64 { return e.batch }
 
 func (e *emitter) Accumulate() bool { return e.accumulate }
+func (e *emitter) Eval() bool       { return e.eval }
 
 func (e *emitter) AddKernel(k *Kernel) {
 	if _, ok := e.kernels[k.Name]; ok {

@@ -51,9 +51,8 @@ func register(op ir.Op, r rule) {
 }
 
 // Node refuses, with a *codegen.NoRuleError naming the target, an op the CPU target has no
-// kernels for (batch norm, the activations other than ReLU, concat, global average pooling,
-// grouped or dilated convolutions: the ops of the registry bound to CUDA templates only) and a
-// form of an op its kernels do not compute (unsupportedForm).
+// kernels for (grouped or dilated convolutions: unfused conv2d) and a form of an op its kernels
+// do not compute (unsupportedForm).
 func (t target) Node(e codegen.Emitter, n *ir.Node) error {
 	r, ok := rules[n.Op]
 	if !ok {

@@ -1,6 +1,7 @@
 package cpu_test
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -11,7 +12,10 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/cpu"
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
+	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
+	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/runtime/native"
 )
@@ -106,9 +110,117 @@ func TestLinearKernels(t *testing.T) {
 	}
 }
 
+// Global average pooling sums up to 9100 values in [-1, 1) in order: each addition rounds
+// relative to a partial sum of size about sqrt(k/3), so the sum's error is about
+// 2^-24·K/sqrt(18) ≈ 1.3e-4 (K = 9100), the mean's 1.4e-8, against a largest mean of about
+// 3·sqrt(1/(3K)) ≈ 0.018 over the channels: ≈ 1e-6 of it, 100 times below the tolerance
+// (measured: up to 2.5e-6, the worst of these cases).
 func TestSmallKernels(t *testing.T) {
 	for bi, batch := range []int64{1, 37} {
 		cases := append(kernelcases.PoolChecks(t), kernelcases.ElementwiseChecks(t)...)
 		checkCases(t, batch, 21, append(cases, kernelcases.LossUpdateDropoutChecks(t, bi)...))
+	}
+}
+
+// Every kernel of every DSL op's examples (kernelcases.Examples: the ops' harness model, odd
+// shapes, fused as trainers compile it) that the CPU target generates, on every instruction set,
+// at batches 1 and 3, against the float64 reference with NaN-poisoned outputs — as codegen's
+// TestEveryOpExampleKernels checks the CUDA kernels. The ops the target refuses are
+// TestRegistryOpsHaveCPURulesOrAreRefused's list; their nodes are skipped here.
+//
+// Tolerance: kernelcheck.Tolerance (1e-4 of the tensor's largest magnitude). These kernels are
+// elementwise or reduce over a few hundred terms at most: one to a few fp32 roundings per
+// element (expf, erff, tanhf are within a few ulp, 2^-22 relative), far below it.
+func TestEveryOpExampleKernels(t *testing.T) {
+	var checks []kernelcases.Example
+	var nodes []*ir.Node
+	skipped := map[string]bool{}
+	for _, c := range kernelcases.Examples(t) {
+		if !cpu.Supported(c.N.Op) {
+			skipped[c.N.Op.String()] = true
+			continue
+		}
+		checks, nodes = append(checks, c), append(nodes, c.N)
+	}
+	t.Logf("%d nodes; skipped (refused by the CPU target): %v", len(nodes), skipped)
+	for _, batch := range []int64{1, 3} {
+		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		for _, isa := range isas(t) {
+			dev := openDevice(t, prog, native.Options{ISA: isa})
+			for i, c := range checks {
+				ins := c.Inputs(batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				o := reference.NodeOptions{Training: true, Update: true, Seed: 7, Step: 3}
+				r, err := kernelcheck.Node(dev, prog, c.N, ins, kernelcheck.Scalars{LR: c.LR, Step: o.Step, Seed: o.Seed}, o)
+				require.NoError(t, err, "%s b%d %s", isa, batch, c.Name)
+				require.NotEmpty(t, r.Kernel, "no launch for %s", c.Name)
+				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s b%d %s: %s", isa, batch, c.Name, r)
+				t.Logf("%s b%d %s: %s", isa, batch, c.Name, r)
+			}
+		}
+	}
+}
+
+// Batch norm in evaluation (Options.Eval): the statistics node reads the running statistics and
+// changes nothing, the normalisation uses them — every batch norm example's forward nodes on
+// every instruction set against the reference in evaluation mode (NodeOptions.Training false),
+// NaN-poisoned outputs. Tolerance: kernelcheck.Tolerance; one sqrt, one division and a few
+// roundings per element.
+func TestBatchNormEvalKernels(t *testing.T) {
+	var checks []kernelcases.Example
+	var nodes []*ir.Node
+	for _, c := range kernelcases.Examples(t) {
+		if c.N.Op == ops.BatchNormStats || c.N.Op == ops.BatchNorm2D || c.N.Op == ops.BatchNorm1D {
+			checks, nodes = append(checks, c), append(nodes, c.N)
+		}
+	}
+	require.NotEmpty(t, checks)
+	const batch = 3
+	prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Eval: true})
+	require.NoError(t, err)
+	for _, isa := range isas(t) {
+		dev := openDevice(t, prog, native.Options{ISA: isa})
+		for i, c := range checks {
+			ins := c.Inputs(batch, rand.New(rand.NewPCG(uint64(i)+1, 5)))
+			if c.N.Op == ops.BatchNormStats {
+				for j := range ins[2] { // running variances are positive
+					ins[2][j] = math.Abs(ins[2][j]) + 0.1
+				}
+			}
+			o := reference.NodeOptions{Training: false}
+			r, err := kernelcheck.Node(dev, prog, c.N, ins, kernelcheck.Scalars{LR: c.LR}, o)
+			require.NoError(t, err, "%s %s", isa, c.Name)
+			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, c.Name, r)
+			t.Logf("%s %s: %s", isa, c.Name, r)
+		}
+	}
+}
+
+// A padded last batch through batch norm on the CPU target (kernelcheck.PartialBatch): the
+// statistics are the valid samples' (and so the running statistics' update), the gradient sums
+// over them and gives the padding zero — codegen's TestBatchNormPartialBatch, on every
+// instruction set.
+func TestBatchNormPartialBatch(t *testing.T) {
+	const batch, valid = 5, 3
+	for _, call := range []string{"batchnorm2d(x)", "batchnorm1d(x, affine=false)"} {
+		d := ops.ByDSLName(call[:len("batchnorm2d")])
+		res, err := compiler.CompileSource("t.cnn", []byte(ops.ExampleModel(d, call)), compiler.Options{})
+		require.NoError(t, err)
+		var nodes []*ir.Node
+		for _, n := range res.Graph.Nodes {
+			if n.Op == ops.BatchNormStats || n.Op == ops.BatchNormGrad {
+				nodes = append(nodes, n)
+			}
+		}
+		require.Len(t, nodes, 2)
+		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		for _, isa := range isas(t) {
+			dev := openDevice(t, prog, native.Options{ISA: isa})
+			for _, n := range nodes {
+				ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(5, 6)))
+				require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, valid), "%s %s", isa, call)
+			}
+		}
 	}
 }

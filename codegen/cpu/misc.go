@@ -4,26 +4,45 @@ import (
 	"fmt"
 	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
+	"strings"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
-// The small kernels on the CPU: softmax cross-entropy (one task), elementwise ops, dropout,
-// standalone pools and optimizer updates, zero fill (tasks of chunk elements each).
+// The small kernels on the CPU: softmax cross-entropy (one task), elementwise ops (activations
+// included), dropout, standalone pools and optimizer updates, zero fill, concat (tasks of chunk
+// elements each), global average pooling (tasks of about chunk elements read), batch norm (a
+// task per channel).
 
 // chunk is cnnc_cpu.h's CHUNK: elements an elementwise task covers.
 const chunk = 16384
 
 func init() {
 	register(ir.OpSoftmaxCrossEntropy, softmaxCrossEntropy)
-	register(ir.OpToTensor, elementwise("to_tensor", "ToTensor", func(n *ir.Node) []def {
+	register(ir.OpToTensor, elementwise("to_tensor", "ToTensor<%s>", func(n *ir.Node) []def {
 		u8 := n.Ins[0].Type // [H,W,C]
 		return []def{{"H", u8.Dims[0]}, {"W", u8.Dims[1]}, {"C", u8.Dims[2]}}
 	}))
-	register(ir.OpAdd, elementwise("add", "Add", nil))
-	register(ir.OpReLU, elementwise("relu", "ReLU", nil))
-	register(ir.OpReLUGrad, elementwise("relu_grad", "ReLUGrad", nil))
+	register(ir.OpAdd, elementwise("add", "Add<%s>", nil))
+	register(ir.OpReLU, elementwise("relu", "ReLU<%s>", nil))
+	register(ir.OpReLUGrad, elementwise("relu_grad", "ReLUGrad<%s>", nil))
+	registerActivations()
+	register(ops.GlobalAvgPool, globalAvgPool)
+	register(ops.GlobalAvgPoolGrad, elementwise("global_avgpool_grad", "GlobalAvgPoolGrad<%s>", func(n *ir.Node) []def {
+		return []def{{"HW", mapSize(n.Out().Type)}}
+	}))
+	register(ops.Concat, concat)
+	register(ops.BatchNormStats, batchNormStats)
+	register(ops.BatchNormGrad, batchNormGrad)
+	for _, op := range []ir.Op{ops.BatchNorm2D, ops.BatchNorm1D} {
+		register(op, elementwise("batchnorm_apply", "BNApply<%s>", func(n *ir.Node) []def {
+			c, s := bnGeom(n.Ins[0].Type)
+			return []def{{"C", c}, {"S", s}, {"AFFINE", len(n.Ins) == 5}}
+		}))
+	}
+	register(ops.ConcatGrad, concatGrad)
 	register(ir.OpDropout, dropout("dropout"))
 	register(ir.OpDropoutGrad, dropout("dropout_grad"))
 	register(ir.OpMaxPool2D, pool("maxpool_fwd", "MaxPoolFwd"))
@@ -32,6 +51,35 @@ func init() {
 	register(ir.OpAvgPool2DGrad, pool("avgpool_grad", "AvgPoolGrad"))
 	register(ir.OpSGDUpdate, update)
 	register(ir.OpAdamUpdate, update)
+}
+
+// activations are the activations other than ReLU, bound like CUDA's by their ops' elementwise
+// kernel names (compiler/ops, Kernel.Elementwise): cnnc_cpu.h's functor (f, the forward, and g,
+// the gradient, which reads dy and the saved tensor) and its constants.
+var activations = map[string]struct {
+	functor string // %[1]s: the kernel's struct of constants
+	consts  func(n *ir.Node) []def
+}{
+	"leaky_relu": {"LeakyReLUF<%[1]s>", func(n *ir.Node) []def { return []def{{"SLOPE", float32(n.Attrs.Alpha)}} }},
+	"sigmoid":    {"SigmoidF", nil},
+	"tanh":       {"TanhF", nil},
+	"gelu":       {"GELUF", nil},
+	"silu":       {"SiLUF", nil},
+	"hardswish":  {"HardSwishF", nil},
+}
+
+// registerActivations adds the rules of the activations and of their gradients: Act and
+// ActGrad of cnnc_cpu.h on the activation's functor.
+func registerActivations() {
+	for _, d := range ops.All() {
+		name, impl := d.Kernel.Elementwise, "Act"
+		if base, ok := strings.CutSuffix(name, "_grad"); ok {
+			name, impl = base, "ActGrad"
+		}
+		if a, ok := activations[name]; ok {
+			register(d.Op, elementwise(d.Kernel.Elementwise, impl+"<%[1]s, "+a.functor+">", a.consts))
+		}
+	}
 }
 
 func softmaxCrossEntropy(e codegen.Emitter, n *ir.Node) error {
@@ -50,7 +98,8 @@ func softmaxCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 	return launch(e, n, name, 1, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 }
 
-// elementwise: the node's inputs then its output, over the output's elements.
+// elementwise: the node's inputs then its output, over the output's elements; impl is the
+// kernel's template (kernelSpec.impl: %s or %[1]s for its struct of constants).
 func elementwise(family, impl string, extra func(n *ir.Node) []def) rule {
 	return func(e codegen.Emitter, n *ir.Node) error {
 		elems := n.Out().Type.Elems(e.Batch())
@@ -64,9 +113,94 @@ func elementwise(family, impl string, extra func(n *ir.Node) []def) rule {
 		}
 		args = append(args, buf(n.Out()))
 		name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s over %d elements.", n.Op, elems),
-			structs: []structSpec{{"g", defs}}, impl: impl + "<%s>", nparams: len(args)})
+			structs: []structSpec{{"g", defs}}, impl: impl, nparams: len(args)})
 		return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 	}
+}
+
+// mapSize is a [C,H,W] tensor's H·W.
+func mapSize(t ir.Type) int64 { return t.Dims[1] * t.Dims[2] }
+
+// globalAvgPool: each (sample, channel) output sums its map in order; a task takes about chunk
+// elements' worth of maps.
+func globalAvgPool(e codegen.Emitter, n *ir.Node) error {
+	x := n.Ins[0].Type
+	if len(x.Dims) != 3 {
+		return fmt.Errorf("%s: global_avgpool needs a [B,C,H,W] tensor", n.Text())
+	}
+	outs, hw := n.Out().Type.Elems(e.Batch()), mapSize(x)
+	per := max(1, chunk/hw)
+	name := emit(e, kernelSpec{family: "global_avgpool", shape: fmt.Sprintf("n%d_hw%d", outs, hw), doc: fmt.Sprintf("global_avgpool of %d maps of %d elements.", outs, hw),
+		structs: []structSpec{{"g", []def{{"N", outs}, {"HW", hw}, {"OUTS", per}}}}, impl: "GlobalAvgPool<%s>", nparams: 2})
+	return launch(e, n, name, cdiv(outs, per), []codegen.Arg{buf(n.Ins[0]), buf(n.Out())}, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
+}
+
+// concatSlice emits and launches impl (ConcatPart or ConcatGrad) over the elements [first,
+// first+per) of samples of all elements: from src to dst.
+func concatSlice(e codegen.Emitter, n *ir.Node, family, impl string, src, dst *ir.Value, per, all, first int64) error {
+	elems := per * e.Batch()
+	name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("n%d_of%d_at%d", elems, all, first),
+		doc:     fmt.Sprintf("%s: elements [%d, %d) of each %d-element sample of the concat.", n.Op, first, first+per, all),
+		structs: []structSpec{{"g", []def{{"N", elems}, {"PER", per}, {"ALL", all}, {"FIRST", first}}}}, impl: impl, nparams: 2})
+	return launch(e, n, name, cdiv(elems, chunk), []codegen.Arg{buf(src), buf(dst)}, 0, 2*4*elems)
+}
+
+// concat: one ConcatPart launch per input, into its channels of the output.
+func concat(e codegen.Emitter, n *ir.Node) error {
+	all, first := n.Out().Type.SampleElems(), int64(0)
+	for _, v := range n.Ins {
+		per := v.Type.SampleElems()
+		if err := concatSlice(e, n, "concat", "ConcatPart<%s>", v, n.Out(), per, all, first); err != nil {
+			return err
+		}
+		first += per
+	}
+	return nil
+}
+
+// concatGrad: one input's channels [offset, offset+dims[0]) of the concat's gradient.
+func concatGrad(e codegen.Emitter, n *ir.Node) error {
+	dy := n.Ins[0].Type
+	all, per := dy.SampleElems(), n.Out().Type.SampleElems()
+	first := n.Attrs.Offset * (all / dy.Dims[0])
+	return concatSlice(e, n, "concat_grad", "ConcatGrad<%s>", n.Ins[0], n.Out(), per, all, first)
+}
+
+// bnGeom: a [C,...] type's channels and values per channel per sample.
+func bnGeom(t ir.Type) (c, s int64) { return t.Dims[0], t.SampleElems() / t.Dims[0] }
+
+// batchNormStats: training, one task per channel (the batch's statistics, the running ones
+// moved); evaluation, one task reading the running statistics. The node's inputs, outputs and
+// the step's scalars (the valid count) are the parameters.
+func batchNormStats(e codegen.Emitter, n *ir.Node) error {
+	return batchNorm(e, n, n.Ins[0].Type, "batchnorm_stats", "BNStats<%s>", []def{{"EPS", float32(n.Attrs.Eps)}, {"MOM", float32(n.Attrs.Momentum)}})
+}
+
+// batchNormGrad: one task per channel.
+func batchNormGrad(e codegen.Emitter, n *ir.Node) error {
+	if e.Eval() {
+		return fmt.Errorf("%s: no gradient in evaluation", n.Text())
+	}
+	return batchNorm(e, n, n.Ins[1].Type, "batchnorm_grad", "BNGrad<%s>", []def{{"AFFINE", n.Attrs.Bias}})
+}
+
+func batchNorm(e codegen.Emitter, n *ir.Node, x ir.Type, family, impl string, extra []def) error {
+	if e.Accumulate() {
+		return fmt.Errorf("%s: batch norm cannot run in a micro-batch loop", n.Text())
+	}
+	c, s := bnGeom(x)
+	tasks := c
+	if family == "batchnorm_stats" && e.Eval() {
+		family, impl, tasks = "batchnorm_stats_eval", "BNStatsEval<%s>", 1
+	}
+	var args []codegen.Arg
+	for _, v := range append(append([]*ir.Value{}, n.Ins...), n.Outs...) {
+		args = append(args, buf(v))
+	}
+	args = append(args, codegen.Arg{Kind: kernelarg.Scalars}) // the batch's valid count
+	name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("c%d_s%d_b%d", c, s, e.Batch()), doc: fmt.Sprintf("%s over [%d,%d,%d] (the batch valid at run time).", n.Op, e.Batch(), c, s),
+		structs: []structSpec{{"g", append([]def{{"B", e.Batch()}, {"C", c}, {"S", s}}, extra...)}}, impl: impl, nparams: len(args)})
+	return launch(e, n, name, tasks, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 }
 
 func (target) ZeroFill(e codegen.Emitter, n *ir.Node, v *ir.Value) error {

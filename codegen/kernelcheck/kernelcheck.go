@@ -407,3 +407,142 @@ func RoundTo(prec codegen.Precision, x float64) float64 {
 	}
 	return float64(math.Float32frombits(b))
 }
+
+// Launched is what Launch read back: every input after the launches (those written in place
+// changed) and every output, decoded.
+type Launched struct{ Ins, Outs [][]float64 }
+
+// Launch runs node n's launches on dev (whose module holds prog's source) with the given
+// inputs, its outputs poisoned with NaN and the scalars s (a padded batch: s.Valid), and reads
+// back its inputs and outputs — for checks Node's whole-batch reference does not fit.
+func Launch(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, s Scalars) (Launched, error) {
+	batch := prog.Batch
+	var r Launched
+	ptrs := map[*ir.Value]device.Ptr{}
+	defer func() {
+		for _, p := range ptrs {
+			dev.Free(p)
+		}
+	}()
+	alloc := func(v *ir.Value, data []byte) error {
+		p, err := dev.Alloc(int64(len(data)))
+		if err != nil {
+			return err
+		}
+		ptrs[v] = p
+		return dev.CopyIn(p, data)
+	}
+	for i, v := range n.Ins {
+		if _, ok := ptrs[v]; !ok {
+			if err := alloc(v, Encode(v.Type, ins[i], batch)); err != nil {
+				return r, err
+			}
+		}
+	}
+	for _, v := range n.Outs {
+		if err := alloc(v, poison(v.Type, batch)); err != nil {
+			return r, err
+		}
+	}
+	block, err := ScalarBlock(dev, s, batch)
+	if err != nil {
+		return r, err
+	}
+	defer dev.Free(block)
+	for _, l := range prog.Launches {
+		if l.Node != n {
+			continue
+		}
+		var params []uint64
+		for _, a := range l.Args {
+			if a.Kind != kernelarg.Buffer {
+				params = append(params, scalarArg(a, block))
+				continue
+			}
+			p, ok := ptrs[a.Value]
+			if !ok {
+				return r, fmt.Errorf("kernelcheck: %s reads %s, which is not the node's", l.Kernel, a.Value.Name)
+			}
+			params = append(params, uint64(p))
+		}
+		if err := dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params); err != nil {
+			return r, err
+		}
+	}
+	if err := dev.Sync(); err != nil {
+		return r, err
+	}
+	read := func(v *ir.Value) ([]float64, error) {
+		b := make([]byte, v.Type.Bytes(batch))
+		if err := dev.CopyOut(b, ptrs[v]); err != nil {
+			return nil, err
+		}
+		return Decode(v.Type, b, batch), nil
+	}
+	for _, v := range n.Ins {
+		got, err := read(v)
+		if err != nil {
+			return r, err
+		}
+		r.Ins = append(r.Ins, got)
+	}
+	for _, v := range n.Outs {
+		got, err := read(v)
+		if err != nil {
+			return r, err
+		}
+		r.Outs = append(r.Outs, got)
+	}
+	return r, nil
+}
+
+// PartialBatch checks node n's kernels on a padded batch: valid real samples of prog's batch (the
+// step's scalar block says so). The outputs must equal the reference's run on the valid samples
+// alone within Tolerance of their largest magnitude, the padding's outputs must be zero, and the
+// inputs the node writes in place (batch norm's running statistics) must have moved as the
+// reference moved them (within Tolerance, absolute: integers exactly) — what PyTorch computes on the
+// smaller batch. The first difference is the error.
+func PartialBatch(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, valid int64) error {
+	got, err := Launch(dev, prog, n, ins, Scalars{Valid: valid})
+	if err != nil {
+		return err
+	}
+	refIns := make([][]float64, len(ins))
+	for i, v := range n.Ins {
+		refIns[i] = append([]float64(nil), ins[i]...)
+		if v.Type.Batched {
+			refIns[i] = refIns[i][:valid*v.Type.SampleElems()]
+		}
+	}
+	want, err := reference.RunNode(n, refIns, int(valid), reference.NodeOptions{Training: true, Update: true})
+	if err != nil {
+		return err
+	}
+	for i, v := range n.Outs {
+		scale := 1e-30
+		for _, w := range want[i] {
+			scale = math.Max(scale, math.Abs(w))
+		}
+		for j, w := range want[i] {
+			if g := got.Outs[i][j]; !(math.Abs(g-w)/scale <= Tolerance) {
+				return fmt.Errorf("%s[%d] = %g, want %g", v.Name, j, g, w)
+			}
+		}
+		for j := len(want[i]); j < len(got.Outs[i]); j++ {
+			if got.Outs[i][j] != 0 {
+				return fmt.Errorf("%s[%d] = %g in the padding, want 0", v.Name, j, got.Outs[i][j])
+			}
+		}
+	}
+	for _, k := range n.MutatedInputs() {
+		v := n.Ins[k]
+		for j, w := range refIns[k] {
+			g := got.Ins[k][j]
+			if !(math.Abs(g-w) <= Tolerance) { // integers (the batch count) differ by 1 or more
+
+				return fmt.Errorf("%s[%d] = %g after the launch, want %g", v.Name, j, g, w)
+			}
+		}
+	}
+	return nil
+}

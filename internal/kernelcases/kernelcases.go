@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
 )
@@ -518,6 +519,13 @@ func ElementwiseChecks(t testing.TB) []Case {
 			Case{Name: "add", N: Node(t, ir.OpAdd, ir.Attrs{}, x, x)},
 			Case{Name: "relu", N: Node(t, ir.OpReLU, ir.Attrs{}, x)},
 			Case{Name: "relu_grad", N: Node(t, ir.OpReLUGrad, ir.Attrs{}, x, x)})
+	}
+	// global average pooling over maps of 1, 35 and 9100 elements (a task per map: several tasks)
+	for _, d := range [][]int64{{3, 1, 1}, {5, 7, 5}, {5, 130, 70}} {
+		x := ir.F32Batched(d...)
+		cases = append(cases,
+			Case{Name: fmt.Sprintf("global_avgpool %v", d), N: Node(t, ops.GlobalAvgPool, ir.Attrs{}, x)},
+			Case{Name: fmt.Sprintf("global_avgpool_grad %v", d), N: Node(t, ops.GlobalAvgPoolGrad, ir.Attrs{Dims: d}, ir.F32Batched(d[0]))})
 	}
 	return cases
 }

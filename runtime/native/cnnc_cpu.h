@@ -1178,6 +1178,222 @@ struct ReLUGrad {  // dx = dy where y > 0 (dx may be dy or y)
     for (long i = lo; i < hi; i++) dx[i] = masked(y[i], dy[i]);
   }
 };
+// The activations other than ReLU (templates/activations.cu.tmpl's formulas, in the same fp32
+// operations): Act<E, F> runs out = F::f(x), ActGrad<E, F> dx = F::g(dy, s), s the tensor the
+// derivative reads (the input or the output, as compiler/ops says). Outputs may be written over
+// inputs.
+template <class E, class F>
+struct Act {  // x, out
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* x = arg<const float>(p, 0);
+    float* out = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) out[i] = F::f(x[i]);
+  }
+};
+template <class E, class F>
+struct ActGrad {  // dy, s, dx
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    const float* s = arg<const float>(p, 1);
+    float* dx = arg<float>(p, 2);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) dx[i] = F::g(dy[i], s[i]);
+  }
+};
+template <class E>
+struct LeakyReLUF {  // E::SLOPE; the gradient reads x
+  CNNC_INLINE float f(float v) { return v > 0.0f ? v : v * E::SLOPE; }
+  CNNC_INLINE float g(float dy, float x) { return x > 0.0f ? dy : dy * E::SLOPE; }
+};
+struct SigmoidF {  // the gradient reads y
+  CNNC_INLINE float f(float v) { return 1.0f / (1.0f + expf(-v)); }
+  CNNC_INLINE float g(float dy, float y) { return dy * (1.0f - y) * y; }
+};
+struct TanhF {  // the gradient reads y
+  CNNC_INLINE float f(float v) { return tanhf(v); }
+  CNNC_INLINE float g(float dy, float y) { return dy * (1.0f - y * y); }
+};
+struct GELUF {  // x·Φ(x), the erf form; the gradient reads x: dy·(Φ(x) + x·φ(x))
+  CNNC_INLINE float f(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
+  CNNC_INLINE float g(float dy, float v) {
+    const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+    const float pdf = expf(-0.5f * v * v) * 0.39894228040143268f;
+    return dy * (cdf + v * pdf);
+  }
+};
+struct SiLUF {  // x·sigmoid(x); the gradient reads x: dy·s·(1 + x·(1-s))
+  CNNC_INLINE float f(float v) { return v / (1.0f + expf(-v)); }
+  CNNC_INLINE float g(float dy, float v) {
+    const float s = 1.0f / (1.0f + expf(-v));
+    return dy * s * (1.0f + v * (1.0f - s));
+  }
+};
+struct HardSwishF {  // x·min(max(x+3, 0), 6)/6; the gradient reads x (PyTorch's hardswish_backward)
+  CNNC_INLINE float f(float v) { return v * fminf(fmaxf(v + 3.0f, 0.0f), 6.0f) / 6.0f; }
+  CNNC_INLINE float g(float dy, float v) { return v < -3.0f ? 0.0f : (v <= 3.0f ? dy * (v / 3.0f + 0.5f) : dy); }
+};
+// Global average pooling: E has N (the pool's outputs, B·C; the gradient's: its B·C·H·W
+// elements), HW (a channel's map) and, forward, OUTS (outputs per task: about CHUNK elements read).
+template <class E>
+struct GlobalAvgPool {  // x, out: out[b,c] = the mean of x[b,c,:,:], summed in order
+  static constexpr long tasks = cdiv(E::N, E::OUTS), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* x = arg<const float>(p, 0);
+    float* out = arg<float>(p, 1);
+    const long lo = task * E::OUTS, hi = cmin(static_cast<long>(E::N), lo + E::OUTS);
+    for (long i = lo; i < hi; i++) {
+      const float* m = x + i * E::HW;
+      float s = 0.0f;
+      for (long q = 0; q < E::HW; q++) s += m[q];
+      out[i] = s / static_cast<float>(E::HW);
+    }
+  }
+};
+template <class E>
+struct GlobalAvgPoolGrad {  // dy, dx: dx[b,c,h,w] = dy[b,c]/HW
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    float* dx = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) dx[i] = dy[i / E::HW] / static_cast<float>(E::HW);
+  }
+};
+
+// Concat along channels: one launch per input copies its samples (PER elements each) into
+// elements [FIRST, FIRST+PER) of the output's samples (ALL elements each); the gradient copies
+// such a slice of dy back out. E has N (B·PER), PER, ALL, FIRST.
+template <class E>
+struct ConcatPart {  // in, out
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* in = arg<const float>(p, 0);
+    float* out = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) out[(i / E::PER) * E::ALL + E::FIRST + i % E::PER] = in[i];
+  }
+};
+template <class E>
+struct ConcatGrad {  // dy, dx
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    float* dx = arg<float>(p, 1);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) dx[i] = dy[(i / E::PER) * E::ALL + E::FIRST + i % E::PER];
+  }
+};
+
+// Batch norm (templates/batchnorm.cu.tmpl's formulas; compiler/ops/batchnorm.go). Tensors are
+// [B,C,S] (S = H·W for maps, 1 for features); only the first `valid` samples (the step's scalar
+// block) are real. The statistics and the gradient run one task per channel, every sum over the
+// channel's valid values in order, in double (n·S values may be many: 32 samples of 32x32 maps
+// are 32,768). G has B, C, S and, for the statistics, EPS and MOM.
+template <class G>
+CNNC_INLINE long bnValid(const uint64_t* p, int i) {
+  long valid = argscalars(p, i).valid;
+  return valid < 1 || valid > G::B ? G::B : valid;
+}
+template <class G>
+struct BNStats {  // x, running_mean, running_var, num_batches_tracked, mean, invstd, scalars
+  static constexpr long tasks = G::C, scratch = 0;
+  static void run(const uint64_t* p, int64_t c, float*) {
+    const float* x = arg<const float>(p, 0);
+    float* rmean = arg<float>(p, 1);
+    float* rvar = arg<float>(p, 2);
+    int64_t* tracked = arg<int64_t>(p, 3);
+    float* mean = arg<float>(p, 4);
+    float* invstd = arg<float>(p, 5);
+    const long valid = bnValid<G>(p, 6), n = valid * G::S;
+    double s = 0.0;
+    for (long b = 0; b < valid; b++)
+      for (long q = 0; q < G::S; q++) s += x[(b * G::C + c) * G::S + q];
+    const float mu = static_cast<float>(s / static_cast<double>(n));
+    double v = 0.0;
+    for (long b = 0; b < valid; b++)
+      for (long q = 0; q < G::S; q++) {
+        const double d = static_cast<double>(x[(b * G::C + c) * G::S + q]) - mu;
+        v += d * d;
+      }
+    const float var = static_cast<float>(v / static_cast<double>(n));
+    mean[c] = mu;
+    invstd[c] = 1.0f / sqrtf(var + G::EPS);
+    const float unbiased = n > 1 ? var * (static_cast<float>(n) / static_cast<float>(n - 1)) : var;
+    rmean[c] = (1.0f - G::MOM) * rmean[c] + G::MOM * mu;
+    rvar[c] = (1.0f - G::MOM) * rvar[c] + G::MOM * unbiased;
+    if (c == 0) tracked[0] += 1;
+  }
+};
+template <class G>
+struct BNStatsEval {  // the same parameters: mean, invstd from the running statistics; nothing changes
+  static constexpr long tasks = 1, scratch = 0;
+  static void run(const uint64_t* p, int64_t, float*) {
+    const float* rmean = arg<const float>(p, 1);
+    const float* rvar = arg<const float>(p, 2);
+    float* mean = arg<float>(p, 4);
+    float* invstd = arg<float>(p, 5);
+    for (long c = 0; c < G::C; c++) {
+      mean[c] = rmean[c];
+      invstd[c] = 1.0f / sqrtf(rvar[c] + G::EPS);
+    }
+  }
+};
+// dx = invstd·(g - Σg/n - x̂·Σ(g·x̂)/n), g = dy·weight, x̂ = (x-mean)·invstd, 0 for the padding;
+// affine: dweight = Σ dy·x̂, dbias = Σ dy.
+template <class G>
+struct BNGrad {  // dy, x, mean, invstd, [weight,] dx, [dweight, dbias,] scalars
+  static constexpr long tasks = G::C, scratch = 0;
+  static void run(const uint64_t* p, int64_t c, float*) {
+    const float* dy = arg<const float>(p, 0);
+    const float* x = arg<const float>(p, 1);
+    const float mu = arg<const float>(p, 2)[c], is = arg<const float>(p, 3)[c];
+    constexpr int k = G::AFFINE ? 5 : 4;  // dx's parameter
+    const float w = G::AFFINE ? arg<const float>(p, 4)[c] : 1.0f;
+    float* dx = arg<float>(p, k);
+    const long valid = bnValid<G>(p, G::AFFINE ? 8 : 5), n = valid * G::S;
+    double sdy = 0.0, sdyx = 0.0;
+    for (long b = 0; b < valid; b++)
+      for (long q = 0; q < G::S; q++) {
+        const long i = (b * G::C + c) * G::S + q;
+        sdy += dy[i];
+        sdyx += static_cast<double>(dy[i]) * ((x[i] - mu) * is);
+      }
+    const float sumDy = static_cast<float>(sdy), sumDyX = static_cast<float>(sdyx);
+    const float meanG = w * sumDy / static_cast<float>(n), meanGX = w * sumDyX / static_cast<float>(n);
+    for (long b = 0; b < G::B; b++)
+      for (long q = 0; q < G::S; q++) {
+        const long i = (b * G::C + c) * G::S + q;
+        dx[i] = b < valid ? is * (dy[i] * w - meanG - (x[i] - mu) * is * meanGX) : 0.0f;
+      }
+    if constexpr (G::AFFINE) {
+      arg<float>(p, 6)[c] = sumDyX;
+      arg<float>(p, 7)[c] = sumDy;
+    }
+  }
+};
+template <class E>
+struct BNApply {  // x, mean, invstd, [weight, bias,] out: (x - mean)·invstd[·weight + bias] (out may be x)
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* x = arg<const float>(p, 0);
+    const float* mean = arg<const float>(p, 1);
+    const float* invstd = arg<const float>(p, 2);
+    float* out = arg<float>(p, E::AFFINE ? 5 : 3);
+    CNNC_RANGE(E::N);
+    for (long i = lo; i < hi; i++) {
+      const long c = (i / E::S) % E::C;
+      if constexpr (E::AFFINE) {
+        out[i] = (x[i] - mean[c]) * invstd[c] * arg<const float>(p, 3)[c] + arg<const float>(p, 4)[c];
+      } else {
+        out[i] = (x[i] - mean[c]) * invstd[c];
+      }
+    }
+  }
+};
+
 template <class E>
 struct FillZero {  // N 32-bit words
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;

@@ -5,7 +5,7 @@
 // memory, training images/s, data loading images/s and compile times, each
 // a median of several runs with its ratio to PyTorch.
 //
-//	go run scripts/bench/bench.go [-runs 5] > bench-results.md
+//	go run scripts/bench/bench.go [-runs 5] [-threads 2] [-emu=false] [-only training,...] > bench-results.md
 package main
 
 import (
@@ -29,27 +29,56 @@ import (
 	"github.com/cnnc/cnnc/internal/datasets"
 	cpudev "github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/data"
+	"github.com/cnnc/cnnc/runtime/native"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
-var runs = flag.Int("runs", 5, "repetitions of each timing (the median is reported)")
+var (
+	runs     = flag.Int("runs", 5, "repetitions of each timing (the median is reported); training: steps per round (SimpleCNN at batch 256: half, MNIST: 5x)")
+	rounds   = flag.Int("rounds", 3, "training: alternating rounds of cnnc's and PyTorch's steps")
+	threads  = flag.Int("threads", 2, "threads of the CPU target and of PyTorch in the training benchmarks")
+	emu      = flag.Bool("emu", true, "also time the CUDA emulator in the training benchmarks (small batches only)")
+	sections = flag.String("only", "memory,training,loading,compiling", "the benchmarks to run, comma-separated")
+)
 
 const python = "/usr/bin/python3"
 
 func main() {
 	flag.Parse()
 	haveTorch := exec.Command(python, "-c", "import torch, torchvision").Run() == nil
-	fmt.Printf("# CPU benchmarks\n\n%s, %d cores (GOMAXPROCS %d), %s. ", time.Now().Format("2006-01-02"), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
+	fmt.Printf("# CPU benchmarks\n\n%s, %s, %d cores (GOMAXPROCS %d), %s, load average %s at the start. ", time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), loadAverage())
 	if haveTorch {
 		out, _ := exec.Command(python, "-c", "import torch; print(torch.__version__)").Output()
 		fmt.Printf("PyTorch %s (Debian python3-torch, CPU).\n\n", strings.TrimSpace(string(out)))
 	} else {
 		fmt.Printf("PyTorch is not installed (apt-get install python3-torch python3-torchvision): no ratios.\n\n")
 	}
-	memory(haveTorch)
-	training(haveTorch)
-	loading(haveTorch)
-	compiling()
+	for _, sec := range strings.Split(*sections, ",") {
+		switch strings.TrimSpace(sec) {
+		case "memory":
+			memory(haveTorch)
+		case "training":
+			training(haveTorch)
+		case "loading":
+			loading(haveTorch)
+		case "compiling":
+			compiling()
+		default:
+			fmt.Fprintf(os.Stderr, "bench: -only: unknown benchmark %q (memory, training, loading, compiling)\n", sec)
+			os.Exit(2)
+		}
+	}
+}
+
+// cpuModel is the first "model name" of /proc/cpuinfo, "unknown CPU" where there is none.
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
 }
 
 func must[T any](v T, err error) T {
@@ -107,56 +136,130 @@ func memory(haveTorch bool) {
 	fmt.Println()
 }
 
-// stepTime is the median seconds per training step of a model on the CPU
-// backend, on random uint8 batches.
-func stepTime(path string, batch int64, steps int) float64 {
-	res := compile(path, batch)
-	c := must(driver.Compile(res, plan.Config{}, driver.CUDA))
-	dev := must(cpudev.New(c.Kernels, "kernels.cu", cpudev.Options{}))
-	defer dev.Close()
-	sess := must(trainer.NewSession(c.Spec, dev, 1))
-	defer sess.Close()
+// randomBatch is a full batch of random uint8 pixels and labels for spec.
+func randomBatch(spec *trainer.Spec) trainer.Batch {
 	rng := rand.New(rand.NewPCG(1, 2))
-	b := trainer.Batch{Valid: int(batch), Pixels: make([]uint8, int(batch)*c.Spec.H*c.Spec.W*c.Spec.C), Labels: make([]int32, batch)}
+	n := spec.Batch
+	b := trainer.Batch{Valid: n, Pixels: make([]uint8, n*spec.H*spec.W*spec.C), Labels: make([]int32, n)}
 	for i := range b.Pixels {
 		b.Pixels[i] = uint8(rng.IntN(256))
 	}
 	for i := range b.Labels {
-		b.Labels[i] = int32(rng.IntN(c.Spec.Classes))
+		b.Labels[i] = int32(rng.IntN(spec.Classes))
 	}
-	var ts []float64
-	for i := 0; i < steps+2; i++ {
+	return b
+}
+
+// stepTimes appends to ts the seconds of each of steps training steps of sess, after warmup
+// steps, on batch b.
+func stepTimes(ts []float64, sess *trainer.Session, b trainer.Batch, warmup, steps int) []float64 {
+	for i := 0; i < warmup+steps; i++ {
 		t0 := time.Now()
 		if _, _, err := sess.TrainStep(b); err != nil {
 			must(0, err)
 		}
-		if i >= 2 {
+		if i >= warmup {
 			ts = append(ts, time.Since(t0).Seconds())
 		}
 	}
-	return median(ts)
+	return ts
+}
+
+// cpuSession opens a session of the CPU target (codegen/cpu's kernels on runtime/native, compiled
+// with g++ at the trainers' flags, threads workers), no memory budget; close closes it.
+func cpuSession(path string, batch int64, threads int) (sess *trainer.Session, spec *trainer.Spec, close func()) {
+	c := must(driver.Compile(compile(path, batch), plan.Config{}, driver.CPU))
+	dev := must(native.New(c.Kernels, "kernels.cc", native.Options{Workers: threads}))
+	sess = must(trainer.NewSession(c.Spec, dev, 1))
+	return sess, c.Spec, func() { sess.Close(); dev.Close() }
+}
+
+// emuStepTime is the median step time of the generated CUDA C on the CUDA emulator (runtime/cpu).
+func emuStepTime(path string, batch int64, steps int) float64 {
+	c := must(driver.Compile(compile(path, batch), plan.Config{}, driver.CUDA))
+	dev := must(cpudev.New(c.Kernels, "kernels.cu", cpudev.Options{}))
+	defer dev.Close()
+	sess := must(trainer.NewSession(c.Spec, dev, 1))
+	defer sess.Close()
+	return median(stepTimes(nil, sess, randomBatch(c.Spec), 2, steps))
+}
+
+// torchStepTimes runs scripts/bench/torch_train.py train for one model and batch and appends
+// its step times to ts; it stops the program when PyTorch fails.
+func torchStepTimes(ts []float64, model string, batch int64, threads, steps int) []float64 {
+	out, err := exec.Command(python, "scripts/bench/torch_train.py", "train", "--model", model, "--batch", fmt.Sprint(batch),
+		"--threads", fmt.Sprint(threads), "--steps", fmt.Sprint(steps)).Output()
+	var r struct {
+		Times []float64 `json:"step_times_s"`
+	}
+	if err == nil {
+		err = json.Unmarshal(out, &r)
+	}
+	if err == nil && len(r.Times) != steps {
+		err = fmt.Errorf("%d step times, want %d", len(r.Times), steps)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: torch_train.py %s batch %d: %v\n", model, batch, err)
+		os.Exit(1)
+	}
+	return append(ts, r.Times...)
+}
+
+// loadAverage is the 1-minute load average (/proc/loadavg), "?" where there is none.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
 
 func training(haveTorch bool) {
-	fmt.Printf("## Training on the CPU: images/s (one step = forward, backward, SGD-momentum update)\n\ncnnc: the generated CUDA C on the CPU emulator (runtime/cpu), `Session.TrainStep` on random uint8 batches, median of %d steps. PyTorch: `scripts/bench/torch_train.py train` (eager, %d threads, same model, batch, fp32, uint8 input converted in the step).\n\n", *runs, runtime.NumCPU())
-	var torch map[string]float64
-	if haveTorch {
-		out := must(exec.Command(python, "scripts/bench/torch_train.py", "train", "--threads", fmt.Sprint(runtime.NumCPU()), "--steps", fmt.Sprint(*runs)).Output())
-		json.Unmarshal(out, &torch)
-	}
-	fmt.Println("| model | batch | cnnc step | cnnc images/s | PyTorch images/s | cnnc / PyTorch |")
-	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Printf("## Training on the CPU: images/s (one step = forward, backward, SGD-momentum update)\n\n"+
+		"cnnc CPU target: `cnnc build --target cpu`'s kernels (codegen/cpu, compiled with the trainers' g++ flags) on runtime/native (workers: %d), "+
+		"`Session.TrainStep` on random uint8 batches, no memory budget. "+
+		"PyTorch: `scripts/bench/torch_train.py train` (eager, `torch.set_num_threads(%d)`, same model, batch, fp32, SGD momentum, uint8 input converted in the step). "+
+		"Side by side: %d rounds, each N steps of cnnc (after 1 of warm-up, 2 in the first round) then N steps of PyTorch in a fresh process (after 3 of warm-up); "+
+		"the medians over all rounds' steps. "+
+		"The emulator column is the same step's CUDA C on the CUDA emulator (runtime/cpu), median of %d steps, at the small batches only. "+
+		"Load: the 1-minute load average before and after each row.\n\n", *threads, *threads, *rounds, *runs)
+	fmt.Println("| model | batch | rounds x N | load | cnnc CPU step | PyTorch step | cnnc CPU images/s | PyTorch images/s | **cnnc CPU / PyTorch** | emulator images/s |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, c := range []struct {
-		name, path, key string
-		batch           int64
-	}{{"simplecnn", "examples/simplecnn.cnn", "simplecnn_b32_images_per_s", 32}, {"mnist", "examples/mnist.cnn", "mnist_b64_images_per_s", 64}} {
-		t := stepTime(c.path, c.batch, *runs)
-		ips := float64(c.batch) / t
-		tt, ratio := "—", "—"
-		if v, ok := torch[c.key]; ok {
-			tt, ratio = fmt.Sprintf("%.0f", v), fmt.Sprintf("%.2fx", ips/v)
+		name, path string
+		batch      int64
+		steps      int
+		emu        bool
+	}{
+		{"simplecnn", "examples/simplecnn.cnn", 32, *runs, true},
+		{"simplecnn", "examples/simplecnn.cnn", 256, max(1, *runs/2), false},
+		{"mnist", "examples/mnist.cnn", 64, 5 * *runs, true},
+	} {
+		load := loadAverage()
+		sess, spec, closeSess := cpuSession(c.path, c.batch, *threads)
+		b := randomBatch(spec)
+		var ours, theirs []float64
+		for r := 0; r < *rounds; r++ {
+			warmup := 1
+			if r == 0 {
+				warmup = 2
+			}
+			ours = stepTimes(ours, sess, b, warmup, c.steps)
+			if haveTorch {
+				theirs = torchStepTimes(theirs, c.name, c.batch, *threads, c.steps)
+			}
 		}
-		fmt.Printf("| %s | %d | %.3f s | %.0f | %s | %s |\n", c.name, c.batch, t, ips, tt, ratio)
+		closeSess()
+		t := median(ours)
+		tt, tips, ratio := "—", "—", "—"
+		if haveTorch {
+			tt, tips, ratio = fmt.Sprintf("%.4f s", median(theirs)), fmt.Sprintf("%.0f", float64(c.batch)/median(theirs)), fmt.Sprintf("**%.2fx**", median(theirs)/t)
+		}
+		em := "—"
+		if c.emu && *emu {
+			em = fmt.Sprintf("%.0f", float64(c.batch)/emuStepTime(c.path, c.batch, *runs))
+		}
+		fmt.Printf("| %s | %d | %d x %d | %s-%s | %.4f s | %s | %.0f | %s | %s | %s |\n", c.name, c.batch, *rounds, c.steps, load, loadAverage(), t, tt, float64(c.batch)/t, tips, ratio, em)
 	}
 	fmt.Println()
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """PyTorch (CPU) counterparts of cnnc's CPU benchmarks, same models, batch,
-precision and cores: training step time for examples/simplecnn.cnn (B=32)
-and examples/mnist.cnn (B=64), and ImageFolder + DataLoader images/s.
+precision and cores: the median training step time of examples/simplecnn.cnn
+or examples/mnist.cnn at a batch size, and ImageFolder + DataLoader images/s.
 
-Usage: torch_train.py train [--threads 2] [--steps 20]
+Usage: torch_train.py train --model simplecnn|mnist [--batch 32] [--threads 2] [--steps 10]
        torch_train.py data ROOT [--workers 2]
 Prints one JSON object.
 """
@@ -45,6 +45,7 @@ class MNISTNet(nn.Module):
 
 
 def step_times(model, shape, batch, lr, steps):
+    """The seconds of each of steps training steps after 3 of warm-up."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     # uint8 images converted like ToTensor, inside the step as cnnc does
     x8 = torch.randint(0, 256, (batch,) + shape, dtype=torch.uint8)
@@ -59,20 +60,25 @@ def step_times(model, shape, batch, lr, steps):
         opt.step()
         if i >= 3:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+MODELS = {
+    # name: (module, input shape, learning rate of the .cnn's train block)
+    "simplecnn": (SimpleCNN, (3, 128, 128), 0.01),
+    "mnist": (MNISTNet, (1, 28, 28), 0.05),
+}
 
 
 def train(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    out = {"torch": torch.__version__, "threads": args.threads}
-    t = step_times(SimpleCNN(), (3, 128, 128), 32, 0.01, args.steps)
-    out["simplecnn_b32_step_s"] = t
-    out["simplecnn_b32_images_per_s"] = 32 / t
-    t = step_times(MNISTNet(), (1, 28, 28), 64, 0.05, args.steps * 5)
-    out["mnist_b64_step_s"] = t
-    out["mnist_b64_images_per_s"] = 64 / t
-    print(json.dumps(out))
+    cls, shape, lr = MODELS[args.model]
+    times = step_times(cls(), shape, args.batch, lr, args.steps)
+    t = statistics.median(times)
+    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(), "model": args.model,
+                      "batch": args.batch, "steps": args.steps, "step_times_s": times, "step_s": t,
+                      "images_per_s": args.batch / t}))
 
 
 def data(args):
@@ -94,8 +100,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
+    t.add_argument("--model", choices=sorted(MODELS), required=True)
+    t.add_argument("--batch", type=int, default=32)
     t.add_argument("--threads", type=int, default=2)
-    t.add_argument("--steps", type=int, default=10)
+    t.add_argument("--steps", type=int, default=10, help="timed steps after 3 of warm-up; the median is printed")
     d = sub.add_parser("data")
     d.add_argument("root")
     d.add_argument("--workers", type=int, default=2)
