@@ -38,7 +38,7 @@ var (
 	rounds   = flag.Int("rounds", 3, "training: alternating rounds of cnnc's and PyTorch's steps")
 	threads  = flag.Int("threads", 2, "threads of the CPU target and of PyTorch in the training benchmarks")
 	emu      = flag.Bool("emu", true, "also time the CUDA emulator in the training benchmarks (small batches only)")
-	sections = flag.String("only", "memory,training,loading,compiling", "the benchmarks to run, comma-separated")
+	sections = flag.String("only", "memory,training,loading,compiling,epoch", "the benchmarks to run, comma-separated")
 )
 
 const python = "/usr/bin/python3"
@@ -63,8 +63,10 @@ func main() {
 			loading(haveTorch)
 		case "compiling":
 			compiling()
+		case "epoch":
+			epoch(haveTorch)
 		default:
-			fmt.Fprintf(os.Stderr, "bench: -only: unknown benchmark %q (memory, training, loading, compiling)\n", sec)
+			fmt.Fprintf(os.Stderr, "bench: -only: unknown benchmark %q (memory, training, loading, compiling, epoch)\n", sec)
 			os.Exit(2)
 		}
 	}
@@ -370,6 +372,50 @@ func compiling() {
 		full := timeCmd("build", m, "-o", filepath.Join(dir, "trainer"))
 		fmt.Printf("| %s | %.3f s | %.3f s | %.3f s | %.2f s | %.2f s |\n", filepath.Base(m), check, pl, own, median(nv), full-own)
 		os.RemoveAll(dir)
+	}
+	fmt.Println()
+}
+
+// epoch times the OOM guide's pipeline end to end: a trainer of
+// examples/simplecnn.cnn built for the CPU target (as cnnc build does)
+// trains one epoch on an ImageFolder of JPEGs — decode, resize to 128x128,
+// train at batch 32, then the test pass over the same folder — from a cold
+// image cache; PyTorch does the same with torchvision's ImageFolder and a
+// DataLoader (scripts/bench/torch_train.py epoch). The trainer's build is
+// not timed.
+func epoch(haveTorch bool) {
+	const n = 2000
+	nthreads := *threads
+	root := imageFolder(n)
+	defer os.RemoveAll(root)
+	dir := must(os.MkdirTemp("", "cnnc-bench-epoch-*"))
+	defer os.RemoveAll(dir)
+	c := must(driver.Compile(compile("examples/simplecnn.cnn", 32), plan.Config{}, driver.CPU))
+	bin := filepath.Join(dir, "simplecnn-trainer")
+	must(0, driver.Build(c, driver.CPU, driver.BuildOptions{Dir: filepath.Join(dir, "module"), Output: bin}))
+	cmd := exec.Command(bin, "--data", root, "--test", root, "--epochs", "1", "--quiet", "--cache-dir", filepath.Join(dir, "cache"))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", nthreads))
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: the trainer: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	cnnc := time.Since(start).Seconds()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	fmt.Printf("## One epoch end to end: ImageFolder of %d JPEGs, SimpleCNN, batch 32\n\n", n)
+	fmt.Printf("256x256 RGB JPEGs (real MNIST digits scaled up) in 10 class folders; one training epoch then the test pass over the same folder, cold image cache. cnnc: the trainer `cnnc build --target cpu` builds (GOMAXPROCS=%d), its build not timed. PyTorch: `scripts/bench/torch_train.py epoch ROOT --threads %d --workers %d` (torchvision ImageFolder + Resize((128,128)) + ToTensor, DataLoader with %d workers, SGD momentum as the model's train block).\n\n", nthreads, nthreads, nthreads, nthreads)
+	fmt.Printf("| | seconds | images/s (train + test) | last line |\n|---|---|---|---|\n")
+	fmt.Printf("| cnnc CPU target | %.1f | %.0f | %s |\n", cnnc, 2*n/cnnc, lines[len(lines)-1])
+	if haveTorch {
+		var r struct {
+			Seconds  float64 `json:"seconds"`
+			Accuracy float64 `json:"test_accuracy"`
+		}
+		o := must(exec.Command(python, "scripts/bench/torch_train.py", "epoch", root, "--threads", fmt.Sprint(nthreads), "--workers", fmt.Sprint(nthreads)).Output())
+		must(0, json.Unmarshal(o, &r))
+		fmt.Printf("| PyTorch eager | %.1f | %.0f | test accuracy %.2f%% |\n", r.Seconds, 2*n/r.Seconds, 100*r.Accuracy)
+		fmt.Printf("\ncnnc / PyTorch: **%.2fx** (time ratio, load average %s after)\n", r.Seconds/cnnc, loadAverage())
 	}
 	fmt.Println()
 }
