@@ -14,6 +14,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/device"
 )
@@ -28,11 +29,11 @@ func TestAccumulatingKernels(t *testing.T) {
 	pool := &ir.Window{Kernel: [2]int64{2, 2}, Stride: [2]int64{2, 2}}
 	convAttrs := ir.Attrs{Out: 4, Kernel: [2]int64{3, 3}, Stride: [2]int64{1, 1}, Pad: [2]int64{1, 1}, Bias: true, ReLU: true, Pool: pool, DOutMasked: true}
 	nodes := []*ir.Node{
-		typed(t, g, ir.OpConvBlockGradWeight, "conv", convAttrs,
+		kernelcases.Typed(t, g, ir.OpConvBlockGradWeight, "conv", convAttrs,
 			[]*ir.Value{val("dpool", ir.F32Batched(4, 4, 3)), val("x", ir.F32Batched(5, 9, 7)), val("am", ir.ArgmaxType(4, 4, 4, 3))}, "dw", "db"),
-		typed(t, g, ir.OpLinearBlockGradWeight, "fc", ir.Attrs{Out: 6, Bias: true},
+		kernelcases.Typed(t, g, ir.OpLinearBlockGradWeight, "fc", ir.Attrs{Out: 6, Bias: true},
 			[]*ir.Value{val("dy", ir.F32Batched(6)), val("h", ir.F32Batched(17))}, "dw2", "db2"),
-		typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{},
+		kernelcases.Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{},
 			[]*ir.Value{val("logits", ir.F32Batched(7)), val("label", ir.Type{DType: ir.Class, Batched: true, Classes: 7})}, "l", "dl", "c"),
 	}
 	acc := map[*ir.Node]bool{}

@@ -12,6 +12,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/cpu"
 )
@@ -214,7 +215,7 @@ func runKernelChecksAt(t *testing.T, prec codegen.Precision, batch int64, checks
 	for i, c := range checks {
 		rng := rand.New(rand.NewPCG(uint64(i)+1, uint64(batch)))
 		ins := kernelcheck.RoundInputs(c.n, kernelcheck.RandomInputs(c.n, batch, rng), prec)
-		validArgmax(c.n, ins, batch, rng)
+		kernelcases.ValidArgmax(c.n, ins, rng)
 		r, err := kernelcheck.Node(dev, prog, c.n, ins, kernelcheck.Scalars{LR: 0.05, Step: c.o.Step, Seed: c.o.Seed}, c.o)
 		require.NoError(t, err, c.name)
 		require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s: %s", c.name, r)
@@ -227,51 +228,8 @@ func runKernelChecksAt(t *testing.T, prec codegen.Precision, batch int64, checks
 	return worst
 }
 
-// validArgmax replaces random argmax inputs of a pooled backward node by
-// window indices that point inside the conv output (as the forward
-// produces them: a padded position is never a maximum).
-func validArgmax(n *ir.Node, ins [][]float64, batch int64, rng *rand.Rand) {
-	if n.Attrs.Pool == nil || (n.Op != ir.OpConvBlockGradInput && n.Op != ir.OpConvBlockGradWeight) {
-		return
-	}
-	p, _ := n.Parts()
-	pw := n.Attrs.Pool
-	x := p.X
-	var xt ir.Type
-	if x != nil {
-		xt = x.Type
-		if xt.DType == ir.U8 {
-			xt = ir.F32Batched(xt.Dims[2], xt.Dims[0], xt.Dims[1])
-		}
-	} else {
-		xt = ir.F32Batched(n.Attrs.Dims...)
-	}
-	a := n.Attrs
-	ho, _ := ir.ConvOut(xt.Dims[1], a.Kernel[0], a.Stride[0], a.Pad[0])
-	wo, _ := ir.ConvOut(xt.Dims[2], a.Kernel[1], a.Stride[1], a.Pad[1])
-	am := p.Argmax.Type
-	pho, pwo := am.Dims[1], am.Dims[2]
-	for i, v := range n.Ins {
-		if v != p.Argmax {
-			continue
-		}
-		for e := range ins[i] {
-			py, px := int64(e)/pwo%pho, int64(e)%pwo
-			var valid []float64
-			for ky := int64(0); ky < pw.Kernel[0]; ky++ {
-				for kx := int64(0); kx < pw.Kernel[1]; kx++ {
-					cy, cx := py*pw.Stride[0]-pw.Pad[0]+ky, px*pw.Stride[1]-pw.Pad[1]+kx
-					if cy >= 0 && cy < ho && cx >= 0 && cx < wo {
-						valid = append(valid, float64(ky*pw.Kernel[1]+kx))
-					}
-				}
-			}
-			ins[i][e] = valid[rng.IntN(len(valid))]
-		}
-	}
-}
-
-func win(k, s, p [2]int64) *ir.Window { return &ir.Window{Kernel: k, Stride: s, Pad: p} }
+// win is a pooling window (kernelcases.Window, shared with codegen/cpu).
+var win = kernelcases.Window
 
 var (
 	k1  = [2]int64{1, 1}

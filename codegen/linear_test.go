@@ -14,6 +14,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/device"
 )
@@ -63,114 +64,6 @@ func checkNodesAt(t *testing.T, prec codegen.Precision, batch int64, seed uint64
 	return worst.Worst
 }
 
-// linearLayer is a linear block's values in a test graph.
-type linearLayer struct {
-	g             *ir.Graph
-	name          string
-	in, out       int64
-	x, y, dy, xm  *ir.Value
-	w, b          *ir.Param
-	bias, relu    bool
-	masked, xmask bool
-}
-
-func newLinearLayer(g *ir.Graph, name string, in, out int64, bias, relu bool) *linearLayer {
-	l := &linearLayer{g: g, name: name, in: in, out: out, bias: bias, relu: relu}
-	l.x = g.NewValue(name+".x", ir.F32Batched(in), ir.RoleActivation, dsl.Pos{})
-	l.y = g.NewValue(name+".y", ir.F32Batched(out), ir.RoleActivation, dsl.Pos{})
-	l.dy = g.NewValue(name+".dy", ir.F32Batched(out), ir.RoleActGrad, dsl.Pos{})
-	l.xm = g.NewValue(name+".xmask", ir.F32Batched(in), ir.RoleActivation, dsl.Pos{})
-	l.w = g.AddParam(name, "weight", ir.Init{}, dsl.Pos{})
-	l.w.Value.Type = ir.F32Fixed(out, in)
-	if bias {
-		l.b = g.AddParam(name, "bias", ir.Init{}, dsl.Pos{})
-		l.b.Value.Type = ir.F32Fixed(out)
-	}
-	return l
-}
-
-func (l *linearLayer) params() []*ir.Param {
-	if l.b != nil {
-		return []*ir.Param{l.w, l.b}
-	}
-	return []*ir.Param{l.w}
-}
-
-func (l *linearLayer) attrs() ir.Attrs {
-	return ir.Attrs{Out: l.out, Bias: l.bias, ReLU: l.relu, DOutMasked: l.masked, MaskOut: l.xmask}
-}
-
-// typed creates node op over ins and types its outputs with the op's rule.
-func typed(t *testing.T, g *ir.Graph, op ir.Op, name string, attrs ir.Attrs, ins []*ir.Value, outs ...string) *ir.Node {
-	t.Helper()
-	n := g.NewNode(op, name, ir.Backward, dsl.Pos{}, ins, outs, ir.RoleActivation)
-	n.Attrs = attrs
-	types, err := op.Info().Infer(n)
-	require.NoError(t, err, n.Text())
-	require.Len(t, types, len(outs))
-	for i, ty := range types {
-		n.Outs[i].Type = ty
-	}
-	return n
-}
-
-func (l *linearLayer) forward(t *testing.T) *ir.Node {
-	ins := []*ir.Value{l.x, l.w.Value}
-	if l.bias {
-		ins = append(ins, l.b.Value)
-	}
-	return typed(t, l.g, ir.OpLinearBlock, l.name, l.attrs(), ins, l.name+".out")
-}
-
-func (l *linearLayer) gradInput(t *testing.T) *ir.Node {
-	ins := []*ir.Value{l.dy, l.w.Value}
-	if l.relu && !l.masked {
-		ins = append(ins, l.y)
-	}
-	if l.xmask {
-		ins = append(ins, l.xm)
-	}
-	return typed(t, l.g, ir.OpLinearBlockGradInput, l.name, l.attrs(), ins, l.name+".dx")
-}
-
-// gradWeight is the weight-gradient node, its update fused when opt != nil
-// (each parameter then gets fresh optimizer state).
-func (l *linearLayer) gradWeight(t *testing.T, opt *ir.Optimizer) *ir.Node {
-	ins := []*ir.Value{l.dy, l.x}
-	if l.relu && !l.masked {
-		ins = append(ins, l.y)
-	}
-	a := l.attrs()
-	a.MaskOut = false
-	var outs []string
-	if opt == nil {
-		outs = []string{l.name + ".dw"}
-		if l.bias {
-			outs = append(outs, l.name+".db")
-		}
-	} else {
-		a.Opt = opt
-		for _, p := range l.params() {
-			ins = append(ins, p.Value)
-		}
-		for _, p := range l.params() {
-			ins = append(ins, newState(l.g, p, opt)...)
-		}
-	}
-	return typed(t, l.g, ir.OpLinearBlockGradWeight, l.name, a, ins, outs...)
-}
-
-// newState gives p fresh optimizer state values (replacing any earlier).
-func newState(g *ir.Graph, p *ir.Param, opt *ir.Optimizer) []*ir.Value {
-	p.State = nil
-	for _, s := range opt.StateNames() {
-		v := g.NewValue(p.Name+"."+s, p.Value.Type, ir.RoleOptState, dsl.Pos{})
-		v.Param = p
-		p.State = append(p.State, v)
-	}
-	return p.State
-}
-
 // The optimizers every fused and standalone update is checked with.
 var testOptimizers = []*ir.Optimizer{
 	{Kind: ir.SGD, LR: 0.05},
@@ -214,31 +107,31 @@ func checkLinearKernels(t *testing.T, prec codegen.Precision, batches []int64, e
 				if masked && !relu || (v+si)%every != 0 {
 					continue // masked only means something for a ReLU block
 				}
-				l := newLinearLayer(g, fmt.Sprintf("fc%d_%d", si, v), s.in, s.out, bias, relu)
-				l.masked = masked
-				l.xmask = (v+si+bi)%2 == 0
+				l := kernelcases.NewLinear(g, fmt.Sprintf("fc%d_%d", si, v), s.in, s.out, bias, relu)
+				l.Masked = masked
+				l.XMask = (v+si+bi)%2 == 0
 				if v == 0 || v == 3 || si%2 == 0 {
-					cases = append(cases, nodeCase{n: l.forward(t)})
+					cases = append(cases, nodeCase{n: l.Forward(t)})
 				}
-				cases = append(cases, nodeCase{n: l.gradInput(t)})
+				cases = append(cases, nodeCase{n: l.GradInput(t)})
 				// unfused, then with each optimizer at step 0 and a later step
 				k := (v + si + bi) % (len(testOptimizers) + 1)
 				if k == len(testOptimizers) {
-					cases = append(cases, nodeCase{n: l.gradWeight(t, nil)})
+					cases = append(cases, nodeCase{n: l.GradWeight(t, nil)})
 				} else {
 					step := int64(0)
 					if (v+si)%2 == 1 {
 						step = 4
 					}
-					cases = append(cases, nodeCase{n: l.gradWeight(t, testOptimizers[k]), o: reference.NodeOptions{Step: step, Update: true}})
+					cases = append(cases, nodeCase{n: l.GradWeight(t, testOptimizers[k]), o: reference.NodeOptions{Step: step, Update: true}})
 				}
 			}
 		}
 		// each optimizer fused at both steps with a bias, on a tile-crossing shape
 		for k, opt := range testOptimizers {
 			for _, step := range []int64{0, 7} {
-				l := newLinearLayer(g, fmt.Sprintf("opt%d_%d", k, step), 37, 19, true, true)
-				cases = append(cases, nodeCase{n: l.gradWeight(t, opt), o: reference.NodeOptions{Step: step, Update: true}})
+				l := kernelcases.NewLinear(g, fmt.Sprintf("opt%d_%d", k, step), 37, 19, true, true)
+				cases = append(cases, nodeCase{n: l.GradWeight(t, opt), o: reference.NodeOptions{Step: step, Update: true}})
 			}
 		}
 		checkNodesAt(t, prec, batch, 11+uint64(bi), cases)
@@ -248,8 +141,8 @@ func checkLinearKernels(t *testing.T, prec codegen.Precision, batches []int64, e
 // The tiling and split-K choices the examples' layers get.
 func TestGemmPlans(t *testing.T) {
 	g := ir.NewGraph("T")
-	fc1 := newLinearLayer(g, "fc1", 28800, 128, true, false)
-	prog, err := codegen.GenerateNodes("T", []*ir.Node{fc1.forward(t), fc1.gradInput(t), fc1.gradWeight(t, testOptimizers[1])}, codegen.Options{Batch: 32})
+	fc1 := kernelcases.NewLinear(g, "fc1", 28800, 128, true, false)
+	prog, err := codegen.GenerateNodes("T", []*ir.Node{fc1.Forward(t), fc1.GradInput(t), fc1.GradWeight(t, testOptimizers[1])}, codegen.Options{Batch: 32})
 	require.NoError(t, err)
 	var names []string
 	for _, l := range prog.Launches {
@@ -274,11 +167,11 @@ func TestGemmPlans(t *testing.T) {
 // runs in a fixed order.
 func TestLinearAndLossDeterministic(t *testing.T) {
 	g := ir.NewGraph("T")
-	l := newLinearLayer(g, "fc", 2000, 70, true, true)
+	l := kernelcases.NewLinear(g, "fc", 2000, 70, true, true)
 	logits := g.NewValue("logits", ir.F32Batched(70), ir.RoleActivation, dsl.Pos{})
 	label := g.NewValue("label", ir.Type{DType: ir.Class, Batched: true, Classes: 70}, ir.RoleLabel, dsl.Pos{})
-	nodes := []*ir.Node{l.forward(t), l.gradInput(t), l.gradWeight(t, testOptimizers[3]),
-		typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")}
+	nodes := []*ir.Node{l.Forward(t), l.GradInput(t), l.GradWeight(t, testOptimizers[3]),
+		kernelcases.Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")}
 	const batch = 45
 	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
 	require.NoError(t, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/device"
 )
@@ -33,7 +34,7 @@ func partialBatchCE(t *testing.T, eps float64) {
 	g := ir.NewGraph("T")
 	logits := g.NewValue("logits", ir.F32Batched(classes), ir.RoleActivation, dsl.Pos{})
 	label := g.NewValue("label", ir.Type{DType: ir.Class, Batched: true, Classes: classes}, ir.RoleLabel, dsl.Pos{})
-	n := typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: eps}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")
+	n := kernelcases.Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: eps}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")
 	prog, err := codegen.GenerateNodes("T", []*ir.Node{n}, codegen.Options{Batch: batch})
 	require.NoError(t, err)
 	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})

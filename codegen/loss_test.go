@@ -7,6 +7,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 )
 
 // Softmax cross-entropy, the standalone updates and dropout, one program
@@ -28,7 +29,7 @@ func lossUpdateDropoutCases(t *testing.T, g *ir.Graph, variant int) []nodeCase {
 		for _, classes := range []int64{1, 3, 10, 33, 130} {
 			logits := g.NewValue(fmt.Sprintf("logits%d", classes), ir.F32Batched(classes), ir.RoleActivation, dsl.Pos{})
 			label := g.NewValue(fmt.Sprintf("label%d", classes), ir.Type{DType: ir.Class, Batched: true, Classes: classes}, ir.RoleLabel, dsl.Pos{})
-			cases = append(cases, nodeCase{n: typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")})
+			cases = append(cases, nodeCase{n: kernelcases.Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")})
 			// label smoothing (PyTorch's label_smoothing): another kernel
 			// per ε, the target's weights compiled in. Not for one class:
 			// there the loss is x - x = 0 by cancellation, and the check's
@@ -37,7 +38,7 @@ func lossUpdateDropoutCases(t *testing.T, g *ir.Graph, variant int) []nodeCase {
 				continue
 			}
 			for _, eps := range []float64{0.1, 0.35} {
-				cases = append(cases, nodeCase{n: typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: eps}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")})
+				cases = append(cases, nodeCase{n: kernelcases.Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: eps}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")})
 			}
 		}
 		// standalone updates of a parameter with an accumulated gradient
@@ -50,7 +51,7 @@ func lossUpdateDropoutCases(t *testing.T, g *ir.Graph, variant int) []nodeCase {
 				if opt.Kind != ir.SGD {
 					op = ir.OpAdamUpdate
 				}
-				n := g.NewNode(op, p.Layer, ir.Update, dsl.Pos{}, append([]*ir.Value{p.Value, grad}, newState(g, p, opt)...), nil, 0)
+				n := g.NewNode(op, p.Layer, ir.Update, dsl.Pos{}, append([]*ir.Value{p.Value, grad}, kernelcases.NewState(g, p, opt)...), nil, 0)
 				n.Attrs.Opt = opt
 				_, err := op.Info().Infer(n)
 				if err != nil {
@@ -66,8 +67,8 @@ func lossUpdateDropoutCases(t *testing.T, g *ir.Graph, variant int) []nodeCase {
 				a := ir.Attrs{P: p, Stream: int64(di*3 + bi)}
 				o := reference.NodeOptions{Training: true, Seed: 0x9e3779b97f4a7c15, Step: int64(di + 3*bi)}
 				cases = append(cases,
-					nodeCase{n: typed(t, g, ir.OpDropout, "drop", a, []*ir.Value{x}, "y"), o: o},
-					nodeCase{n: typed(t, g, ir.OpDropoutGrad, "drop", a, []*ir.Value{x}, "dx"), o: o})
+					nodeCase{n: kernelcases.Typed(t, g, ir.OpDropout, "drop", a, []*ir.Value{x}, "y"), o: o},
+					nodeCase{n: kernelcases.Typed(t, g, ir.OpDropoutGrad, "drop", a, []*ir.Value{x}, "dx"), o: o})
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 )
 
 // An optimizer the table does not know is an error naming it — in the
@@ -28,8 +29,8 @@ func TestUnknownOptimizerIsAnError(t *testing.T) {
 
 	// a fused update: the unknown optimizer keeps no state, so the layout
 	// types; its kernel does not generate
-	l := newLinearLayer(g, "l", 5, 3, true, false)
-	dw := l.gradWeight(t, unknown)
+	l := kernelcases.NewLinear(g, "l", 5, 3, true, false)
+	dw := l.GradWeight(t, unknown)
 	_, err = codegen.GenerateNodes("T", []*ir.Node{dw}, codegen.Options{Batch: 2})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "optimizer99")

@@ -14,6 +14,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/internal/nvcc"
 )
 
@@ -96,17 +97,17 @@ func TestPtxasLinearLossUpdateDropout(t *testing.T) {
 	g := ir.NewGraph("T")
 	var nodes []*ir.Node
 	for v := 0; v < 8; v++ {
-		l := newLinearLayer(g, "fc"+string(rune('a'+v)), 28800, 128, v&1 != 0, v&2 != 0)
-		l.masked, l.xmask = v&4 != 0 && v&2 != 0, v&4 != 0
-		nodes = append(nodes, l.forward(t), l.gradInput(t))
+		l := kernelcases.NewLinear(g, "fc"+string(rune('a'+v)), 28800, 128, v&1 != 0, v&2 != 0)
+		l.Masked, l.XMask = v&4 != 0 && v&2 != 0, v&4 != 0
+		nodes = append(nodes, l.Forward(t), l.GradInput(t))
 		if v < len(testOptimizers) {
-			nodes = append(nodes, l.gradWeight(t, testOptimizers[v]))
+			nodes = append(nodes, l.GradWeight(t, testOptimizers[v]))
 		} else {
-			nodes = append(nodes, l.gradWeight(t, nil))
+			nodes = append(nodes, l.GradWeight(t, nil))
 		}
 	}
-	small := newLinearLayer(g, "small", 300, 10, true, true)
-	nodes = append(nodes, small.forward(t), small.gradInput(t))
+	small := kernelcases.NewLinear(g, "small", 300, 10, true, true)
+	nodes = append(nodes, small.Forward(t), small.GradInput(t))
 	for _, c := range lossUpdateDropoutCases(t, g, 1) {
 		nodes = append(nodes, c.n)
 	}
