@@ -11,172 +11,15 @@ import (
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
-	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/cpu"
 )
 
 // convCase is one conv block configuration.
-type convCase struct {
-	c, h, w         int64 // input channels and size
-	u8              bool  // the input is the u8 HWC image
-	out             int64
-	k, s, p         [2]int64
-	bias, relu      bool
-	pool            *ir.Window
-	masked, maskout bool          // backward: dOut already masked; dX masked by the input
-	opt             *ir.Optimizer // weight gradient: the fused update (nil: gradients out)
-}
-
-func (c convCase) String() string {
-	s := fmt.Sprintf("x%dx%dx%d", c.c, c.h, c.w)
-	if c.u8 {
-		s += "u8"
-	}
-	s += fmt.Sprintf("_o%d_k%dx%d_s%dx%d_p%dx%d", c.out, c.k[0], c.k[1], c.s[0], c.s[1], c.p[0], c.p[1])
-	if c.bias {
-		s += "_bias"
-	}
-	if c.relu {
-		s += "_relu"
-	}
-	if w := c.pool; w != nil {
-		s += fmt.Sprintf("_pool%dx%ds%dx%dp%dx%d", w.Kernel[0], w.Kernel[1], w.Stride[0], w.Stride[1], w.Pad[0], w.Pad[1])
-	}
-	if c.masked {
-		s += "_masked"
-	}
-	if c.maskout {
-		s += "_maskout"
-	}
-	if c.opt != nil {
-		s += "_" + c.opt.String()
-	}
-	return s
-}
-
-func (c convCase) attrs() ir.Attrs {
-	return ir.Attrs{Out: c.out, Kernel: c.k, Stride: c.s, Pad: c.p, Bias: c.bias, ReLU: c.relu, Pool: c.pool}
-}
-
-func (c convCase) inputType() ir.Type {
-	x := ir.F32Batched(c.c, c.h, c.w)
-	if c.u8 {
-		return ir.ImageU8Type(x)
-	}
-	return x
-}
-
-// convBlockGraph makes a graph with the block's input and parameters.
-type convBlockGraph struct {
-	g    *ir.Graph
-	x    *ir.Value
-	w, b *ir.Param
-}
-
-func newConvBlockGraph(c convCase) *convBlockGraph {
-	g := ir.NewGraph("T")
-	cg := &convBlockGraph{g: g}
-	cg.x = g.AddInput("x", c.inputType(), ir.RoleInput, dsl.Pos{})
-	cg.w = g.AddParam("conv", "weight", ir.Init{}, dsl.Pos{})
-	cg.w.Value.Type = ir.F32Fixed(c.out, c.c, c.k[0], c.k[1])
-	if c.bias {
-		cg.b = g.AddParam("conv", "bias", ir.Init{}, dsl.Pos{})
-		cg.b.Value.Type = ir.F32Fixed(c.out)
-	}
-	return cg
-}
-
-func (cg *convBlockGraph) value(name string, t ir.Type) *ir.Value {
-	return cg.g.NewValue(name, t, ir.RoleActivation, dsl.Pos{})
-}
-
-// infer types n's outputs by its op's rule.
-func infer(t *testing.T, n *ir.Node) *ir.Node {
-	t.Helper()
-	outs, err := n.Op.Info().Infer(n)
-	require.NoError(t, err, n.Text())
-	require.Len(t, n.Outs, len(outs))
-	for i, ty := range outs {
-		n.Outs[i].Type = ty
-	}
-	return n
-}
-
-func convForwardNode(t *testing.T, c convCase) *ir.Node {
-	cg := newConvBlockGraph(c)
-	ins := []*ir.Value{cg.x, cg.w.Value}
-	if c.bias {
-		ins = append(ins, cg.b.Value)
-	}
-	outs := []string{"y"}
-	if c.pool != nil {
-		outs = append(outs, "y.argmax")
-	}
-	n := cg.g.NewNode(ir.OpConvBlock, "conv", ir.Forward, dsl.Pos{}, ins, outs, ir.RoleActivation)
-	n.Attrs = c.attrs()
-	return infer(t, n)
-}
-
-// backwardInputs are dOut, then argmax and y when the layout has them.
-func backwardInputs(t *testing.T, c convCase, cg *convBlockGraph) []*ir.Value {
-	fwd := convForwardNode(t, convCase{c: c.c, h: c.h, w: c.w, u8: c.u8, out: c.out, k: c.k, s: c.s, p: c.p, bias: c.bias, relu: c.relu, pool: c.pool})
-	ins := []*ir.Value{cg.value("dout", fwd.Outs[0].Type)}
-	if c.pool != nil {
-		ins = append(ins, cg.value("argmax", fwd.Outs[1].Type))
-	}
-	if c.relu && !c.masked {
-		ins = append(ins, cg.value("y", fwd.Outs[0].Type))
-	}
-	return ins
-}
-
-func convGradInputNode(t *testing.T, c convCase) *ir.Node {
-	cg := newConvBlockGraph(c)
-	bw := backwardInputs(t, c, cg)
-	ins := append([]*ir.Value{bw[0], cg.w.Value}, bw[1:]...)
-	if c.maskout {
-		ins = append(ins, cg.value("xmask", cg.x.Type))
-	}
-	n := cg.g.NewNode(ir.OpConvBlockGradInput, "conv", ir.Backward, dsl.Pos{}, ins, []string{"dx"}, ir.RoleActGrad)
-	n.Attrs = c.attrs()
-	n.Attrs.DOutMasked, n.Attrs.MaskOut, n.Attrs.Dims = c.masked, c.maskout, []int64{c.c, c.h, c.w}
-	return infer(t, n)
-}
-
-func convGradWeightNode(t *testing.T, c convCase) *ir.Node {
-	cg := newConvBlockGraph(c)
-	bw := backwardInputs(t, c, cg)
-	ins := append([]*ir.Value{bw[0], cg.x}, bw[1:]...)
-	var outs []string
-	if c.opt == nil {
-		outs = []string{"dw"}
-		if c.bias {
-			outs = append(outs, "db")
-		}
-	} else {
-		params := []*ir.Param{cg.w}
-		if c.bias {
-			params = append(params, cg.b)
-		}
-		for _, p := range params {
-			ins = append(ins, p.Value)
-		}
-		for _, p := range params {
-			for _, s := range c.opt.StateNames() {
-				v := cg.g.NewValue(p.Name+"."+s, p.Value.Type, ir.RoleOptState, dsl.Pos{})
-				v.Param = p
-				p.State = append(p.State, v)
-				ins = append(ins, v)
-			}
-		}
-	}
-	n := cg.g.NewNode(ir.OpConvBlockGradWeight, "conv", ir.Backward, dsl.Pos{}, ins, outs, ir.RoleGrad)
-	n.Attrs = c.attrs()
-	n.Attrs.DOutMasked, n.Attrs.Opt = c.masked, c.opt
-	return infer(t, n)
-}
+// convCase is a conv block configuration (kernelcases.Conv, shared with
+// codegen/cpu's kernel tests, as its node builders are).
+type convCase = kernelcases.Conv
 
 // kernelCheck is one node to run with its reference options.
 type kernelCheck struct {
@@ -254,38 +97,38 @@ var (
 // that overlap, are padded, rectangular, or leave conv rows unread.
 var (
 	// pooled rows wider than a tile: runs of argmax words shared between blocks
-	wideRowsCase = convCase{c: 2, h: 9, w: 41, out: 3, k: k3, s: s1, p: p1, bias: true, relu: true, pool: win(k2, s2, p0)}
+	wideRowsCase = convCase{C: 2, H: 9, W: 41, Out: 3, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: win(k2, s2, p0)}
 	// a stride-2 5x5 conv without ReLU or pool
-	stridedCase = convCase{c: 5, h: 13, w: 11, out: 8, k: k5, s: s2, p: [2]int64{2, 2}, bias: true}
+	stridedCase = convCase{C: 5, H: 13, W: 11, Out: 8, K: k5, S: s2, P: [2]int64{2, 2}, Bias: true}
 	// 40 channels (a 64-row tile), stride 2, overlapping padded pool
-	overlapCase = convCase{c: 5, h: 13, w: 11, out: 40, k: k3, s: s2, p: p1, bias: true, relu: true, pool: win(k3, s2, p1)}
+	overlapCase = convCase{C: 5, H: 13, W: 11, Out: 40, K: k3, S: s2, P: p1, Bias: true, ReLU: true, Pool: win(k3, s2, p1)}
 )
 
 var forwardCases = []convCase{
-	{c: 3, h: 13, w: 11, u8: true, out: 5, k: k3, s: s1, p: p1, bias: true, relu: true, pool: win(k2, s2, p0)},
-	{c: 1, h: 28, w: 28, u8: true, out: 8, k: k3, s: s1, p: p1, bias: true, relu: true, pool: win(k2, s2, p0)},
-	{c: 17, h: 7, w: 5, out: 17, k: k3, s: s1, p: p1, relu: true, pool: win(k3, s2, p1)},
+	{C: 3, H: 13, W: 11, U8: true, Out: 5, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+	{C: 1, H: 28, W: 28, U8: true, Out: 8, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+	{C: 17, H: 7, W: 5, Out: 17, K: k3, S: s1, P: p1, ReLU: true, Pool: win(k3, s2, p1)},
 	stridedCase,
-	{c: 3, h: 9, w: 7, out: 33, k: k1, s: s1, p: p0, bias: true, relu: true},
-	{c: 4, h: 11, w: 13, out: 6, k: [2]int64{2, 3}, s: [2]int64{2, 1}, p: [2]int64{1, 0}, bias: true, relu: true, pool: win([2]int64{3, 2}, [2]int64{1, 2}, [2]int64{1, 0})},
-	{c: 8, h: 14, w: 14, out: 16, k: k3, s: s1, p: p1, bias: true, relu: true, pool: win(k2, s2, p0)},
-	{c: 2, h: 12, w: 10, out: 3, k: [2]int64{7, 7}, s: s1, p: [2]int64{3, 3}, bias: true, pool: win(k2, s2, p0)},
-	{c: 70, h: 5, w: 6, out: 70, k: k3, s: s1, p: p1, relu: true},
+	{C: 3, H: 9, W: 7, Out: 33, K: k1, S: s1, P: p0, Bias: true, ReLU: true},
+	{C: 4, H: 11, W: 13, Out: 6, K: [2]int64{2, 3}, S: [2]int64{2, 1}, P: [2]int64{1, 0}, Bias: true, ReLU: true, Pool: win([2]int64{3, 2}, [2]int64{1, 2}, [2]int64{1, 0})},
+	{C: 8, H: 14, W: 14, Out: 16, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+	{C: 2, H: 12, W: 10, Out: 3, K: [2]int64{7, 7}, S: s1, P: [2]int64{3, 3}, Bias: true, Pool: win(k2, s2, p0)},
+	{C: 70, H: 5, W: 6, Out: 70, K: k3, S: s1, P: p1, ReLU: true},
 	overlapCase,
-	{c: 3, h: 7, w: 5, u8: true, out: 4, k: k2, s: s1, p: p0, relu: true, pool: win([2]int64{2, 1}, [2]int64{2, 1}, p0)},
+	{C: 3, H: 7, W: 5, U8: true, Out: 4, K: k2, S: s1, P: p0, ReLU: true, Pool: win([2]int64{2, 1}, [2]int64{2, 1}, p0)},
 	// a strided 1x1 (ResNet shortcut) and a stride larger than the kernel:
 	// input pixels that reach no output, phases without taps
-	{c: 6, h: 9, w: 10, out: 5, k: k1, s: s2, p: p0, bias: true},
-	{c: 4, h: 11, w: 8, out: 9, k: k2, s: [2]int64{3, 2}, p: p0, relu: true},
+	{C: 6, H: 9, W: 10, Out: 5, K: k1, S: s2, P: p0, Bias: true},
+	{C: 4, H: 11, W: 8, Out: 9, K: k2, S: [2]int64{3, 2}, P: p0, ReLU: true},
 	wideRowsCase,
-	{c: 1, h: 5, w: 45, out: 2, k: k3, s: s1, p: p1, pool: win(k3, s2, p1)},
+	{C: 1, H: 5, W: 45, Out: 2, K: k3, S: s1, P: p1, Pool: win(k3, s2, p1)},
 }
 
 func TestConvBlockForward(t *testing.T) {
 	for _, batch := range []int64{1, 3} {
 		var checks []kernelCheck
 		for _, c := range forwardCases {
-			checks = append(checks, kernelCheck{name: c.String(), n: convForwardNode(t, c)})
+			checks = append(checks, kernelCheck{name: c.String(), n: kernelcases.ConvForward(t, c)})
 		}
 		t.Logf("worst relative error at batch %d: %.2e", batch, runKernelChecks(t, batch, checks))
 	}
@@ -296,16 +139,10 @@ func TestConvBlockForwardTensorCores(t *testing.T) {
 	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
 		var checks []kernelCheck
 		for _, c := range forwardCases {
-			checks = append(checks, kernelCheck{name: c.String(), n: convForwardNode(t, c)})
+			checks = append(checks, kernelCheck{name: c.String(), n: kernelcases.ConvForward(t, c)})
 		}
 		t.Logf("%s: worst relative error at batch 3: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
 	}
-}
-
-// f32 is c with an f32 input (input gradients exist only for f32 inputs).
-func (c convCase) f32() convCase {
-	c.u8 = false
-	return c
 }
 
 func TestConvBlockGradInput(t *testing.T) {
@@ -314,10 +151,10 @@ func TestConvBlockGradInput(t *testing.T) {
 		for _, c := range forwardCases {
 			// as after a non-ReLU reader (y masks dOut), and after a maskout reader
 			// (dOut arrives masked) with this block's own input masked too
-			plain, masked := c.f32(), c.f32()
-			masked.masked, masked.maskout = c.relu, true
+			plain, masked := c.F32(), c.F32()
+			masked.Masked, masked.MaskOut = c.ReLU, true
 			for _, v := range []convCase{plain, masked} {
-				checks = append(checks, kernelCheck{name: v.String(), n: convGradInputNode(t, v)})
+				checks = append(checks, kernelCheck{name: v.String(), n: kernelcases.ConvGradInput(t, v)})
 			}
 		}
 		t.Logf("worst relative error at batch %d: %.2e", batch, runKernelChecks(t, batch, checks))
@@ -336,11 +173,11 @@ func TestConvBlockGradWeight(t *testing.T) {
 			// the gradients out, then the update fused (at the first step, when
 			// SGD's momentum buffer starts as the gradient, and a later one)
 			plain := c
-			plain.masked = c.relu && i%2 == 1
-			checks = append(checks, kernelCheck{name: plain.String(), n: convGradWeightNode(t, plain)})
+			plain.Masked = c.ReLU && i%2 == 1
+			checks = append(checks, kernelCheck{name: plain.String(), n: kernelcases.ConvGradWeight(t, plain)})
 			fused := c
-			fused.opt = optimizers[i%len(optimizers)]
-			n := convGradWeightNode(t, fused)
+			fused.Opt = optimizers[i%len(optimizers)]
+			n := kernelcases.ConvGradWeight(t, fused)
 			for _, step := range []int64{0, 3} {
 				checks = append(checks, kernelCheck{name: fmt.Sprintf("%s step %d", fused, step), n: n, o: reference.NodeOptions{Update: true, Step: step}})
 			}
@@ -353,12 +190,12 @@ func TestConvBlockGradWeight(t *testing.T) {
 // emulator), for the ptxas check: a VGG block, a ResNet downsampling conv,
 // a bottleneck 1x1 conv, an ImageNet stem with an overlapping pool.
 var realisticCases = []convCase{
-	{c: 64, h: 56, w: 56, out: 128, k: k3, s: s1, p: p1, bias: true, relu: true, pool: win(k2, s2, p0)},
-	{c: 64, h: 56, w: 56, out: 128, k: k3, s: s2, p: p1, relu: true},
-	{c: 256, h: 14, w: 14, out: 64, k: k1, s: s1, p: p0, bias: true, relu: true},
-	{c: 3, h: 224, w: 224, u8: true, out: 64, k: [2]int64{7, 7}, s: s2, p: [2]int64{3, 3}, relu: true, pool: win(k3, s2, p1)},
+	{C: 64, H: 56, W: 56, Out: 128, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+	{C: 64, H: 56, W: 56, Out: 128, K: k3, S: s2, P: p1, ReLU: true},
+	{C: 256, H: 14, W: 14, Out: 64, K: k1, S: s1, P: p0, Bias: true, ReLU: true},
+	{C: 3, H: 224, W: 224, U8: true, Out: 64, K: [2]int64{7, 7}, S: s2, P: [2]int64{3, 3}, ReLU: true, Pool: win(k3, s2, p1)},
 	// 2^31 input elements at batch 32: the 64-bit index variant
-	{c: 256, h: 512, w: 512, out: 32, k: k3, s: s1, p: p1, relu: true, pool: win(k2, s2, p0)},
+	{C: 256, H: 512, W: 512, Out: 32, K: k3, S: s1, P: p1, ReLU: true, Pool: win(k2, s2, p0)},
 }
 
 // The 64-bit index variants (for tensors of 2^31 elements or more) on
@@ -368,13 +205,13 @@ func TestConvPoolLongIndex(t *testing.T) {
 	defer codegen.SetForceLongIndex(true)()
 	var checks []kernelCheck
 	for _, c := range []convCase{forwardCases[0], stridedCase, overlapCase, wideRowsCase} {
-		d := c.f32()
-		d.masked, d.maskout = c.relu, true
+		d := c.F32()
+		d.Masked, d.MaskOut = c.ReLU, true
 		w := c
-		w.opt = sgd(0.9, false, 0.01)
-		checks = append(checks, kernelCheck{name: c.String(), n: convForwardNode(t, c)},
-			kernelCheck{name: d.String(), n: convGradInputNode(t, d)},
-			kernelCheck{name: w.String(), n: convGradWeightNode(t, w), o: reference.NodeOptions{Update: true, Step: 2}})
+		w.Opt = sgd(0.9, false, 0.01)
+		checks = append(checks, kernelCheck{name: c.String(), n: kernelcases.ConvForward(t, c)},
+			kernelCheck{name: d.String(), n: kernelcases.ConvGradInput(t, d)},
+			kernelCheck{name: w.String(), n: kernelcases.ConvGradWeight(t, w), o: reference.NodeOptions{Update: true, Step: 2}})
 	}
 	for _, c := range poolCases[1:3] {
 		a := ir.Attrs{Kernel: c.k, Stride: c.s, Pad: c.p}
@@ -397,14 +234,14 @@ func TestConvPoolKernelsPtxas(t *testing.T) {
 	// one variant per case and family, alternating masks and the update, to
 	// keep nvcc's time down; every optimizer, mask and tile occurs
 	for i, c := range append(append([]convCase{}, forwardCases...), realisticCases...) {
-		d := c.f32()
-		d.masked, d.maskout = c.relu && i%2 == 0, i%2 == 1
+		d := c.F32()
+		d.Masked, d.MaskOut = c.ReLU && i%2 == 0, i%2 == 1
 		wg := c
-		wg.masked = c.relu && i%4 == 1
+		wg.Masked = c.ReLU && i%4 == 1
 		if i%4 != 3 {
-			wg.opt = optimizers[i%len(optimizers)]
+			wg.Opt = optimizers[i%len(optimizers)]
 		}
-		nodes = append(nodes, convForwardNode(t, c), convGradInputNode(t, d), convGradWeightNode(t, wg))
+		nodes = append(nodes, kernelcases.ConvForward(t, c), kernelcases.ConvGradInput(t, d), kernelcases.ConvGradWeight(t, wg))
 	}
 	for _, c := range poolCases[:3] {
 		a := ir.Attrs{Kernel: c.k, Stride: c.s, Pad: c.p}
@@ -446,7 +283,7 @@ func TestConvPoolKernelsPtxas(t *testing.T) {
 func tcBackwardCases() []convCase {
 	var out []convCase
 	for _, c := range forwardCases {
-		if p := c.pool; p != nil && (p.Stride[0] < p.Kernel[0] || p.Stride[1] < p.Kernel[1]) {
+		if p := c.Pool; p != nil && (p.Stride[0] < p.Kernel[0] || p.Stride[1] < p.Kernel[1]) {
 			continue
 		}
 		out = append(out, c)
@@ -458,10 +295,10 @@ func TestConvBlockGradInputTensorCores(t *testing.T) {
 	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
 		var checks []kernelCheck
 		for _, c := range tcBackwardCases() {
-			plain, masked := c.f32(), c.f32()
-			masked.masked, masked.maskout = c.relu, true
+			plain, masked := c.F32(), c.F32()
+			masked.Masked, masked.MaskOut = c.ReLU, true
 			for _, v := range []convCase{plain, masked} {
-				checks = append(checks, kernelCheck{name: v.String(), n: convGradInputNode(t, v)})
+				checks = append(checks, kernelCheck{name: v.String(), n: kernelcases.ConvGradInput(t, v)})
 			}
 		}
 		t.Logf("%s: worst relative error at batch 3: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
@@ -473,11 +310,11 @@ func TestConvBlockGradWeightTensorCores(t *testing.T) {
 		var checks []kernelCheck
 		for i, c := range tcBackwardCases() {
 			plain := c
-			plain.masked = c.relu && i%2 == 1
-			checks = append(checks, kernelCheck{name: plain.String(), n: convGradWeightNode(t, plain)})
+			plain.Masked = c.ReLU && i%2 == 1
+			checks = append(checks, kernelCheck{name: plain.String(), n: kernelcases.ConvGradWeight(t, plain)})
 			fused := c
-			fused.opt = optimizers[i%len(optimizers)]
-			checks = append(checks, kernelCheck{name: fused.String() + " step 3", n: convGradWeightNode(t, fused), o: reference.NodeOptions{Update: true, Step: 3}})
+			fused.Opt = optimizers[i%len(optimizers)]
+			checks = append(checks, kernelCheck{name: fused.String() + " step 3", n: kernelcases.ConvGradWeight(t, fused), o: reference.NodeOptions{Update: true, Step: 3}})
 		}
 		t.Logf("%s: worst relative error at batch 3: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
 	}
