@@ -273,88 +273,23 @@ func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64,
 			updated[n.Ins[i]] = true
 		}
 	}
-	ptrs := map[*ir.Value]device.Ptr{}
-	defer func() {
-		for _, p := range ptrs {
-			dev.Free(p)
-		}
-	}()
-	block, err := ScalarBlock(dev, s, batch)
+	got, err := Launch(dev, prog, n, ins, s)
 	if err != nil {
 		return r, err
 	}
-	defer dev.Free(block)
-	alloc := func(v *ir.Value, data []byte) error {
-		p, err := dev.Alloc(int64(len(data)))
-		if err != nil {
-			return err
-		}
-		ptrs[v] = p
-		return dev.CopyIn(p, data)
-	}
-	for i, v := range n.Ins {
-		if _, ok := ptrs[v]; !ok {
-			if err := alloc(v, Encode(v.Type, ins[i], batch)); err != nil {
-				return r, err
-			}
-		}
-	}
-	for _, v := range n.Outs {
-		if err := alloc(v, poison(v.Type, batch)); err != nil {
-			return r, err
-		}
-	}
 	for _, l := range prog.Launches {
-		if l.Node != n {
-			continue
+		if l.Node == n {
+			r.Kernel = l.Kernel
 		}
-		r.Kernel = l.Kernel
-		var params []uint64
-		for _, a := range l.Args {
-			if a.Kind == kernelarg.Buffer {
-				p, ok := ptrs[a.Value]
-				if !ok {
-					// an intermediate buffer of a multi-kernel node
-					if err := alloc(a.Value, poison(a.Value.Type, batch)); err != nil {
-						return r, err
-					}
-					p = ptrs[a.Value]
-				}
-				params = append(params, uint64(p))
-			} else {
-				params = append(params, scalarArg(a, block))
-			}
-		}
-		if err := dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params); err != nil {
-			return r, err
-		}
-	}
-	if err := dev.Sync(); err != nil {
-		return r, err
-	}
-	read := func(v *ir.Value) ([]float64, error) {
-		b := make([]byte, v.Type.Bytes(batch))
-		if err := dev.CopyOut(b, ptrs[v]); err != nil {
-			return nil, err
-		}
-		return Decode(v.Type, b, batch), nil
 	}
 	for i, v := range n.Outs {
-		got, err := read(v)
-		if err != nil {
-			return r, err
-		}
-		if err := compare(&r, v.Name, v.Type, got, want[i]); err != nil {
+		if err := compare(&r, v.Name, v.Type, got.Outs[i], want[i]); err != nil {
 			return r, err
 		}
 	}
 	for i, v := range n.Ins {
 		if updated[v] {
-			got, err := read(v)
-			if err != nil {
-				return r, err
-			}
-			if err := compare(&r, v.Name+" (updated)", v.Type, got, refIns[i]); err != nil {
+			if err := compare(&r, v.Name+" (updated)", v.Type, got.Ins[i], refIns[i]); err != nil {
 				return r, err
 			}
 		}
@@ -414,7 +349,9 @@ type Launched struct{ Ins, Outs [][]float64 }
 
 // Launch runs node n's launches on dev (whose module holds prog's source) with the given
 // inputs, its outputs poisoned with NaN and the scalars s (a padded batch: s.Valid), and reads
-// back its inputs and outputs — for checks Node's whole-batch reference does not fit.
+// back its inputs and outputs (intermediate buffers of a multi-kernel node are allocated,
+// poisoned, as launches name them). Node compares what it reads with the reference; it serves
+// alone for checks Node's whole-batch reference does not fit.
 func Launch(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, s Scalars) (Launched, error) {
 	batch := prog.Batch
 	var r Launched
@@ -461,7 +398,11 @@ func Launch(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float6
 			}
 			p, ok := ptrs[a.Value]
 			if !ok {
-				return r, fmt.Errorf("kernelcheck: %s reads %s, which is not the node's", l.Kernel, a.Value.Name)
+				// an intermediate buffer of a multi-kernel node
+				if err := alloc(a.Value, poison(a.Value.Type, batch)); err != nil {
+					return r, err
+				}
+				p = ptrs[a.Value]
 			}
 			params = append(params, uint64(p))
 		}
