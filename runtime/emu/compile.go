@@ -59,13 +59,16 @@ func (e *CompileError) Error() string {
 // compilerIDs caches `<compiler> --version` per compiler: part of the cache key.
 var compilerIDs sync.Map
 
-func compilerID(cxx string) (string, error) {
+// CompilerID is the first line of `cxx --version`, asked once per compiler
+// and process: part of every compiled library's cache key (here and in
+// runtime/native), so a changed compiler never loads another's library.
+func CompilerID(cxx string) (string, error) {
 	if id, ok := compilerIDs.Load(cxx); ok {
 		return id.(string), nil
 	}
 	out, err := exec.Command(cxx, "--version").Output()
 	if err != nil {
-		return "", fmt.Errorf("emu: C++ compiler %q not usable: %w", cxx, err)
+		return "", fmt.Errorf("C++ compiler %q not usable: %w", cxx, err)
 	}
 	id := string(bytes.SplitN(out, []byte("\n"), 2)[0])
 	compilerIDs.Store(cxx, id)
@@ -109,9 +112,9 @@ func build(source, name string, opts Options) (string, error) {
 	if cxx == "" {
 		cxx = "g++"
 	}
-	id, err := compilerID(cxx)
+	id, err := CompilerID(cxx)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("emu: %w", err)
 	}
 	flags := []string{"-x", "c++", "-std=c++20", "-fPIC", "-shared", "-fvisibility=hidden"}
 	if opts.Debug {

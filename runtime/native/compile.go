@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/cnnc/cnnc/runtime/emu"
 )
 
 // Compiling a library when the program runs (tests, tools; trainers carry theirs built in).
@@ -26,21 +28,6 @@ type CompileError struct {
 
 func (e *CompileError) Error() string {
 	return fmt.Sprintf("native: compiling %s failed:\n%s", e.File, strings.TrimSpace(e.Output))
-}
-
-var compilerIDs sync.Map // compiler -> first line of its --version
-
-func compilerID(cxx string) (string, error) {
-	if id, ok := compilerIDs.Load(cxx); ok {
-		return id.(string), nil
-	}
-	out, err := exec.Command(cxx, "--version").Output()
-	if err != nil {
-		return "", fmt.Errorf("native: C++ compiler %q not usable: %w", cxx, err)
-	}
-	id := string(bytes.SplitN(out, []byte("\n"), 2)[0])
-	compilerIDs.Store(cxx, id)
-	return id, nil
 }
 
 func cacheDir(opts Options) string {
@@ -79,9 +66,9 @@ func build(src []byte, name string, opts Options) (string, error) {
 	if cxx == "" {
 		cxx = "g++"
 	}
-	id, err := compilerID(cxx)
+	id, err := emu.CompilerID(cxx)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("native: %w", err)
 	}
 	name = sourceName(name)
 	base := strings.TrimSuffix(name, ".cc")
