@@ -51,8 +51,7 @@ func register(op ir.Op, r rule) {
 }
 
 // Node refuses, with a *codegen.NoRuleError naming the target, an op the CPU target has no
-// kernels for (grouped or dilated convolutions: unfused conv2d) and a form of an op its kernels
-// do not compute (unsupportedForm).
+// kernels for and a form of an op its kernels do not compute (unsupportedForm).
 func (t target) Node(e codegen.Emitter, n *ir.Node) error {
 	r, ok := rules[n.Op]
 	if !ok {
@@ -71,14 +70,10 @@ func Supported(op ir.Op) bool {
 }
 
 // unsupportedForm names the attributes of n that the CPU kernels do not implement ("" when
-// they implement n): the CUDA kernels' label smoothing, and an optimizer cnnc_cpu.h has no
-// update for. (Dilated and grouped convolutions are conv2d nodes, which have no rule here.)
+// they implement n): an optimizer cnnc_cpu.h has no update for.
 func unsupportedForm(n *ir.Node) string {
 	var why []string
 	a := n.Attrs
-	if a.Smoothing != 0 {
-		why = append(why, fmt.Sprintf("label smoothing %g", a.Smoothing))
-	}
 	if a.Opt != nil && a.Opt.Kind != ir.SGD && a.Opt.Kind != ir.Adam && a.Opt.Kind != ir.AdamW {
 		why = append(why, fmt.Sprintf("optimizer %s", a.Opt.Kind))
 	}

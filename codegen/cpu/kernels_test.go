@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/codegen"
@@ -222,5 +223,22 @@ func TestBatchNormPartialBatch(t *testing.T) {
 				require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, valid), "%s %s", isa, call)
 			}
 		}
+	}
+}
+
+// The direct convolutions (grouped, depthwise, dilated: kernelcases.DirectConvCases) forward,
+// input, weight and bias gradients at batches 1 and 3, and the loss with label smoothing.
+//
+// Tolerance: kernelcheck.Tolerance (1e-4 of the tensor's largest magnitude). The forward and
+// input gradient sum at most 3·3·5 = 45 products per element in fp32 (a relative
+// error of at most 45·2^-24 ≈ 2.7e-6 of the sum of magnitudes); the weight and bias gradients
+// sum a row (≤ 33 products) in fp32 and the rows in double (≤ 3·33 rows): ≤ 33·2^-24 ≈ 2e-6 of
+// the magnitudes' sum, far below it for values in [-1, 1). The smoothed loss: a few fp32
+// roundings (expf, logf within a few ulp) per element and a sum over ≤ 3 rows.
+func TestDirectConvAndSmoothedLossKernels(t *testing.T) {
+	for bi, batch := range []int64{1, 3} {
+		cases := append(kernelcases.DirectConvChecks(t), kernelcases.SmoothedLossChecks(t)...)
+		worst := checkCases(t, batch, 31+uint64(bi), cases)
+		assert.Less(t, worst, kernelcheck.Tolerance)
 	}
 }

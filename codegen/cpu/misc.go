@@ -11,7 +11,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ops"
 )
 
-// The small kernels on the CPU: softmax cross-entropy (one task), elementwise ops (activations
+// The small kernels on the CPU: softmax cross-entropy (one task; label smoothing too), elementwise ops (activations
 // included), dropout, standalone pools and optimizer updates, zero fill, concat (tasks of chunk
 // elements each), global average pooling (tasks of about chunk elements read), batch norm (a
 // task per channel).
@@ -84,9 +84,17 @@ func registerActivations() {
 
 func softmaxCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 	classes := n.Ins[0].Type.Dims[0]
-	defs := []def{{"B", e.Batch()}, {"CLASSES", classes}, {"ACC", e.Accumulate()}}
-	name := emit(e, kernelSpec{family: "softmax_cross_entropy", shape: fmt.Sprintf("b%d_c%d", e.Batch(), classes),
-		doc:     "softmax cross-entropy: mean loss over the valid rows, the logits' gradient, the correct count.",
+	eps := n.Attrs.Smoothing
+	// label smoothing's target weights, rounded to float32 once here (as codegen's CUDA rule does)
+	defs := []def{{"B", e.Batch()}, {"CLASSES", classes}, {"ACC", e.Accumulate()},
+		{"SMOOTH", eps != 0}, {"ON", float32(1 - eps)}, {"OFF", float32(eps / float64(classes))}}
+	shape, doc := fmt.Sprintf("b%d_c%d", e.Batch(), classes), "softmax cross-entropy: mean loss over the valid rows, the logits' gradient, the correct count."
+	if eps != 0 {
+		shape += "_ls"
+		doc = fmt.Sprintf("softmax cross-entropy with label smoothing %g: mean loss over the valid rows, the logits' gradient, the correct count.", eps)
+	}
+	name := emit(e, kernelSpec{family: "softmax_cross_entropy", shape: shape,
+		doc:     doc,
 		structs: []structSpec{{"g", defs}}, impl: "SoftmaxCE<%s>", nparams: 7})
 	args := []codegen.Arg{buf(n.Ins[0]), buf(n.Ins[1])}
 	for _, v := range n.Outs {

@@ -301,6 +301,78 @@ func ConvChecks(t testing.TB) []Case {
 	return checks
 }
 
+// DirectConv is one unfused conv2d configuration (the direct kernels: grouped, depthwise,
+// dilated).
+type DirectConv struct {
+	C, H, W, Out int64
+	K, S, P, D   [2]int64
+	Groups       int64
+	Bias         bool
+}
+
+func (c DirectConv) String() string {
+	return fmt.Sprintf("x%dx%dx%d_o%d_k%dx%d_s%dx%d_p%dx%d_d%dx%d_g%d", c.C, c.H, c.W, c.Out, c.K[0], c.K[1], c.S[0], c.S[1], c.P[0], c.P[1], c.D[0], c.D[1], c.Groups)
+}
+
+// DirectConvCases: depthwise (stride 1 and 2, a channel multiplier), grouped with rectangular
+// windows and strides, dilated (rows and columns apart), everything at once, 1x1 grouped, and
+// rows long enough for vector loops with their tails (33 columns); padding wider than the
+// window's reach leaves output columns no tap reads.
+var DirectConvCases = []DirectConv{
+	{C: 5, H: 9, W: 11, Out: 5, K: k3, S: s2, P: p1, D: s1, Groups: 5},
+	{C: 3, H: 7, W: 13, Out: 6, K: k3, S: s1, P: p1, D: s1, Groups: 3, Bias: true},
+	{C: 6, H: 10, W: 9, Out: 4, K: [2]int64{3, 2}, S: [2]int64{1, 2}, P: [2]int64{1, 0}, D: s1, Groups: 2, Bias: true},
+	{C: 3, H: 12, W: 11, Out: 5, K: k3, S: s1, P: [2]int64{2, 1}, D: [2]int64{2, 3}, Groups: 1},
+	{C: 4, H: 13, W: 17, Out: 8, K: [2]int64{3, 5}, S: s2, P: [2]int64{2, 4}, D: [2]int64{2, 2}, Groups: 4, Bias: true},
+	{C: 8, H: 5, W: 6, Out: 12, K: k1, S: s1, P: p0, D: s1, Groups: 4},
+	{C: 16, H: 33, W: 33, Out: 16, K: k3, S: s1, P: p1, D: s1, Groups: 16, Bias: true},
+	{C: 2, H: 6, W: 7, Out: 2, K: k2, S: [2]int64{3, 3}, P: [2]int64{3, 3}, D: [2]int64{2, 1}, Groups: 2},
+}
+
+// DirectConvChecks are the forward, input-gradient, weight-gradient and (with a bias)
+// bias-gradient nodes of every direct conv case.
+func DirectConvChecks(t testing.TB) []Case {
+	var checks []Case
+	for _, c := range DirectConvCases {
+		a := ir.Attrs{Out: c.Out, Kernel: c.K, Stride: c.S, Pad: c.P, Dilation: c.D, Groups: c.Groups}
+		x := ir.F32Batched(c.C, c.H, c.W)
+		w := ir.ConvWeightType(a, x)
+		ins := []ir.Type{x, w}
+		if c.Bias {
+			ins = append(ins, ir.F32Fixed(c.Out))
+		}
+		fwd := Node(t, ir.OpConv2D, a, ins...)
+		y := fwd.Out().Type
+		ga := a
+		ga.Dims = x.Dims
+		checks = append(checks,
+			Case{Name: "direct fwd " + c.String(), N: fwd},
+			Case{Name: "direct dgrad " + c.String(), N: Node(t, ir.OpConv2DGradInput, ga, y, w)},
+			Case{Name: "direct wgrad " + c.String(), N: Node(t, ir.OpConv2DGradWeight, a, y, x)})
+		if c.Bias {
+			checks = append(checks, Case{Name: "direct bgrad " + c.String(), N: Node(t, ir.OpConv2DGradBias, ir.Attrs{}, y)})
+		}
+	}
+	return checks
+}
+
+// SmoothedLossChecks: softmax cross-entropy with PyTorch's label smoothing (ε of 0.1 and 0.3)
+// over 2, 3, 10 and 33 classes. (Not 1: with one class the smoothed loss is lse - (1-ε)·x - ε·x,
+// identically 0, so fp32's rounding of x·(1-ε) + x·ε has no magnitude to be relative to.)
+func SmoothedLossChecks(t testing.TB) []Case {
+	g := ir.NewGraph("T")
+	var cases []Case
+	for _, classes := range []int64{2, 3, 10, 33} {
+		for _, eps := range []float64{0.1, 0.3} {
+			logits := g.NewValue(fmt.Sprintf("logits%d_%g", classes, eps), ir.F32Batched(classes), ir.RoleActivation, dsl.Pos{})
+			label := g.NewValue(fmt.Sprintf("label%d_%g", classes, eps), ir.Type{DType: ir.Class, Batched: true, Classes: classes}, ir.RoleLabel, dsl.Pos{})
+			cases = append(cases, Case{Name: fmt.Sprintf("softmax_cross_entropy c%d label_smoothing %g", classes, eps),
+				N: Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: eps}, []*ir.Value{logits, label}, "loss", "dlogits", "correct")})
+		}
+	}
+	return cases
+}
+
 // ValidArgmax replaces random argmax inputs of a pooled backward node by window indices that
 // point inside the conv output (as the forward produces them: a padded position is never a
 // maximum).

@@ -802,6 +802,168 @@ struct ConvWgradReduce {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Direct convolutions (templates/direct_conv.cu.tmpl): the kernels of an unfused conv2d and its
+// gradients — the convs the conv blocks do not take (grouped, depthwise, dilated). The geometry
+// struct D has B, C, H, W (input), O, HO, WO (output), CG, OG (input and output channels per
+// group), KH, KW, SH, SW, PH, PW, DH, DW (window, stride, padding, dilation), BIAS (forward: a
+// bias), ACC (gradients: added to their outputs, a micro-batch's share) and PT (the planes or
+// weight rows a task takes). The weight is [O][CG][KH][KW], as PyTorch stores it. Every output
+// element is summed by one task in a fixed order (the CUDA kernel's: bias, then input channel,
+// ky, kx), vectors across output columns where the stride is 1.
+
+// the output columns ox whose input column ox·SW - PW + koff lies inside [0, W): [lo, hi)
+template <class D>
+CNNC_INLINE void dc_cols(long koff, long& lo, long& hi) {
+  lo = koff >= D::PW ? 0 : cdiv(D::PW - koff, D::SW);
+  hi = D::W - 1 + D::PW - koff >= 0 ? cmin(D::WO, (D::W - 1 + D::PW - koff) / D::SW + 1) : 0;
+  if (hi < lo) hi = lo;
+}
+
+// y(b, o, oy, ox) = bias(o) + Σ over c of o's group, ky, kx of w(o, c - c0, ky, kx)·x(b, c, oy·SH - PH +
+// ky·DH, ox·SW - PW + kx·DW). A task is PT output planes (b, o); each row is summed in place.
+template <class D>
+struct DirectConvFwd {
+  static constexpr long PLANES = D::B * D::O;
+  static constexpr long tasks = cdiv(PLANES, D::PT), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    int a = 0;
+    const float* __restrict__ x = arg<const float>(p, a++);
+    const float* __restrict__ w = arg<const float>(p, a++);
+    const float* bias = D::BIAS ? arg<const float>(p, a++) : nullptr;
+    float* __restrict__ y = arg<float>(p, a++);
+    const long p1 = cmin(PLANES, (task + 1) * D::PT);
+    for (long plane = task * D::PT; plane < p1; plane++) {
+      const long b = plane / D::O, o = plane % D::O, c0 = o / D::OG * D::CG;
+      for (long oy = 0; oy < D::HO; oy++) {
+        float* __restrict__ yr = y + (plane * D::HO + oy) * D::WO;
+        const float b0 = D::BIAS ? bias[o] : 0.0f;
+        for (long ox = 0; ox < D::WO; ox++) yr[ox] = b0;
+        for (long cl = 0; cl < D::CG; cl++) {
+          const float* xc = x + (b * D::C + c0 + cl) * D::H * D::W;
+          const float* wc = w + (o * D::CG + cl) * D::KH * D::KW;
+          for (long ky = 0; ky < D::KH; ky++) {
+            const long iy = oy * D::SH - D::PH + ky * D::DH;
+            if (iy < 0 || iy >= D::H) continue;
+            for (long kx = 0; kx < D::KW; kx++) {
+              long lo, hi;
+              dc_cols<D>(kx * D::DW, lo, hi);
+              const float wv = wc[ky * D::KW + kx];
+              const float* __restrict__ xs = xc + iy * D::W - D::PW + kx * D::DW;
+              for (long ox = lo; ox < hi; ox++) yr[ox] += wv * xs[ox * D::SW];
+            }
+          }
+        }
+      }
+    }
+  }
+};
+
+// dx(b, c, iy, ix) = Σ over the o of c's group, ky, kx of w(o, c - c0, ky, kx)·dy(b, o, oy, ox) for the
+// (oy, ox) whose tap (ky, kx) reads (iy, ix). A task is PT input planes (b, c), zeroed and then
+// scattered into in the order o, ky, kx (each element gets at most one term per (o, ky, kx)).
+template <class D>
+struct DirectConvDgrad {
+  static constexpr long PLANES = D::B * D::C;
+  static constexpr long tasks = cdiv(PLANES, D::PT), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* __restrict__ dy = arg<const float>(p, 0);
+    const float* __restrict__ w = arg<const float>(p, 1);
+    float* __restrict__ dx = arg<float>(p, 2);
+    const long p1 = cmin(PLANES, (task + 1) * D::PT);
+    for (long plane = task * D::PT; plane < p1; plane++) {
+      const long b = plane / D::C, c = plane % D::C, grp = c / D::CG, cl = c % D::CG;
+      float* __restrict__ dxp = dx + plane * D::H * D::W;
+      for (long i = 0; i < D::H * D::W; i++) dxp[i] = 0.0f;
+      for (long o = grp * D::OG; o < (grp + 1) * D::OG; o++) {
+        const float* dyo = dy + (b * D::O + o) * D::HO * D::WO;
+        const float* wo = w + (o * D::CG + cl) * D::KH * D::KW;
+        for (long ky = 0; ky < D::KH; ky++)
+          for (long kx = 0; kx < D::KW; kx++) {
+            long lo, hi;
+            dc_cols<D>(kx * D::DW, lo, hi);
+            const float wv = wo[ky * D::KW + kx];
+            for (long oy = 0; oy < D::HO; oy++) {
+              const long iy = oy * D::SH - D::PH + ky * D::DH;
+              if (iy < 0 || iy >= D::H) continue;
+              float* __restrict__ dr = dxp + iy * D::W - D::PW + kx * D::DW;
+              const float* __restrict__ dyr = dyo + oy * D::WO;
+              for (long ox = lo; ox < hi; ox++) dr[ox * D::SW] += wv * dyr[ox];
+            }
+          }
+      }
+    }
+  }
+};
+
+// dw(o, cl, ky, kx) = Σ over samples and output positions of dy(b, o, oy, ox)·x(b, c0 + cl, iy, ix): a
+// task is PT weight rows (o, cl), each tap's sum a row's fp32 dot product added in double, over
+// samples and rows in order.
+template <class D>
+struct DirectConvWgrad {
+  static constexpr long ROWS = D::O * D::CG, KK = D::KH * D::KW;
+  static constexpr long tasks = cdiv(ROWS, D::PT), scratch = floats64(2 * KK);
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    const float* __restrict__ dy = arg<const float>(p, 0);
+    const float* __restrict__ x = arg<const float>(p, 1);
+    float* __restrict__ dw = arg<float>(p, 2);
+    double* acc = reinterpret_cast<double*>(s);
+    const long r1 = cmin(ROWS, (task + 1) * D::PT);
+    for (long row = task * D::PT; row < r1; row++) {
+      const long o = row / D::CG, cl = row % D::CG, c = o / D::OG * D::CG + cl;
+      for (long k = 0; k < KK; k++) acc[k] = 0.0;
+      for (long b = 0; b < D::B; b++) {
+        const float* dyo = dy + (b * D::O + o) * D::HO * D::WO;
+        const float* xc = x + (b * D::C + c) * D::H * D::W;
+        for (long oy = 0; oy < D::HO; oy++) {
+          const float* __restrict__ dyr = dyo + oy * D::WO;
+          for (long ky = 0; ky < D::KH; ky++) {
+            const long iy = oy * D::SH - D::PH + ky * D::DH;
+            if (iy < 0 || iy >= D::H) continue;
+            for (long kx = 0; kx < D::KW; kx++) {
+              long lo, hi;
+              dc_cols<D>(kx * D::DW, lo, hi);
+              const float* __restrict__ xs = xc + iy * D::W - D::PW + kx * D::DW;
+              float sum = 0.0f;
+              for (long ox = lo; ox < hi; ox++) sum += dyr[ox] * xs[ox * D::SW];
+              acc[ky * D::KW + kx] += sum;
+            }
+          }
+        }
+      }
+      float* dwr = dw + row * KK;
+      for (long k = 0; k < KK; k++) {
+        if constexpr (D::ACC) dwr[k] += static_cast<float>(acc[k]);
+        else dwr[k] = static_cast<float>(acc[k]);
+      }
+    }
+  }
+};
+
+// db(o) = Σ over samples and positions of dy(b, o, ·): a task is PT channels, each row's fp32 sum
+// added in double, over samples and rows in order.
+template <class D>
+struct DirectConvBgrad {
+  static constexpr long tasks = cdiv(D::O, D::PT), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    float* db = arg<float>(p, 1);
+    const long o1 = cmin(D::O, (task + 1) * D::PT);
+    for (long o = task * D::PT; o < o1; o++) {
+      double acc = 0.0;
+      for (long b = 0; b < D::B; b++)
+        for (long oy = 0; oy < D::HO; oy++) {
+          const float* dyr = dy + ((b * D::O + o) * D::HO + oy) * D::WO;
+          float sum = 0.0f;
+          for (long ox = 0; ox < D::WO; ox++) sum += dyr[ox];
+          acc += sum;
+        }
+      if constexpr (D::ACC) db[o] += static_cast<float>(acc);
+      else db[o] = static_cast<float>(acc);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
 // Linear blocks (W is [N][K] = [out][in]). The geometry struct L has B, K (in), N (out), BIAS,
 // RELU, HASY, MASKOUT, ACC, and the decomposition: TILE (output columns of a forward task, input
 // columns of a gradient task).
@@ -1065,7 +1227,10 @@ struct LinWgrad {
 // ---------------------------------------------------------------------------------------------
 // Softmax cross-entropy (templates/loss.cu.tmpl): one task. Rows past `valid` (a padded last
 // batch) get zero gradient; inside a micro-batch loop (ACC) rows first.. of a batch of `valid`
-// real rows, loss and correct added. The loss sum runs over rows in order.
+// real rows, loss and correct added. The loss sum runs over rows in order. SMOOTH: PyTorch's
+// label smoothing ε, the target q = ON·onehot(label) + OFF (ON = 1-ε, OFF = ε/CLASSES, rounded to
+// float once by codegen/cpu), so a row's loss is lse - ON·x[label] - OFF·Σx and its gradient
+// (softmax - q) / valid.
 template <class L>
 struct SoftmaxCE {
   static constexpr long tasks = 1;
@@ -1107,12 +1272,23 @@ struct SoftmaxCE {
       const float lse = best + logf(sum);
       const int32_t lab = label[r];
       const bool labelOK = lab >= 0 && lab < L::CLASSES;
-      for (long c = 0; c < L::CLASSES; c++) {
-        float d = expf(row[c] - lse) * invBatch;
-        if (c == lab) d -= invBatch;
-        dlogits[r * L::CLASSES + c] = d;
+      if constexpr (L::SMOOTH) {
+        float rowSum = 0.0f;  // Σ x, for the smoothed target's ε·mean(x)
+        for (long c = 0; c < L::CLASSES; c++) rowSum += row[c];
+        for (long c = 0; c < L::CLASSES; c++) {
+          float d = (expf(row[c] - lse) - L::OFF) * invBatch;  // ε/classes
+          if (c == lab) d -= L::ON * invBatch;                 // 1 - ε
+          dlogits[r * L::CLASSES + c] = d;
+        }
+        total += labelOK ? lse - L::ON * row[lab] - L::OFF * rowSum : NAN;
+      } else {
+        for (long c = 0; c < L::CLASSES; c++) {
+          float d = expf(row[c] - lse) * invBatch;
+          if (c == lab) d -= invBatch;
+          dlogits[r * L::CLASSES + c] = d;
+        }
+        total += labelOK ? lse - row[lab] : NAN;  // NaN for a label out of range
       }
-      total += labelOK ? lse - row[lab] : NAN;  // NaN for a label out of range
       hits += bestIdx == lab ? 1.0f : 0.0f;
     }
     if constexpr (L::ACC) {
