@@ -65,8 +65,8 @@ func identLen(src []byte, offset int) int {
 }
 
 // cpuRefusal finds the first layer of res whose kernels the CPU target
-// (codegen/cpu) cannot generate — an op it has no kernels for yet, such as
-// a dilated conv, or a form of one (label smoothing) — as a diagnostic of the
+// (codegen/cpu) cannot generate — an op it has no kernels for yet, or a
+// form of one (an optimizer it has no update for) — as a diagnostic of the
 // given severity at that layer; nil when it generates every node.
 func cpuRefusal(res *compiler.Result, warn bool) *dsl.Diagnostic {
 	for _, n := range res.Graph.Nodes {

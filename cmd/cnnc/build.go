@@ -37,10 +37,10 @@ generated CUDA C on cnnc's CUDA emulator instead (slow: for checking the
 CUDA kernels in a whole trainer); --target cuda embeds a fatbin built by
 nvcc for sm_80 and sm_90 (with PTX) and links gorgonia.org/cu — such a
 binary exits at start on a machine without a GPU; --target auto picks cuda
-when nvcc is present. The CPU target has no kernels yet for some ops
-(grouped or dilated convolutions, label smoothing): --target cpu refuses
-such a model at the layer, and the default (cpu, or auto without nvcc)
-then warns and builds for the emulator.
+when nvcc is present. The CPU target generates every op; should it lack
+kernels for a layer (an op added before its CPU kernels), --target cpu
+refuses the model at the layer, and the default (cpu, or auto without
+nvcc) warns and builds for the emulator.
 
 The build works in any directory: the trainer module carries a copy of
 cnnc's runtime and needs only the Go module proxy (or the module cache).

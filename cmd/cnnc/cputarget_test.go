@@ -2,50 +2,57 @@ package main
 
 import (
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/dsl"
 )
 
-// dilatedModel has a dilated convolution, which the CPU target has no kernels for yet.
-const dilatedModel = "model M(image: f32[1,8,8], label: class[4]) {\n  c = conv2d(image, out=4, kernel=3)\n  d = conv2d(c, out=4, kernel=3, dilation=2)\n  r = relu(d)\n  f = linear(flatten(r), out=4)\n  loss = cross_entropy(f, label)\n}\n"
+// dilatedModel has a dilated convolution, a depthwise one and label smoothing: the direct
+// convolutions and the smoothed loss, which the CPU target generates.
+const dilatedModel = "model M(image: f32[2,8,8], label: class[4]) {\n  c = conv2d(image, out=4, kernel=3)\n  d = conv2d(c, out=4, kernel=3, dilation=2)\n  e = conv2d(d, out=4, kernel=3, groups=4, padding=1)\n  r = relu(e)\n  f = linear(flatten(r), out=4)\n  loss = cross_entropy(f, label, label_smoothing=0.1)\n}\n"
 
-// --target cpu refuses a model with a layer the CPU target cannot generate, at the layer, and
-// builds nothing.
-func TestBuildTargetCPURefusesDilatedConvAtTheLayer(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "dilated.cnn")
-	require.NoError(t, os.WriteFile(path, []byte(dilatedModel), 0o600))
-	bin := filepath.Join(dir, "trainer")
-	code, _, errOut := cnnc("build", "--target", "cpu", "-o", bin, path)
-	assert.Equal(t, exitModel, code, errOut)
-	assert.Contains(t, errOut, path+":3:7: d: the CPU target has no kernels for conv2d yet")
-	assert.Contains(t, errOut, "--target emu")
-	_, err := os.Stat(bin)
-	assert.True(t, os.IsNotExist(err), "no trainer is built")
-}
-
-// Where --target cpu is only the default, the same layer is a warning and the build falls back
-// to the emulator (cpuRefusal's severity); a model the CPU target generates has no refusal.
-func TestCPURefusal(t *testing.T) {
+// Every example and a model with dilated and depthwise convs and label smoothing build for the
+// CPU target: no refusal.
+func TestCPURefusalNoneForTheExamples(t *testing.T) {
 	res, err := compiler.CompileSource("dilated.cnn", []byte(dilatedModel), compiler.Options{})
 	require.NoError(t, err)
-	d := cpuRefusal(res, true)
-	require.NotNil(t, d)
-	assert.Equal(t, dsl.SeverityWarning, d.Severity)
-	assert.Equal(t, 3, d.Pos.Line)
-	assert.Equal(t, dsl.SeverityError, cpuRefusal(res, false).Severity)
-
-	for _, m := range []string{"mnist.cnn", "vgg_small.cnn"} { // vgg_small: batch norm, dropout
+	assert.Nil(t, cpuRefusal(res, true))
+	for _, m := range []string{"mnist.cnn", "simplecnn.cnn", "lenet5.cnn", "vgg_small.cnn", "mobilenet_small.cnn", "resnet18.cnn", "adam_dropout.cnn"} {
 		src, err := os.ReadFile("../../examples/" + m)
 		require.NoError(t, err)
 		res, err := compiler.CompileSource(m, src, compiler.Options{})
 		require.NoError(t, err)
 		assert.Nil(t, cpuRefusal(res, true), m)
 	}
+}
+
+// A layer the CPU target cannot generate (here an optimizer cnnc_cpu.h has no update for,
+// planted in a compiled graph: the DSL has none) is refused at the layer: an error where
+// --target cpu was asked for, a warning (the build falls back to the emulator) where it is the
+// default.
+func TestCPURefusal(t *testing.T) {
+	res, err := compiler.CompileSource("dilated.cnn", []byte(dilatedModel), compiler.Options{})
+	require.NoError(t, err)
+	planted := false
+	for _, n := range res.Graph.Nodes {
+		if n.Attrs.Opt != nil && n.Name == "d" {
+			opt := *n.Attrs.Opt
+			opt.Kind = ir.OptimizerKind(99)
+			n.Attrs.Opt = &opt
+			planted = true
+		}
+	}
+	require.True(t, planted, "no update of layer d")
+	d := cpuRefusal(res, true)
+	require.NotNil(t, d)
+	assert.Equal(t, dsl.SeverityWarning, d.Severity)
+	assert.Equal(t, 3, d.Pos.Line)
+	assert.Contains(t, d.Error(), "d: the CPU target has no kernels for")
+	assert.Contains(t, d.Error(), "optimizer optimizer99")
+	assert.Equal(t, dsl.SeverityError, cpuRefusal(res, false).Severity)
 }
