@@ -1408,7 +1408,15 @@ struct SiLUF {  // x·sigmoid(x); the gradient reads x: dy·s·(1 + x·(1-s))
   }
 };
 struct HardSwishF {  // x·min(max(x+3, 0), 6)/6; the gradient reads x (PyTorch's hardswish_backward)
-  CNNC_INLINE float f(float v) { return v * fminf(fmaxf(v + 3.0f, 0.0f), 6.0f) / 6.0f; }
+  // the clamp as comparisons, not fmaxf/fminf, which GCC calls out of line (their NaN rule) instead
+  // of vectorising: the same value for every input (a NaN's x+3 clamps to 0 either way; x+3 is
+  // never -0)
+  CNNC_INLINE float f(float v) {
+    float t = v + 3.0f;
+    t = t > 0.0f ? t : 0.0f;
+    t = t < 6.0f ? t : 6.0f;
+    return v * t / 6.0f;
+  }
   CNNC_INLINE float g(float dy, float v) { return v < -3.0f ? 0.0f : (v <= 3.0f ? dy * (v / 3.0f + 0.5f) : dy); }
 };
 // Global average pooling: E has N (the pool's outputs, B·C; the gradient's: its B·C·H·W
