@@ -16,7 +16,6 @@ import (
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/runtime/device"
-	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"github.com/cnnc/cnnc/runtime/native"
 )
 
@@ -59,76 +58,37 @@ func TestAccumulatingKernels(t *testing.T) {
 	for _, isa := range isas(t) {
 		dev := openDevice(t, prog, native.Options{ISA: isa})
 		rng := rand.New(rand.NewPCG(12, 13))
-		block, err := kernelcheck.ScalarBlock(dev, kernelcheck.Scalars{}, batch)
-		require.NoError(t, err)
 		for _, n := range nodes {
-			checkAccumulates(t, dev, prog, n, block, batch, rng)
+			checkAccumulates(t, dev, prog, n, batch, rng)
 		}
-		require.NoError(t, dev.Free(block))
 	}
 }
 
 // checkAccumulates runs node n's launches over outputs holding random values and requires each
 // output to be those values plus the reference's (dlogits, which is written, the reference's).
-func checkAccumulates(t *testing.T, dev device.Device, prog *codegen.Program, n *ir.Node, block device.Ptr, batch int64, rng *rand.Rand) {
+func checkAccumulates(t *testing.T, dev device.Device, prog *codegen.Program, n *ir.Node, batch int64, rng *rand.Rand) {
 	t.Helper()
 	ins := kernelcheck.RandomInputs(n, batch, rng)
 	kernelcases.ValidArgmax(n, ins, rng)
 	want, err := reference.RunNode(n, ins, int(batch), reference.NodeOptions{})
 	require.NoError(t, err)
-	ptr := map[*ir.Value]device.Ptr{}
-	alloc := func(v *ir.Value, vals []float64) {
-		p, err := dev.Alloc(v.Type.Bytes(batch))
-		require.NoError(t, err)
-		t.Cleanup(func() { dev.Free(p) })
-		require.NoError(t, dev.CopyIn(p, kernelcheck.Encode(v.Type, vals, batch)))
-		ptr[v] = p
-	}
-	for i, v := range n.Ins {
-		alloc(v, ins[i])
-	}
 	init := make([][]float64, len(n.Outs))
 	for i, v := range n.Outs {
 		init[i] = make([]float64, v.Type.Elems(batch))
 		for j := range init[i] {
 			init[i][j] = float64(float32(rng.Float64()*2 - 1))
 		}
-		alloc(v, init[i])
 	}
-	launched := 0
-	for _, l := range prog.Launches {
-		if l.Node != n {
-			continue
-		}
-		var params []uint64
-		for _, a := range l.Args {
-			switch a.Kind {
-			case kernelarg.Buffer:
-				if _, ok := ptr[a.Value]; !ok { // scratch
-					alloc(a.Value, make([]float64, a.Value.Type.Elems(batch)))
-				}
-				params = append(params, uint64(ptr[a.Value]))
-			case kernelarg.Scalars:
-				params = append(params, uint64(block))
-			default:
-				params = append(params, uint64(a.Int))
-			}
-		}
-		require.NoError(t, dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params))
-		launched++
-	}
-	require.NotZero(t, launched, "no launch of %s", n.Text())
+	got, err := kernelcheck.LaunchOver(dev, prog, n, ins, init, kernelcheck.Scalars{})
+	require.NoError(t, err)
 	for i, v := range n.Outs {
-		b := make([]byte, v.Type.Bytes(batch))
-		require.NoError(t, dev.CopyOut(b, ptr[v]))
-		got := kernelcheck.Decode(v.Type, b, batch)
 		accumulates := !(n.Op == ir.OpSoftmaxCrossEntropy && i == 1) // dlogits is written, not added
-		for j := range got {
+		for j, g := range got.Outs[i] {
 			w := want[i][j]
 			if accumulates {
 				w += init[i][j]
 			}
-			assert.InDelta(t, w, got[j], 1e-4*math.Max(1, math.Abs(w)), "%s %s[%d]", n.Op, v.Name, j)
+			assert.InDelta(t, w, g, 1e-4*math.Max(1, math.Abs(w)), "%s %s[%d]", n.Op, v.Name, j)
 		}
 	}
 }

@@ -353,6 +353,12 @@ type Launched struct{ Ins, Outs [][]float64 }
 // poisoned, as launches name them). Node compares what it reads with the reference; it serves
 // alone for checks Node's whole-batch reference does not fit.
 func Launch(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, s Scalars) (Launched, error) {
+	return LaunchOver(dev, prog, n, ins, nil, s)
+}
+
+// LaunchOver is Launch with n's outputs holding outs before the launches (nil: NaN): what an
+// accumulating kernel (a micro-batch loop's step) adds to.
+func LaunchOver(dev device.Device, prog *codegen.Program, n *ir.Node, ins, outs [][]float64, s Scalars) (Launched, error) {
 	batch := prog.Batch
 	var r Launched
 	ptrs := map[*ir.Value]device.Ptr{}
@@ -376,8 +382,12 @@ func Launch(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float6
 			}
 		}
 	}
-	for _, v := range n.Outs {
-		if err := alloc(v, poison(v.Type, batch)); err != nil {
+	for i, v := range n.Outs {
+		data := poison(v.Type, batch)
+		if outs != nil {
+			data = Encode(v.Type, outs[i], batch)
+		}
+		if err := alloc(v, data); err != nil {
 			return r, err
 		}
 	}
