@@ -242,3 +242,15 @@ func TestDirectConvAndSmoothedLossKernels(t *testing.T) {
 		assert.Less(t, worst, kernelcheck.Tolerance)
 	}
 }
+
+// The last direct conv case splits into tasks of several planes, the last task short, at batch
+// 3 (codegen/cpu's directGeom.split): the forward 105 planes 4 a task, the weight and bias
+// gradients 35 rows 2 a task.
+func TestDirectConvTasksOfSeveralPlanes(t *testing.T) {
+	c := kernelcases.DirectConvCases[len(kernelcases.DirectConvCases)-1]
+	nodes := kernelcases.DirectConvChecks(t)
+	prog, err := cpu.GenerateNodes("T", []*ir.Node{nodes[len(nodes)-4].N, nodes[len(nodes)-2].N, nodes[len(nodes)-1].N}, codegen.Options{Batch: 3})
+	require.NoError(t, err)
+	require.Len(t, prog.Launches, 3, c.String())
+	assert.Equal(t, []uint32{27, 18, 18}, []uint32{prog.Launches[0].Grid[0], prog.Launches[1].Grid[0], prog.Launches[2].Grid[0]})
+}

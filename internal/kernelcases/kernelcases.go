@@ -317,7 +317,7 @@ func (c DirectConv) String() string {
 // DirectConvCases: depthwise (stride 1 and 2, a channel multiplier), grouped with rectangular
 // windows and strides, dilated (rows and columns apart), everything at once, 1x1 grouped, and
 // rows long enough for vector loops with their tails (33 columns); padding wider than the
-// window's reach leaves output columns no tap reads.
+// window's reach leaves output columns no tap reads; many small planes make tasks of several.
 var DirectConvCases = []DirectConv{
 	{C: 5, H: 9, W: 11, Out: 5, K: k3, S: s2, P: p1, D: s1, Groups: 5},
 	{C: 3, H: 7, W: 13, Out: 6, K: k3, S: s1, P: p1, D: s1, Groups: 3, Bias: true},
@@ -327,6 +327,8 @@ var DirectConvCases = []DirectConv{
 	{C: 8, H: 5, W: 6, Out: 12, K: k1, S: s1, P: p0, D: s1, Groups: 4},
 	{C: 16, H: 33, W: 33, Out: 16, K: k3, S: s1, P: p1, D: s1, Groups: 16, Bias: true},
 	{C: 2, H: 6, W: 7, Out: 2, K: k2, S: [2]int64{3, 3}, P: [2]int64{3, 3}, D: [2]int64{2, 1}, Groups: 2},
+	// many small planes: tasks of several planes (weight rows, channels), the last one short
+	{C: 35, H: 5, W: 6, Out: 35, K: k3, S: s1, P: p1, D: s1, Groups: 35, Bias: true},
 }
 
 // DirectConvChecks are the forward, input-gradient, weight-gradient and (with a bias)
