@@ -1,54 +1,27 @@
 package cpu_test
 
 import (
-	"math"
 	"math/rand/v2"
 	"testing"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/cpu"
-	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
-	"github.com/cnnc/cnnc/compiler/reference"
-	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/internal/kernelcases"
-	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/native"
 )
 
 // The accumulating variants a micro-batch loop's steps use on the CPU target add their share to
-// what their outputs hold: the conv block's and the linear block's weight gradients, the direct
-// conv's weight and bias gradients, and the loss and correct count (plain and label-smoothed)
-// — each checked on every instruction set against "initial contents + reference" (codegen's
-// TestAccumulatingKernels for CUDA). Tolerance 1e-4 relative (at least 1e-4 absolute): sums of at
-// most 3·9·7 = 189 products of values in [-1, 1) per element, a relative fp32 error of at most
-// 189·2^-24 ≈ 1.1e-5.
+// what their outputs hold (kernelcases.AccumulatingNodes: conv block, linear block and direct
+// conv weight gradients, the direct conv's bias gradient, the plain and the smoothed loss) —
+// each checked on every instruction set against "initial contents + reference"
+// (kernelcases.CheckAccumulates, whose tolerance says why), as codegen's TestAccumulatingKernels
+// checks CUDA's.
 func TestAccumulatingKernels(t *testing.T) {
 	const batch = 3
-	g := ir.NewGraph("T")
-	val := func(name string, ty ir.Type) *ir.Value { return g.NewValue(name, ty, ir.RoleActivation, dsl.Pos{}) }
-	pool := &ir.Window{Kernel: [2]int64{2, 2}, Stride: [2]int64{2, 2}}
-	convAttrs := ir.Attrs{Out: 4, Kernel: [2]int64{3, 3}, Stride: [2]int64{1, 1}, Pad: [2]int64{1, 1}, Bias: true, ReLU: true, Pool: pool, DOutMasked: true}
-	direct := ir.Attrs{Out: 6, Kernel: [2]int64{3, 3}, Stride: [2]int64{2, 1}, Pad: [2]int64{1, 2}, Dilation: [2]int64{1, 2}, Groups: 3}
-	dy := val("dy3", ir.F32Batched(6, 5, 7))
-	label := func(name string) *ir.Value {
-		return val(name, ir.Type{DType: ir.Class, Batched: true, Classes: 7})
-	}
-	nodes := []*ir.Node{
-		kernelcases.Typed(t, g, ir.OpConvBlockGradWeight, "conv", convAttrs,
-			[]*ir.Value{val("dpool", ir.F32Batched(4, 4, 3)), val("x", ir.F32Batched(5, 9, 7)), val("am", ir.ArgmaxType(4, 4, 4, 3))}, "dw", "db"),
-		kernelcases.Typed(t, g, ir.OpLinearBlockGradWeight, "fc", ir.Attrs{Out: 6, Bias: true},
-			[]*ir.Value{val("dy", ir.F32Batched(6)), val("h", ir.F32Batched(17))}, "dw2", "db2"),
-		kernelcases.Typed(t, g, ir.OpConv2DGradWeight, "dconv", direct, []*ir.Value{dy, val("x3", ir.F32Batched(9, 9, 7))}, "dw3"),
-		kernelcases.Typed(t, g, ir.OpConv2DGradBias, "dconv", ir.Attrs{}, []*ir.Value{dy}, "db3"),
-		kernelcases.Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{},
-			[]*ir.Value{val("logits", ir.F32Batched(7)), label("label")}, "l", "dl", "c"),
-		kernelcases.Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: 0.2},
-			[]*ir.Value{val("logits2", ir.F32Batched(7)), label("label2")}, "l2", "dl2", "c2"),
-	}
+	nodes := kernelcases.AccumulatingNodes(t)
 	acc := map[*ir.Node]bool{}
 	for _, n := range nodes {
 		acc[n] = true // as in a micro-batch loop's steps
@@ -59,36 +32,7 @@ func TestAccumulatingKernels(t *testing.T) {
 		dev := openDevice(t, prog, native.Options{ISA: isa})
 		rng := rand.New(rand.NewPCG(12, 13))
 		for _, n := range nodes {
-			checkAccumulates(t, dev, prog, n, batch, rng)
-		}
-	}
-}
-
-// checkAccumulates runs node n's launches over outputs holding random values and requires each
-// output to be those values plus the reference's (dlogits, which is written, the reference's).
-func checkAccumulates(t *testing.T, dev device.Device, prog *codegen.Program, n *ir.Node, batch int64, rng *rand.Rand) {
-	t.Helper()
-	ins := kernelcheck.RandomInputs(n, batch, rng)
-	kernelcases.ValidArgmax(n, ins, rng)
-	want, err := reference.RunNode(n, ins, int(batch), reference.NodeOptions{})
-	require.NoError(t, err)
-	init := make([][]float64, len(n.Outs))
-	for i, v := range n.Outs {
-		init[i] = make([]float64, v.Type.Elems(batch))
-		for j := range init[i] {
-			init[i][j] = float64(float32(rng.Float64()*2 - 1))
-		}
-	}
-	got, err := kernelcheck.LaunchOver(dev, prog, n, ins, init, kernelcheck.Scalars{})
-	require.NoError(t, err)
-	for i, v := range n.Outs {
-		accumulates := !(n.Op == ir.OpSoftmaxCrossEntropy && i == 1) // dlogits is written, not added
-		for j, g := range got.Outs[i] {
-			w := want[i][j]
-			if accumulates {
-				w += init[i][j]
-			}
-			assert.InDelta(t, w, g, 1e-4*math.Max(1, math.Abs(w)), "%s %s[%d]", n.Op, v.Name, j)
+			kernelcases.CheckAccumulates(t, dev, prog, n, rng)
 		}
 	}
 }
