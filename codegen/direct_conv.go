@@ -34,20 +34,24 @@ type directConvGeom struct {
 	launchElems            int64
 }
 
+// DirectConvTypes are the input and output types of the conv that node n
+// (conv2d or one of its gradients) computes or differentiates; for the
+// bias gradient, which only the output's shape concerns, both are dy's.
+func DirectConvTypes(n *ir.Node) (x, y ir.Type) {
+	switch n.Op {
+	case ir.OpConv2D:
+		return n.Ins[0].Type, n.Out().Type
+	case ir.OpConv2DGradInput:
+		return n.Out().Type, n.Ins[0].Type
+	case ir.OpConv2DGradWeight:
+		return n.Ins[1].Type, n.Ins[0].Type
+	}
+	return n.Ins[0].Type, n.Ins[0].Type
+}
+
 func directConvRule(family string) rule {
 	return func(e *emitter, n *ir.Node) error {
-		var x, y ir.Type // the conv's input and output
-		switch n.Op {
-		case ir.OpConv2D:
-			x, y = n.Ins[0].Type, n.Out().Type
-		case ir.OpConv2DGradInput:
-			x, y = n.Out().Type, n.Ins[0].Type
-		case ir.OpConv2DGradWeight:
-			x, y = n.Ins[1].Type, n.Ins[0].Type
-		default: // bias gradient: only the output matters
-			y = n.Ins[0].Type
-			x = y
-		}
+		x, y := DirectConvTypes(n)
 		if len(x.Dims) != 3 || len(y.Dims) != 3 {
 			return fmt.Errorf("codegen: %s: convolutions need [B,C,H,W] tensors", n.Text())
 		}

@@ -88,17 +88,7 @@ func (g *directGeom) split(units, work int64) int64 {
 // directConv emits the kernel of a conv2d, conv2d_grad_input, conv2d_grad_weight or
 // conv2d_grad_bias node: its inputs, then its output, are the parameters.
 func directConv(e codegen.Emitter, n *ir.Node) error {
-	var x, y ir.Type // the conv's input and output
-	switch n.Op {
-	case ir.OpConv2D:
-		x, y = n.Ins[0].Type, n.Out().Type
-	case ir.OpConv2DGradInput:
-		x, y = n.Out().Type, n.Ins[0].Type
-	case ir.OpConv2DGradWeight:
-		x, y = n.Ins[1].Type, n.Ins[0].Type
-	default: // the bias gradient: only the output's shape matters
-		x, y = n.Ins[0].Type, n.Ins[0].Type
-	}
+	x, y := codegen.DirectConvTypes(n)
 	g, err := newDirectGeom(n, x, y, e.Batch())
 	if err != nil {
 		return err
