@@ -144,7 +144,7 @@ var (
 	// AttrArgmax is printed only for a pooled block without argmax (inference).
 	AttrArgmax = AttrSpec{Name: "argmax", Text: func(a *Attrs) string { return fmt.Sprint(!a.NoArgmax) },
 		Default: func(a *Attrs) bool { return !a.NoArgmax }}
-	AttrOpt     = AttrSpec{Name: "opt", Text: func(a *Attrs) string {
+	AttrOpt = AttrSpec{Name: "opt", Text: func(a *Attrs) string {
 		if a.Opt == nil {
 			return "none"
 		}
