@@ -84,8 +84,14 @@ func Budget(res *compiler.Result, budget int64, source string) plan.Config {
 // Plan plans res's training step at its batch for t's kernels. With
 // accumulate = N a step is one update of batch×N samples, planned as N
 // micro-batches of the batch.
+//
+// An inference compilation (compiler.Options.Infer) is planned as its
+// forward pass at the batch alone: no accumulation.
 func Plan(res *compiler.Result, cfg plan.Config, t Target) (*plan.Plan, error) {
 	cfg.Batch, cfg.Accumulate = res.Train.StepBatch(), res.Train.Accumulate
+	if res.Graph.Infer {
+		cfg.Batch, cfg.Accumulate = res.Train.Batch, 0
+	}
 	cfg.Workspace = t.Workspace()
 	return plan.Build(res.Graph, cfg)
 }
