@@ -37,7 +37,7 @@ func TestInferencePlan(t *testing.T) {
 		batch int64
 		ratio float64 // inference peak / training peak at most
 	}{
-		{"simplecnn.cnn", 32, 0.6}, // measured: 26.6 MB of 47.4 MB
+		{"simplecnn.cnn", 32, 0.6},  // measured: 26.6 MB of 47.4 MB
 		{"vgg_small.cnn", 128, 0.2}, // measured: 23.6 MB of 136 MB (CPU target)
 	} {
 		t.Run(c.file, func(t *testing.T) {

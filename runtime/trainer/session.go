@@ -196,6 +196,9 @@ func (s *Session) Param(name string) (Tensor, bool) {
 // EvalBatch runs the forward pass (dropout off) and returns the loss and
 // correct predictions.
 func (s *Session) EvalBatch(b Batch) (float32, int, error) {
+	if s.Spec.Infer {
+		return 0, 0, fmt.Errorf("trainer: %s is an inference-only build: it predicts, it has no loss to evaluate", s.Spec.Model)
+	}
 	if err := s.ensureEvalArena(); err != nil {
 		return 0, 0, err
 	}
@@ -371,6 +374,9 @@ func (s *Session) decode(r io.Reader, withState bool, check func(meta map[string
 	for _, t := range s.Spec.persistent() {
 		limit += t.Bytes()
 	}
+	if s.Spec.Infer { // the trainer's checkpoints hold the model as trained
+		limit = 8 + maxHeader + s.Spec.CheckpointBytes
+	}
 	b, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading a checkpoint: %w", err)
@@ -397,6 +403,14 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 		want = append(want, s.Spec.State...)
 	}
 	for _, t := range want {
+		if t.Folded() {
+			data, err := foldTensor(f, t)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s: %w", name, t.Name, err)
+			}
+			writes = append(writes, write{t, data})
+			continue
+		}
 		if t.DType == DTypeI64 {
 			ct, err := f.Expect(t.Name, checkpoint.I64, t.Shape)
 			if err != nil {
