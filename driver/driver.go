@@ -113,6 +113,17 @@ func Compile(res *compiler.Result, cfg plan.Config, t Target) (*trainergen.Compi
 	return trainergen.Assemble(res, p, t.generator())
 }
 
+// CompileInfer plans an inference compilation (compiler.Options.Infer) at
+// its batch and generates t's forward kernels and the inference-only
+// build's Spec (trainergen.AssembleInfer).
+func CompileInfer(res *compiler.Result, cfg plan.Config, t Target) (*trainergen.Compiled, error) {
+	p, err := Plan(res, cfg, t)
+	if err != nil {
+		return nil, err
+	}
+	return trainergen.AssembleInfer(res, p, t.generator())
+}
+
 // ErrNoGo is Build's error when the Go toolchain is not on PATH.
 var ErrNoGo = errors.New("building a trainer needs the Go toolchain on PATH")
 

@@ -93,7 +93,13 @@ type compileFlags struct {
 	dumpAfter string
 	disable   []string
 	stopAfter string                            // the last pass to run (export needs only the forward IR)
+	infer     bool                              // compile for inference (--infer: build, plan)
 	flags     interface{ Changed(string) bool } // to tell --batch given from its default
+}
+
+// registerInfer adds --infer.
+func (f *compileFlags) registerInfer(cmd *cobra.Command, usage string) {
+	cmd.Flags().BoolVar(&f.infer, "infer", false, usage)
 }
 
 func (f *compileFlags) register(cmd *cobra.Command) {
@@ -125,7 +131,7 @@ func loadModel(path string, f *compileFlags, stdout, stderr io.Writer) (*compile
 		return nil, exitError{exitModel}
 	}
 	sources := map[string][]byte{path: src}
-	opts := compiler.Options{Batch: f.batch, BatchSource: "--batch", Disable: f.disable, StopAfter: f.stopAfter}
+	opts := compiler.Options{Batch: f.batch, BatchSource: "--batch", Disable: f.disable, StopAfter: f.stopAfter, Infer: f.infer}
 	if f.dumpAfter != "" {
 		all := f.dumpAfter == "all"
 		if !all {

@@ -124,14 +124,20 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 // size, for a fused image classifier.
 func specHeader(p Programs) (*trainer.Spec, error) {
 	g := p.Result.Graph
-	if len(g.Inputs) != 2 || g.Inputs[0].Type.DType != ir.U8 || g.Inputs[1].Type.DType != ir.Class {
+	classes := int64(0)
+	switch {
+	case g.Infer && len(g.Inputs) == 1 && g.Inputs[0].Type.DType == ir.U8 && g.Logits != nil:
+		classes = g.Logits.Type.Dims[0]
+	case !g.Infer && len(g.Inputs) == 2 && g.Inputs[0].Type.DType == ir.U8 && g.Inputs[1].Type.DType == ir.Class:
+		classes = g.Inputs[1].Type.Classes
+	default:
 		return nil, fmt.Errorf("trainergen: %s is not a fused image classifier (inputs %v)", g.Name, g.Inputs)
 	}
 	img := g.Inputs[0].Type // [H,W,C]
 	spec := &trainer.Spec{
 		Model: g.Name, Source: p.Result.File.Name, Batch: int(p.Train.Batch),
 		H: int(img.Dims[0]), W: int(img.Dims[1]), C: int(img.Dims[2]),
-		Classes: int(g.Inputs[1].Type.Classes),
+		Classes: int(classes),
 		Epochs:  int(p.Result.Train.Epochs), LR: float32(p.Result.Train.Optimizer.LR), Seed: p.Result.Train.Seed,
 		Optimizer:  p.Result.Train.Optimizer.String(),
 		Schedule:   p.Result.Train.Schedule,
@@ -252,6 +258,15 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 			return st, err
 		}
 	}
+	st.Launches, err = stepLaunches(prog, eval, launchPlace, place)
+	return st, err
+}
+
+// stepLaunches are prog's launches with their arguments placed.
+func stepLaunches(prog *codegen.Program, eval bool, launchPlace func(*codegen.Program, *ir.Value, *codegen.Launch, bool) (int64, bool),
+	place func(*codegen.Program, *ir.Value, bool) (trainer.Arena, int64, error)) ([]trainer.Launch, error) {
+	var out []trainer.Launch
+	var err error
 	for _, l := range prog.Launches {
 		tl := trainer.Launch{Kernel: l.Kernel, Grid: l.Grid, Block: l.Block, SharedBytes: l.SharedBytes, FLOPs: l.FLOPs, MinBytes: l.MinBytes}
 		for _, a := range l.Args {
@@ -261,18 +276,18 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 				if ll, ok := launchPlace(prog, a.Value, l, eval); ok {
 					ta.Arena, ta.Offset = trainer.TrainArena, ll
 				} else if ta.Arena, ta.Offset, err = place(prog, a.Value, eval); err != nil {
-					return st, err
+					return nil, err
 				}
 				ta.Offset += a.Offset // a micro-batch's slice
 			case kernelarg.Int, kernelarg.Float, kernelarg.Scalars:
 			default:
-				return st, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
+				return nil, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
 			}
 			tl.Args = append(tl.Args, ta)
 		}
-		st.Launches = append(st.Launches, tl)
+		out = append(out, tl)
 	}
-	return st, nil
+	return out, nil
 }
 
 // persistentValue: the values that live in the training arena between
