@@ -7,10 +7,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/examples"
+	"github.com/cnnc/cnnc/internal/nvcc"
 )
 
 func loadInfer(t *testing.T, name string, batch int64) *compiler.Result {
@@ -62,5 +64,51 @@ func TestInferencePlan(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The inference build's kernels and Spec for every target: forward
+// launches only, the arena the inference plan's peak (plus at most the
+// step's 32-byte scalar block), folded parameters in place of the conv and
+// batch norm tensors, no batch norm buffers left (vgg_small: every batch
+// norm follows a conv); on CUDA, nvcc compiles the kernels for sm_80 and
+// sm_90 and every launch fits the GPUs' limits (ptxas).
+func TestCompileInfer(t *testing.T) {
+	for _, file := range []string{"simplecnn.cnn", "vgg_small.cnn"} {
+		res := loadInfer(t, file, 16)
+		for _, tg := range []driver.Target{driver.CPU, driver.CUDA} {
+			c, err := driver.CompileInfer(res, plan.Config{}, tg)
+			require.NoError(t, err, "%s %s", file, tg)
+			s := c.Spec
+			assert.True(t, s.Infer)
+			assert.Empty(t, s.Train.Launches)
+			assert.NotEmpty(t, s.Eval.Launches)
+			assert.Empty(t, s.State)
+			assert.Equal(t, 16, s.Batch)
+			assert.InDelta(t, c.Plan.PeakBytes, s.ArenaBytes, 40)
+			assert.Equal(t, []int64{16, 10}, s.Eval.Logits.Shape)
+			folded := 0
+			for _, p := range s.Params {
+				if p.Folded() {
+					folded++
+				}
+			}
+			if file == "vgg_small.cnn" {
+				assert.Equal(t, 10, folded, "5 convs, weight and bias each")
+				assert.Empty(t, s.Buffers)
+			} else {
+				assert.Zero(t, folded)
+			}
+			for _, l := range s.Eval.Launches {
+				assert.NotContains(t, l.Kernel, "grad", l.Kernel)
+			}
+			if tg == driver.CUDA && file == "vgg_small.cnn" {
+				t.Run("nvcc", func(t *testing.T) {
+					nvcc.Require(t)
+					_, err := trainergen.CompileFatbinFor(s, c.Kernels)
+					require.NoError(t, err)
+				})
+			}
+		}
 	}
 }
