@@ -212,6 +212,7 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 				return dsl.Diagnostics{d}
 			}
 			res.Summary = Summarize(g, train.Batch)
+			res.Summary.Inference = opts.Infer
 			res.BatchLimit = BatchLimit(g)
 		}
 		if user != nil {

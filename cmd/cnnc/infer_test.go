@@ -133,3 +133,54 @@ func TestInferBuildPredictsAsTheTrainer(t *testing.T) {
 		})
 	}
 }
+
+// cnnc plan --infer prints the inference plan (the forward pass at
+// --batch, batch norm folded), far below the training step's peak at the
+// same batch: vgg_small at batch 128, 23.6 MB against 127.5 MB (the CUDA
+// target's plan, which cnnc plan shows); --json carries inference: true.
+// The options that search training plans are refused with it.
+func TestPlanInfer(t *testing.T) {
+	peak := func(args ...string) (int64, bool) {
+		t.Helper()
+		code, out, errOut := cnnc(append([]string{"plan", "--json", "--batch", "128", "../../examples/vgg_small.cnn"}, args...)...)
+		require.Equal(t, 0, code, errOut)
+		var p struct {
+			PeakBytes int64 `json:"peak_bytes"`
+			Inference bool  `json:"inference"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &p))
+		return p.PeakBytes, p.Inference
+	}
+	train, trainInf := peak()
+	infer, inferInf := peak("--infer")
+	assert.False(t, trainInf)
+	assert.True(t, inferInf)
+	t.Logf("vgg_small, batch 128: training peak %d bytes, inference peak %d bytes", train, infer)
+	assert.Less(t, infer, train/5)
+
+	code, out, _ := cnnc("plan", "--infer", "--batch", "16", "../../examples/vgg_small.cnn")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "cnnc inference memory plan: VGGSmall, batch 16 (forward only)")
+	assert.Contains(t, out, "conv1+bn1.weight")
+	assert.NotContains(t, out, "backward")
+
+	code, _, errOut := cnnc("plan", "--infer", "--max-batch", "../../examples/vgg_small.cnn")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errOut, "--infer plans the forward pass at --batch alone")
+
+	code, out, errOut = cnnc("check", "--infer", "--dump-after=bnfold", "../../examples/vgg_small.cnn")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "# IR after bnfold")
+	assert.Contains(t, out, "fold=bnfold(conv1.weight, bn1.running_mean, bn1.running_var, eps=1e-05, affine)")
+	code, out, errOut = cnnc("check", "--infer", "../../examples/vgg_small.cnn")
+	require.Equal(t, 0, code, errOut)
+	assert.NotContains(t, out, "training FLOPs")
+	code, _, errOut = cnnc("check", "--infer", "--dump-after=autodiff", "../../examples/vgg_small.cnn")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errOut, `pass "autodiff" runs only in training compilations`)
+
+	code, out, _ = cnnc("passes")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "autodiff   required, training only")
+	assert.Contains(t, out, "bnfold     optional, inference only")
+}
