@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"image"
 	"image/png"
+	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/internal/datasets"
+	"github.com/cnnc/cnnc/internal/fakecuda"
+	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/data"
 )
 
@@ -47,6 +51,13 @@ func predictJSON(t *testing.T, bin, ck, dir string) map[string][]float64 {
 	t.Helper()
 	code, out := runTrainer(t, bin, "predict", "--checkpoint", ck, "--top", "10", "--json", dir)
 	require.Equal(t, 0, code, out)
+	return parsePredictions(t, out)
+}
+
+// parsePredictions reads predict --json --top 10's lines: each file's
+// class probabilities.
+func parsePredictions(t *testing.T, out string) map[string][]float64 {
+	t.Helper()
 	got := map[string][]float64{}
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
@@ -124,6 +135,24 @@ func TestInferBuildPredictsAsTheTrainer(t *testing.T) {
 					assert.InDelta(t, p[c], got[f][c], 1e-4, "%s class %d", f, c)
 				}
 			}
+			worst := 0.0
+			for f, p := range want {
+				for c := range p {
+					worst = math.Max(worst, math.Abs(p[c]-got[f][c]))
+				}
+			}
+			t.Logf("%s: largest probability difference %.2g", name, worst)
+			if name == "mnist_bn" { // the CUDA C kernels on the emulator (--target emu)
+				emu := filepath.Join(dir, name+"-infer-emu")
+				code, out, errOut = cnnc("build", "--infer", "--target", "emu", model, "-o", emu, "--batch", "5", "--work", filepath.Join(dir, name+"-ew"))
+				require.Equal(t, 0, code, "%s\n%s", out, errOut)
+				got := predictJSON(t, emu, ck, pngs)
+				for f, p := range want {
+					for c := range p {
+						assert.InDelta(t, p[c], got[f][c], 1e-4, "emu: %s class %d", f, c)
+					}
+				}
+			}
 			code, out = runTrainer(t, infer, "--version")
 			assert.Equal(t, 0, code)
 			assert.Contains(t, out, "inference build of model")
@@ -183,4 +212,55 @@ func TestPlanInfer(t *testing.T) {
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, "autodiff   required, training only")
 	assert.Contains(t, out, "bnfold     optional, inference only")
+}
+
+// An inference build for the CUDA target (--target cuda), run under the
+// fake driver (internal/fakecuda: the fatbin's kernels on the emulator),
+// predicts from a trainer's checkpoint what the trainer does, within the
+// tolerance TestInferBuildPredictsAsTheTrainer states.
+func TestInferBuildCUDAUnderFakeDriver(t *testing.T) {
+	nvcc.Require(t)
+	if testing.Short() {
+		t.Skip("builds a trainer and a CUDA inference binary")
+	}
+	mnist, err := datasets.MNISTDir()
+	require.NoError(t, err)
+	fake := t.TempDir()
+	require.NoError(t, fakecuda.Build(fake))
+	t.Setenv(fakecuda.Env, fake) // cnnc build registers the fatbin's kernels with the fake
+	dir := t.TempDir()
+	test, err := data.LoadMNIST(mnist, "t10k")
+	require.NoError(t, err)
+	pngs := filepath.Join(dir, "digits")
+	require.NoError(t, os.MkdirAll(pngs, 0o755))
+	for i := 0; i < 7; i++ {
+		var b bytes.Buffer
+		require.NoError(t, png.Encode(&b, &image.Gray{Pix: test.Images.Image(i), Stride: 28, Rect: image.Rect(0, 0, 28, 28)}))
+		require.NoError(t, os.WriteFile(filepath.Join(pngs, fmt.Sprintf("%02d.png", i)), b.Bytes(), 0o644))
+	}
+	model := filepath.Join(dir, "mnist_bn.cnn")
+	require.NoError(t, os.WriteFile(model, []byte(mnistBN), 0o644))
+	trainer, infer := filepath.Join(dir, "trainer"), filepath.Join(dir, "infer-cuda")
+	code, out, errOut := cnnc("build", model, "-o", trainer)
+	require.Equal(t, 0, code, "%s\n%s", out, errOut)
+	code, out, errOut = cnnc("build", "--infer", "--target", "cuda", model, "-o", infer, "--batch", "4")
+	require.Equal(t, 0, code, "%s\n%s", out, errOut)
+	ck := filepath.Join(dir, "m.safetensors")
+	code, out = runTrainer(t, trainer, "--data", mnist, "--test", "", "--max-steps", "20", "--checkpoint", ck, "--quiet")
+	require.Equal(t, 0, code, out)
+	want := predictJSON(t, trainer, ck, pngs)
+	cmd := exec.Command(infer, "predict", "--device", "cuda", "--checkpoint", ck, "--top", "10", "--json", pngs)
+	cmd.Env = fakecuda.Environ(fake, os.Environ())
+	var o bytes.Buffer
+	cmd.Stdout = &o
+	var e bytes.Buffer
+	cmd.Stderr = &e
+	require.NoError(t, cmd.Run(), e.String())
+	got := parsePredictions(t, o.String())
+	require.Len(t, got, 7)
+	for f, p := range want {
+		for c := range p {
+			assert.InDelta(t, p[c], got[f][c], 1e-4, "%s class %d", f, c)
+		}
+	}
 }
