@@ -46,8 +46,16 @@ The build works in any directory: the trainer module carries a copy of
 cnnc's runtime and needs only the Go module proxy (or the module cache).
 
 --emit-cuda DIR also writes the generated kernels to DIR/NAME.cu, which
-nvcc compiles as it is; without -o, build only writes them.`,
-		Example: "  cnnc build examples/mnist.cnn -o mnist-trainer\n  cnnc build examples/simplecnn.cnn -o simplecnn --batch 16 --memory-budget 40MB\n  cnnc build --emit-cuda out examples/simplecnn.cnn",
+nvcc compiles as it is; without -o, build only writes them.
+
+--infer builds an inference-only binary instead of a trainer: the forward
+kernels alone (each batch norm after a conv folded into the conv's weight
+and bias when a checkpoint is loaded, conv+bias+activation+pool fused, no
+argmax, gradients or optimizer state) on their own memory plan (cnnc plan
+--infer shows it), for --batch images at a time. Its one command is the
+trainer's predict: BINARY predict --checkpoint CK [--top K] [--json]
+IMAGE_OR_DIR..., with the trainer's checkpoints.`,
+		Example: "  cnnc build examples/mnist.cnn -o mnist-trainer\n  cnnc build examples/simplecnn.cnn -o simplecnn --batch 16 --memory-budget 40MB\n  cnnc build --emit-cuda out examples/simplecnn.cnn\n  cnnc build --infer --batch 8 examples/vgg_small.cnn -o vgg-infer",
 		Args:    exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runBuild(cmd, args[0], &f, &bf, stdout, stderr)
