@@ -58,6 +58,9 @@ func fusePass(ctx *Context, g *ir.Graph) error {
 		g.Logits = f.val(g.Logits)
 		return nil
 	}
+	if g.Eval {
+		return nil // an evaluation graph: forward blocks only
+	}
 	return f.backward()
 }
 
@@ -192,7 +195,7 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 		last = p
 	}
 	outs := []string{last.Out().Name}
-	a.NoArgmax = a.Pool != nil && f.g.Infer // no backward reads it
+	a.NoArgmax = a.Pool != nil && f.g.ForwardOnly() // no backward reads it
 	if a.Pool != nil && !a.NoArgmax {
 		outs = append(outs, last.Out().Name+".argmax")
 	}

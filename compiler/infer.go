@@ -18,9 +18,21 @@ import (
 // are the identity in evaluation (dropout) are removed, their readers
 // reading their input. Batch norm stays, on its running statistics (an
 // inference graph is always evaluated so), unless bnfold folds it.
-func inferPass(_ *Context, g *ir.Graph) error {
+//
+// For a trainer's evaluation step (Context.Evaluation) the loss and labels
+// stay: the graph is an evaluation graph (ir.Graph.Eval).
+func inferPass(ctx *Context, g *ir.Graph) error {
 	if g.Logits == nil || g.Loss == nil {
 		return fmt.Errorf("infer: %s has no loss whose logits could be the output", g.Name)
+	}
+	if ctx.Evaluation {
+		removeEvalIdentities(g)
+		g.State = nil
+		for _, p := range g.Params {
+			p.State = nil
+		}
+		g.Eval = true
+		return nil
 	}
 	repl := map[*ir.Value]*ir.Value{}
 	val := func(v *ir.Value) *ir.Value {
@@ -59,6 +71,29 @@ func inferPass(_ *Context, g *ir.Graph) error {
 	}
 	g.Infer = true
 	return nil
+}
+
+// removeEvalIdentities removes the ops that are the identity in
+// evaluation (dropout), their readers reading their input.
+func removeEvalIdentities(g *ir.Graph) {
+	repl := map[*ir.Value]*ir.Value{}
+	val := func(v *ir.Value) *ir.Value {
+		for repl[v] != nil {
+			v = repl[v]
+		}
+		return v
+	}
+	g.RemoveNodes(func(n *ir.Node) bool {
+		if n.Op.Info().EvalIdentity {
+			repl[n.Out()] = n.Ins[0]
+			return true
+		}
+		for i, v := range n.Ins {
+			n.Ins[i] = val(v)
+		}
+		return false
+	})
+	g.Logits = val(g.Logits)
 }
 
 // bnfoldPass folds every batch norm whose input is a conv2d output read by

@@ -15,6 +15,8 @@ type Context struct {
 	File  *dsl.File
 	Train TrainConfig
 	Diags dsl.Diagnostics
+	// Evaluation: the infer pass keeps the loss (Options.Evaluation).
+	Evaluation bool
 }
 
 // Pass is one row of the passes table.
@@ -130,6 +132,11 @@ type Options struct {
 	// mode InferOnly instead of TrainOnly; Result.Graph is then an
 	// inference graph (ir.Graph.Infer).
 	Infer bool
+	// Evaluation compiles a trainer's evaluation step: the inference
+	// passes (batch norm folded, dropout gone, forward blocks without
+	// argmax) keeping the loss and labels; Result.Graph is then an
+	// evaluation graph (ir.Graph.Eval).
+	Evaluation bool
 }
 
 // Result is a compiled model.
@@ -160,6 +167,7 @@ func CompileSource(filename string, src []byte, opts Options) (*Result, error) {
 // dsl.Diagnostics (sorted by position); warnings come back in Result even
 // on success.
 func Compile(f *dsl.File, opts Options) (*Result, error) {
+	opts.Infer = opts.Infer || opts.Evaluation // the inference passes
 	if err := checkPassNames(opts); err != nil {
 		return nil, err
 	}
@@ -198,7 +206,7 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 		return nil, diags
 	}
 	g.Opt = &train.Optimizer
-	ctx := &Context{File: f, Train: train, Diags: diags}
+	ctx := &Context{File: f, Train: train, Diags: diags, Evaluation: opts.Evaluation}
 	res := &Result{File: f, Graph: g, Train: train, Data: data}
 	user := opts.AfterPass
 	opts.AfterPass = func(pass string, g *ir.Graph) error {

@@ -181,3 +181,29 @@ func TestDumpAfterStopsAtThePass(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"shapes", "dce"}, seen)
 }
+
+// An evaluation compilation (Options.Evaluation: a trainer's evaluation
+// step) runs the inference passes but keeps the loss and labels: batch
+// norm folded, dropout gone, forward blocks without argmax, and the fused
+// softmax cross-entropy that counts the correct predictions.
+func TestEvaluationCompilation(t *testing.T) {
+	res := compileFile(t, "testdata/bnfold.cnn", Options{Evaluation: true})
+	g := res.Graph
+	require.True(t, g.Eval)
+	require.False(t, g.Infer)
+	require.NotNil(t, g.Loss)
+	assert.Equal(t, ir.OpSoftmaxCrossEntropy, g.Loss.Def.Op)
+	assert.Len(t, g.Inputs, 2)
+	folds := 0
+	for _, p := range g.Params {
+		if p.Fold != nil {
+			folds++
+		}
+	}
+	assert.Equal(t, 4, folds)
+	for _, n := range g.Nodes {
+		assert.Equal(t, ir.Forward, n.Phase, n.Text())
+		assert.False(t, n.Op.Info().EvalIdentity, n.Text())
+		assert.NotEqual(t, ir.OpConv2D, n.Op, n.Text())
+	}
+}

@@ -110,7 +110,28 @@ func Compile(res *compiler.Result, cfg plan.Config, t Target) (*trainergen.Compi
 	if err != nil {
 		return nil, err
 	}
-	return trainergen.Assemble(res, p, t.generator())
+	eval, err := evaluation(res)
+	if err != nil {
+		return nil, err
+	}
+	return trainergen.Assemble(res, p, t.generator(), eval)
+}
+
+// evaluation is res's evaluation compilation (compiler.Options.Evaluation)
+// when it folds a batch norm into a conv, so that the trainer's
+// evaluation runs the folded kernels; nil when there is nothing to fold
+// (evaluation then runs the training graph's forward kernels).
+func evaluation(res *compiler.Result) (*compiler.Result, error) {
+	ev, err := compiler.Compile(res.File, compiler.Options{Evaluation: true, Batch: res.Train.Batch})
+	if err != nil {
+		return nil, fmt.Errorf("compiling the evaluation step: %w", err)
+	}
+	for _, p := range ev.Graph.Params {
+		if p.Fold != nil {
+			return ev, nil
+		}
+	}
+	return nil, nil
 }
 
 // CompileInfer plans an inference compilation (compiler.Options.Infer) at

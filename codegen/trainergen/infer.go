@@ -49,7 +49,7 @@ func AssembleInfer(res *compiler.Result, p *plan.Plan, target codegen.Target) (*
 	}
 	for i, par := range g.Params {
 		if f := par.Fold; f != nil {
-			spec.Params[i].Fold = trainer.Fold{Bias: f.Bias, Weight: f.Weight, ConvBias: f.ConvBias, Gamma: f.Gamma, Beta: f.Beta, Mean: f.Mean, Var: f.Var, Eps: f.Eps}
+			spec.Params[i].Fold = trainerFold(f)
 		}
 	}
 	spec.CheckpointBytes = checkpointBytes(g, res.Train.Optimizer.StateNames())

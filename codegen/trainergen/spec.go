@@ -80,6 +80,9 @@ type Programs struct {
 	TrainPlace Layout
 	Eval       *codegen.Program
 	EvalPlace  Layout
+	// EvalGraph is the graph Eval was generated from: Result.Graph (nil),
+	// or an evaluation compilation's with batch norm folded.
+	EvalGraph *ir.Graph
 	// EvalInTrainArena: EvalPlace's offsets are in the training arena
 	// (evaluation borrows its temporary space) rather than an arena of
 	// their own.
@@ -113,7 +116,14 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		return nil, err
 	}
 	if p.Eval != nil {
-		if spec.Eval, err = buildStep(p.Eval, g, true, sb.launchPlace, sb.tensor, sb.place); err != nil {
+		eg := g
+		if p.EvalGraph != nil {
+			eg = p.EvalGraph
+		}
+		if spec.Eval, err = buildStep(p.Eval, eg, true, sb.launchPlace, sb.tensor, sb.place); err != nil {
+			return nil, err
+		}
+		if spec.EvalFolds, err = sb.evalFolds(p.Eval, eg); err != nil {
 			return nil, err
 		}
 	}
@@ -160,7 +170,7 @@ type specBuilder struct {
 // state, and all of training's values, in the training arena.
 func (b *specBuilder) place(prog *codegen.Program, v *ir.Value, eval bool) (trainer.Arena, int64, error) {
 	v = prog.Buffer(v)
-	if !eval || persistentValue(v) {
+	if !eval || trainedValue(v) {
 		o, ok := b.p.TrainPlace.Offset(v)
 		if !ok {
 			return 0, 0, fmt.Errorf("trainergen: %s has no place in the training arena", v)
@@ -295,6 +305,38 @@ func stepLaunches(prog *codegen.Program, eval bool, launchPlace func(*codegen.Pr
 // where training keeps them.
 func persistentValue(v *ir.Value) bool {
 	return v.Role == ir.RoleParam || v.Role == ir.RoleOptState || v.Role == ir.RoleBuffer
+}
+
+// trainedValue: a persistent value the training arena holds, which
+// evaluation reads there; not a folded parameter (ir.Param.Fold) of an
+// evaluation graph, which evaluation computes into its own space.
+func trainedValue(v *ir.Value) bool {
+	return persistentValue(v) && (v.Param == nil || v.Param.Fold == nil)
+}
+
+// evalFolds are the folded parameters of evaluation graph g, where
+// evaluation's program prog keeps them, with the tensors they are
+// computed from (trainer.Spec.EvalFolds).
+func (b *specBuilder) evalFolds(prog *codegen.Program, g *ir.Graph) ([]trainer.Tensor, error) {
+	var out []trainer.Tensor
+	for _, par := range g.Params {
+		f := par.Fold
+		if f == nil {
+			continue
+		}
+		t, err := b.tensor(prog, par.Value, par.Name, true)
+		if err != nil {
+			return nil, err
+		}
+		t.Fold = trainerFold(f)
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// trainerFold is f as the Spec carries it.
+func trainerFold(f *ir.Fold) trainer.Fold {
+	return trainer.Fold{Bias: f.Bias, Weight: f.Weight, ConvBias: f.ConvBias, Gamma: f.Gamma, Beta: f.Beta, Mean: f.Mean, Var: f.Var, Eps: f.Eps}
 }
 
 // setInit gives a parameter's or buffer's tensor its initialisation (as

@@ -500,6 +500,10 @@ type Graph struct {
 	// Infer marks an inference graph (compiler.Options.Infer): forward
 	// nodes only, no loss, labels or optimizer state; Logits is the output.
 	Infer bool
+	// Eval marks an evaluation graph (compiler.Options.Evaluation): an
+	// inference graph that keeps its loss and labels, for a trainer's
+	// evaluation step (loss and correct count).
+	Eval bool
 
 	nextValue, nextNode int
 	names               map[string]bool
@@ -640,3 +644,7 @@ func (g *Graph) RemoveNodes(drop func(*Node) bool) {
 	}
 	g.Nodes = kept
 }
+
+// ForwardOnly says whether g is an inference or evaluation graph: forward
+// nodes only, pooled blocks without argmax.
+func (g *Graph) ForwardOnly() bool { return g.Infer || g.Eval }

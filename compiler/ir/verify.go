@@ -20,7 +20,8 @@ import (
 //     optimizer has a table row;
 //   - a parameter's gradient has the parameter's type;
 //   - an inference graph has forward nodes only, no loss, labels or
-//     optimizer state, and its logits are computed.
+//     optimizer state, and its logits are computed; an evaluation graph
+//     has forward nodes only.
 func (g *Graph) Verify() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -159,6 +160,13 @@ func (g *Graph) Verify() error {
 		}
 		if g.Loss.Def == nil || g.Loss.Def.Phase != Forward || !defined[g.Loss] {
 			bad("loss %s is not computed in the forward phase", g.Loss)
+		}
+	}
+	if g.Eval {
+		for _, n := range g.Nodes {
+			if n.Phase != Forward {
+				bad("evaluation graph has a %s node: %s", n.Phase, n.Text())
+			}
 		}
 	}
 	if len(updates) > 0 {

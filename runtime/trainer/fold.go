@@ -55,3 +55,58 @@ func foldTensor(f *checkpoint.File, t Tensor) ([]byte, error) {
 	}
 	return f32bytes(w), nil
 }
+
+// ensureEvalFolds computes evaluation's folded parameters (Spec.EvalFolds)
+// from the parameters and buffers they name, unless they hold the fold of
+// the current ones already: once after a checkpoint is loaded or training
+// steps ran, not per evaluated batch.
+func (s *Session) ensureEvalFolds() error {
+	if s.evalFolded || len(s.Spec.EvalFolds) == 0 {
+		return nil
+	}
+	byName := map[string]Tensor{}
+	for _, t := range s.Spec.persistent() {
+		byName[t.Name] = t
+	}
+	read := func(name string) ([]float32, error) {
+		if name == "" {
+			return nil, nil
+		}
+		t, ok := byName[name]
+		if !ok {
+			return nil, fmt.Errorf("trainer: spec %s: a folded parameter reads %s, which the model does not have", s.Spec.Model, name)
+		}
+		return s.ReadTensor(t)
+	}
+	for _, t := range s.Spec.EvalFolds {
+		fd := t.Fold
+		in := bnfold.Tensors{Eps: fd.Eps}
+		var err error
+		names := []string{fd.Gamma, fd.Beta, fd.Mean, fd.Var, fd.ConvBias}
+		dsts := []*[]float32{&in.Gamma, &in.Beta, &in.Mean, &in.Var, &in.Bias}
+		if !fd.Bias {
+			names[4], dsts[4] = fd.Weight, &in.Weight
+		}
+		for i, n := range names {
+			if *dsts[i], err = read(n); err != nil {
+				return err
+			}
+		}
+		w, b, err := bnfold.Fold(in)
+		if err != nil {
+			return fmt.Errorf("evaluation: %s: %w", t.Name, err)
+		}
+		vals := w
+		if fd.Bias {
+			vals = b
+		}
+		if int64(len(vals)) != t.Elems() {
+			return fmt.Errorf("trainer: spec %s: %s folds to %d values, its place holds %d", s.Spec.Model, t.Name, len(vals), t.Elems())
+		}
+		if err := s.Dev.CopyIn(s.addr(t.Arena, t.Offset), f32bytes(vals)); err != nil {
+			return err
+		}
+	}
+	s.evalFolded = true
+	return nil
+}

@@ -374,6 +374,7 @@ func (s *Session) ensureSlots() error {
 // that is a later Submit, its own batch is then not queued (Session.Step
 // says what was).
 func (s *Session) Submit(b Batch, done func(StepResult) error) error {
+	s.evalFolded = false // the step changes the parameters and the arena's temporary space
 	if err := s.checkBatch(b, s.Spec.Batch); err != nil {
 		return err
 	}

@@ -71,6 +71,10 @@ type Session struct {
 	traceFrom int64
 	// params is reused for argument arrays.
 	params []uint64
+	// evalFolded: evaluation's folded parameters (Spec.EvalFolds) hold
+	// the fold of the current parameters (cleared whenever those change or
+	// a training step may have overwritten the space they borrow).
+	evalFolded bool
 }
 
 // NewSession allocates exactly the planned arena on dev and initialises
@@ -119,6 +123,7 @@ func bytesf32(b []byte) []float32 { return checkpoint.Tensor{Data: b}.Float32s()
 // InitParams sets every parameter and buffer to its initial values for
 // seed and zeroes the optimizer state, as the float64 reference does.
 func (s *Session) InitParams(seed uint64) error {
+	s.evalFolded = false
 	for _, p := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...) {
 		if err := s.Dev.CopyIn(s.addr(p.Arena, p.Offset), initialBytes(p, seed)); err != nil {
 			return err
@@ -180,6 +185,7 @@ func (s *Session) WriteTensor(t Tensor, vals []float32) error {
 	if int64(len(vals)) != t.Elems() {
 		return fmt.Errorf("trainer: %s needs %d values, got %d", t.Name, t.Elems(), len(vals))
 	}
+	s.evalFolded = false
 	return s.Dev.CopyIn(s.addr(t.Arena, t.Offset), f32bytes(vals))
 }
 
@@ -203,6 +209,9 @@ func (s *Session) EvalBatch(b Batch) (float32, int, error) {
 		return 0, 0, err
 	}
 	if err := s.checkBatch(b, s.Spec.Batch); err != nil {
+		return 0, 0, err
+	}
+	if err := s.ensureEvalFolds(); err != nil {
 		return 0, 0, err
 	}
 	// evaluation may be compiled for a smaller batch (to fit the training
@@ -450,5 +459,6 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 	if withState {
 		s.Step = step
 	}
+	s.evalFolded = false
 	return f.Metadata, nil
 }

@@ -183,6 +183,12 @@ type Spec struct {
 	// trained).
 	Infer           bool
 	CheckpointBytes int64
+	// EvalFolds are evaluation's folded parameters (a conv's weight and
+	// bias with the batch norm after it folded in), where Eval reads them:
+	// the session computes them from the parameters and buffers they name
+	// (Tensor.Fold) before an evaluation or prediction whenever the
+	// parameters changed since.
+	EvalFolds []Tensor
 }
 
 // persistent lists the tensors that outlive a step: parameters, buffers,
@@ -209,7 +215,7 @@ func (s *Spec) Validate() error {
 		}
 		return nil
 	}
-	for _, p := range s.persistent() {
+	for _, p := range append(s.persistent(), s.EvalFolds...) {
 		if err := check("tensor", p, p.Bytes()); err != nil {
 			return err
 		}
