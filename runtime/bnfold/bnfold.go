@@ -26,7 +26,8 @@ type Tensors struct {
 // Fold returns w' and b': per output channel o, s = gamma[o]/sqrt(var[o]+eps),
 // w'[o,...] = w[o,...]·s and b'[o] = (b[o]-mean[o])·s + beta[o], each
 // computed in float64 from the float32 inputs and rounded once, so that each
-// element is within half an ulp of the exact fold of the stored values.
+// element is within half a float32 ulp of the exact fold of the stored
+// values, plus the float64 arithmetic's few 2^-53 of the terms.
 func Fold(t Tensors) (w, b []float32, err error) {
 	o := len(t.Mean)
 	switch {
