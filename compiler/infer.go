@@ -27,36 +27,13 @@ func inferPass(ctx *Context, g *ir.Graph) error {
 	}
 	if ctx.Evaluation {
 		removeEvalIdentities(g)
-		g.State = nil
-		for _, p := range g.Params {
-			p.State = nil
-		}
+		dropState(g)
 		g.Eval = true
 		return nil
 	}
-	repl := map[*ir.Value]*ir.Value{}
-	val := func(v *ir.Value) *ir.Value {
-		for repl[v] != nil {
-			v = repl[v]
-		}
-		return v
-	}
-	g.RemoveNodes(func(n *ir.Node) bool {
-		switch {
-		case n.Phase != ir.Forward:
-			return true
-		case n == g.Loss.Def:
-			return true
-		case n.Op.Info().EvalIdentity:
-			repl[n.Out()] = n.Ins[0]
-			return true
-		}
-		for i, v := range n.Ins {
-			n.Ins[i] = val(v)
-		}
-		return false
-	})
-	g.Logits = val(g.Logits)
+	loss := g.Loss.Def
+	g.RemoveNodes(func(n *ir.Node) bool { return n == loss || n.Phase != ir.Forward })
+	removeEvalIdentities(g)
 	g.Loss = nil
 	inputs := g.Inputs[:0]
 	for _, v := range g.Inputs {
@@ -65,12 +42,18 @@ func inferPass(ctx *Context, g *ir.Graph) error {
 		}
 	}
 	g.Inputs = inputs
+	dropState(g)
+	g.Infer = true
+	return nil
+}
+
+// dropState removes the optimizer state (none exists before autodiff; a
+// graph given to the pass with it must not keep it).
+func dropState(g *ir.Graph) {
 	g.State = nil
 	for _, p := range g.Params {
 		p.State = nil
 	}
-	g.Infer = true
-	return nil
 }
 
 // removeEvalIdentities removes the ops that are the identity in
