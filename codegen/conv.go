@@ -49,6 +49,7 @@ type convGeom struct {
 	O, KH, KW, SH, SW, PH, PW    int64
 	HO, WO                       int64 // conv output
 	Pool                         bool
+	NoArgmax                     bool // a pooled inference block: no argmax written
 	PKH, PKW, PSH, PSW, PPH, PPW int64
 	PHO, PWO                     int64 // pooled output
 	Bits, Per, BitMask           int64 // argmax bits per element, elements per 32-bit word, (1<<Bits)-1
@@ -83,7 +84,7 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 		return nil, fmt.Errorf("codegen: %s: kernels larger than 32x32 are not supported", n.Text())
 	}
 	if p := a.Pool; p != nil {
-		g.Pool = true
+		g.Pool, g.NoArgmax = true, a.NoArgmax
 		g.PKH, g.PKW, g.PSH, g.PSW, g.PPH, g.PPW = p.Kernel[0], p.Kernel[1], p.Stride[0], p.Stride[1], p.Pad[0], p.Pad[1]
 		g.PHO, ok1 = ir.ConvOut(g.HO, g.PKH, g.PSH, g.PPH)
 		g.PWO, ok2 = ir.ConvOut(g.WO, g.PKW, g.PSW, g.PPW)
@@ -129,6 +130,9 @@ func (g *convGeom) name() string {
 	}
 	if g.Pool {
 		fmt.Fprintf(&b, "_pool%dx%ds%dx%dp%dx%d", g.PKH, g.PKW, g.PSH, g.PSW, g.PPH, g.PPW)
+		if g.NoArgmax {
+			b.WriteString("_noargmax")
+		}
 	}
 	if g.Idx == "long" {
 		b.WriteString("_i64")
@@ -321,7 +325,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	}
 	params = append(params, "float* __restrict__ y")
 	args = append(args, buf(n.Outs[0]))
-	if g.Pool {
+	if g.Pool && !g.NoArgmax {
 		params = append(params, "unsigned int* __restrict__ argmax")
 		args = append(args, buf(n.Outs[1]))
 	}

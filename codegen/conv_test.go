@@ -134,6 +134,22 @@ func TestConvBlockForward(t *testing.T) {
 	}
 }
 
+// The pooled forward cases as inference graphs have them (no argmax), at
+// batches 1 and 3 (cnnc build --infer).
+func TestConvBlockForwardWithoutArgmax(t *testing.T) {
+	for _, batch := range []int64{1, 3} {
+		var checks []kernelCheck
+		for _, c := range forwardCases {
+			if c.Pool != nil {
+				c.NoArgmax = true
+				checks = append(checks, kernelCheck{name: c.String(), n: kernelcases.ConvForward(t, c)})
+			}
+		}
+		require.NotEmpty(t, checks)
+		t.Logf("worst relative error at batch %d: %.2e", batch, runKernelChecks(t, batch, checks))
+	}
+}
+
 // The forward cases on tensor cores, at batch 3.
 func TestConvBlockForwardTensorCores(t *testing.T) {
 	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {

@@ -29,6 +29,9 @@ import (
 // weight-gradient kernel, scheduled after the layer's grad_input (which
 // still reads the old weights).
 //
+// An inference graph (the infer pass) gets the forward blocks alone, and a
+// pooled block keeps no argmax.
+//
 // The reference interpreter runs fused ops too; a test checks that the
 // fused step equals the unfused one.
 func fusePass(ctx *Context, g *ir.Graph) error {
@@ -49,6 +52,14 @@ func fusePass(ctx *Context, g *ir.Graph) error {
 		if err := f.fuseForward(n); err != nil {
 			return err
 		}
+	}
+	if g.Infer {
+		// an inference graph: forward blocks only, its output replaced
+		g.Logits = f.val(g.Logits)
+		return nil
+	}
+	if g.Eval {
+		return nil // an evaluation graph: forward blocks only
 	}
 	return f.backward()
 }
@@ -86,7 +97,7 @@ func (f *fuser) val(v *ir.Value) *ir.Value {
 // only returns v's single reader with the given op, or nil.
 func (f *fuser) only(v *ir.Value, op ir.Op) *ir.Node {
 	rs := f.readers[v]
-	if len(rs) == 1 && rs[0].Op == op && v != f.g.Loss {
+	if len(rs) == 1 && rs[0].Op == op && v != f.g.Loss && !(f.g.Infer && v == f.g.Logits) {
 		return rs[0]
 	}
 	return nil
@@ -184,7 +195,8 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 		last = p
 	}
 	outs := []string{last.Out().Name}
-	if a.Pool != nil {
+	a.NoArgmax = a.Pool != nil && f.g.ForwardOnly() // no backward reads it
+	if a.Pool != nil && !a.NoArgmax {
 		outs = append(outs, last.Out().Name+".argmax")
 	}
 	b := f.g.NewNode(ir.OpConvBlock, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)

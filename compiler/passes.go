@@ -15,6 +15,8 @@ type Context struct {
 	File  *dsl.File
 	Train TrainConfig
 	Diags dsl.Diagnostics
+	// Evaluation: the infer pass keeps the loss (Options.Evaluation).
+	Evaluation bool
 }
 
 // Pass is one row of the passes table.
@@ -25,6 +27,28 @@ type Pass struct {
 	// debugging, measuring what a pass buys).
 	Required bool
 	Doc      string
+	// Mode says which compilations run the pass: both (0), training's
+	// only, or inference's only (Options.Infer).
+	Mode PassMode
+}
+
+// PassMode is which compilations run a pass.
+type PassMode uint8
+
+const (
+	BothModes PassMode = iota
+	TrainOnly
+	InferOnly
+)
+
+func (m PassMode) String() string {
+	return [...]string{"both", "training", "inference"}[m]
+}
+
+// runsIn says whether a pass of mode m runs in a compilation for inference
+// (infer) or training.
+func (m PassMode) runsIn(infer bool) bool {
+	return m == BothModes || (m == InferOnly) == infer
 }
 
 // Passes run in this order; passOrder states (and init checks) what that
@@ -34,8 +58,10 @@ type Pass struct {
 var Passes = []Pass{
 	{Name: "shapes", Fn: shapesPass, Required: true, Doc: "infer every tensor's type, fill in parameter shapes, check each op's constraints"},
 	{Name: "dce", Fn: dcePass, Doc: "warn about layers the loss does not depend on, and remove them"},
-	{Name: "autodiff", Fn: autodiffPass, Required: true, Doc: "add the backward graph (one gradient rule per op) and the optimizer update"},
-	{Name: "fuse", Fn: fusePass, Doc: "fuse conv+bias+relu+maxpool, linear+bias+relu, softmax+cross-entropy, ReLU/pool gradients and optimizer updates into kernels"},
+	{Name: "autodiff", Fn: autodiffPass, Required: true, Mode: TrainOnly, Doc: "add the backward graph (one gradient rule per op) and the optimizer update"},
+	{Name: "infer", Fn: inferPass, Required: true, Mode: InferOnly, Doc: "make an inference graph: the logits are the output (no loss, labels or optimizer state), dropout is the identity"},
+	{Name: "bnfold", Fn: bnfoldPass, Mode: InferOnly, Doc: "fold each batch norm after a conv into the conv's weight and bias (computed from a checkpoint when it is loaded)"},
+	{Name: "fuse", Fn: fusePass, Doc: "fuse conv+bias+relu+maxpool, linear+bias+relu, softmax+cross-entropy, ReLU/pool gradients and optimizer updates into kernels (inference: forward blocks without argmax)"},
 }
 
 // passOrder lists the constraints on the order of Passes: each pair's first
@@ -46,6 +72,10 @@ var passOrder = []struct{ before, after, why string }{
 	{"shapes", "fuse", "fusion rules match on types"},
 	{"dce", "autodiff", "no gradient is derived for dead layers"},
 	{"autodiff", "fuse", "fuse re-derives the backward over fused blocks and needs the optimizer state autodiff created"},
+	{"dce", "infer", "dead layers are found from the loss, which infer removes"},
+	{"infer", "bnfold", "a batch norm is folded only as evaluation computes it (on its running statistics)"},
+	{"bnfold", "fuse", "fuse would make the conv a block before its batch norm is folded into it"},
+	{"infer", "fuse", "fuse makes forward-only blocks (no argmax) for an inference graph"},
 }
 
 func init() {
@@ -98,6 +128,15 @@ type Options struct {
 	// BatchSource names where it comes from in errors (e.g. "--batch").
 	Batch       int64
 	BatchSource string
+	// Infer compiles for inference (cnnc build --infer): the passes of
+	// mode InferOnly instead of TrainOnly; Result.Graph is then an
+	// inference graph (ir.Graph.Infer).
+	Infer bool
+	// Evaluation compiles a trainer's evaluation step: the inference
+	// passes (batch norm folded, dropout gone, forward blocks without
+	// argmax) keeping the loss and labels; Result.Graph is then an
+	// evaluation graph (ir.Graph.Eval).
+	Evaluation bool
 }
 
 // Result is a compiled model.
@@ -128,6 +167,7 @@ func CompileSource(filename string, src []byte, opts Options) (*Result, error) {
 // dsl.Diagnostics (sorted by position); warnings come back in Result even
 // on success.
 func Compile(f *dsl.File, opts Options) (*Result, error) {
+	opts.Infer = opts.Infer || opts.Evaluation // the inference passes
 	if err := checkPassNames(opts); err != nil {
 		return nil, err
 	}
@@ -161,25 +201,26 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 	if opts.Batch > 0 {
 		batchSource = cmp.Or(opts.BatchSource, "the compiler's options")
 	}
-	if d := checkAccumulate(g, train, batchSource); d != nil {
+	if d := checkAccumulate(g, train, batchSource); d != nil && !opts.Infer {
 		diags = append(diags, d)
 		return nil, diags
 	}
 	g.Opt = &train.Optimizer
-	ctx := &Context{File: f, Train: train, Diags: diags}
+	ctx := &Context{File: f, Train: train, Diags: diags, Evaluation: opts.Evaluation}
 	res := &Result{File: f, Graph: g, Train: train, Data: data}
 	user := opts.AfterPass
 	opts.AfterPass = func(pass string, g *ir.Graph) error {
-		if pass == "autodiff" {
+		if pass == "autodiff" || (opts.Infer && pass == "infer") {
 			// every tensor and FLOP of the step exists now: check the
 			// batch against them before anything multiplies by it
 			if d := checkBatch(g, train.Batch, train, opts.BatchSource, f.Model.Pos); d != nil {
 				return dsl.Diagnostics{d}
 			}
-			if d := checkBatchStatistics(g, train.Batch, train, opts.BatchSource); d != nil {
+			if d := checkBatchStatistics(g, train.Batch, train, opts.BatchSource); d != nil && !opts.Infer {
 				return dsl.Diagnostics{d}
 			}
 			res.Summary = Summarize(g, train.Batch)
+			res.Summary.Inference = opts.Infer
 			res.BatchLimit = BatchLimit(g)
 		}
 		if user != nil {
@@ -202,7 +243,7 @@ func RunPasses(ctx *Context, g *ir.Graph, opts Options) error {
 		disabled[n] = true
 	}
 	for _, p := range Passes {
-		if disabled[p.Name] && !p.Required {
+		if (disabled[p.Name] && !p.Required) || !p.Mode.runsIn(opts.Infer) {
 			continue
 		}
 		if err := p.Fn(ctx, g); err != nil {
@@ -249,7 +290,12 @@ func checkPassNames(opts Options) error {
 		}
 	}
 	if opts.StopAfter != "" {
-		return check(opts.StopAfter)
+		if err := check(opts.StopAfter); err != nil {
+			return err
+		}
+		if p := known[opts.StopAfter]; !p.Mode.runsIn(opts.Infer) {
+			return fmt.Errorf("pass %q runs only in %s compilations", opts.StopAfter, p.Mode)
+		}
 	}
 	return nil
 }

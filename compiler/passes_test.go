@@ -54,6 +54,9 @@ func TestPassesBeforeAfter(t *testing.T) {
 			ctx := &Context{File: f, Train: train}
 			golden(t, filepath.Join("passes", c.name+".lower.ir"), g.Text())
 			for _, p := range Passes {
+				if !p.Mode.runsIn(false) {
+					continue
+				}
 				before := g.Text()
 				require.NoError(t, p.Fn(ctx, g))
 				require.False(t, ctx.Diags.HasErrors(), "%v", ctx.Diags)
@@ -66,6 +69,56 @@ func TestPassesBeforeAfter(t *testing.T) {
 				} else {
 					assert.Equal(t, before, after, "dce removed something from %s", c.name)
 				}
+			}
+		})
+	}
+}
+
+// TestInferencePassesBeforeAfter is TestPassesBeforeAfter for an
+// inference compilation (Options.Infer: shapes, dce, infer, bnfold, fuse):
+// one golden per pass output, NAME.infer.PASS.ir, the verifier after
+// each. bnfold.cnn has batch norms after a conv without bias, after a conv
+// with one (affine=false), and after a linear layer (not folded).
+func TestInferencePassesBeforeAfter(t *testing.T) {
+	for _, c := range []struct{ name, path string }{
+		{"bnfold", "testdata/bnfold.cnn"},
+		{"mnist", "../examples/mnist.cnn"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src, err := os.ReadFile(c.path)
+			require.NoError(t, err)
+			f, err := dsl.Parse(filepath.Base(c.path), src)
+			require.NoError(t, err)
+			g, diags := Lower(f)
+			require.False(t, diags.HasErrors(), "%v", diags)
+			train, diags := ParseTrain(f.Section("train"))
+			require.False(t, diags.HasErrors(), "%v", diags)
+			g.Opt = &train.Optimizer
+			ctx := &Context{File: f, Train: train}
+			var ran []string
+			for _, p := range Passes {
+				if !p.Mode.runsIn(true) {
+					continue
+				}
+				ran = append(ran, p.Name)
+				before := g.Text()
+				require.NoError(t, p.Fn(ctx, g))
+				require.False(t, ctx.Diags.HasErrors(), "%v", ctx.Diags)
+				require.NoError(t, g.Verify(), "after %s:\n%s", p.Name, g.Text())
+				after := g.Text()
+				golden(t, filepath.Join("passes", c.name+".infer."+p.Name+".ir"), after)
+				if p.Name == "dce" || (p.Name == "bnfold" && c.name == "mnist") {
+					assert.Equal(t, before, after, "%s changed %s", p.Name, c.name)
+				} else {
+					assert.NotEqual(t, before, after, "pass %s changed nothing", p.Name)
+				}
+			}
+			assert.Equal(t, []string{"shapes", "dce", "infer", "bnfold", "fuse"}, ran)
+			assert.True(t, g.Infer)
+			assert.Nil(t, g.Loss)
+			for _, n := range g.Nodes {
+				assert.NotEqual(t, ir.OpConv2D, n.Op, "an unfused conv is left: %s", n.Text())
+				assert.False(t, n.Op.Info().EvalIdentity, "%s", n.Text())
 			}
 		})
 	}
@@ -127,4 +180,30 @@ func TestDumpAfterStopsAtThePass(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"shapes", "dce"}, seen)
+}
+
+// An evaluation compilation (Options.Evaluation: a trainer's evaluation
+// step) runs the inference passes but keeps the loss and labels: batch
+// norm folded, dropout gone, forward blocks without argmax, and the fused
+// softmax cross-entropy that counts the correct predictions.
+func TestEvaluationCompilation(t *testing.T) {
+	res := compileFile(t, "testdata/bnfold.cnn", Options{Evaluation: true})
+	g := res.Graph
+	require.True(t, g.Eval)
+	require.False(t, g.Infer)
+	require.NotNil(t, g.Loss)
+	assert.Equal(t, ir.OpSoftmaxCrossEntropy, g.Loss.Def.Op)
+	assert.Len(t, g.Inputs, 2)
+	folds := 0
+	for _, p := range g.Params {
+		if p.Fold != nil {
+			folds++
+		}
+	}
+	assert.Equal(t, 4, folds)
+	for _, n := range g.Nodes {
+		assert.Equal(t, ir.Forward, n.Phase, n.Text())
+		assert.False(t, n.Op.Info().EvalIdentity, n.Text())
+		assert.NotEqual(t, ir.OpConv2D, n.Op, n.Text())
+	}
 }

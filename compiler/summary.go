@@ -29,6 +29,7 @@ type Summary struct {
 	ParamBytes    int64
 	ForwardFLOPs  int64 // per step
 	TrainFLOPs    int64 // forward + backward + update, per step
+	Inference     bool  // summarised for inference (compiler.Options.Infer): no training step
 	InputBytes    int64 // one batch of inputs as f32
 	ActivationsFP int64 // bytes of every forward activation at the batch size
 }
@@ -73,7 +74,9 @@ func (s *Summary) Print(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "total params:        %s (%s as f32)\n", Commas(s.Params), units.FormatBytes(s.ParamBytes))
 	fmt.Fprintf(w, "forward FLOPs:       %s per step\n", humanFLOPs(s.ForwardFLOPs))
-	fmt.Fprintf(w, "training FLOPs:      %s per step (forward, backward, update)\n", humanFLOPs(s.TrainFLOPs))
+	if !s.Inference {
+		fmt.Fprintf(w, "training FLOPs:      %s per step (forward, backward, update)\n", humanFLOPs(s.TrainFLOPs))
+	}
 	fmt.Fprintf(w, "input batch:         %s as f32\n", units.FormatBytes(s.InputBytes))
 	fmt.Fprintf(w, "forward activations: %s if every forward output were kept\n", units.FormatBytes(s.ActivationsFP))
 }

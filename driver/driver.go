@@ -84,8 +84,14 @@ func Budget(res *compiler.Result, budget int64, source string) plan.Config {
 // Plan plans res's training step at its batch for t's kernels. With
 // accumulate = N a step is one update of batch×N samples, planned as N
 // micro-batches of the batch.
+//
+// An inference compilation (compiler.Options.Infer) is planned as its
+// forward pass at the batch alone: no accumulation.
 func Plan(res *compiler.Result, cfg plan.Config, t Target) (*plan.Plan, error) {
 	cfg.Batch, cfg.Accumulate = res.Train.StepBatch(), res.Train.Accumulate
+	if res.Graph.Infer {
+		cfg.Batch, cfg.Accumulate = res.Train.Batch, 0
+	}
 	cfg.Workspace = t.Workspace()
 	return plan.Build(res.Graph, cfg)
 }
@@ -104,7 +110,39 @@ func Compile(res *compiler.Result, cfg plan.Config, t Target) (*trainergen.Compi
 	if err != nil {
 		return nil, err
 	}
-	return trainergen.Assemble(res, p, t.generator())
+	eval, err := evaluation(res)
+	if err != nil {
+		return nil, err
+	}
+	return trainergen.Assemble(res, p, t.generator(), eval)
+}
+
+// evaluation is res's evaluation compilation (compiler.Options.Evaluation)
+// when it folds a batch norm into a conv, so that the trainer's
+// evaluation runs the folded kernels; nil when there is nothing to fold
+// (evaluation then runs the training graph's forward kernels).
+func evaluation(res *compiler.Result) (*compiler.Result, error) {
+	ev, err := compiler.Compile(res.File, compiler.Options{Evaluation: true, Batch: res.Train.Batch})
+	if err != nil {
+		return nil, fmt.Errorf("compiling the evaluation step: %w", err)
+	}
+	for _, p := range ev.Graph.Params {
+		if p.Fold != nil {
+			return ev, nil
+		}
+	}
+	return nil, nil
+}
+
+// CompileInfer plans an inference compilation (compiler.Options.Infer) at
+// its batch and generates t's forward kernels and the inference-only
+// build's Spec (trainergen.AssembleInfer).
+func CompileInfer(res *compiler.Result, cfg plan.Config, t Target) (*trainergen.Compiled, error) {
+	p, err := Plan(res, cfg, t)
+	if err != nil {
+		return nil, err
+	}
+	return trainergen.AssembleInfer(res, p, t.generator())
 }
 
 // ErrNoGo is Build's error when the Go toolchain is not on PATH.

@@ -46,8 +46,16 @@ The build works in any directory: the trainer module carries a copy of
 cnnc's runtime and needs only the Go module proxy (or the module cache).
 
 --emit-cuda DIR also writes the generated kernels to DIR/NAME.cu, which
-nvcc compiles as it is; without -o, build only writes them.`,
-		Example: "  cnnc build examples/mnist.cnn -o mnist-trainer\n  cnnc build examples/simplecnn.cnn -o simplecnn --batch 16 --memory-budget 40MB\n  cnnc build --emit-cuda out examples/simplecnn.cnn",
+nvcc compiles as it is; without -o, build only writes them.
+
+--infer builds an inference-only binary instead of a trainer: the forward
+kernels alone (each batch norm after a conv folded into the conv's weight
+and bias when a checkpoint is loaded, conv+bias+activation+pool fused, no
+argmax, gradients or optimizer state) on their own memory plan (cnnc plan
+--infer shows it), for --batch images at a time. Its one command is the
+trainer's predict: BINARY predict --checkpoint CK [--top K] [--json]
+IMAGE_OR_DIR..., with the trainer's checkpoints.`,
+		Example: "  cnnc build examples/mnist.cnn -o mnist-trainer\n  cnnc build examples/simplecnn.cnn -o simplecnn --batch 16 --memory-budget 40MB\n  cnnc build --emit-cuda out examples/simplecnn.cnn\n  cnnc build --infer --batch 8 examples/vgg_small.cnn -o vgg-infer",
 		Args:    exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runBuild(cmd, args[0], &f, &bf, stdout, stderr)
@@ -59,6 +67,7 @@ nvcc compiles as it is; without -o, build only writes them.`,
 	cmd.Flags().StringVar(&bf.workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
 	cmd.Flags().StringVar(&bf.budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")
 	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
+	f.registerInfer(cmd, "build an inference-only binary: forward kernels only (batch norm folded into the conv before it, conv+bias+activation+pool fused, no argmax, gradients or optimizer state) on its own memory plan (cnnc plan --infer), with the trainer's predict command, loading the trainer's checkpoints")
 	return cmd
 }
 
@@ -103,6 +112,9 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 	if err != nil {
 		return err
 	}
+	if f.infer {
+		return b.buildInfer(res, target, chosen, bf)
+	}
 	b.step("checked %s: %s, %s, %s parameters", path, res.Graph.Name, res.Train.BatchWords(), compiler.Commas(res.Graph.ParamCount()))
 	cfg, err := buildBudget(res, bf.budget, stderr)
 	if err != nil {
@@ -130,6 +142,30 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 	if bf.output == "" {
 		return nil
 	}
+	return b.buildTrainer(c, target, bf)
+}
+
+// buildInfer is cnnc build --infer: the inference compilation's forward
+// kernels on its own plan, built into a binary whose one command is the
+// trainer's predict.
+func (b *builder) buildInfer(res *compiler.Result, target string, chosen bool, bf *buildFlags) error {
+	if bf.output == "" || bf.emitCUDA != "" || bf.budget != "" {
+		fmt.Fprintf(b.stderr, "cnnc build --infer: give -o BINARY (no --emit-cuda or --memory-budget: the inference plan is the forward pass at --batch)\n")
+		return exitError{exitUsage}
+	}
+	b.step("checked %s for inference: %s, batch %d, %s parameters", b.path, res.Graph.Name, res.Train.Batch, compiler.Commas(res.Graph.ParamCount()))
+	if target == "cpu" {
+		var err error
+		if target, err = b.cpuOrEmulator(res, chosen); err != nil {
+			return err
+		}
+	}
+	c, err := driver.CompileInfer(res, plan.Config{}, driver.Target(target))
+	if err != nil {
+		return backendError(b.path, res, err, b.stderr)
+	}
+	b.step("planned inference memory: arena %s B (%s)", compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes))
+	b.step("generated %d kernels, %d launches per batch", len(c.Eval.Kernels), len(c.Eval.Launches))
 	return b.buildTrainer(c, target, bf)
 }
 

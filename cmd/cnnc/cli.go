@@ -10,6 +10,7 @@ import (
 
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/runtime/trainer/cli"
@@ -93,7 +94,13 @@ type compileFlags struct {
 	dumpAfter string
 	disable   []string
 	stopAfter string                            // the last pass to run (export needs only the forward IR)
+	infer     bool                              // compile for inference (--infer: build, plan)
 	flags     interface{ Changed(string) bool } // to tell --batch given from its default
+}
+
+// registerInfer adds --infer.
+func (f *compileFlags) registerInfer(cmd *cobra.Command, usage string) {
+	cmd.Flags().BoolVar(&f.infer, "infer", false, usage)
 }
 
 func (f *compileFlags) register(cmd *cobra.Command) {
@@ -125,7 +132,7 @@ func loadModel(path string, f *compileFlags, stdout, stderr io.Writer) (*compile
 		return nil, exitError{exitModel}
 	}
 	sources := map[string][]byte{path: src}
-	opts := compiler.Options{Batch: f.batch, BatchSource: "--batch", Disable: f.disable, StopAfter: f.stopAfter}
+	opts := compiler.Options{Batch: f.batch, BatchSource: "--batch", Disable: f.disable, StopAfter: f.stopAfter, Infer: f.infer}
 	if f.dumpAfter != "" {
 		all := f.dumpAfter == "all"
 		if !all {
@@ -196,7 +203,7 @@ go build, so that check refuses what build would — and prints a summary
 table (layer, op, output shape, parameters, forward FLOPs) with totals.
 Errors name the file, line and column and show the line with a caret;
 the exit status is 1.`,
-		Example: "  cnnc check examples/simplecnn.cnn\n  cnnc check --dump-after=autodiff examples/mnist.cnn",
+		Example: "  cnnc check examples/simplecnn.cnn\n  cnnc check --dump-after=autodiff examples/mnist.cnn\n  cnnc check --infer --dump-after=bnfold examples/vgg_small.cnn",
 		Args:    exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			res, err := loadModel(args[0], &f, stdout, stderr)
@@ -209,8 +216,15 @@ the exit status is 1.`,
 			// everything cnnc build does before nvcc: the memory plan (for
 			// the train block's budget) and the kernels — unless passes
 			// build always runs were disabled, which no build does
+			compile := func() error {
+				_, err := driver.Compile(res, driver.Budget(res, res.Train.MemoryBudget, ""), driver.CUDA)
+				return err
+			}
+			if f.infer { // what cnnc build --infer does before go build
+				compile = func() error { _, err := driver.CompileInfer(res, plan.Config{}, driver.CUDA); return err }
+			}
 			if len(f.disable) == 0 {
-				if _, err := driver.Compile(res, driver.Budget(res, res.Train.MemoryBudget, ""), driver.CUDA); err != nil {
+				if err := compile(); err != nil {
 					return backendError(args[0], res, err, stderr)
 				}
 			}
@@ -219,6 +233,7 @@ the exit status is 1.`,
 		},
 	}
 	f.register(cmd)
+	f.registerInfer(cmd, "check the inference compilation (cnnc build --infer): passes infer and bnfold instead of autodiff, forward kernels only")
 	return cmd
 }
 
@@ -233,7 +248,10 @@ func newPassesCmd(stdout io.Writer) *cobra.Command {
 				if p.Required {
 					req = "required"
 				}
-				fmt.Fprintf(stdout, "%-10s %-8s %s\n", p.Name, req, p.Doc)
+				if p.Mode != compiler.BothModes {
+					req += ", " + p.Mode.String() + " only"
+				}
+				fmt.Fprintf(stdout, "%-10s %-24s %s\n", p.Name, req, p.Doc)
 			}
 			return nil
 		},

@@ -64,6 +64,7 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 		},
 	}
 	f.register(cmd)
+	f.registerInfer(cmd, "plan inference instead of a training step (what cnnc build --infer runs): the forward pass alone, batch norm folded into the convs, no saved activations, argmax, gradients or optimizer state")
 	fl := cmd.Flags()
 	fl.StringVar(&pf.budget, "memory-budget", "", "device memory the step may use, a `SIZE` such as 40MB or 64MiB (overrides the train block's memory_budget; \"none\" ignores it)")
 	fl.StringVar(&pf.plot, "plot", "", "also draw the memory timeline into this `FILE` (.svg, .png or .pdf)")
@@ -126,6 +127,12 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 			return usage("--memory-budget %q: want a size such as 40MB or 64MiB, or none", pf.budget)
 		}
 		cfg.Budget, cfg.BudgetPos, cfg.BudgetSource = n, dsl.Pos{}, "--memory-budget"
+	}
+	if f.infer {
+		if pf.maxBatch || pf.microBatch > 0 || pf.gpu != "" || pf.budget != "" {
+			return usage("--infer plans the forward pass at --batch alone: no --max-batch, --micro-batch, --memory-budget or --gpu")
+		}
+		cfg = plan.Config{}
 	}
 	if pf.maxBatch {
 		return runMaxBatch(res, cfg, pf, stdout, stderr)

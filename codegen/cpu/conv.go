@@ -25,6 +25,7 @@ type convGeom struct {
 	O, KH, KW, SH, SW, PH, PW    int64
 	HO, WO                       int64
 	Bias, ReLU, Pool             bool
+	Argmax                       bool // a pooled forward block writes its argmax (not in inference)
 	PKH, PKW, PSH, PSW, PPH, PPW int64
 	PHO, PWO, Bits               int64
 	HasY, MaskOut, Acc           bool
@@ -59,6 +60,7 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 		if !ok1 || !ok2 {
 			return nil, fmt.Errorf("%s: the pool window does not fit the conv output", n.Text())
 		}
+		g.Argmax = !a.NoArgmax
 		g.Bits = ir.ArgmaxType(g.PKH * g.PKW).Bits
 		if g.Bits > 16 {
 			return nil, fmt.Errorf("%s: pool windows over 65536 elements are not supported", n.Text())
@@ -73,7 +75,7 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 func (g *convGeom) defs() []def {
 	return []def{{"B", g.B}, {"C", g.C}, {"H", g.H}, {"W", g.W}, {"U8", g.U8},
 		{"O", g.O}, {"KH", g.KH}, {"KW", g.KW}, {"SH", g.SH}, {"SW", g.SW}, {"PH", g.PH}, {"PW", g.PW}, {"HO", g.HO}, {"WO", g.WO},
-		{"BIAS", g.Bias}, {"RELU", g.ReLU}, {"POOL", g.Pool},
+		{"BIAS", g.Bias}, {"RELU", g.ReLU}, {"POOL", g.Pool}, {"ARGMAX", g.Argmax},
 		{"PKH", g.PKH}, {"PKW", g.PKW}, {"PSH", g.PSH}, {"PSW", g.PSW}, {"PPH", g.PPH}, {"PPW", g.PPW}, {"PHO", g.PHO}, {"PWO", g.PWO}, {"BITS", g.Bits},
 		{"HASY", g.HasY}, {"MASKOUT", g.MaskOut}, {"ACC", g.Acc},
 		{"BAND", g.Band}, {"OT", g.OT}, {"S", g.S}}
@@ -88,6 +90,9 @@ func (g *convGeom) shape() string {
 	s += fmt.Sprintf("_o%d_k%dx%ds%dp%d", g.O, g.KH, g.KW, g.SH, g.PH)
 	if g.Pool {
 		s += fmt.Sprintf("_pool%ds%d", g.PKH, g.PSH)
+		if !g.Argmax {
+			s += "_noargmax"
+		}
 	}
 	return s + fmt.Sprintf("_b%d", g.B)
 }
@@ -174,7 +179,7 @@ func convForward(e codegen.Emitter, n *ir.Node) error {
 		args = append(args, buf(p.B))
 	}
 	args = append(args, buf(n.Outs[0]))
-	if g.Pool {
+	if g.Argmax {
 		args = append(args, buf(n.Outs[1]))
 	}
 	name := emit(e, kernelSpec{family: "conv_fwd", shape: g.shape(), doc: g.doc() + ".",

@@ -103,6 +103,14 @@ func TestConvKernels(t *testing.T) {
 	checkCases(t, 1, 1, some)
 }
 
+// The pooled conv blocks of inference graphs (no argmax) at batches 1 and 3: the same pooled
+// outputs as the training forward's, against the reference (cnnc build --infer).
+func TestConvInferenceKernels(t *testing.T) {
+	for _, batch := range []int64{1, 3} {
+		checkCases(t, batch, 1, kernelcases.ConvInferChecks(t))
+	}
+}
+
 // Batches 1 (every register tile's tail) and 67 (two sample tiles of the forward, a tail of each
 // register tile).
 func TestLinearKernels(t *testing.T) {

@@ -226,8 +226,16 @@ type Compiled struct {
 // Assemble generates the training step's kernels from p (res's memory
 // plan, which package driver builds with target's workspace sizes: it is
 // the one place that wires the planner to codegen), evaluation's kernels
-// and the Spec; target nil is CUDA.
-func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target) (*Compiled, error) {
+// and the Spec; target nil is CUDA. eval, when not nil, is the model's
+// evaluation compilation (compiler.Options.Evaluation) with batch norm
+// folded into convs: evaluation then runs its forward kernels, the folded
+// parameters (Spec.EvalFolds) computed from the trained ones before each
+// evaluation, instead of the training graph's forward nodes.
+func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target, eval *compiler.Result) (*Compiled, error) {
+	evalGraph := res.Graph
+	if eval != nil {
+		evalGraph = eval.Graph
+	}
 	// with accumulate = N a step is one update of batch×N samples, in N
 	// micro-batches of the batch (the plan's loop)
 	batch := res.Train.StepBatch()
@@ -236,17 +244,17 @@ func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target) (*Compi
 	if err != nil {
 		return nil, err
 	}
-	eval, err := codegen.GenerateEval(res.Graph, opts)
+	evalProg, err := codegen.GenerateEval(evalGraph, opts)
 	if err != nil {
 		return nil, err
 	}
-	isParam := persistentValue
-	inputs := []*ir.Value{res.Graph.Inputs[0], res.Graph.Inputs[1]}
+	isParam := trainedValue
+	inputs := []*ir.Value{evalGraph.Inputs[0], evalGraph.Inputs[1]}
 	place, err := NewPlanLayout(p, train)
 	if err != nil {
 		return nil, err
 	}
-	naive := NewNaiveLayout(eval, inputs, isParam)
+	naive := NewNaiveLayout(evalProg, inputs, isParam)
 	var ins []span
 	for _, v := range inputs {
 		if o, ok := p.Offset(v); ok {
@@ -254,13 +262,13 @@ func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target) (*Compi
 		}
 	}
 	scalars, grown := scalarsPlace(p, ins)
-	progs := Programs{Result: res, Train: train, TrainPlace: place, Eval: eval, EvalPlace: naive, Scalars: scalars, ArenaBytes: grown}
+	progs := Programs{Result: res, Train: train, TrainPlace: place, Eval: evalProg, EvalPlace: naive, EvalGraph: evalGraph, Scalars: scalars, ArenaBytes: grown}
 	// evaluation borrows the training arena's temporary space, at the
 	// largest batch (halving) whose forward pass fits there
 	for m := batch; m >= 1; m /= 2 {
-		ev, nv := eval, naive
+		ev, nv := evalProg, naive
 		if m != batch {
-			if ev, err = codegen.GenerateEval(res.Graph, codegen.Options{Batch: m, SourceName: res.File.Name, Precision: opts.Precision, Target: target}); err != nil {
+			if ev, err = codegen.GenerateEval(evalGraph, codegen.Options{Batch: m, SourceName: res.File.Name, Precision: opts.Precision, Target: target}); err != nil {
 				return nil, err
 			}
 			nv = NewNaiveLayout(ev, inputs, isParam)
@@ -270,7 +278,7 @@ func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target) (*Compi
 			break
 		}
 	}
-	eval = progs.Eval
+	evalProg = progs.Eval
 	spec, err := BuildSpec(progs)
 	if err != nil {
 		return nil, err
@@ -282,11 +290,11 @@ func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target) (*Compi
 		spec.TestData = trainer.DataSource{Kind: d.Kind, Path: d.Path, Where: d.Pos.String()}
 	}
 	spec.PlanSummary = planSummary(p)
-	kernels, err := mergeSources(train, eval)
+	kernels, err := mergeSources(train, evalProg)
 	if err != nil {
 		return nil, err
 	}
-	return &Compiled{Spec: spec, Plan: p, Train: train, Eval: eval, Kernels: kernels}, nil
+	return &Compiled{Spec: spec, Plan: p, Train: train, Eval: evalProg, Kernels: kernels}, nil
 }
 
 func planSummary(p *plan.Plan) string {

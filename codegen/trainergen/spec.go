@@ -80,6 +80,9 @@ type Programs struct {
 	TrainPlace Layout
 	Eval       *codegen.Program
 	EvalPlace  Layout
+	// EvalGraph is the graph Eval was generated from: Result.Graph (nil),
+	// or an evaluation compilation's with batch norm folded.
+	EvalGraph *ir.Graph
 	// EvalInTrainArena: EvalPlace's offsets are in the training arena
 	// (evaluation borrows its temporary space) rather than an arena of
 	// their own.
@@ -113,7 +116,14 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 		return nil, err
 	}
 	if p.Eval != nil {
-		if spec.Eval, err = buildStep(p.Eval, g, true, sb.launchPlace, sb.tensor, sb.place); err != nil {
+		eg := g
+		if p.EvalGraph != nil {
+			eg = p.EvalGraph
+		}
+		if spec.Eval, err = buildStep(p.Eval, eg, true, sb.launchPlace, sb.tensor, sb.place); err != nil {
+			return nil, err
+		}
+		if spec.EvalFolds, err = sb.evalFolds(p.Eval, eg); err != nil {
 			return nil, err
 		}
 	}
@@ -124,14 +134,20 @@ func BuildSpec(p Programs) (*trainer.Spec, error) {
 // size, for a fused image classifier.
 func specHeader(p Programs) (*trainer.Spec, error) {
 	g := p.Result.Graph
-	if len(g.Inputs) != 2 || g.Inputs[0].Type.DType != ir.U8 || g.Inputs[1].Type.DType != ir.Class {
+	classes := int64(0)
+	switch {
+	case g.Infer && len(g.Inputs) == 1 && g.Inputs[0].Type.DType == ir.U8 && g.Logits != nil:
+		classes = g.Logits.Type.Dims[0]
+	case !g.Infer && len(g.Inputs) == 2 && g.Inputs[0].Type.DType == ir.U8 && g.Inputs[1].Type.DType == ir.Class:
+		classes = g.Inputs[1].Type.Classes
+	default:
 		return nil, fmt.Errorf("trainergen: %s is not a fused image classifier (inputs %v)", g.Name, g.Inputs)
 	}
 	img := g.Inputs[0].Type // [H,W,C]
 	spec := &trainer.Spec{
 		Model: g.Name, Source: p.Result.File.Name, Batch: int(p.Train.Batch),
 		H: int(img.Dims[0]), W: int(img.Dims[1]), C: int(img.Dims[2]),
-		Classes: int(g.Inputs[1].Type.Classes),
+		Classes: int(classes),
 		Epochs:  int(p.Result.Train.Epochs), LR: float32(p.Result.Train.Optimizer.LR), Seed: p.Result.Train.Seed,
 		Optimizer:  p.Result.Train.Optimizer.String(),
 		Schedule:   p.Result.Train.Schedule,
@@ -154,7 +170,7 @@ type specBuilder struct {
 // state, and all of training's values, in the training arena.
 func (b *specBuilder) place(prog *codegen.Program, v *ir.Value, eval bool) (trainer.Arena, int64, error) {
 	v = prog.Buffer(v)
-	if !eval || persistentValue(v) {
+	if !eval || trainedValue(v) {
 		o, ok := b.p.TrainPlace.Offset(v)
 		if !ok {
 			return 0, 0, fmt.Errorf("trainergen: %s has no place in the training arena", v)
@@ -252,6 +268,15 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 			return st, err
 		}
 	}
+	st.Launches, err = stepLaunches(prog, eval, launchPlace, place)
+	return st, err
+}
+
+// stepLaunches are prog's launches with their arguments placed.
+func stepLaunches(prog *codegen.Program, eval bool, launchPlace func(*codegen.Program, *ir.Value, *codegen.Launch, bool) (int64, bool),
+	place func(*codegen.Program, *ir.Value, bool) (trainer.Arena, int64, error)) ([]trainer.Launch, error) {
+	var out []trainer.Launch
+	var err error
 	for _, l := range prog.Launches {
 		tl := trainer.Launch{Kernel: l.Kernel, Grid: l.Grid, Block: l.Block, SharedBytes: l.SharedBytes, FLOPs: l.FLOPs, MinBytes: l.MinBytes}
 		for _, a := range l.Args {
@@ -261,18 +286,18 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 				if ll, ok := launchPlace(prog, a.Value, l, eval); ok {
 					ta.Arena, ta.Offset = trainer.TrainArena, ll
 				} else if ta.Arena, ta.Offset, err = place(prog, a.Value, eval); err != nil {
-					return st, err
+					return nil, err
 				}
 				ta.Offset += a.Offset // a micro-batch's slice
 			case kernelarg.Int, kernelarg.Float, kernelarg.Scalars:
 			default:
-				return st, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
+				return nil, fmt.Errorf("trainergen: kernel %s: unknown argument kind %d", l.Kernel, a.Kind)
 			}
 			tl.Args = append(tl.Args, ta)
 		}
-		st.Launches = append(st.Launches, tl)
+		out = append(out, tl)
 	}
-	return st, nil
+	return out, nil
 }
 
 // persistentValue: the values that live in the training arena between
@@ -280,6 +305,38 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 // where training keeps them.
 func persistentValue(v *ir.Value) bool {
 	return v.Role == ir.RoleParam || v.Role == ir.RoleOptState || v.Role == ir.RoleBuffer
+}
+
+// trainedValue: a persistent value the training arena holds, which
+// evaluation reads there; not a folded parameter (ir.Param.Fold) of an
+// evaluation graph, which evaluation computes into its own space.
+func trainedValue(v *ir.Value) bool {
+	return persistentValue(v) && (v.Param == nil || v.Param.Fold == nil)
+}
+
+// evalFolds are the folded parameters of evaluation graph g, where
+// evaluation's program prog keeps them, with the tensors they are
+// computed from (trainer.Spec.EvalFolds).
+func (b *specBuilder) evalFolds(prog *codegen.Program, g *ir.Graph) ([]trainer.Tensor, error) {
+	var out []trainer.Tensor
+	for _, par := range g.Params {
+		f := par.Fold
+		if f == nil {
+			continue
+		}
+		t, err := b.tensor(prog, par.Value, par.Name, true)
+		if err != nil {
+			return nil, err
+		}
+		t.Fold = trainerFold(f)
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// trainerFold is f as the Spec carries it.
+func trainerFold(f *ir.Fold) trainer.Fold {
+	return trainer.Fold{Bias: f.Bias, Weight: f.Weight, ConvBias: f.ConvBias, Gamma: f.Gamma, Beta: f.Beta, Mean: f.Mean, Var: f.Var, Eps: f.Eps}
 }
 
 // setInit gives a parameter's or buffer's tensor its initialisation (as

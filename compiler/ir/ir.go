@@ -259,6 +259,41 @@ type Param struct {
 	Init  Init
 	// State holds the optimizer state tensors once autodiff added them.
 	State []*Value
+	// Fold, in an inference graph, says that the parameter is not in
+	// checkpoints but computed from them when one is loaded: a conv's
+	// weight or bias with the batch norm after it folded in (the bnfold
+	// pass).
+	Fold *Fold
+}
+
+// Fold is how the bnfold pass's parameter is computed from a checkpoint's
+// tensors (state_dict names), per output channel o, in float64 and
+// rounded once to float32 (runtime/bnfold):
+//
+//	s[o] = gamma[o] / sqrt(var[o] + eps)       (gamma = 1 without affine)
+//	weight: w'[o,...] = w[o,...]·s[o]
+//	bias:   b'[o] = (b[o] - mean[o])·s[o] + beta[o]   (b = 0 when the conv has no bias, beta = 0 without affine)
+type Fold struct {
+	Bias             bool   // the folded bias (else the weight)
+	Weight, ConvBias string // the conv's weight and bias ("" when it has none)
+	Gamma, Beta      string // the batch norm's weight and bias ("" without affine)
+	Mean, Var        string // its running statistics
+	Eps              float64
+}
+
+func (f *Fold) String() string {
+	src := f.Weight
+	if f.Bias {
+		src = f.ConvBias
+		if src == "" {
+			src = "0"
+		}
+	}
+	aff := "affine"
+	if f.Gamma == "" {
+		aff = "no affine"
+	}
+	return fmt.Sprintf("bnfold(%s, %s, %s, eps=%g, %s)", src, f.Mean, f.Var, f.Eps, aff)
 }
 
 // Phase is the part of the training step a node belongs to.
@@ -302,6 +337,9 @@ type Attrs struct {
 	Pool       *Window // a max-pool epilogue
 	DOutMasked bool    // the incoming gradient already has the ReLU mask applied
 	MaskOut    bool    // multiply the input gradient by (x > 0): the producer's ReLU mask
+	// NoArgmax: a pooled block of an inference graph keeps no argmax (no
+	// backward reads it).
+	NoArgmax bool
 
 	// Smoothing is cross_entropy's label smoothing ε in [0,1): the target
 	// is (1-ε)·onehot(label) + ε/classes, as PyTorch's label_smoothing.
@@ -457,8 +495,15 @@ type Graph struct {
 	State   []*Value
 	Nodes   []*Node
 	Loss    *Value
-	Logits  *Value // the loss's first input, for accuracy
+	Logits  *Value // the loss's first input, for accuracy; an inference graph's output
 	Opt     *Optimizer
+	// Infer marks an inference graph (compiler.Options.Infer): forward
+	// nodes only, no loss, labels or optimizer state; Logits is the output.
+	Infer bool
+	// Eval marks an evaluation graph (compiler.Options.Evaluation): an
+	// inference graph that keeps its loss and labels, for a trainer's
+	// evaluation step (loss and correct count).
+	Eval bool
 
 	nextValue, nextNode int
 	names               map[string]bool
@@ -599,3 +644,7 @@ func (g *Graph) RemoveNodes(drop func(*Node) bool) {
 	}
 	g.Nodes = kept
 }
+
+// ForwardOnly says whether g is an inference or evaluation graph: forward
+// nodes only, pooled blocks without argmax.
+func (g *Graph) ForwardOnly() bool { return g.Infer || g.Eval }

@@ -141,7 +141,10 @@ var (
 	AttrReLU    = AttrSpec{Name: "relu", Text: func(a *Attrs) string { return fmt.Sprint(a.ReLU) }}
 	AttrMasked  = AttrSpec{Name: "masked", Text: func(a *Attrs) string { return fmt.Sprint(a.DOutMasked) }}
 	AttrMaskOut = AttrSpec{Name: "maskout", Text: func(a *Attrs) string { return fmt.Sprint(a.MaskOut) }}
-	AttrOpt     = AttrSpec{Name: "opt", Text: func(a *Attrs) string {
+	// AttrArgmax is printed only for a pooled block without argmax (inference).
+	AttrArgmax = AttrSpec{Name: "argmax", Text: func(a *Attrs) string { return fmt.Sprint(!a.NoArgmax) },
+		Default: func(a *Attrs) bool { return !a.NoArgmax }}
+	AttrOpt = AttrSpec{Name: "opt", Text: func(a *Attrs) string {
 		if a.Opt == nil {
 			return "none"
 		}

@@ -29,6 +29,10 @@ func (g *Graph) Text() string {
 	}
 	for _, p := range g.Params {
 		v := p.Value
+		if p.Fold != nil {
+			fmt.Fprintf(&b, "param %s: %s fold=%s%s\n", v, v.Type, p.Fold, posSuffix(v.Pos.Line, v.Pos.Col))
+			continue
+		}
 		fmt.Fprintf(&b, "param %s: %s init=%s%s\n", v, v.Type, p.Init, posSuffix(v.Pos.Line, v.Pos.Col))
 	}
 	for _, p := range g.Buffers {
@@ -50,6 +54,9 @@ func (g *Graph) Text() string {
 	}
 	if g.Loss != nil {
 		fmt.Fprintf(&b, "loss %s\n", g.Loss)
+	}
+	if g.Infer && g.Logits != nil {
+		fmt.Fprintf(&b, "logits %s\n", g.Logits)
 	}
 	return b.String()
 }

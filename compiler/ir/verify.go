@@ -18,7 +18,10 @@ import (
 //     exactly once, and no node reads a parameter after its update;
 //   - ops write in place only buffers (besides updates); every op and
 //     optimizer has a table row;
-//   - a parameter's gradient has the parameter's type.
+//   - a parameter's gradient has the parameter's type;
+//   - an inference graph has forward nodes only, no loss, labels or
+//     optimizer state, and its logits are computed; an evaluation graph
+//     has forward nodes only.
 func (g *Graph) Verify() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -147,7 +150,9 @@ func (g *Graph) Verify() error {
 			bad("%s in the update phase", n.Op)
 		}
 	}
-	if g.Loss == nil {
+	if g.Infer {
+		verifyInference(g, defined, bad)
+	} else if g.Loss == nil {
 		bad("graph has no loss")
 	} else {
 		if !g.Loss.Type.Equal(F32Fixed()) {
@@ -155,6 +160,13 @@ func (g *Graph) Verify() error {
 		}
 		if g.Loss.Def == nil || g.Loss.Def.Phase != Forward || !defined[g.Loss] {
 			bad("loss %s is not computed in the forward phase", g.Loss)
+		}
+	}
+	if g.Eval {
+		for _, n := range g.Nodes {
+			if n.Phase != Forward {
+				bad("evaluation graph has a %s node: %s", n.Phase, n.Text())
+			}
 		}
 	}
 	if len(updates) > 0 {
@@ -165,4 +177,27 @@ func (g *Graph) Verify() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// verifyInference checks what an inference graph (Graph.Infer) must be.
+func verifyInference(g *Graph, defined map[*Value]bool, bad func(string, ...any)) {
+	if g.Loss != nil {
+		bad("inference graph has a loss (%s)", g.Loss)
+	}
+	if g.Logits == nil || !defined[g.Logits] || g.Logits.Def == nil {
+		bad("inference graph computes no logits")
+	}
+	if len(g.State) > 0 {
+		bad("inference graph has optimizer state")
+	}
+	for _, v := range g.Inputs {
+		if v.Role == RoleLabel {
+			bad("inference graph reads labels (%s)", v)
+		}
+	}
+	for _, n := range g.Nodes {
+		if n.Phase != Forward {
+			bad("inference graph has a %s node: %s", n.Phase, n.Text())
+		}
+	}
 }

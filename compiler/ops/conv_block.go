@@ -14,7 +14,7 @@ import (
 // (templates/conv.cu.tmpl). The reference kernels compose the unfused ones,
 // so "fused step == unfused step" is checked in float64.
 
-var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, ir.AttrPool}
+var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, ir.AttrPool, ir.AttrArgmax}
 
 var _ = Register(ir.OpConvBlock, &Def{
 	OpInfo: ir.OpInfo{Name: "conv2d_block", Attrs: convBlockAttrs, Infer: inferConvBlock, FLOPs: flopsConvBlock, Layout: blockLayout},
@@ -96,6 +96,9 @@ func inferConvBlock(n *ir.Node) ([]ir.Type, error) {
 		return nil, err
 	}
 	_, outs, err := convBlockShapes(n, p.X.Type, p.W, p.B)
+	if err == nil && n.Attrs.NoArgmax && len(outs) == 2 {
+		outs = outs[:1] // inference: no backward reads the argmax
+	}
 	return outs, err
 }
 
@@ -235,6 +238,9 @@ func refConvBlock(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 		return [][]float64{y}
 	}
 	pooled, argmax := maxpoolArgmax(env, a.Pool, ct, y)
+	if a.NoArgmax {
+		return [][]float64{pooled}
+	}
 	return [][]float64{pooled, argmax}
 }
 

@@ -59,7 +59,7 @@ func analyze(g *ir.Graph, batch, align int64) (*analysis, error) {
 	if err := g.Verify(); err != nil {
 		return nil, fmt.Errorf("plan: the graph does not verify: %w", err)
 	}
-	if g.Loss == nil || g.Loss.Def == nil {
+	if (g.Loss == nil || g.Loss.Def == nil) && !g.Infer {
 		return nil, fmt.Errorf("plan: the graph has no loss")
 	}
 	a := &analysis{g: g, batch: batch, align: align, fwdIdx: map[int]int{}, byKey: map[string]int{}, partner: map[int]int{}, saved: map[int]int64{}, loss: -1}
@@ -72,7 +72,7 @@ func analyze(g *ir.Graph, batch, align int64) (*analysis, error) {
 		if _, dup := byKey[posKey(n.Name, n.Pos)]; !dup {
 			byKey[posKey(n.Name, n.Pos)] = len(a.fwd)
 		}
-		if n == g.Loss.Def {
+		if g.Loss != nil && n == g.Loss.Def {
 			a.loss = len(a.fwd)
 		}
 		a.fwd = append(a.fwd, n)

@@ -611,15 +611,8 @@ func (c *candidate) walk(a *analysis) error {
 	}
 	// the host reads the loss and the correct count after the step (or
 	// the logits, when no kernel counts)
-	lossNode := g.Loss.Def
 	for _, in := range c.insts {
-		if in.def < 0 {
-			continue
-		}
-		if in.v == g.Loss || (in.v.Def == lossNode && in.v.Role != ir.RoleActGrad) {
-			in.keep = true
-		}
-		if len(lossNode.Outs) == 1 && in.v == g.Logits {
+		if in.def >= 0 && hostReads(g, in.v) {
 			in.keep = true
 		}
 	}
@@ -797,4 +790,15 @@ func (c *candidate) stepFLOPs(a *analysis, s *pstep) int64 {
 		return s.node.FLOPs(1) * c.loops[s.loop].count
 	}
 	return s.node.FLOPs(a.batch)
+}
+
+// hostReads says whether the host reads v after the step: the loss and the
+// correct count (or the logits, when no kernel counts); an inference
+// graph's logits.
+func hostReads(g *ir.Graph, v *ir.Value) bool {
+	if g.Infer {
+		return v == g.Logits
+	}
+	lossNode := g.Loss.Def
+	return v == g.Loss || (v.Def == lossNode && v.Role != ir.RoleActGrad) || (len(lossNode.Outs) == 1 && v == g.Logits)
 }

@@ -17,7 +17,7 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 		c.arena = place(c.bufs, a.align, placeEffort)
 	}
 	last := len(c.steps) - 1
-	p := &Plan{Model: c.g.Name, Batch: a.batch, Accumulate: accumulation(cfg), BudgetBytes: max(cfg.Budget, 0), Alignment: a.align,
+	p := &Plan{Model: c.g.Name, Inference: c.g.Infer, Batch: a.batch, Accumulate: accumulation(cfg), BudgetBytes: max(cfg.Budget, 0), Alignment: a.align,
 		ArenaBytes: c.arena, PeakBytes: c.arena, MaxLiveBytes: c.maxLive, FLOPs: c.flops, ExtraFLOPs: c.extra, Graph: c.g}
 	for i, l := range c.live {
 		if l == c.maxLive {

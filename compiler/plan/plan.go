@@ -86,6 +86,9 @@ func (c *Category) UnmarshalText(b []byte) error {
 // the peak is peak_bytes.
 type Plan struct {
 	Model string `json:"model"`
+	// Inference: the plan of an inference graph (cnnc plan --infer): the
+	// forward pass alone, no step of training.
+	Inference bool `json:"inference,omitempty"`
 	// Batch is the samples per step; a micro-batch loop runs part of the
 	// step on MicroBatch samples at a time.
 	Batch int64 `json:"batch"`

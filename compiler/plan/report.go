@@ -84,10 +84,13 @@ func (p *Plan) extraPercent() float64 {
 func (p *Plan) reportSummary(w io.Writer, o ReportOptions) {
 	peak := p.Steps[p.PeakStep]
 	title := fmt.Sprintf("cnnc memory plan: %s, batch %d", p.Model, p.Batch)
+	if p.Inference {
+		title = fmt.Sprintf("cnnc inference memory plan: %s, batch %d (forward only)", p.Model, p.Batch)
+	}
 	if p.Accumulate > 1 {
 		title += fmt.Sprintf(" per update (accumulate = %d batches of %d)", p.Accumulate, p.Batch/p.Accumulate)
 	}
-	if o.Optimizer != "" {
+	if o.Optimizer != "" && !p.Inference {
 		title += ", " + o.Optimizer
 	}
 	fmt.Fprintln(w, title)

@@ -167,6 +167,9 @@ func (e *Executor) Run(b Batch, mode Mode) (*Result, error) {
 			r.Values[v] = outs[i]
 		}
 	}
+	if e.G.Infer { // an inference graph: its output is the logits alone
+		return r, nil
+	}
 	r.Loss = r.Values[e.G.Loss][0]
 	r.Correct = ops.CountCorrect(r.Values[e.G.Logits], b.Labels, int(e.G.Logits.Type.Dims[0]))
 	if mode == Train {
@@ -188,6 +191,9 @@ func (e *Executor) checkBatch(b Batch) error {
 		return fmt.Errorf("reference: the graph takes uint8 pixels, the batch has none")
 	case b.Pixels == nil && len(b.Images) != want:
 		return fmt.Errorf("reference: batch of %d images needs %d values, got %d", b.N, want, len(b.Images))
+	}
+	if e.G.Infer && b.Labels == nil {
+		return nil // an inference graph reads no labels
 	}
 	if len(b.Labels) != b.N {
 		return fmt.Errorf("reference: %d labels for %d images", len(b.Labels), b.N)
@@ -219,6 +225,27 @@ func kernelOf(n *ir.Node) (ops.RefKernel, error) {
 func (e *Executor) ParamByName(name string) []float64 {
 	if p := e.G.ParamByName(name); p != nil {
 		return e.Params[p]
+	}
+	return nil
+}
+
+// LoadFrom sets e's parameters and buffers (an inference graph's) from a
+// checkpoint's tensors by state_dict name (from: a training graph's
+// executor, say): those the bnfold pass made (ir.Param.Fold) are computed
+// by fold from the tensors they name (runtime/bnfold's arithmetic, or
+// float64's to check the pass's algebra alone).
+func (e *Executor) LoadFrom(tensor func(name string) []float64, fold func(f *ir.Fold, get func(string) []float64) []float64) error {
+	for _, p := range append(append([]*ir.Param{}, e.G.Params...), e.G.Buffers...) {
+		var v []float64
+		if p.Fold != nil {
+			v = fold(p.Fold, tensor)
+		} else {
+			v = tensor(p.Name)
+		}
+		if int64(len(v)) != p.Value.Type.SampleElems() {
+			return fmt.Errorf("reference: %s: %d values, want %d", p.Name, len(v), p.Value.Type.SampleElems())
+		}
+		e.Params[p] = append([]float64(nil), v...)
 	}
 	return nil
 }

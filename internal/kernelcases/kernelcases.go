@@ -110,6 +110,7 @@ type Conv struct {
 	Bias, ReLU      bool
 	Pool            *ir.Window
 	Masked, MaskOut bool          // backward: dOut already masked; dX masked by the input
+	NoArgmax        bool          // forward of an inference graph: a pooled block keeps no argmax
 	Opt             *ir.Optimizer // weight gradient: the fused update (nil: gradients out)
 }
 
@@ -130,6 +131,9 @@ func (c Conv) String() string {
 	if w := c.Pool; w != nil {
 		s += fmt.Sprintf("_pool%dx%ds%dx%dp%dx%d", w.Kernel[0], w.Kernel[1], w.Stride[0], w.Stride[1], w.Pad[0], w.Pad[1])
 	}
+	if c.NoArgmax {
+		s += "_noargmax"
+	}
 	if c.Masked {
 		s += "_masked"
 	}
@@ -143,7 +147,7 @@ func (c Conv) String() string {
 }
 
 func (c Conv) attrs() ir.Attrs {
-	return ir.Attrs{Out: c.Out, Kernel: c.K, Stride: c.S, Pad: c.P, Bias: c.Bias, ReLU: c.ReLU, Pool: c.Pool}
+	return ir.Attrs{Out: c.Out, Kernel: c.K, Stride: c.S, Pad: c.P, Bias: c.Bias, ReLU: c.ReLU, Pool: c.Pool, NoArgmax: c.NoArgmax && c.Pool != nil}
 }
 
 // F32 is c with an f32 input (input gradients exist only for f32 inputs).
@@ -186,7 +190,7 @@ func ConvForward(t testing.TB, c Conv) *ir.Node {
 		ins = append(ins, cg.b.Value)
 	}
 	outs := []string{"y"}
-	if c.Pool != nil {
+	if c.Pool != nil && !c.NoArgmax {
 		outs = append(outs, "y.argmax")
 	}
 	return Typed(t, cg.g, ir.OpConvBlock, "conv", c.attrs(), ins, outs...)
@@ -353,6 +357,19 @@ func DirectConvChecks(t testing.TB) []Case {
 			Case{Name: "direct wgrad " + c.String(), N: Node(t, ir.OpConv2DGradWeight, a, y, x)})
 		if c.Bias {
 			checks = append(checks, Case{Name: "direct bgrad " + c.String(), N: Node(t, ir.OpConv2DGradBias, ir.Attrs{}, y)})
+		}
+	}
+	return checks
+}
+
+// ConvInferChecks are the forward checks of every pooled conv case as an
+// inference graph has it (cnnc build --infer): no argmax output.
+func ConvInferChecks(t testing.TB) []Case {
+	var checks []Case
+	for _, c := range ConvCases {
+		if c.Pool != nil {
+			c.NoArgmax = true
+			checks = append(checks, Case{Name: "fwd " + c.String(), N: ConvForward(t, c)})
 		}
 	}
 	return checks

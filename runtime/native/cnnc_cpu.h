@@ -445,7 +445,8 @@ CNNC_INLINE void pool_row(const float* ct, long cyStart, long py, float* yrow, i
   for (; px < G::PWO; px++) scalar(px);
 }
 
-// conv_block forward: conv + bias + ReLU + max-pool with packed argmax. A task is (sample,
+// conv_block forward: conv + bias + ReLU + max-pool with packed argmax (ARGMAX; an inference
+// block keeps none). A task is (sample,
 // band of BAND output rows — pooled rows when pooled —, OT output channels): it stages the input
 // rows it reads (fill_x), computes the conv rows under its band in MO x (NV vectors) register
 // tiles — vectors across output columns, every tap a broadcast weight times a contiguous load —
@@ -527,7 +528,7 @@ struct ConvFwd {
     const float* w = arg<const float>(p, a++);
     const float* bias = G::BIAS ? arg<const float>(p, a++) : nullptr;
     float* y = arg<float>(p, a++);
-    uint32_t* am = G::POOL ? arg<uint32_t>(p, a++) : nullptr;
+    uint32_t* am = G::ARGMAX ? arg<uint32_t>(p, a++) : nullptr;  // inference: none
     const long og = task % NOG, band = task / NOG % NBANDS, b = task / (NOG * NBANDS);
     const long oc = og * G::OT, no = cmin(G::OT, G::O - oc);
     const long r0 = band * G::BAND, nr = cmin(G::BAND, ROWS - r0);
@@ -547,8 +548,9 @@ struct ConvFwd {
         const long o = oc + i;
         float* yp = y + ((b * G::O + o) * G::PHO + r0) * G::PWO;
         for (long pr = 0; pr < nr; pr++) pool_row<G, WOP>(Ct + i * CR * WOP, cyStart, r0 + pr, yp + pr * G::PWO, codes + pr * G::PWO);
-        put_argmax<G::BITS>(am, ((b * G::O + o) * G::PHO + r0) * G::PWO, nr * G::PWO, G::B * G::O * G::PHO * G::PWO,
-                            [&](long e) { return codes[e]; });
+        if constexpr (G::ARGMAX)
+          put_argmax<G::BITS>(am, ((b * G::O + o) * G::PHO + r0) * G::PWO, nr * G::PWO, G::B * G::O * G::PHO * G::PWO,
+                              [&](long e) { return codes[e]; });
       }
     }
   }

@@ -230,7 +230,7 @@ func (m *Model) Load(r io.Reader) error {
 		if st, err = ParseRunState(meta); err != nil {
 			return err
 		}
-		if st.Has[metaBatchSize] && st.Batch > sp.Batch {
+		if st.Has[metaBatchSize] && st.Batch > sp.Batch && !sp.Infer {
 			return fmt.Errorf("trained with batch %d; the model was compiled for at most %d", st.Batch, sp.Batch)
 		}
 		if classes, err = DecodeClassNames(meta, sp.Classes); err != nil {

@@ -70,6 +70,7 @@ type stepIO struct {
 	batch                   int // samples the step's kernels take
 	pixels, labels, scalars int // offsets in the staging buffer
 	loss, correct           int
+	hasLabels               bool // the step reads labels (not an inference build's)
 	in, out                 []transfer
 	bytes                   int
 }
@@ -92,8 +93,10 @@ func newStepIO(sp *Spec, st Step, batch int) stepIO {
 	}
 	ins := []region{
 		{st.Images.Arena, st.Images.Offset, batch * sp.H * sp.W * sp.C, &io.pixels},
-		{st.Labels.Arena, st.Labels.Offset, 4 * batch, &io.labels},
 		{TrainArena, sp.Scalars, device.StepScalarsBytes, &io.scalars},
+	}
+	if io.hasLabels = st.Labels.Shape != nil; io.hasLabels { // an inference build reads none
+		ins = append(ins, region{st.Labels.Arena, st.Labels.Offset, 4 * batch, &io.labels})
 	}
 	sort.Slice(ins, func(i, j int) bool {
 		if ins[i].arena != ins[j].arena {
@@ -144,11 +147,13 @@ func abs64(n int64) int64 {
 func (io *stepIO) put(buf []byte, b Batch, n int, sc device.StepScalars) {
 	px := buf[io.pixels : io.pixels+io.batch*n]
 	clear(px[copy(px, b.Pixels):]) // a partial batch's padding is zero
-	lb := buf[io.labels : io.labels+4*io.batch]
-	for i, l := range b.Labels {
-		binary.LittleEndian.PutUint32(lb[4*i:], uint32(l))
+	if io.hasLabels {
+		lb := buf[io.labels : io.labels+4*io.batch]
+		for i, l := range b.Labels {
+			binary.LittleEndian.PutUint32(lb[4*i:], uint32(l))
+		}
+		clear(lb[4*len(b.Labels):])
 	}
-	clear(lb[4*len(b.Labels):])
 	sc.Put(buf[io.scalars:])
 }
 
@@ -369,6 +374,7 @@ func (s *Session) ensureSlots() error {
 // that is a later Submit, its own batch is then not queued (Session.Step
 // says what was).
 func (s *Session) Submit(b Batch, done func(StepResult) error) error {
+	s.evalFolded = false // the step changes the parameters and the arena's temporary space
 	if err := s.checkBatch(b, s.Spec.Batch); err != nil {
 		return err
 	}

@@ -38,6 +38,9 @@ func (s *Session) Predict(pixels []uint8, k int) ([][]Prediction, error) {
 	if err := s.ensureEvalArena(); err != nil {
 		return nil, err
 	}
+	if err := s.ensureEvalFolds(); err != nil {
+		return nil, err
+	}
 	n, chunk := len(pixels)/size, s.evalChunk()
 	out := make([][]Prediction, 0, n)
 	for first := 0; first < n; first += chunk {
@@ -94,6 +97,7 @@ type LaunchTime struct {
 // optimizer state are restored after, so profiling does not change
 // training.
 func (s *Session) ProfileStep(b Batch) (times []LaunchTime, events bool, err error) {
+	s.evalFolded = false // its launches overwrite the arena's temporary space
 	saved := map[string][]byte{}
 	all := s.Spec.persistent()
 	for _, t := range all {

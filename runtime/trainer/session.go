@@ -71,6 +71,10 @@ type Session struct {
 	traceFrom int64
 	// params is reused for argument arrays.
 	params []uint64
+	// evalFolded: evaluation's folded parameters (Spec.EvalFolds) hold
+	// the fold of the current parameters (cleared whenever those change or
+	// a training step may have overwritten the space they borrow).
+	evalFolded bool
 }
 
 // NewSession allocates exactly the planned arena on dev and initialises
@@ -119,6 +123,7 @@ func bytesf32(b []byte) []float32 { return checkpoint.Tensor{Data: b}.Float32s()
 // InitParams sets every parameter and buffer to its initial values for
 // seed and zeroes the optimizer state, as the float64 reference does.
 func (s *Session) InitParams(seed uint64) error {
+	s.evalFolded = false
 	for _, p := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...) {
 		if err := s.Dev.CopyIn(s.addr(p.Arena, p.Offset), initialBytes(p, seed)); err != nil {
 			return err
@@ -180,6 +185,7 @@ func (s *Session) WriteTensor(t Tensor, vals []float32) error {
 	if int64(len(vals)) != t.Elems() {
 		return fmt.Errorf("trainer: %s needs %d values, got %d", t.Name, t.Elems(), len(vals))
 	}
+	s.evalFolded = false
 	return s.Dev.CopyIn(s.addr(t.Arena, t.Offset), f32bytes(vals))
 }
 
@@ -196,10 +202,16 @@ func (s *Session) Param(name string) (Tensor, bool) {
 // EvalBatch runs the forward pass (dropout off) and returns the loss and
 // correct predictions.
 func (s *Session) EvalBatch(b Batch) (float32, int, error) {
+	if s.Spec.Infer {
+		return 0, 0, fmt.Errorf("trainer: %s is an inference-only build: it predicts, it has no loss to evaluate", s.Spec.Model)
+	}
 	if err := s.ensureEvalArena(); err != nil {
 		return 0, 0, err
 	}
 	if err := s.checkBatch(b, s.Spec.Batch); err != nil {
+		return 0, 0, err
+	}
+	if err := s.ensureEvalFolds(); err != nil {
 		return 0, 0, err
 	}
 	// evaluation may be compiled for a smaller batch (to fit the training
@@ -371,6 +383,9 @@ func (s *Session) decode(r io.Reader, withState bool, check func(meta map[string
 	for _, t := range s.Spec.persistent() {
 		limit += t.Bytes()
 	}
+	if s.Spec.Infer { // the trainer's checkpoints hold the model as trained
+		limit = 8 + maxHeader + s.Spec.CheckpointBytes
+	}
 	b, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading a checkpoint: %w", err)
@@ -397,6 +412,14 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 		want = append(want, s.Spec.State...)
 	}
 	for _, t := range want {
+		if t.Folded() {
+			data, err := foldTensor(f, t)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s: %w", name, t.Name, err)
+			}
+			writes = append(writes, write{t, data})
+			continue
+		}
 		if t.DType == DTypeI64 {
 			ct, err := f.Expect(t.Name, checkpoint.I64, t.Shape)
 			if err != nil {
@@ -436,5 +459,6 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 	if withState {
 		s.Step = step
 	}
+	s.evalFolded = false
 	return f.Metadata, nil
 }

@@ -69,7 +69,26 @@ type Tensor struct {
 	// DType is the element type: "" for float32, "i64" for a 64-bit
 	// integer (batch norm's num_batches_tracked).
 	DType string
+	// Fold, in an inference build, makes the tensor a conv's weight or
+	// bias with the batch norm after it folded in: not in checkpoints,
+	// computed from their tensors when one is loaded (runtime/bnfold).
+	Fold Fold
 }
+
+// Fold names the checkpoint tensors a folded parameter is computed from
+// (compiler/ir.Fold): the conv's Weight and ConvBias ("" when it has
+// none), the batch norm's Gamma and Beta ("" without affine), its running
+// Mean and Var, and Eps; Bias: the folded bias (else the weight).
+type Fold struct {
+	Bias             bool
+	Weight, ConvBias string
+	Gamma, Beta      string
+	Mean, Var        string
+	Eps              float64
+}
+
+// Folded says whether the tensor is computed by a fold.
+func (t Tensor) Folded() bool { return t.Fold.Mean != "" }
 
 // DTypeI64 marks an int64 tensor.
 const DTypeI64 = "i64"
@@ -156,6 +175,20 @@ type Spec struct {
 	State   []Tensor // named optimizer.<param>.<state>
 	Train   Step
 	Eval    Step
+	// Infer marks an inference-only build (cnnc build --infer): Eval is
+	// its one program, in the planned arena (ArenaBytes: the inference
+	// plan's peak); there is no training step, loss or labels. It loads
+	// the trainer's checkpoints, which are at most CheckpointBytes of
+	// tensors (parameters, buffers and optimizer state of the model as
+	// trained).
+	Infer           bool
+	CheckpointBytes int64
+	// EvalFolds are evaluation's folded parameters (a conv's weight and
+	// bias with the batch norm after it folded in), where Eval reads them:
+	// the session computes them from the parameters and buffers they name
+	// (Tensor.Fold) before an evaluation or prediction whenever the
+	// parameters changed since.
+	EvalFolds []Tensor
 }
 
 // persistent lists the tensors that outlive a step: parameters, buffers,
@@ -182,7 +215,7 @@ func (s *Spec) Validate() error {
 		}
 		return nil
 	}
-	for _, p := range s.persistent() {
+	for _, p := range append(s.persistent(), s.EvalFolds...) {
 		if err := check("tensor", p, p.Bytes()); err != nil {
 			return err
 		}
@@ -197,6 +230,9 @@ func (s *Spec) Validate() error {
 		}
 	}
 	for i, st := range []Step{s.Train, s.Eval} {
+		if i == 0 && s.Infer {
+			continue // no training step
+		}
 		batch := s.Batch
 		if i == 1 && s.EvalBatch > 0 {
 			batch = s.EvalBatch
@@ -204,7 +240,7 @@ func (s *Spec) Validate() error {
 		if err := check("images", st.Images, int64(batch*s.H*s.W*s.C)); err != nil {
 			return err
 		}
-		if err := check("labels", st.Labels, int64(4*batch)); err != nil {
+		if err := check("labels", st.Labels, int64(4*batch)); err != nil && !s.Infer {
 			return err
 		}
 		for _, t := range []struct {

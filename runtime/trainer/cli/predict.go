@@ -31,7 +31,7 @@ func predictCommand(spec *trainer.Spec, backends trainer.Backends, o *options, c
 		Use:   o.programName + " predict --checkpoint CK [--top K] [--json] IMAGE_OR_DIR...",
 		Short: fmt.Sprintf("predict the classes of images with a trained %s", spec.Model),
 		Long: fmt.Sprintf(`Predicts the classes of image files with the parameters of a checkpoint (a
---checkpoint or --keep-best of this trainer). A folder stands for the image
+--checkpoint or --keep-best of %s's trainer%s). A folder stands for the image
 files under it (.jpg .jpeg .png .gif .bmp .webp .tif .tiff, in any case; by
 path, sub-folders included, links to folders not followed). Each image is
 decoded, converted to %s and resized to %dx%d exactly as the training
@@ -39,7 +39,7 @@ data's images are. For each file the --top classes are printed with their
 probabilities (the softmax of the logits), named as the checkpoint's
 training data named them (an ImageFolder's folder names, MNIST's digits).
 A file that cannot be read or decoded is named on stderr and skipped; then
-the exit status is 1 (2: a bad command line).`, channelsWord(spec.C), spec.H, spec.W),
+the exit status is 1 (2: a bad command line).`, spec.Model, inferNote(spec), channelsWord(spec.C), spec.H, spec.W),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -221,4 +221,12 @@ func reportPredictions(o *options, po *predictOptions, names []string, inputs []
 		return ExitError, fmt.Errorf("%d of %d files could not be read: %s", len(bad), len(inputs), strings.Join(bad, ", "))
 	}
 	return ExitOK, nil
+}
+
+// inferNote says what an inference-only build computes, for predict's help.
+func inferNote(spec *trainer.Spec) string {
+	if !spec.Infer {
+		return ""
+	}
+	return "; this inference build runs forward kernels only, each batch norm after\na conv folded into the conv's weight and bias when the checkpoint is loaded"
 }
