@@ -14,6 +14,7 @@ import (
 type Context struct {
 	File  *dsl.File
 	Train TrainConfig
+	Data  DataConfig
 	Diags dsl.Diagnostics
 }
 
@@ -166,7 +167,7 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 		return nil, diags
 	}
 	g.Opt = &train.Optimizer
-	ctx := &Context{File: f, Train: train, Diags: diags}
+	ctx := &Context{File: f, Train: train, Data: data, Diags: diags}
 	res := &Result{File: f, Graph: g, Train: train, Data: data}
 	user := opts.AfterPass
 	opts.AfterPass = func(pass string, g *ir.Graph) error {
