@@ -216,6 +216,12 @@ func resizedCropBox(st Step, h, w int64, next func() uint32) Params {
 			return Params{Top: i, Left: j, Height: ch, Width: cw}
 		}
 	}
+	return ResizedCropFallback(st, h, w)
+}
+
+// ResizedCropFallback is random_resized_crop's box when ten attempts fail:
+// the whole image's central crop, its aspect ratio clamped to the range.
+func ResizedCropFallback(st Step, h, w int64) Params {
 	inRatio := float64(w) / float64(h)
 	cw, ch := w, h
 	switch {
