@@ -1,0 +1,72 @@
+package codegen_test
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/codegen/kernelcheck"
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/kernelcases"
+	"github.com/cnnc/cnnc/runtime/cpu"
+)
+
+// The CUDA kernels that augment the raw batch (templates/augment.cu.tmpl in the conv blocks'
+// loads and to_tensor) on the emulator against the float64 reference, as codegen/cpu's
+// augment_test.go checks the CPU target's: whole steps, the kernels alone in training at a
+// micro-batch's place in the batch and in evaluation, at fp32 and (the conv blocks' tensor-core
+// variants) TF32. Tolerance as there. At TF32 the f32 inputs are rounded to TF32 first
+// (kernelcheck.RoundInputs, as the other tensor-core checks), but the augmented pixels are rounded
+// in the kernels only: each product's relative error is then up to 2^-11, the sum's up to 2^-11
+// of the sum of the |products|, which for K = 27 terms of random signs is about K·E|p| against a
+// tensor maximum of at least about 2·sqrt(K)·rms(p): 2^-11·sqrt(27)/2 ≈ 1.3e-3 of the maximum at
+// worst. TF32 is checked at 2e-3 (measured worst: about 3e-4).
+
+func TestAugmentStepsEmulated(t *testing.T) {
+	checkSteps(t, "aug_crop.cnn", []byte(kernelcases.AugmentCrop), 5, 7, 2)
+	checkSteps(t, "aug_resized.cnn", []byte(kernelcases.AugmentResized), 4, 9, 2)
+	checkSteps(t, "aug_resized_conv.cnn", []byte(kernelcases.AugmentResizedConv), 3, 2, 2)
+}
+
+func TestAugmentKernelsEmulated(t *testing.T) {
+	const batch = 3
+	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32} {
+		for mi, src := range []string{kernelcases.AugmentCrop, kernelcases.AugmentResized, kernelcases.AugmentResizedConv} {
+			fwd, grad := kernelcases.AugmentNodes(t, src, batch)
+			for _, eval := range []bool{false, true} {
+				nodes := fwd
+				if !eval {
+					nodes = append(append([]*ir.Node{}, fwd...), grad...)
+				}
+				prog, err := codegen.GenerateNodes("A", nodes, codegen.Options{Batch: batch, Eval: eval, Precision: prec})
+				require.NoError(t, err)
+				dev, err := cpu.New(prog.Source, "aug.cu", cpu.Options{})
+				require.NoError(t, err)
+				for i, n := range nodes {
+					ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(mi), uint64(i))))
+					kernelcases.ValidArgmax(n, ins, rand.New(rand.NewPCG(uint64(mi), 77)))
+					ins = kernelcheck.RoundInputs(n, ins, prec)
+					o := reference.NodeOptions{Training: !eval, Update: !eval, Seed: 11, Step: 5}
+					sl := reference.Slice{First: 4, Of: 4 + batch}
+					if eval {
+						sl = reference.Slice{}
+					}
+					r, err := kernelcheck.NodeSlice(dev, prog, n, ins, kernelcheck.Scalars{Seed: 11, Step: 5, LR: kernelcases.LR}, o, sl)
+					require.NoError(t, err)
+					require.NotEmpty(t, r.Kernel)
+					tol := kernelcheck.Tolerance
+					if prec != codegen.FP32 {
+						tol = 2e-3
+					}
+					require.LessOrEqual(t, r.Worst, tol, "%s eval %v: %s", prec, eval, r)
+					require.Zero(t, r.ArgmaxMismatches, "%s", r)
+					t.Logf("%s %s", prec, r)
+				}
+				dev.Close()
+			}
+		}
+	}
+}
