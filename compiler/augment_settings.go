@@ -77,7 +77,7 @@ func parseAugment(e *dsl.Expr, raw [3]int64, image ir.Type, diags *dsl.Diagnosti
 			continue
 		case st.Kind == augment.RandomCrop || st.Kind == augment.RandomResizedCrop:
 			if crop != nil {
-				*diags = append(*diags, dsl.Errorf(c.Pos, "augment: a second crop (the first, %s, is at line %d): the list takes one", c.Name, crop.Pos.Line).Span(len(c.Name)))
+				*diags = append(*diags, dsl.Errorf(c.Pos, "augment: a second crop (the first, %s, is at line %d): the list takes one", crop.Name, crop.Pos.Line).Span(len(c.Name)))
 				continue
 			}
 			crop = c
