@@ -157,16 +157,36 @@ func below(w uint32, n int64) int64 {
 // (p=1: always; p=0: never).
 func FlipThreshold(p float64) uint64 { return uint64(math.Round(p * 4294967296.0)) }
 
-// Draw returns a training sample's Params: each step in list order, the
-// crop's draws first where it comes first. Given the same words the C
-// kernels compute the same box (cnnc_aug_draw in cnnc_cpu.h and the CUDA
-// prelude): integers but for random_resized_crop, whose doubles follow
-// torchvision's get_params (log and exp of the ratio bounds are the
+// Draw returns a training sample's Params: the steps' draws (DrawSteps)
+// folded into one box and flag. Given the same words the C kernels
+// compute the same box (aug_box in cnnc_cpu.h, cnnc_aug_box_* of
+// templates/augment.cu.tmpl): integers but for random_resized_crop, whose
+// doubles follow torchvision's get_params (log of the ratio bounds is the
 // spec's, computed once; sqrt is correctly rounded everywhere; exp of the
 // drawn log-ratio may differ by an ulp between libm's, which moves a box
 // edge only when sqrt lands within an ulp of a half-integer).
 func (s *Spec) Draw(words Words) Params {
-	p := Params{Top: 0, Left: 0, Height: s.H, Width: s.W}
+	p := Params{Height: s.H, Width: s.W}
+	for k, d := range s.DrawSteps(words) {
+		switch s.Steps[k].Kind {
+		case RandomCrop:
+			pad := s.Steps[k].Padding
+			p = foldCrop(p, Params{Top: d.Top - pad, Left: d.Left - pad, Height: d.Height, Width: d.Width}, s.W)
+		case RandomResizedCrop:
+			p = foldCrop(p, d, s.W)
+		case HFlip:
+			p.Flip = p.Flip != d.Flip
+		}
+	}
+	return p
+}
+
+// DrawSteps returns each step's own draw, as torchvision's get_params and
+// RandomHorizontalFlip give them: a crop's box (i, j, h, w) in the image
+// the step receives (random_crop's in the padded image), a flip's
+// decision; normalize draws nothing. Step k uses words k·WordsPerStep on.
+func (s *Spec) DrawSteps(words Words) []Params {
+	out := make([]Params, len(s.Steps))
 	for k, st := range s.Steps {
 		d := uint32(k) * WordsPerStep
 		next := func() uint32 { w := words(d); d++; return w }
@@ -174,17 +194,14 @@ func (s *Spec) Draw(words Words) Params {
 		case RandomCrop:
 			hp, wp := s.H+2*st.Padding, s.W+2*st.Padding
 			i, j := below(next(), hp-st.Size[0]+1), below(next(), wp-st.Size[1]+1)
-			box := Params{Top: i - st.Padding, Left: j - st.Padding, Height: st.Size[0], Width: st.Size[1]}
-			p = foldCrop(p, box, s.W)
+			out[k] = Params{Top: i, Left: j, Height: st.Size[0], Width: st.Size[1]}
 		case RandomResizedCrop:
-			p = foldCrop(p, resizedCropBox(st, s.H, s.W, next), s.W)
+			out[k] = resizedCropBox(st, s.H, s.W, next)
 		case HFlip:
-			if uint64(next()) < FlipThreshold(st.P) {
-				p.Flip = !p.Flip
-			}
+			out[k].Flip = uint64(next()) < FlipThreshold(st.P)
 		}
 	}
-	return p
+	return out
 }
 
 // foldCrop applies a crop box drawn on the image as the steps so far left
