@@ -32,7 +32,7 @@ var augmentArgs = map[augment.Kind][]argSpec{
 	},
 	augment.Normalize: {
 		{Name: "mean", Kind: ops.ArgCustom, Required: true, Doc: "one number per channel"},
-		{Name: "std", Kind: ops.ArgCustom, Required: true, Doc: "one non-zero number per channel"},
+		{Name: "std", Kind: ops.ArgCustom, Required: true, Doc: "one positive number per channel"},
 	},
 }
 
@@ -175,8 +175,8 @@ func parseAugmentStep(x *dsl.Expr, spec *augment.Spec, diags *dsl.Diagnostics) (
 			return augment.Step{}, c, false
 		}
 		for i, s := range st.Std {
-			if s == 0 {
-				return bad(a["std"].List[i], "normalize: std of channel %d is 0: it divides", i)
+			if !(s > 0) || float32(s) == 0 {
+				return bad(a["std"].List[i], "normalize: std of channel %d must be positive, got %s (it divides)", i, a["std"].List[i].Text)
 			}
 		}
 	}
