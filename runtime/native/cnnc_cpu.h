@@ -410,19 +410,43 @@ CNNC_INLINE AugBox aug_sample(const uint64_t* p, int i, long b) {
 template <class G, long IR, long JW>
 CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt, const AugBox* box = nullptr) {
   if constexpr (Augments<G>) {
-    // the model's input rows, each pixel through the sample's box (aug_pixel)
+    // the model's input rows through the sample's box: a box of the output's size row by row
+    // (the raw row, its columns mirrored when flipped, zeros outside the image, normalized),
+    // a resized box pixel by pixel (aug_pixel)
     using A = typename G::A;
     const unsigned char* src = static_cast<const unsigned char*>(xp) + b * A::RH * A::RW * A::C;
+    const AugBox& p = *box;
+    const bool plain = p.h == A::OH && p.w == A::OW;
     for (long ir = 0; ir < IR; ir++) {
       const long iy = iyBase + ir;
-      for (long c = 0; c < G::C; c++)
+      const long ry = p.top + iy;
+      const bool rowIn = ry >= 0 && ry < A::RH;
+      for (long c = 0; c < G::C; c++) {
+        const float m = A::NORM ? (c == 0 ? A::M0 : c == 1 ? A::M1 : A::M2) : 0.0f;
+        const float sd = A::NORM ? (c == 0 ? A::S0 : c == 1 ? A::S1 : A::S2) : 1.0f;
+        const unsigned char* srow = src + (rowIn ? ry : 0) * A::RW * A::C + c;
         for (long ph = 0; ph < G::SW; ph++) {
           float* row = Xt + ((c * IR + ir) * G::SW + ph) * JW;
+          if (iy < 0 || iy >= G::H) {
+            memset(row, 0, sizeof(float) * JW);  // the conv's own zero padding
+            continue;
+          }
           for (long j = 0; j < JW; j++) {
             const long ix = j * G::SW + ph - G::PW;
-            row[j] = iy >= 0 && iy < G::H && ix >= 0 && ix < G::W ? aug_pixel<A>(src, *box, c, iy, ix) : 0.0f;
+            float v = 0.0f;
+            if (ix >= 0 && ix < G::W) {
+              if (plain) {
+                const long rx = p.left + (p.flip ? A::OW - 1 - ix : ix);
+                v = rowIn && rx >= 0 && rx < A::RW ? static_cast<float>(srow[rx * A::C]) * (1.0f / 255.0f) : 0.0f;
+                if constexpr (A::NORM) v = (v - m) / sd;
+              } else {
+                v = aug_pixel<A>(src, p, c, iy, ix);
+              }
+            }
+            row[j] = v;
           }
         }
+      }
     }
     return;
   } else if constexpr (G::U8) {
