@@ -11,6 +11,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
+	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/cpu"
 )
 
@@ -69,4 +70,38 @@ func TestAugmentKernelsEmulated(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The augmenting kernels (training's draw, evaluation's box; fp32 and TF32 conv blocks,
+// to_tensor) and examples/mnist_augment.cnn's whole step compile for sm_80 and sm_90 with no
+// spill and no local-memory stack frame.
+func TestPtxasAugment(t *testing.T) {
+	nvcc.Require(t)
+	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32} {
+		var nodes []*ir.Node
+		for _, src := range []string{kernelcases.AugmentCrop, kernelcases.AugmentResized, kernelcases.AugmentResizedConv} {
+			fwd, grad := kernelcases.AugmentNodes(t, src, 32)
+			nodes = append(append(nodes, fwd...), grad...)
+		}
+		for _, eval := range []bool{false, true} {
+			some := nodes
+			if eval {
+				some = nil
+				for _, n := range nodes {
+					if n.Phase == ir.Forward {
+						some = append(some, n)
+					}
+				}
+			}
+			prog, err := codegen.GenerateNodes("A", some, codegen.Options{Batch: 32, Eval: eval, Precision: prec})
+			require.NoError(t, err)
+			ks, err := codegen.CompilePtxas(prog.Source, "aug.cu", nvcc.Targets)
+			require.NoError(t, err)
+			requireClean(t, prog, ks)
+		}
+	}
+	_, prog := exampleProgram(t, "../examples/mnist_augment.cnn", 64)
+	ks, err := codegen.CompilePtxas(prog.Source, "mnist_augment.cu", nvcc.Targets)
+	require.NoError(t, err)
+	requireClean(t, prog, ks)
 }
