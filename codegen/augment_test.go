@@ -1,18 +1,16 @@
 package codegen_test
 
 import (
-	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/codegen"
-	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
-	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/cpu"
+	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // The CUDA kernels that augment the raw batch (templates/augment.cu.tmpl in the conv blocks'
@@ -33,43 +31,14 @@ func TestAugmentStepsEmulated(t *testing.T) {
 }
 
 func TestAugmentKernelsEmulated(t *testing.T) {
-	const batch = 3
-	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32} {
-		for mi, src := range []string{kernelcases.AugmentCrop, kernelcases.AugmentResized, kernelcases.AugmentResizedConv} {
-			fwd, grad := kernelcases.AugmentNodes(t, src, batch)
-			for _, eval := range []bool{false, true} {
-				nodes := fwd
-				if !eval {
-					nodes = append(append([]*ir.Node{}, fwd...), grad...)
-				}
-				prog, err := codegen.GenerateNodes("A", nodes, codegen.Options{Batch: batch, Eval: eval, Precision: prec})
-				require.NoError(t, err)
-				dev, err := cpu.New(prog.Source, "aug.cu", cpu.Options{})
-				require.NoError(t, err)
-				for i, n := range nodes {
-					ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(mi), uint64(i))))
-					kernelcases.ValidArgmax(n, ins, rand.New(rand.NewPCG(uint64(mi), 77)))
-					ins = kernelcheck.RoundInputs(n, ins, prec)
-					o := reference.NodeOptions{Training: !eval, Update: !eval, Seed: 11, Step: 5}
-					sl := reference.Slice{First: 4, Of: 4 + batch}
-					if eval {
-						sl = reference.Slice{}
-					}
-					r, err := kernelcheck.NodeSlice(dev, prog, n, ins, kernelcheck.Scalars{Seed: 11, Step: 5, LR: kernelcases.LR}, o, sl)
-					require.NoError(t, err)
-					require.NotEmpty(t, r.Kernel)
-					tol := kernelcheck.Tolerance
-					if prec != codegen.FP32 {
-						tol = 2e-3
-					}
-					require.LessOrEqual(t, r.Worst, tol, "%s eval %v: %s", prec, eval, r)
-					require.Zero(t, r.ArgmaxMismatches, "%s", r)
-					t.Logf("%s %s", prec, r)
-				}
-				dev.Close()
-			}
-		}
-	}
+	kernelcases.AugmentKernels(t, []codegen.Precision{codegen.FP32, codegen.TF32}, 2e-3, func(nodes []*ir.Node, o codegen.Options) (*codegen.Program, device.Device) {
+		prog, err := codegen.GenerateNodes("A", nodes, o)
+		require.NoError(t, err)
+		dev, err := cpu.New(prog.Source, "aug.cu", cpu.Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { dev.Close() })
+		return prog, dev
+	})
 }
 
 // The augmenting kernels (training's draw, evaluation's box; fp32 and TF32 conv blocks,

@@ -1,12 +1,17 @@
 package kernelcases
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // The data block's augmentation: models whose first layers augment the raw batch in their loads,
@@ -74,4 +79,48 @@ func AugmentNodes(t *testing.T, src string, batch int64) (fwd, grad []*ir.Node) 
 	}
 	require.NotEmpty(t, fwd)
 	return fwd, grad
+}
+
+// AugmentKernels checks one target's augmenting kernels against the reference: every Augment*
+// model's nodes that read the image, at batch 3, in training (their random draws, at samples
+// [4, 7) of a batch of 7 as a micro-batch loop runs them, step 5, seed 11) and in evaluation
+// (the center box), at each precision. open generates the nodes' program with the options and
+// opens a device on it (closed by the caller's cleanup). Tolerance: kernelcheck.Tolerance at
+// fp32; at TF32/BF16, tcTol (the f32 inputs are rounded first, kernelcheck.RoundInputs, but the
+// augmented pixels only in the kernels: see the callers).
+func AugmentKernels(t *testing.T, precs []codegen.Precision, tcTol float64, open func(nodes []*ir.Node, o codegen.Options) (*codegen.Program, device.Device)) {
+	t.Helper()
+	const batch = 3
+	for _, prec := range precs {
+		for mi, src := range []string{AugmentCrop, AugmentResized, AugmentResizedConv} {
+			fwd, grad := AugmentNodes(t, src, batch)
+			for _, eval := range []bool{false, true} {
+				nodes := fwd
+				if !eval {
+					nodes = append(append([]*ir.Node{}, fwd...), grad...)
+				}
+				prog, dev := open(nodes, codegen.Options{Batch: batch, Eval: eval, Precision: prec})
+				for i, n := range nodes {
+					ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(mi), uint64(i))))
+					ValidArgmax(n, ins, rand.New(rand.NewPCG(uint64(mi), 77)))
+					ins = kernelcheck.RoundInputs(n, ins, prec)
+					o := reference.NodeOptions{Training: !eval, Update: !eval, Seed: 11, Step: 5}
+					sl := reference.Slice{First: 4, Of: 4 + batch}
+					if eval {
+						sl = reference.Slice{}
+					}
+					r, err := kernelcheck.NodeSlice(dev, prog, n, ins, kernelcheck.Scalars{Seed: 11, Step: 5, LR: LR}, o, sl)
+					require.NoError(t, err)
+					require.NotEmpty(t, r.Kernel)
+					tol := kernelcheck.Tolerance
+					if prec != codegen.FP32 && prec != "" {
+						tol = tcTol
+					}
+					require.LessOrEqual(t, r.Worst, tol, "%s eval %v: %s", prec, eval, r)
+					require.Zero(t, r.ArgmaxMismatches, "%s", r)
+					t.Logf("%s eval %v: %s", prec, eval, r)
+				}
+			}
+		}
+	}
 }
