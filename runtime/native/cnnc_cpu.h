@@ -416,7 +416,68 @@ CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt, const Au
     using A = typename G::A;
     const unsigned char* src = static_cast<const unsigned char*>(xp) + b * A::RH * A::RW * A::C;
     const AugBox& p = *box;
-    const bool plain = p.h == A::OH && p.w == A::OW;
+    if (p.h != A::OH || p.w != A::OW) {
+      // resized (the box lies inside the image): each staged column's two taps and weight once,
+      // each row's once, then per pixel aug_pixel's arithmetic on them
+      long x0s[G::SW * JW], x1s[G::SW * JW];
+      float lxs[G::SW * JW];
+      for (long ph = 0; ph < G::SW; ph++)
+        for (long j = 0; j < JW; j++) {
+          const long ix = j * G::SW + ph - G::PW, e = ph * JW + j;
+          if (ix < 0 || ix >= G::W) {
+            x0s[e] = -1;  // the conv's own zero padding
+            continue;
+          }
+          const long xs = p.flip ? A::OW - 1 - ix : ix;
+          const float sx = fmaxf((static_cast<float>(xs) + 0.5f) * (static_cast<float>(p.w) / static_cast<float>(A::OW)) - 0.5f, 0.0f);
+          const long x0 = static_cast<long>(sx);
+          x0s[e] = (p.left + x0) * A::C;
+          x1s[e] = (p.left + cmin(x0 + 1, p.w - 1)) * A::C;
+          lxs[e] = sx - static_cast<float>(x0);
+        }
+      for (long ir = 0; ir < IR; ir++) {
+        const long iy = iyBase + ir;
+        if (iy < 0 || iy >= G::H) {
+          for (long c = 0; c < G::C; c++) memset(Xt + (c * IR + ir) * G::SW * JW, 0, sizeof(float) * G::SW * JW);
+          continue;
+        }
+        const float sy = fmaxf((static_cast<float>(iy) + 0.5f) * (static_cast<float>(p.h) / static_cast<float>(A::OH)) - 0.5f, 0.0f);
+        const long y0 = static_cast<long>(sy), y1 = cmin(y0 + 1, p.h - 1);
+        const float ly = sy - static_cast<float>(y0);
+        for (long c = 0; c < G::C; c++) {
+          const float m = A::NORM ? (c == 0 ? A::M0 : c == 1 ? A::M1 : A::M2) : 0.0f;
+          const float sd = A::NORM ? (c == 0 ? A::S0 : c == 1 ? A::S1 : A::S2) : 1.0f;
+          const unsigned char* r0 = src + (p.top + y0) * A::RW * A::C + c;
+          const unsigned char* r1 = src + (p.top + y1) * A::RW * A::C + c;
+          for (long ph = 0; ph < G::SW; ph++) {
+            float* row = Xt + ((c * IR + ir) * G::SW + ph) * JW;
+            for (long j = 0; j < JW; j++) {
+              const long e = ph * JW + j, a = x0s[e];
+              if (a < 0) {
+                row[j] = 0.0f;
+                continue;
+              }
+              const long bb = x1s[e];
+              const float lx = lxs[e], k = 1.0f / 255.0f;
+              float v = (1.0f - ly) * ((1.0f - lx) * (static_cast<float>(r0[a]) * k) + lx * (static_cast<float>(r0[bb]) * k)) +
+                        ly * ((1.0f - lx) * (static_cast<float>(r1[a]) * k) + lx * (static_cast<float>(r1[bb]) * k));
+              if constexpr (A::NORM) v = (v - m) / sd;
+              row[j] = v;
+            }
+          }
+        }
+      }
+      return;
+    }
+    // a box of the output's size: each staged column's raw column, once (-1: outside the raw
+    // image, a zero pixel that is normalized; -2: the conv's own zero padding)
+    long cols[G::SW * JW];
+    for (long ph = 0; ph < G::SW; ph++)
+      for (long j = 0; j < JW; j++) {
+        const long ix = j * G::SW + ph - G::PW;
+        const long rx = p.left + (p.flip ? A::OW - 1 - ix : ix);
+        cols[ph * JW + j] = ix < 0 || ix >= G::W ? -2 : rx < 0 || rx >= A::RW ? -1 : rx * A::C;
+      }
     for (long ir = 0; ir < IR; ir++) {
       const long iy = iyBase + ir;
       const long ry = p.top + iy;
@@ -431,19 +492,12 @@ CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt, const Au
             memset(row, 0, sizeof(float) * JW);  // the conv's own zero padding
             continue;
           }
+          const long* cl = cols + ph * JW;
           for (long j = 0; j < JW; j++) {
-            const long ix = j * G::SW + ph - G::PW;
-            float v = 0.0f;
-            if (ix >= 0 && ix < G::W) {
-              if (plain) {
-                const long rx = p.left + (p.flip ? A::OW - 1 - ix : ix);
-                v = rowIn && rx >= 0 && rx < A::RW ? static_cast<float>(srow[rx * A::C]) * (1.0f / 255.0f) : 0.0f;
-                if constexpr (A::NORM) v = (v - m) / sd;
-              } else {
-                v = aug_pixel<A>(src, p, c, iy, ix);
-              }
-            }
-            row[j] = v;
+            const long k = cl[j];
+            float v = rowIn && k >= 0 ? static_cast<float>(srow[k]) * (1.0f / 255.0f) : 0.0f;
+            if constexpr (A::NORM) v = (v - m) / sd;
+            row[j] = k == -2 ? 0.0f : v;
           }
         }
       }
