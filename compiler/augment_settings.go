@@ -20,7 +20,7 @@ import (
 var augmentArgs = map[augment.Kind][]argSpec{
 	augment.RandomCrop: {
 		{Name: "size", Kind: ops.ArgIntPair, Required: true, Min: 1, Doc: "[H, W] of the crop: the model's input"},
-		{Name: "padding", Kind: ops.ArgInt, Min: 0, Default: "0", Doc: "zero pixels added on every side first"},
+		{Name: "padding", Kind: ops.ArgInt, Min: 0, MaxInt: MaxImageSide, MaxWhy: "the trainers read images of at most 16,384 pixels a side", Default: "0", Doc: "zero pixels added on every side first"},
 	},
 	augment.RandomResizedCrop: {
 		{Name: "size", Kind: ops.ArgIntPair, Required: true, Min: 1, Doc: "[H, W] the box is resized to: the model's input"},
