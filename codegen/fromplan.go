@@ -165,6 +165,12 @@ func (w *planWalk) placeLaunch(l *Launch) error {
 	}
 	// the micro-batch's place in the whole batch (the op's binding says
 	// whether its kernels take it): dropout counts elements, the loss rows
+	if last := len(l.Args) - 1; l.Node.Attrs.Aug != nil && last >= 0 && l.Args[last].Kind == kernelarg.Int {
+		// a kernel drawing the data block's augmentation keys each sample by its position in
+		// the batch (codegen/cpu/augment.go)
+		l.Args[last].Int = at.first
+		return nil
+	}
 	if d := ops.Of(l.Node.Op); d != nil {
 		switch d.Kernel.FirstSample {
 		case ops.FirstElement:

@@ -3,6 +3,7 @@ package compiler
 import (
 	"fmt"
 
+	"github.com/cnnc/cnnc/compiler/augment"
 	"github.com/cnnc/cnnc/compiler/ir"
 )
 
@@ -47,7 +48,7 @@ func fusePass(ctx *Context, g *ir.Graph) error {
 	}
 	g.Nodes = nil
 	g.ResetNames()
-	f.convertImage(forward)
+	f.convertImage(forward, ctx.Data.Augment)
 	for _, n := range forward {
 		if err := f.fuseForward(n); err != nil {
 			return err
@@ -84,6 +85,7 @@ type fuser struct {
 	repl     map[*ir.Value]*ir.Value  // unfused value -> fused value
 	blocks   []*ir.Node               // fused forward nodes, in order
 	image    *ir.Value                // u8 image input
+	aug      *augment.Spec            // the data block's augmentation, applied by the image's readers
 	tensor   *ir.Value                // f32 image, when a non-conv layer reads it
 }
 
@@ -103,18 +105,25 @@ func (f *fuser) only(v *ir.Value, op ir.Op) *ir.Node {
 	return nil
 }
 
-// convertImage makes the image input uint8 HWC, as the loader delivers it.
-func (f *fuser) convertImage(forward []*ir.Node) {
+// convertImage makes the image input uint8 HWC, as the loader delivers it:
+// with an augment list, at the size the list crops from (aug.H, aug.W),
+// and the readers of the image (conv blocks, to_tensor) carry the list.
+func (f *fuser) convertImage(forward []*ir.Node, aug *augment.Spec) {
 	for _, in := range f.g.Inputs {
 		if in.Role != ir.RoleInput || in.Type.DType != ir.F32 {
 			continue
 		}
 		f32 := in.Type
 		in.Type = ir.ImageU8Type(f32)
+		if aug != nil {
+			in.Type = ir.ImageU8Type(ir.F32Batched(aug.C, aug.H, aug.W))
+			f.aug = aug
+		}
 		f.image = in
 		for _, r := range f.readers[in] {
 			if !fusableConv(r) {
 				n := f.g.NewNode(ir.OpToTensor, in.Name, ir.Forward, in.Pos, []*ir.Value{in}, []string{in.Name + ".f32"}, ir.RoleActivation)
+				n.Attrs.Aug = aug
 				n.Out().Type = f32
 				f.g.Append(n)
 				f.tensor = n.Out()
@@ -200,6 +209,9 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 		outs = append(outs, last.Out().Name+".argmax")
 	}
 	b := f.g.NewNode(ir.OpConvBlock, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
+	if ins[0] == f.image {
+		a.Aug = f.aug
+	}
 	b.Attrs = a
 	f.replaceOutput(last, b)
 	return b

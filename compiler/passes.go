@@ -14,6 +14,7 @@ import (
 type Context struct {
 	File  *dsl.File
 	Train TrainConfig
+	Data  DataConfig
 	Diags dsl.Diagnostics
 	// Evaluation: the infer pass keeps the loss (Options.Evaluation).
 	Evaluation bool
@@ -206,7 +207,7 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 		return nil, diags
 	}
 	g.Opt = &train.Optimizer
-	ctx := &Context{File: f, Train: train, Diags: diags, Evaluation: opts.Evaluation}
+	ctx := &Context{File: f, Train: train, Data: data, Diags: diags, Evaluation: opts.Evaluation}
 	res := &Result{File: f, Graph: g, Train: train, Data: data}
 	user := opts.AfterPass
 	opts.AfterPass = func(pass string, g *ir.Graph) error {

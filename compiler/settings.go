@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cnnc/cnnc/compiler/augment"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/dsl"
@@ -55,6 +56,11 @@ type DataSource struct {
 // DataConfig is the data block.
 type DataConfig struct {
 	Train, Test *DataSource
+	// Augment is the augment list (nil: none), done by the first layer's
+	// kernels while loading the batch; evaluation gets its deterministic
+	// part (Spec.Eval). AugmentPos is where the list was written.
+	Augment    *augment.Spec
+	AugmentPos dsl.Pos
 }
 
 // Defaults used when the train block leaves a setting out.
@@ -184,6 +190,7 @@ func settingsArgs(block string, s *dsl.Section, specs []argSpec, diags *dsl.Diag
 var dataSettings = []argSpec{
 	{Name: "train", Kind: ops.ArgCustom, Required: true, Doc: "the training set, e.g. imagefolder(\"data/train\")"},
 	{Name: "test", Kind: ops.ArgCustom, Doc: "the test set"},
+	{Name: "augment", Kind: ops.ArgCustom, Doc: "training-time augmentation: a list of random_crop(...), random_resized_crop(...), hflip(...), normalize(...)"},
 }
 
 var datasetArgs = map[string][]argSpec{
@@ -200,25 +207,51 @@ func ParseData(s *dsl.Section, image, label ir.Type) (DataConfig, dsl.Diagnostic
 		return cfg, nil
 	}
 	vals := settingsArgs("data", s, dataSettings, &diags)
+	crop := augmentCrops(vals["augment"])
 	for _, key := range []string{"train", "test"} {
 		e := vals[key]
 		if e == nil {
 			continue
 		}
-		ds := parseDataset(e, image, label, &diags)
+		ds := parseDataset(e, image, label, crop, &diags)
 		if key == "train" {
 			cfg.Train = ds
 		} else {
 			cfg.Test = ds
 		}
 	}
+	if tr, te := cfg.Train, cfg.Test; crop && tr != nil && te != nil && tr.Resize != te.Resize {
+		diags = append(diags, dsl.Errorf(te.Pos, "the test images are %dx%d but the training images %dx%d: with a crop in augment both sets are loaded at one size (the crop's input)", te.Resize[0], te.Resize[1], tr.Resize[0], tr.Resize[1]).Span(len(te.Kind)))
+	}
+	if e := vals["augment"]; e != nil && cfg.Train != nil && image.IsKnown() && len(image.Dims) == 3 {
+		raw := [3]int64{cfg.Train.Resize[0], cfg.Train.Resize[1], image.Dims[0]}
+		cfg.Augment, cfg.AugmentPos = parseAugment(e, raw, image, &diags), e.Pos
+	}
 	return cfg, diags
+}
+
+// augmentCrops reports whether an augment list has a crop step: the
+// images are then loaded at the crop's input size, not the model's.
+func augmentCrops(e *dsl.Expr) bool {
+	if e == nil || e.Kind != dsl.ExprList {
+		return false
+	}
+	for _, x := range e.List {
+		if x.Kind == dsl.ExprCall {
+			if k := augment.Names[x.Call.Name]; k == augment.RandomCrop || k == augment.RandomResizedCrop {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // MNISTClasses is the number of MNIST's labels, the digits 0..9.
 const MNISTClasses = 10
 
-func parseDataset(e *dsl.Expr, image, label ir.Type, diags *dsl.Diagnostics) *DataSource {
+// With crop (the augment list crops), an imagefolder's resize is the
+// crop's input, any size, and mnist's images need only one channel.
+func parseDataset(e *dsl.Expr, image, label ir.Type, crop bool, diags *dsl.Diagnostics) *DataSource {
 	if e.Kind != dsl.ExprCall {
 		*diags = append(*diags, dsl.Errorf(e.Pos, "a dataset is imagefolder(\"path\") or mnist(\"path\"), got %s", describe(e)).Span(exprSpan(e)))
 		return nil
@@ -245,13 +278,20 @@ func parseDataset(e *dsl.Expr, image, label ir.Type, diags *dsl.Diagnostics) *Da
 	ds := &DataSource{Pos: c.Pos, Kind: c.Name, Path: pos[0].Value.String}
 	if image.IsKnown() && len(image.Dims) == 3 {
 		ds.Resize = [2]int64{image.Dims[1], image.Dims[2]}
-		if r := a["resize"]; r != nil {
+		if c.Name == "mnist" {
+			ds.Resize = [2]int64{28, 28}
+		}
+		if r := a["resize"]; r != nil && crop {
+			ds.Resize = a.Pair("resize", 0)
+		} else if r != nil {
 			got := a.Pair("resize", 0)
 			if got != ds.Resize {
 				*diags = append(*diags, dsl.Errorf(r.Pos, "%s resizes to %dx%d but the model's input is %dx%d", c.Name, got[0], got[1], ds.Resize[0], ds.Resize[1]).Span(exprSpan(r)))
 			}
 		}
-		if c.Name == "mnist" && (image.Dims[0] != 1 || image.Dims[1] != 28 || image.Dims[2] != 28) {
+		if c.Name == "mnist" && crop && image.Dims[0] != 1 {
+			*diags = append(*diags, dsl.Errorf(c.Pos, "mnist images have 1 channel but the model's input is %s", image.DimsString()).Span(len(c.Name)))
+		} else if c.Name == "mnist" && !crop && (image.Dims[0] != 1 || image.Dims[1] != 28 || image.Dims[2] != 28) {
 			*diags = append(*diags, dsl.Errorf(c.Pos, "mnist images are 1x28x28 but the model's input is %s", image.DimsString()).Span(len(c.Name)))
 		}
 	}

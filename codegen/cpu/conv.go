@@ -40,6 +40,9 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
 		g.U8, g.H, g.W, g.C = true, x.Dims[0], x.Dims[1], x.Dims[2]
+		if s := a.Aug; s != nil { // the conv sees the augmented input (augment.go)
+			g.H, g.W = s.OutH, s.OutW
+		}
 	case x.DType == ir.F32 && len(x.Dims) == 3:
 		g.C, g.H, g.W = x.Dims[0], x.Dims[1], x.Dims[2]
 	default:
@@ -182,8 +185,9 @@ func convForward(e codegen.Emitter, n *ir.Node) error {
 	if g.Argmax {
 		args = append(args, buf(n.Outs[1]))
 	}
-	name := emit(e, kernelSpec{family: "conv_fwd", shape: g.shape(), doc: g.doc() + ".",
-		structs: []structSpec{{"g", g.defs()}}, impl: "ConvFwd<%s>", nparams: len(args)})
+	k, args := augKernel(e, n, kernelSpec{family: "conv_fwd", shape: g.shape(), doc: g.doc() + ".",
+		structs: []structSpec{{"g", g.defs()}}, impl: "ConvFwd<%s>", nparams: len(args)}, args)
+	name := emit(e, k)
 	return launch(e, n, name, g.forwardTasks(), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 }
 
@@ -314,8 +318,9 @@ func convGradWeight(e codegen.Emitter, n *ir.Node) error {
 		args = append(args, buf(p.Y))
 	}
 	args = append(args, buf(partial))
-	name := emit(e, kernelSpec{family: "conv_wgrad", shape: g.shape(), doc: "weight gradient of " + g.doc() + gradDoc(g) +
-		fmt.Sprintf(", %d partial sums", g.S) + ".", structs: []structSpec{{"g", g.defs()}}, impl: "ConvWgrad<%s>", nparams: len(args)})
+	k, args := augKernel(e, n, kernelSpec{family: "conv_wgrad", shape: g.shape(), doc: "weight gradient of " + g.doc() + gradDoc(g) +
+		fmt.Sprintf(", %d partial sums", g.S) + ".", structs: []structSpec{{"g", g.defs()}}, impl: "ConvWgrad<%s>", nparams: len(args)}, args)
+	name := emit(e, k)
 	if err := launch(e, n, name, g.S, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch())+partial.Type.Bytes(e.Batch())); err != nil {
 		return err
 	}

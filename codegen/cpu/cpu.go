@@ -148,15 +148,22 @@ func registerScratch(op ir.Op, f func(n *ir.Node, samples int64) (int64, error))
 // def is one compile-time constant of a kernel's struct.
 type def struct {
 	name string
-	val  any // int64, bool, float32, float64, uint64
+	val  any // int64, bool, float32, float64, uint64, or memberStruct
 }
 
-// structText renders `struct name { static constexpr ...; };`.
-func structText(name string, defs []def) string {
+// memberStruct names another struct of the same kernel by its suffix: rendered as a member
+// type, `using NAME = kernel_suffix;` (a conv's augmentation constants, G::A).
+type memberStruct string
+
+// structText renders `struct name { static constexpr ...; };`; kernel prefixes the names of
+// member structs.
+func structText(name, kernel string, defs []def) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "struct %s {\n", name)
 	for _, d := range defs {
 		switch v := d.val.(type) {
+		case memberStruct:
+			fmt.Fprintf(&b, "  using %s = %s_%s;\n", d.name, kernel, string(v))
 		case int64:
 			fmt.Fprintf(&b, "  static constexpr long %s = %d;\n", d.name, v)
 		case int:
@@ -215,7 +222,7 @@ type structSpec struct {
 func emit(e codegen.Emitter, k kernelSpec) string {
 	var bodies []string
 	for _, s := range k.structs {
-		bodies = append(bodies, structText("X", s.defs))
+		bodies = append(bodies, structText("X", "X", s.defs))
 	}
 	h := sha256.Sum256([]byte(k.family + "\x00" + k.impl + "\x00" + strings.Join(bodies, "\x00")))
 	name := k.family + "_" + k.shape + "_" + hex.EncodeToString(h[:4])
@@ -224,7 +231,7 @@ func emit(e codegen.Emitter, k kernelSpec) string {
 	var names []any
 	for _, s := range k.structs {
 		sn := name + "_" + s.suffix
-		text.WriteString(structText(sn, s.defs))
+		text.WriteString(structText(sn, name, s.defs))
 		names = append(names, sn)
 	}
 	fmt.Fprintf(&text, "CNNC_CPU_KERNEL(%s, %d, %s)\n", name, k.nparams, fmt.Sprintf(k.impl, names...))

@@ -120,8 +120,9 @@ func elementwise(family, impl string, extra func(n *ir.Node) []def) rule {
 			args = append(args, buf(v))
 		}
 		args = append(args, buf(n.Out()))
-		name := emit(e, kernelSpec{family: family, shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s over %d elements.", n.Op, elems),
-			structs: []structSpec{{"g", defs}}, impl: impl, nparams: len(args)})
+		k, args := augKernel(e, n, kernelSpec{family: family, shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s over %d elements.", n.Op, elems),
+			structs: []structSpec{{"g", defs}}, impl: impl, nparams: len(args)}, args)
+		name := emit(e, k)
 		return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 	}
 }

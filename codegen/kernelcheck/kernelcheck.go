@@ -248,14 +248,30 @@ func scalarArg(a codegen.Arg, block device.Ptr) uint64 {
 // Node checks node n's generated kernels on dev (whose module must hold
 // prog's source) against reference.RunNode, with the given inputs.
 func Node(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, s Scalars, o reference.NodeOptions) (Report, error) {
+	return NodeSlice(dev, prog, n, ins, s, o, reference.Slice{})
+}
+
+// NodeSlice is Node for a node run on samples [sl.First, sl.First+batch) of a batch of sl.Of, as
+// in a micro-batch loop: the reference runs on that slice, and the kernels that augment the
+// image (which draw by a sample's position in the batch) get sl.First as their first-sample
+// argument, the last one, as codegen's placeLaunch sets it.
+func NodeSlice(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, s Scalars, o reference.NodeOptions, sl reference.Slice) (Report, error) {
 	batch := prog.Batch
 	r := Report{Node: n.Name}
+	if n.Attrs.Aug != nil {
+		for _, l := range prog.Launches {
+			if last := len(l.Args) - 1; l.Node == n && last >= 0 && l.Args[last].Kind == kernelarg.Int {
+				defer func(v int64) { l.Args[last].Int = v }(l.Args[last].Int)
+				l.Args[last].Int = int64(sl.First)
+			}
+		}
+	}
 	// the reference, on copies (updates work in place)
 	refIns := make([][]float64, len(ins))
 	for i := range ins {
 		refIns[i] = append([]float64(nil), ins[i]...)
 	}
-	want, err := reference.RunNode(n, refIns, int(batch), o)
+	want, err := reference.RunNodeSlice(n, refIns, int(batch), o, sl)
 	if err != nil {
 		return r, err
 	}

@@ -15,6 +15,7 @@ package ir
 
 import (
 	"fmt"
+	"github.com/cnnc/cnnc/compiler/augment"
 	"strings"
 
 	"github.com/cnnc/cnnc/dsl"
@@ -344,6 +345,11 @@ type Attrs struct {
 	// Smoothing is cross_entropy's label smoothing ε in [0,1): the target
 	// is (1-ε)·onehot(label) + ε/classes, as PyTorch's label_smoothing.
 	Smoothing float64
+
+	// Aug is the data block's augmentation, on the nodes that read the raw
+	// u8 image (a conv block and its weight gradient, to_tensor): they
+	// apply it while loading (compiler/augment).
+	Aug *augment.Spec
 }
 
 // Dil is the convolution's dilation (1 where unset).

@@ -54,11 +54,11 @@ func maskOutInput(n *ir.Node) []int {
 	return []int{len(n.Ins) - 1}
 }
 
-// blockInput returns the f32 [C,H,W] view of a conv block's input (u8 HWC
-// images are converted inside the conv's loads).
-func blockInput(x ir.Type) ir.Type {
+// blockInput returns the f32 [C,H,W] view of block n's input (u8 HWC
+// images are converted, and augmented, inside the conv's loads).
+func blockInput(n *ir.Node, x ir.Type) ir.Type {
 	if x.DType == ir.U8 && len(x.Dims) == 3 {
-		return ir.F32Batched(x.Dims[2], x.Dims[0], x.Dims[1])
+		return imageView(n.Attrs, x)
 	}
 	return x
 }
@@ -68,7 +68,7 @@ func convBlockShapes(n *ir.Node, x ir.Type, w *ir.Value, b *ir.Value) (conv ir.T
 	if w == nil {
 		return ir.Type{}, nil, fmt.Errorf("%s: no weight", n.Op)
 	}
-	probe := &ir.Node{Op: ir.OpConv2D, Name: n.Name, Attrs: n.Attrs, Ins: []*ir.Value{stub("x", blockInput(x)), w}}
+	probe := &ir.Node{Op: ir.OpConv2D, Name: n.Name, Attrs: n.Attrs, Ins: []*ir.Value{stub("x", blockInput(n, x)), w}}
 	if b != nil {
 		probe.Ins = append(probe.Ins, b)
 	}
@@ -129,7 +129,7 @@ func inferConvBlockGradWeight(n *ir.Node) ([]ir.Type, error) {
 	if err != nil {
 		return nil, err
 	}
-	x := blockInput(p.X.Type)
+	x := blockInput(n, p.X.Type)
 	if x.DType != ir.F32 || len(x.Dims) != 3 {
 		return nil, fmt.Errorf("%s needs a [B,C,H,W] input, got %s", n.Op, p.X.Type)
 	}
@@ -166,7 +166,7 @@ func flopsConvBlock(n *ir.Node) int64 {
 	if err != nil {
 		return 0
 	}
-	return convBlockFLOPs(n, n.Outs[0].Type.SampleElems(), conv.SampleElems(), blockInput(p.X.Type).Dims[0])
+	return convBlockFLOPs(n, n.Outs[0].Type.SampleElems(), conv.SampleElems(), blockInput(n, p.X.Type).Dims[0])
 }
 
 func flopsConvBlockGradInput(n *ir.Node) int64 {
@@ -181,7 +181,7 @@ func flopsConvBlockGradInput(n *ir.Node) int64 {
 
 func flopsConvBlockGradWeight(n *ir.Node) int64 {
 	p, _ := n.Parts()
-	x := blockInput(p.X.Type)
+	x := blockInput(n, p.X.Type)
 	wt := ir.ConvWeightType(n.Attrs, x)
 	conv, _, err := convBlockShapes(n, p.X.Type, stub("w", wt), nil)
 	if err != nil {
@@ -199,9 +199,12 @@ func flopsConvBlockGradWeight(n *ir.Node) int64 {
 // element (kernels pack it into bits).
 
 // blockX returns a conv block's input as f32 CHW values and type.
-func blockX(env *RefEnv, v *ir.Value, data []float64) ([]float64, ir.Type) {
+func blockX(env *RefEnv, n *ir.Node, v *ir.Value, data []float64) ([]float64, ir.Type) {
 	if v.Type.DType == ir.U8 {
 		t := v.Type
+		if a := n.Attrs.Aug; a != nil {
+			return Augmented(a, env, data), imageView(n.Attrs, t)
+		}
 		return HWCToCHW(data, env.Batch, t), ir.F32Batched(t.Dims[2], t.Dims[0], t.Dims[1])
 	}
 	return data, v.Type
@@ -221,7 +224,7 @@ func poolOutType(p *ir.Window, conv ir.Type) ir.Type {
 }
 
 func refConvBlock(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
-	x, xt := blockX(env, n.Ins[0], ins[0])
+	x, xt := blockX(env, n, n.Ins[0], ins[0])
 	a := n.Attrs
 	ct := convOutType(a, xt)
 	probe := &ir.Node{Op: ir.OpConv2D, Attrs: a, Ins: []*ir.Value{stub("x", xt), n.Ins[1]}, Outs: []*ir.Value{stub("y", ct)}}
@@ -277,7 +280,7 @@ func refConvBlockGradInput(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64
 
 func refConvBlockGradWeight(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	p, vals := partsValues(n, ins)
-	x, xt := blockX(env, p.X, vals[p.X])
+	x, xt := blockX(env, n, p.X, vals[p.X])
 	ct := convOutType(n.Attrs, xt)
 	dy := preActivationGrad(env, n, p, vals, ct)
 	wt := ir.ConvWeightType(n.Attrs, xt)

@@ -16,6 +16,9 @@ var _ = Register(ir.OpToTensor, &Def{
 	Doc:    "uint8 HWC pixels to float CHW in [0,1]",
 	NoGrad: "the image needs no gradient",
 	Ref: func(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
+		if a := n.Attrs.Aug; a != nil {
+			return [][]float64{Augmented(a, env, ins[0])}
+		}
 		return [][]float64{HWCToCHW(ins[0], env.Batch, n.Ins[0].Type)}
 	},
 	Kernel: Kernel{Custom: "to_tensor"},
@@ -26,7 +29,7 @@ func inferToTensor(n *ir.Node) ([]ir.Type, error) {
 	if x.DType != ir.U8 || len(x.Dims) != 3 || !x.Batched {
 		return nil, fmt.Errorf("to_tensor needs u8[B,H,W,C], got %s", x)
 	}
-	return []ir.Type{ir.F32Batched(x.Dims[2], x.Dims[0], x.Dims[1])}, nil
+	return []ir.Type{imageView(n.Attrs, x)}, nil
 }
 
 // HWCToCHW converts uint8 HWC pixels (as float64 0..255) of type u8 to

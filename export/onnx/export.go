@@ -337,6 +337,18 @@ func (b *builder) Node(op string, ins, outs []string, attrs ...ops.ONNXAttr) {
 	b.node(Node{Name: outs[0], OpType: op, Inputs: ins, Outputs: outs, Attrs: as, DocString: b.doc})
 }
 
+// int64Const adds a 1-D int64 Constant (Pad's pads, Slice's bounds).
+func (b *builder) int64Const(base string, vals []int64) string {
+	name := b.names.unique(base)
+	raw := make([]byte, 8*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint64(raw[8*i:], uint64(v))
+	}
+	t := &Tensor{Name: name, DataType: DataInt64, Dims: []int64{int64(len(vals))}, Raw: raw}
+	b.node(Node{Name: name, OpType: "Constant", Outputs: []string{name}, Attrs: []Attr{{Name: "value", Type: AttrTensor, T: t}}})
+	return name
+}
+
 // Const adds a float32 constant that is not a parameter: a Constant
 // operator, so that the initializers are the model's parameters only.
 func (b *builder) Const(base string, dims []int64, vals []float32) string {

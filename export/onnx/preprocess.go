@@ -22,11 +22,66 @@ type Step interface {
 	emit(b *builder, in string, chw []int64) (string, []int64, error)
 }
 
-// PreprocessFor lists the Steps of a model's data block: its test-set
-// transforms. The data block has none yet (augment/normalize are future
-// settings, issue 13): the trainer's whole input conversion is ToTensor,
-// which the graph's input already is.
-func PreprocessFor(compiler.DataConfig) []Step { return nil }
+// PreprocessFor lists the Steps of a model's data block: the deterministic
+// part of its augment list, as the test set gets it — a center crop where
+// the list crops (the graph's input is then the loader's image size), then
+// normalize — so that the exported graph takes ToTensor's output of the
+// images the trainer loads.
+func PreprocessFor(d compiler.DataConfig) []Step {
+	s := d.Augment
+	if s == nil {
+		return nil
+	}
+	var steps []Step
+	if s.Crop() != nil {
+		ev := s.Eval()
+		steps = append(steps, CenterCrop{H: s.H, W: s.W, OutH: s.OutH, OutW: s.OutW, Top: ev.Top, Left: ev.Left, Pos: d.AugmentPos})
+	}
+	if n := s.Norm(); n != nil {
+		steps = append(steps, Normalize{Mean: n.Mean, Std: n.Std, Pos: d.AugmentPos})
+	}
+	return steps
+}
+
+// CenterCrop is torchvision's transforms.CenterCrop of an H x W image to
+// the model's input: rows Top.. and columns Left.. (augment.Spec.Eval's
+// box; negative where the image is smaller than the crop and CenterCrop
+// pads it with zeros first) — ONNX's Pad, where it pads, then Slice.
+type CenterCrop struct {
+	H, W, OutH, OutW, Top, Left int64
+	Pos                         dsl.Pos
+}
+
+func (c CenterCrop) inputShape(out []int64) ([]int64, error) {
+	if out[1] != c.OutH || out[2] != c.OutW {
+		return nil, dsl.Diagnostics{dsl.Errorf(c.Pos, "the center crop gives %dx%d but the model's input is %dx%d", c.OutH, c.OutW, out[1], out[2])}
+	}
+	return []int64{out[0], c.H, c.W}, nil
+}
+
+func (c CenterCrop) emit(b *builder, in string, chw []int64) (string, []int64, error) {
+	doc := "center crop at " + c.Pos.String()
+	oh, ow := c.OutH, c.OutW
+	pt, pl := max(0, -c.Top), max(0, -c.Left)
+	pb, pr := max(0, c.Top+oh-c.H), max(0, c.Left+ow-c.W)
+	x, h, w := in, c.H, c.W
+	if pt+pl+pb+pr > 0 {
+		pads := b.int64Const("center_crop.pads", []int64{0, 0, pt, pl, 0, 0, pb, pr})
+		x = b.names.unique("center_crop.padded")
+		h, w = h+pt+pb, w+pl+pr
+		b.valueInfo(x, []int64{chw[0], h, w})
+		b.node(Node{Name: x, OpType: "Pad", Inputs: []string{in, pads}, Outputs: []string{x}, DocString: doc})
+	}
+	top, left := c.Top+pt, c.Left+pl
+	starts := b.int64Const("center_crop.starts", []int64{top, left})
+	ends := b.int64Const("center_crop.ends", []int64{top + oh, left + ow})
+	axes := b.int64Const("center_crop.axes", []int64{2, 3})
+	out := b.names.unique("center_crop")
+	dims := []int64{chw[0], oh, ow}
+	b.valueInfo(out, dims)
+	b.node(Node{Name: out, OpType: "Slice", Inputs: []string{x, starts, ends, axes}, Outputs: []string{out}, DocString: doc})
+	return out, dims, nil
+}
 
 // inputShape walks the steps backwards from the model's image shape.
 func inputShape(model []int64, steps []Step) ([]int64, error) {

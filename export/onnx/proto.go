@@ -86,6 +86,7 @@ type Tensor struct {
 // TensorProto.DataType values.
 const (
 	DataFloat int32 = 1
+	DataInt64 int32 = 7
 )
 
 // ValueInfo is ValueInfoProto of a tensor type. A negative dimension is

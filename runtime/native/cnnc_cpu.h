@@ -266,6 +266,138 @@ CNNC_INLINE void opt_range(const OptRun<O>& run, const float* g, float* p, float
   }
 }
 
+// Philox4x32-10, word 0 (templates/dropout.cu.tmpl, reference.DropoutKeep).
+CNNC_INLINE uint32_t philox_word0(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; round++) {
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0, p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The data block's augmentation (compiler/augment), applied while the first layer loads the raw
+// u8 HWC batch. A sample's draw folds every geometric step into one box of the raw image (pixels
+// outside it are 0: random_crop's padding) and a mirror flag; a box of the output's size is read
+// pixel for pixel, another is resized bilinearly (torch's upsample_bilinear2d, align_corners=False,
+// no antialias). Training draws from Philox keyed by (seed, step, the sample's position in the
+// step's batch) exactly as augment.Spec.Draw with ops.AugmentWord; evaluation reads the constant
+// center box. The struct A (kernel constants) has:
+//   TRAIN, RH, RW, C (raw image), OH, OW (the model's input), CROP (0 none, 1 random_crop,
+//   2 random_resized_crop), CROPK (its step index; -1 none), PAD, SCALE0, SCALE1, LR0, LR1 (log
+//   ratio bounds), FTOP, FLEFT, FH, FW (its fallback box), FLIPK (-1 none), FLIPT (p as a fraction of 2^32), ETOP, ELEFT, EH,
+//   EW (evaluation's box), NORM, M0..M2, S0..S2 (mean, std).
+struct AugBox {
+  long top, left, h, w;
+  bool flip;
+};
+constexpr uint32_t AUG_KEY = 0x41554731u;  // ops.AugmentKey
+constexpr uint32_t AUG_WORDS_PER_STEP = 24;  // augment.WordsPerStep
+CNNC_INLINE uint32_t aug_word(const CnncStepScalars& sc, long pos, uint32_t d) {
+  const uint64_t step = static_cast<uint64_t>(sc.step);
+  return philox_word0(static_cast<uint32_t>(pos), static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), d,
+                      static_cast<uint32_t>(sc.seed), static_cast<uint32_t>(sc.seed >> 32) ^ AUG_KEY);
+}
+// torchvision's uniform_(a, b) from a word, in double; the product is kept apart from the sum
+// (volatile) so that no FMA contraction makes it differ from the Go draw.
+CNNC_INLINE double aug_uniform(uint32_t w, double a, double b) {
+  volatile double t = static_cast<double>(w >> 8) * (1.0 / 16777216.0) * (b - a);
+  return a + t;
+}
+CNNC_INLINE long aug_below(uint32_t w, long n) { return static_cast<long>((static_cast<uint64_t>(w) * static_cast<uint64_t>(n)) >> 32); }
+
+template <class A>
+CNNC_INLINE AugBox aug_box(const CnncStepScalars* sc, long pos) {
+  if constexpr (!A::TRAIN) {
+    return AugBox{A::ETOP, A::ELEFT, A::EH, A::EW, false};
+  } else {
+    AugBox p{0, 0, A::RH, A::RW, false};
+    bool flip = false;
+    if constexpr (A::FLIPK >= 0) flip = aug_word(*sc, pos, A::FLIPK * AUG_WORDS_PER_STEP) < A::FLIPT;
+    if constexpr (A::CROP == 1) {
+      uint32_t d = A::CROPK * AUG_WORDS_PER_STEP;
+      const long i = aug_below(aug_word(*sc, pos, d), A::RH + 2 * A::PAD - A::OH + 1);
+      const long j = aug_below(aug_word(*sc, pos, d + 1), A::RW + 2 * A::PAD - A::OW + 1);
+      p = AugBox{i - A::PAD, j - A::PAD, A::OH, A::OW, false};
+    } else if constexpr (A::CROP == 2) {
+      uint32_t d = A::CROPK * AUG_WORDS_PER_STEP;
+      const double area = static_cast<double>(A::RH * A::RW);
+      bool found = false;
+      for (int t = 0; t < 10 && !found; t++) {
+        const double target = area * aug_uniform(aug_word(*sc, pos, d), A::SCALE0, A::SCALE1);
+        const double aspect = exp(aug_uniform(aug_word(*sc, pos, d + 1), A::LR0, A::LR1));
+        d += 2;
+        const long cw = lrint(sqrt(target * aspect)), ch = lrint(sqrt(target / aspect));
+        if (0 < cw && cw <= A::RW && 0 < ch && ch <= A::RH) {
+          const long i = aug_below(aug_word(*sc, pos, d), A::RH - ch + 1), j = aug_below(aug_word(*sc, pos, d + 1), A::RW - cw + 1);
+          p = AugBox{i, j, ch, cw, false};
+          found = true;
+        }
+      }
+      if (!found) p = AugBox{A::FTOP, A::FLEFT, A::FH, A::FW, false};  // the ratio-clamped central crop
+    }
+    // a flip before the crop mirrors the box (augment.foldCrop)
+    if constexpr (A::CROP != 0 && A::FLIPK >= 0 && A::FLIPK < A::CROPK)
+      if (flip) p.left = A::RW - p.left - p.w;
+    p.flip = flip;
+    return p;
+  }
+}
+
+// The raw pixel (c, ry, rx) of sample src in [0,1], 0 outside the image.
+template <class A>
+CNNC_INLINE float aug_raw(const unsigned char* src, long c, long ry, long rx) {
+  if (ry < 0 || ry >= A::RH || rx < 0 || rx >= A::RW) return 0.0f;
+  return static_cast<float>(src[(ry * A::RW + rx) * A::C + c]) * (1.0f / 255.0f);
+}
+
+// The model's input (c, y, x) of sample src under box p: cropped, mirrored, resized, normalized.
+template <class A>
+CNNC_INLINE float aug_pixel(const unsigned char* src, const AugBox& p, long c, long y, long x) {
+  const long xs = p.flip ? A::OW - 1 - x : x;
+  float v;
+  if (p.h == A::OH && p.w == A::OW) {
+    v = aug_raw<A>(src, c, p.top + y, p.left + xs);
+  } else {
+    const float sy = fmaxf((static_cast<float>(y) + 0.5f) * (static_cast<float>(p.h) / static_cast<float>(A::OH)) - 0.5f, 0.0f);
+    const float sx = fmaxf((static_cast<float>(xs) + 0.5f) * (static_cast<float>(p.w) / static_cast<float>(A::OW)) - 0.5f, 0.0f);
+    const long y0 = static_cast<long>(sy), x0 = static_cast<long>(sx);
+    const long y1 = cmin(y0 + 1, p.h - 1), x1 = cmin(x0 + 1, p.w - 1);
+    const float ly = sy - static_cast<float>(y0), lx = sx - static_cast<float>(x0);
+    const long ty = p.top, tx = p.left;
+    v = (1.0f - ly) * ((1.0f - lx) * aug_raw<A>(src, c, ty + y0, tx + x0) + lx * aug_raw<A>(src, c, ty + y0, tx + x1)) +
+        ly * ((1.0f - lx) * aug_raw<A>(src, c, ty + y1, tx + x0) + lx * aug_raw<A>(src, c, ty + y1, tx + x1));
+  }
+  if constexpr (A::NORM) {
+    const float m = c == 0 ? A::M0 : c == 1 ? A::M1 : A::M2, sd = c == 0 ? A::S0 : c == 1 ? A::S1 : A::S2;
+    v = (v - m) / sd;
+  }
+  return v;
+}
+
+// A conv geometry G that augments its image has a member struct G::A of augmentation constants.
+template <class G>
+concept Augments = requires { typename G::A; };
+
+// Sample b's box in a kernel whose parameters from i on are (in training) the step's scalars and
+// the first sample of the micro-batch the launch covers.
+template <class G>
+CNNC_INLINE AugBox aug_sample(const uint64_t* p, int i, long b) {
+  using A = typename G::A;
+  if constexpr (A::TRAIN) {
+    return aug_box<A>(&argscalars(p, i), argi(p, i + 1) + b);
+  } else {
+    return aug_box<A>(nullptr, 0);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Convolution blocks (ir/fused.go). The geometry struct G has:
 //   B, C, H, W, U8 (input u8 HWC images, /255 in the loads), O, KH, KW, SH, SW, PH, PW, HO, WO,
@@ -276,8 +408,102 @@ CNNC_INLINE void opt_range(const OptRun<O>& run, const float* g, float* p, float
 // phase (ix + PW) mod SW so that a stride-SW conv reads consecutive floats:
 //   Xt[((c * IR + ir) * SW + ph) * JW + j] = x(b, c, iyBase + ir, j * SW + ph - PW)
 template <class G, long IR, long JW>
-CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt) {
-  if constexpr (G::U8) {
+CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt, const AugBox* box = nullptr) {
+  if constexpr (Augments<G>) {
+    // the model's input rows through the sample's box: a box of the output's size row by row
+    // (the raw row, its columns mirrored when flipped, zeros outside the image, normalized),
+    // a resized box pixel by pixel (aug_pixel)
+    using A = typename G::A;
+    const unsigned char* src = static_cast<const unsigned char*>(xp) + b * A::RH * A::RW * A::C;
+    const AugBox& p = *box;
+    if (p.h != A::OH || p.w != A::OW) {
+      // resized (the box lies inside the image): each staged column's two taps and weight once,
+      // each row's once, then per pixel aug_pixel's arithmetic on them
+      long x0s[G::SW * JW], x1s[G::SW * JW];
+      float lxs[G::SW * JW];
+      for (long ph = 0; ph < G::SW; ph++)
+        for (long j = 0; j < JW; j++) {
+          const long ix = j * G::SW + ph - G::PW, e = ph * JW + j;
+          if (ix < 0 || ix >= G::W) {
+            x0s[e] = -1;  // the conv's own zero padding
+            continue;
+          }
+          const long xs = p.flip ? A::OW - 1 - ix : ix;
+          const float sx = fmaxf((static_cast<float>(xs) + 0.5f) * (static_cast<float>(p.w) / static_cast<float>(A::OW)) - 0.5f, 0.0f);
+          const long x0 = static_cast<long>(sx);
+          x0s[e] = (p.left + x0) * A::C;
+          x1s[e] = (p.left + cmin(x0 + 1, p.w - 1)) * A::C;
+          lxs[e] = sx - static_cast<float>(x0);
+        }
+      for (long ir = 0; ir < IR; ir++) {
+        const long iy = iyBase + ir;
+        if (iy < 0 || iy >= G::H) {
+          for (long c = 0; c < G::C; c++) memset(Xt + (c * IR + ir) * G::SW * JW, 0, sizeof(float) * G::SW * JW);
+          continue;
+        }
+        const float sy = fmaxf((static_cast<float>(iy) + 0.5f) * (static_cast<float>(p.h) / static_cast<float>(A::OH)) - 0.5f, 0.0f);
+        const long y0 = static_cast<long>(sy), y1 = cmin(y0 + 1, p.h - 1);
+        const float ly = sy - static_cast<float>(y0);
+        for (long c = 0; c < G::C; c++) {
+          const float m = A::NORM ? (c == 0 ? A::M0 : c == 1 ? A::M1 : A::M2) : 0.0f;
+          const float sd = A::NORM ? (c == 0 ? A::S0 : c == 1 ? A::S1 : A::S2) : 1.0f;
+          const unsigned char* r0 = src + (p.top + y0) * A::RW * A::C + c;
+          const unsigned char* r1 = src + (p.top + y1) * A::RW * A::C + c;
+          for (long ph = 0; ph < G::SW; ph++) {
+            float* row = Xt + ((c * IR + ir) * G::SW + ph) * JW;
+            for (long j = 0; j < JW; j++) {
+              const long e = ph * JW + j, a = x0s[e];
+              if (a < 0) {
+                row[j] = 0.0f;
+                continue;
+              }
+              const long bb = x1s[e];
+              const float lx = lxs[e], k = 1.0f / 255.0f;
+              float v = (1.0f - ly) * ((1.0f - lx) * (static_cast<float>(r0[a]) * k) + lx * (static_cast<float>(r0[bb]) * k)) +
+                        ly * ((1.0f - lx) * (static_cast<float>(r1[a]) * k) + lx * (static_cast<float>(r1[bb]) * k));
+              if constexpr (A::NORM) v = (v - m) / sd;
+              row[j] = v;
+            }
+          }
+        }
+      }
+      return;
+    }
+    // a box of the output's size: each staged column's raw column, once (-1: outside the raw
+    // image, a zero pixel that is normalized; -2: the conv's own zero padding)
+    long cols[G::SW * JW];
+    for (long ph = 0; ph < G::SW; ph++)
+      for (long j = 0; j < JW; j++) {
+        const long ix = j * G::SW + ph - G::PW;
+        const long rx = p.left + (p.flip ? A::OW - 1 - ix : ix);
+        cols[ph * JW + j] = ix < 0 || ix >= G::W ? -2 : rx < 0 || rx >= A::RW ? -1 : rx * A::C;
+      }
+    for (long ir = 0; ir < IR; ir++) {
+      const long iy = iyBase + ir;
+      const long ry = p.top + iy;
+      const bool rowIn = ry >= 0 && ry < A::RH;
+      for (long c = 0; c < G::C; c++) {
+        const float m = A::NORM ? (c == 0 ? A::M0 : c == 1 ? A::M1 : A::M2) : 0.0f;
+        const float sd = A::NORM ? (c == 0 ? A::S0 : c == 1 ? A::S1 : A::S2) : 1.0f;
+        const unsigned char* srow = src + (rowIn ? ry : 0) * A::RW * A::C + c;
+        for (long ph = 0; ph < G::SW; ph++) {
+          float* row = Xt + ((c * IR + ir) * G::SW + ph) * JW;
+          if (iy < 0 || iy >= G::H) {
+            memset(row, 0, sizeof(float) * JW);  // the conv's own zero padding
+            continue;
+          }
+          const long* cl = cols + ph * JW;
+          for (long j = 0; j < JW; j++) {
+            const long k = cl[j];
+            float v = rowIn && k >= 0 ? static_cast<float>(srow[k]) * (1.0f / 255.0f) : 0.0f;
+            if constexpr (A::NORM) v = (v - m) / sd;
+            row[j] = k == -2 ? 0.0f : v;
+          }
+        }
+      }
+    }
+    return;
+  } else if constexpr (G::U8) {
     for (long ir = 0; ir < IR; ir++) {
       const long iy = iyBase + ir;
       if (iy < 0 || iy >= G::H) {
@@ -530,6 +756,8 @@ struct ConvFwd {
     float* y = arg<float>(p, a++);
     uint32_t* am = G::ARGMAX ? arg<uint32_t>(p, a++) : nullptr;  // inference: none
     const long og = task % NOG, band = task / NOG % NBANDS, b = task / (NOG * NBANDS);
+    AugBox box{};
+    if constexpr (Augments<G>) box = aug_sample<G>(p, a, b);
     const long oc = og * G::OT, no = cmin(G::OT, G::O - oc);
     const long r0 = band * G::BAND, nr = cmin(G::BAND, ROWS - r0);
     const long cyStart = G::POOL ? r0 * G::PSH - G::PPH : r0;
@@ -537,7 +765,7 @@ struct ConvFwd {
     const long cyB = G::POOL ? cmin(G::HO, (r0 + nr - 1) * G::PSH - G::PPH + G::PKH) : r0 + nr;
     float* Xt = s;
     float* Ct = s + XT / 4;
-    fill_x<G, IR, JW>(x, b, cyStart * G::SH - G::PH, Xt);
+    fill_x<G, IR, JW>(x, b, cyStart * G::SH - G::PH, Xt, &box);
     long m0 = 0;
     for (; m0 + MO <= no; m0 += MO) rows<MO>(Xt, w, bias, oc + m0, oc, cyStart, cyA, cyB, Ct, y, b);
     if (m0 < no)
@@ -726,6 +954,7 @@ struct ConvWgrad {
     const uint32_t* am = G::POOL ? arg<const uint32_t>(p, a++) : nullptr;
     const float* yout = G::HASY ? arg<const float>(p, a++) : nullptr;
     float* partial = arg<float>(p, a++);
+    const int augArg = a;
     float* Xt = s;
     float* Dt = s + XT / 4;
     float* accm = s + (XT + DT) / 4;
@@ -734,7 +963,9 @@ struct ConvWgrad {
     for (long u = u0; u < u1; u++) {
       const long b = u / NBANDS, cy0 = u % NBANDS * G::BAND, nr = cmin(G::BAND, G::HO - cy0);
       form_dy<G>(dout, am, yout, b, 0, G::O, cy0, G::BAND, WOP, 0, Dt);
-      fill_x<G, IR, JW>(x, b, cy0 * G::SH - G::PH, Xt);
+      AugBox box{};
+      if constexpr (Augments<G>) box = aug_sample<G>(p, augArg, b);
+      fill_x<G, IR, JW>(x, b, cy0 * G::SH - G::PH, Xt, &box);
       if constexpr (G::BIAS) {
         for (long o = 0; o < G::O; o++) {
           vf sv = vzero();
@@ -1312,12 +1543,24 @@ constexpr long CHUNK = 16384;
   const long hi = cmin(static_cast<long>(n), lo + CHUNK)
 
 template <class E>
-struct ToTensor {  // u8 HWC images -> f32 CHW / 255
+struct ToTensor {  // u8 HWC images -> f32 CHW / 255 (augmented: E::A, then scalars and the first sample)
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
   static void run(const uint64_t* p, int64_t task, float*) {
     const unsigned char* in = arg<const unsigned char>(p, 0);
     float* out = arg<float>(p, 1);
     CNNC_RANGE(E::N);
+    if constexpr (Augments<E>) {
+      // augmented: the model's input [C, OH, OW] of each sample through its box, drawn once a sample
+      using A = typename E::A;
+      long cur = -1;
+      AugBox box{};
+      for (long i = lo; i < hi; i++) {
+        const long x = i % A::OW, y = i / A::OW % A::OH, c = i / (A::OW * A::OH) % A::C, b = i / (A::OW * A::OH * A::C);
+        if (b != cur) box = aug_sample<E>(p, 2, cur = b);
+        out[i] = aug_pixel<A>(in + b * A::RH * A::RW * A::C, box, c, y, x);
+      }
+      return;
+    }
     for (long i = lo; i < hi; i++) {
       const long x = i % E::W, y = i / E::W % E::H, c = i / (E::W * E::H) % E::C, b = i / (E::W * E::H * E::C);
       out[i] = static_cast<float>(in[((b * E::H + y) * E::W + x) * E::C + c]) * (1.0f / 255.0f);
@@ -1605,21 +1848,6 @@ struct Update {  // sgd_update / adam_update: param, grad, states..., the step's
   }
 };
 
-// Philox4x32-10, word 0 (templates/dropout.cu.tmpl, reference.DropoutKeep).
-CNNC_INLINE uint32_t philox_word0(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
-  for (int round = 0; round < 10; round++) {
-    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0, p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return c0;
-}
 // dropout forward and gradient: element i kept when the Philox word of counter (g lo, g hi, step,
 // STREAM), g = first + i, key (seed lo, seed hi) is at least THRESHOLD; kept ones scaled by SCALE.
 template <class E>
