@@ -166,6 +166,7 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 		return nil, diags
 	}
 	g.Opt = &train.Optimizer
+	g.ClipGradNorm = train.ClipGradNorm
 	ctx := &Context{File: f, Train: train, Diags: diags}
 	res := &Result{File: f, Graph: g, Train: train, Data: data}
 	user := opts.AfterPass
