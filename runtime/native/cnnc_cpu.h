@@ -1404,18 +1404,66 @@ struct FillZero {  // N 32-bit words
   }
 };
 template <class E, class O>
-struct Update {  // sgd_update / adam_update: param, grad, states..., the step's scalars
+struct Update {  // sgd_update / adam_update: param, grad, states..., [clip coefficient,] the step's scalars
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static constexpr long RUN = 1024;  // with clipping: gradients scaled a run at a time
   static void run(const uint64_t* p, int64_t task, float*) {
     constexpr int NS = opt_states<O>();
     float* param = arg<float>(p, 0);
     const float* grad = arg<const float>(p, 1);
     float* s0 = NS > 0 ? arg<float>(p, 2) : nullptr;
     float* s1 = NS > 1 ? arg<float>(p, 3) : nullptr;
-    const CnncStepScalars& sc = argscalars(p, 2 + NS);
+    const CnncStepScalars& sc = argscalars(p, 2 + NS + (E::CLIP ? 1 : 0));
     const OptRun<O> run(sc.lr, sc.step);
     CNNC_RANGE(E::N);
-    opt_range<O>(run, grad + lo, param + lo, s0 ? s0 + lo : nullptr, s1 ? s1 + lo : nullptr, hi - lo);
+    if constexpr (E::CLIP) {
+      // torch's clip_grad_norm_ multiplies the gradients (rounding) before the step
+      const float coef = *arg<const float>(p, 2 + NS);
+      alignas(64) float g[RUN];
+      for (long a = lo; a < hi; a += RUN) {
+        const long n = cmin(RUN, hi - a);
+        for (long i = 0; i < n; i++) g[i] = grad[a + i] * coef;
+        opt_range<O>(run, g, param + a, s0 ? s0 + a : nullptr, s1 ? s1 + a : nullptr, n);
+      }
+    } else {
+      opt_range<O>(run, grad + lo, param + lo, s0 ? s0 + lo : nullptr, s1 ? s1 + lo : nullptr, hi - lo);
+    }
+  }
+};
+
+// Gradient clipping (clip_grad_norm, templates/clip.cu.tmpl): E has NG gradients of SIZES[k]
+// elements, TOTAL in all. ClipNormPartial: task t sums the squares of elements [t·CHUNK,
+// (t+1)·CHUNK) of the gradients laid end to end, in double, in four interleaved sums added in a
+// fixed order, into partials[t] (parameter NG); ClipNormCoef adds the partials in task order and
+// writes min(1, MAX_NORM/(sqrt(sum) + 1e-6)) (a NaN stays NaN, as torch.clamp).
+template <class E>
+struct ClipNormPartial {
+  static constexpr long tasks = cdiv(E::TOTAL, E::CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const long lo = task * E::CHUNK, hi = cmin(E::TOTAL, lo + E::CHUNK);
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    long off = 0;
+    for (int k = 0; k < E::NG; k++) {
+      const float* g = arg<const float>(p, k);
+      const long a = cmax(lo, off), b = cmin(hi, off + E::SIZES[k]);
+      for (long i = a; i < b; i++) {
+        const double x = static_cast<double>(g[i - off]);
+        s[i & 3] += x * x;
+      }
+      off += E::SIZES[k];
+    }
+    arg<double>(p, E::NG)[task] = (s[0] + s[1]) + (s[2] + s[3]);
+  }
+};
+template <class E>
+struct ClipNormCoef {  // partials (double), the coefficient (one float)
+  static constexpr long tasks = 1, scratch = 0;
+  static void run(const uint64_t* p, int64_t, float*) {
+    const double* partials = arg<const double>(p, 0);
+    double s = 0.0;
+    for (long t = 0; t < E::PARTIALS; t++) s += partials[t];
+    const double c = E::MAX_NORM / (sqrt(s) + 1e-6);
+    *arg<float>(p, 1) = static_cast<float>(c > 1.0 ? 1.0 : c);
   }
 };
 
