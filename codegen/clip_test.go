@@ -9,6 +9,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 )
 
 // clipModel is a small SimpleCNN (odd sizes: 4 and 5 channels, 12 features, 14x13 images)
@@ -53,5 +54,17 @@ func TestClipGradNormSteps(t *testing.T) {
 			}
 			checkSteps(t, "clip.cnn", src, 3, 3, 3)
 		})
+	}
+}
+
+// clip_grad_norm's kernels and the clipped updates, one node at a time against the float64
+// reference (NaN-poisoned outputs, odd sizes).
+func TestClipKernels(t *testing.T) {
+	for variant := range 2 {
+		var cases []nodeCase
+		for _, c := range kernelcases.ClipChecks(t, variant) {
+			cases = append(cases, nodeCase{c.N, c.O})
+		}
+		checkNodes(t, 1, 31, cases)
 	}
 }

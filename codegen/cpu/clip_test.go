@@ -2,6 +2,8 @@ package cpu_test
 
 import (
 	"testing"
+
+	"github.com/cnnc/cnnc/internal/kernelcases"
 )
 
 // clipModel is a small SimpleCNN (odd sizes: 4 and 5 channels, 12 features, 14x13 images) whose
@@ -34,5 +36,13 @@ func TestClipGradNormSteps(t *testing.T) {
 		t.Run(opt, func(t *testing.T) {
 			checkSteps(t, "clip.cnn", []byte(clipModel(opt)), 3, 3, 3)
 		})
+	}
+}
+
+// clip_grad_norm's kernels and the clipped updates, one node at a time against the float64
+// reference (NaN-poisoned outputs, odd sizes, every instruction set).
+func TestClipKernels(t *testing.T) {
+	for variant := range 2 {
+		checkCases(t, 1, 31, kernelcases.ClipChecks(t, variant))
 	}
 }
