@@ -155,10 +155,12 @@ func updateRule(e *emitter, n *ir.Node) error {
 	}
 	g, doc := "grad[at]", optDoc(opt)
 	if clip {
-		// torch's clip_grad_norm_ multiplies the gradients before the step
+		// torch's clip_grad_norm_ multiplies the gradients (rounding the
+		// product) before the step: __fmul_rn is never contracted into an
+		// FMA with the weight decay, so a coefficient of 1 changes no bit
 		name += "_clip"
 		params = append(params, "const float* __restrict__ clip")
-		g, doc = "(grad[at] * clipCoef)", doc+"; the gradient times the clipping coefficient *clip"
+		g, doc = "__fmul_rn(grad[at], clipCoef)", doc+"; the gradient times the clipping coefficient *clip"
 	}
 	params = append(params, scalarsParam)
 	data := map[string]any{

@@ -197,6 +197,23 @@ CNNC_INLINE int get_argmax(const uint32_t* am, long e) {
 // vf (a vector of consecutive elements). The struct O carries the compiled-in constants:
 //   KIND 0 sgd, 1 adam, 2 adamw; WD, MOM, NESTEROV, B1, B2, OMB1 (1-B1), OMB2, EPS, B1D, B2D.
 
+// x, rounded to float as computed: the compiler may not contract the product that gives it into an
+// FMA. Adam's moments add two products, and which one the compiler contracts may depend on the
+// code around (a fused update epilogue, a standalone update): rounding one of them leaves one
+// choice, so every update of an element gives the same bits.
+template <class T>
+CNNC_INLINE T fp_rounded(T x) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+x"(x));
+#elif defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  volatile T v = x;
+  x = v;
+#endif
+  return x;
+}
+
 template <class O>
 struct OptRun {
   float lr;
@@ -217,8 +234,8 @@ struct OptRun {
       } else if constexpr (O::HAS_WD) {
         g += O::WD * p;  // Adam: L2 weight decay
       }
-      const T expAvg = O::B1 * s0 + O::OMB1 * g;
-      const T expAvgSq = O::B2 * s1 + O::OMB2 * g * g;
+      const T expAvg = fp_rounded<T>(O::B1 * s0) + O::OMB1 * g;
+      const T expAvgSq = fp_rounded<T>(O::B2 * s1) + O::OMB2 * g * g;
       s0 = expAvg;
       s1 = expAvgSq;
       p -= lr / bc1 * expAvg / (vsqrt(expAvgSq) / sbc2 + O::EPS);
@@ -1403,6 +1420,13 @@ struct FillZero {  // N 32-bit words
     memset(out + lo, 0, sizeof(uint32_t) * (hi - lo));
   }
 };
+// out[0..n) = in[0..n) · coef, each product rounded to float: not inlined, so that no product is
+// contracted into an FMA with the update's arithmetic (torch's clip_grad_norm_ rounds it, and a
+// coefficient of 1 then changes no bit).
+__attribute__((noipa)) static void clip_scale(float* out, const float* in, float coef, long n) {
+  for (long i = 0; i < n; i++) out[i] = in[i] * coef;
+}
+
 template <class E, class O>
 struct Update {  // sgd_update / adam_update: param, grad, states..., [clip coefficient,] the step's scalars
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
@@ -1422,7 +1446,7 @@ struct Update {  // sgd_update / adam_update: param, grad, states..., [clip coef
       alignas(64) float g[RUN];
       for (long a = lo; a < hi; a += RUN) {
         const long n = cmin(RUN, hi - a);
-        for (long i = 0; i < n; i++) g[i] = grad[a + i] * coef;
+        clip_scale(g, grad + a, coef, n);
         opt_range<O>(run, g, param + a, s0 ? s0 + a : nullptr, s1 ? s1 + a : nullptr, n);
       }
     } else {
