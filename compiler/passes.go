@@ -98,6 +98,9 @@ type Options struct {
 	// BatchSource names where it comes from in errors (e.g. "--batch").
 	Batch       int64
 	BatchSource string
+	// NoClip compiles the model as if its train block had no
+	// clip_grad_norm (cnnc plan compares the peak with and without).
+	NoClip bool
 }
 
 // Result is a compiled model.
@@ -166,6 +169,9 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 		return nil, diags
 	}
 	g.Opt = &train.Optimizer
+	if opts.NoClip {
+		train.ClipGradNorm = 0
+	}
 	g.ClipGradNorm = train.ClipGradNorm
 	ctx := &Context{File: f, Train: train, Diags: diags}
 	res := &Result{File: f, Graph: g, Train: train, Data: data}
