@@ -130,7 +130,7 @@ func (p *Plan) reportChoices(w io.Writer) {
 			if d < 0 {
 				d, sign = -d, "-"
 			}
-			cost += fmt.Sprintf("; peak %s vs %s without clipping (%s%s B)", mb(p.PeakBytes), mb(cc.UnclippedPeakBytes), sign, commas(d))
+			cost += fmt.Sprintf("; peak %s vs %s without clipping (%s%s)", mb(p.PeakBytes), mb(cc.UnclippedPeakBytes), sign, commas(d))
 		}
 		rows = append(rows, []string{"clip_grad_norm", fmt.Sprintf("max_norm %g: global norm at step %d, %d separate updates after it", cc.MaxNorm, cc.NormStep, cc.Updates), cost})
 	}
