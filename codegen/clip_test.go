@@ -6,10 +6,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
+	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
+	"github.com/cnnc/cnnc/internal/nvcc"
 )
 
 // clipModel is a small SimpleCNN (odd sizes: 4 and 5 channels, 12 features, 14x13 images)
@@ -67,4 +71,28 @@ func TestClipKernels(t *testing.T) {
 		}
 		checkNodes(t, 1, 31, cases)
 	}
+}
+
+// clip_grad_norm's kernels and the clipped updates compile for sm_80 and sm_90 without spills or
+// local memory.
+func TestPtxasClip(t *testing.T) {
+	nvcc.Require(t)
+	var nodes []*ir.Node
+	for _, c := range kernelcases.ClipChecks(t, 0) {
+		nodes = append(nodes, c.N)
+	}
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 1})
+	require.NoError(t, err)
+	ks, err := codegen.CompilePtxas(prog.Source, "kernels.cu", nvcc.Targets)
+	require.NoError(t, err)
+	requireClean(t, prog, ks)
+}
+
+// The clipped step's kernels (the norm's tree reductions in shared memory among them) give the
+// same bits in every thread order (TestKernelsAreRaceFree's race mode), the model planned as is
+// and with a micro-batch loop before the norm.
+func TestClipKernelsAreRaceFree(t *testing.T) {
+	src := []byte(clipModel("adam(lr=0.01)"))
+	checkRaceFree(t, "clip.cnn", src, 3, plan.Config{}, codegen.FP32)
+	checkRaceFree(t, "clip.cnn", src, 3, plan.Config{MicroBatch: 2}, codegen.FP32)
 }
