@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cnnc/cnnc/compiler/perf"
+	"github.com/cnnc/cnnc/compiler/plan"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -37,6 +40,25 @@ func TestPlanShowsClippingCost(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &p))
 	assert.Equal(t, int64(47_373_828), p.Clip.UnclippedPeakBytes, "TestPlanReport's peak")
-	assert.Greater(t, p.PeakBytes, p.Clip.UnclippedPeakBytes)
+	assert.Equal(t, int64(69_743_620), p.PeakBytes, "docs/dsl.md's figure: fc1's 14.7 MB gradient among the extra bytes")
 	assert.Equal(t, int64(14_771_624), p.Clip.GradientBytes, "every gradient: the parameters' bytes")
+}
+
+// cnnc plan --gpu adds up the clipping kernels' predicted time: the norm's launches (clip_norm_*)
+// and the updates that read its coefficient (*_clip), against the step.
+func TestClipTimeLine(t *testing.T) {
+	pl := &plan.Plan{Clip: &plan.ClipCost{MaxNorm: 0.5}}
+	pr := &perf.Prediction{PredictedStepSeconds: 100e-6, Launches: []perf.Launch{
+		{Kernel: "conv_block_fwd_x", Seconds: 50e-6},
+		{Kernel: "clip_norm_partial_n10_g2_abcd", Seconds: 3e-6},
+		{Kernel: "clip_norm_coef_p1_max0p5", Seconds: 2e-6},
+		{Kernel: "sgd_update_10_sgd_clip", Seconds: 5e-6},
+		{Kernel: "sgd_update_4_sgd_clip", Seconds: 5e-6},
+	}}
+	var b strings.Builder
+	writeClipTime(&b, pl, pr)
+	assert.Equal(t, "\nclip_grad_norm = 0.5 (predicted): the norm's 2 launches 5.0 µs, the 2 separate updates reading its coefficient 10.0 µs: 15.0% of the step\n", b.String())
+	b.Reset()
+	writeClipTime(&b, &plan.Plan{}, pr)
+	assert.Empty(t, b.String(), "nothing without clipping")
 }
