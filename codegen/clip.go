@@ -45,9 +45,9 @@ func clipPartialsType(n *ir.Node) ir.Type { return ir.F32Fixed(2 * clipBlocks(n)
 // clipGrad is one gradient of the concatenation the partial sums run over.
 type clipGrad struct{ Index, Offset, End int64 }
 
-// ClipSizesHash names a list of gradient sizes in kernel names (kernels
+// clipSizesHash names a list of gradient sizes in kernel names (kernels
 // differ with the sizes, not only with their total).
-func ClipSizesHash(n *ir.Node) string {
+func clipSizesHash(n *ir.Node) string {
 	var sizes []string
 	for _, v := range n.Ins {
 		sizes = append(sizes, fmt.Sprint(v.Type.SampleElems()))
@@ -72,7 +72,7 @@ func clipRule(e *emitter, n *ir.Node) error {
 		off += size
 	}
 	params = append(params, "double* __restrict__ partials")
-	name := fmt.Sprintf("clip_norm_partial_n%d_g%d_%s", total, len(n.Ins), ClipSizesHash(n))
+	name := fmt.Sprintf("clip_norm_partial_n%d_g%d_%s", total, len(n.Ins), clipSizesHash(n))
 	if err := e.kernel("clip_norm_partial", name, map[string]any{
 		"Name": name, "Params": strings.Join(params, ", "), "Threads": clipThreads, "Chunk": clipChunk, "Total": total, "Grads": grads,
 		"Doc": fmt.Sprintf("sums of squares of %d gradient elements (%d gradients), in double, one per block of %d elements.", total, len(n.Ins), clipChunk),
