@@ -144,20 +144,30 @@ func updateRule(e *emitter, n *ir.Node) error {
 	p := n.Ins[0]
 	elems := p.Type.SampleElems()
 	states := stateParams("param", opt)
-	if len(n.Ins) != 2+len(states) {
-		return fmt.Errorf("codegen: %s: %d inputs, want %d", n.Text(), len(n.Ins), 2+len(states))
+	clip := ops.UpdateClip(n) != nil
+	if want := 2 + len(states); len(n.Ins) != want && !(clip && len(n.Ins) == want+1) {
+		return fmt.Errorf("codegen: %s: %d inputs, want %d", n.Text(), len(n.Ins), want)
 	}
 	name := fmt.Sprintf("%s_%d_%s", n.Op, elems, optName(opt))
 	params := []string{"float* __restrict__ param", "const float* __restrict__ grad"}
 	for _, s := range states {
 		params = append(params, "float* __restrict__ "+s)
 	}
+	g, doc := "grad[at]", optDoc(opt)
+	if clip {
+		// torch's clip_grad_norm_ multiplies the gradients (rounding the
+		// product) before the step: __fmul_rn is never contracted into an
+		// FMA with the weight decay, so a coefficient of 1 changes no bit
+		name += "_clip"
+		params = append(params, "const float* __restrict__ clip")
+		g, doc = "__fmul_rn(grad[at], clipCoef)", doc+"; the gradient times the clipping coefficient *clip"
+	}
 	params = append(params, scalarsParam)
 	data := map[string]any{
-		"Name": name, "Elems": elems, "Idx": indexType(elems),
-		"Doc":    fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, optDoc(opt)),
+		"Name": name, "Elems": elems, "Idx": indexType(elems), "Clip": clip,
+		"Doc":    fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, doc),
 		"Params": strings.Join(params, ", "),
-		"Site":   newOptSite(opt, "grad[at]", "param", states, "at"),
+		"Site":   newOptSite(opt, g, "param", states, "at"),
 	}
 	if err := e.kernel("update", name, data); err != nil {
 		return err

@@ -147,7 +147,21 @@ func autodiffPass(ctx *Context, g *ir.Graph) error {
 		if err := addState(g, p); err != nil {
 			return err
 		}
-		if err := addUpdate(g, p, grads[p]); err != nil {
+	}
+	return addUpdates(ctx, g, g.Params, grads)
+}
+
+// addUpdates appends the update of each parameter of params from its
+// gradient, after the gradient clipping coefficient when the train block
+// clips (ops.ClipGradients, which reads every gradient first).
+func addUpdates(ctx *Context, g *ir.Graph, params []*ir.Param, grads map[*ir.Param]*ir.Value) error {
+	var all []*ir.Value
+	for _, p := range params {
+		all = append(all, grads[p])
+	}
+	coef := ops.ClipGradients(g, all, ctx.Train.Pos["clip_grad_norm"])
+	for _, p := range params {
+		if err := addUpdate(g, p, grads[p], coef); err != nil {
 			return err
 		}
 	}
@@ -181,13 +195,17 @@ func addState(g *ir.Graph, p *ir.Param) error {
 	return nil
 }
 
-// addUpdate appends p's update from its gradient: the optimizer's update op.
-func addUpdate(g *ir.Graph, p *ir.Param, grad *ir.Value) error {
+// addUpdate appends p's update from its gradient: the optimizer's update
+// op, reading the clipping coefficient coef last unless it is nil.
+func addUpdate(g *ir.Graph, p *ir.Param, grad, coef *ir.Value) error {
 	info, err := g.Opt.Info()
 	if err != nil {
 		return fmt.Errorf("autodiff: %v", err)
 	}
 	ins := append([]*ir.Value{p.Value, grad}, p.State...)
+	if coef != nil {
+		ins = append(ins, coef)
+	}
 	n := g.NewNode(info.UpdateOp, p.Layer, ir.Update, p.Value.Pos, ins, nil, 0)
 	n.Attrs.Opt = g.Opt
 	g.Append(n)

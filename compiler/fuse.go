@@ -28,7 +28,9 @@ import (
 // mask in its epilogue (maskout), and that block's backward then takes the
 // gradient as already masked. Each parameter's update is fused into the
 // weight-gradient kernel, scheduled after the layer's grad_input (which
-// still reads the old weights).
+// still reads the old weights) — except with gradient clipping, which
+// needs every gradient before any update: the weight gradients then go to
+// buffers and the updates follow clip_grad_norm (see compiler/ops).
 //
 // An inference graph (the infer pass) gets the forward blocks alone, and a
 // pooled block keeps no argmax.
@@ -36,7 +38,7 @@ import (
 // The reference interpreter runs fused ops too; a test checks that the
 // fused step equals the unfused one.
 func fusePass(ctx *Context, g *ir.Graph) error {
-	f := &fuser{g: g, readers: map[*ir.Value][]*ir.Node{}, absorbed: map[*ir.Node]bool{}, repl: map[*ir.Value]*ir.Value{}}
+	f := &fuser{ctx: ctx, g: g, readers: map[*ir.Value][]*ir.Node{}, absorbed: map[*ir.Node]bool{}, repl: map[*ir.Value]*ir.Value{}}
 	var forward []*ir.Node
 	for _, n := range g.Nodes {
 		if n.Phase == ir.Forward {
@@ -79,6 +81,7 @@ func fusableConv(n *ir.Node) bool {
 const MaxFusedPoolWindow = 64
 
 type fuser struct {
+	ctx      *Context
 	g        *ir.Graph
 	readers  map[*ir.Value][]*ir.Node // in the unfused forward graph
 	absorbed map[*ir.Node]bool        // relu/maxpool nodes folded into a block
@@ -256,10 +259,5 @@ func (f *fuser) backward() error {
 			updates = append(updates, p)
 		}
 	}
-	for _, p := range updates {
-		if err := addUpdate(g, p, grads[p]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return addUpdates(f.ctx, g, updates, grads)
 }

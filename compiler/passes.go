@@ -138,6 +138,9 @@ type Options struct {
 	// argmax) keeping the loss and labels; Result.Graph is then an
 	// evaluation graph (ir.Graph.Eval).
 	Evaluation bool
+	// NoClip compiles the model as if its train block had no
+	// clip_grad_norm (cnnc plan compares the peak with and without).
+	NoClip bool
 }
 
 // Result is a compiled model.
@@ -207,6 +210,10 @@ func Compile(f *dsl.File, opts Options) (*Result, error) {
 		return nil, diags
 	}
 	g.Opt = &train.Optimizer
+	if opts.NoClip {
+		train.ClipGradNorm = 0
+	}
+	g.ClipGradNorm = train.ClipGradNorm
 	ctx := &Context{File: f, Train: train, Data: data, Diags: diags, Evaluation: opts.Evaluation}
 	res := &Result{File: f, Graph: g, Train: train, Data: data}
 	user := opts.AfterPass

@@ -29,7 +29,11 @@ type TrainConfig struct {
 	// accumulate; 1 without it): a step trains on Batch×Accumulate samples,
 	// planned as a micro-batch loop of Accumulate micro-batches of Batch.
 	Accumulate int64
-	Pos        map[string]dsl.Pos // where each setting was written
+	// ClipGradNorm is the train block's clip_grad_norm: the largest global
+	// L2 norm of all gradients before each update scales them down, as
+	// torch.nn.utils.clip_grad_norm_(params, max_norm); 0 without it.
+	ClipGradNorm float64
+	Pos          map[string]dsl.Pos // where each setting was written
 }
 
 // StepBatch is the samples one optimizer update trains on: the batch
@@ -86,6 +90,7 @@ var trainSettings = []argSpec{
 	{Name: "schedule", Kind: ops.ArgCustom, Doc: "learning-rate schedule: step(...), multistep(...), cosine(...) or onecycle(...)"},
 	{Name: "warmup", Kind: ops.ArgInt, Min: 1, Doc: "steps of linear warmup before the schedule"},
 	{Name: "accumulate", Kind: ops.ArgInt, Min: 1, MaxInt: MaxBatch, MaxWhy: "an update trains on at most 1,048,576 samples (2^20)", Doc: "batches per optimizer update: gradient accumulation (default 1)"},
+	{Name: "clip_grad_norm", Kind: ops.ArgFloat, Positive: true, Doc: "clip the global L2 norm of all gradients to this before each update (torch.nn.utils.clip_grad_norm_)"},
 	{Name: "precision", Kind: ops.ArgCustom, Doc: "fp32, tf32 or bf16: how convolutions and linear layers multiply (tensor cores for tf32, bf16; default fp32)"},
 }
 
@@ -118,6 +123,7 @@ func ParseTrain(s *dsl.Section) (TrainConfig, dsl.Diagnostics) {
 	cfg.Epochs = vals.Int("epochs", DefaultEpochs)
 	cfg.Seed = uint64(vals.Int("seed", 0))
 	cfg.Accumulate = vals.Int("accumulate", 1)
+	cfg.ClipGradNorm = vals.Float("clip_grad_norm", 0)
 	var maxLR float64
 	if cfg.Schedule, maxLR = parseSchedule(vals["schedule"], vals["warmup"], &diags); maxLR > 0 {
 		cfg.Optimizer.LR = maxLR

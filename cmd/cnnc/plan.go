@@ -144,6 +144,9 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if err != nil {
 		return planError(path, err, stderr)
 	}
+	if p.Clip != nil {
+		p.Clip.UnclippedPeakBytes = unclippedPeak(res, cfg)
+	}
 	if pf.plot != "" {
 		if err := timeline.Write(p, pf.plot); err != nil {
 			fmt.Fprintf(stderr, "cnnc: --plot: %s\n", dsl.Printable(err.Error()))
@@ -239,4 +242,19 @@ func writeJSON(w io.Writer, v any) error {
 	}
 	_, err = fmt.Fprintf(w, "%s\n", data)
 	return err
+}
+
+// unclippedPeak is the peak of res's model planned as if its train block
+// had no clip_grad_norm (what clipping costs in memory), or 0 when that
+// plan fails (the report then leaves the comparison out).
+func unclippedPeak(res *compiler.Result, cfg plan.Config) int64 {
+	plain, err := compiler.Compile(res.File, compiler.Options{Batch: res.Train.Batch, NoClip: true})
+	if err != nil {
+		return 0
+	}
+	p, err := driver.Plan(plain, cfg, driver.CUDA)
+	if err != nil {
+		return 0
+	}
+	return p.PeakBytes
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
@@ -44,5 +45,29 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 	}
 	fmt.Fprintf(stdout, "plan: peak %.2f MB (%d bytes), %s\n\n", float64(comp.Plan.ArenaBytes)/1e6, comp.Plan.ArenaBytes, comp.Plan.Choices.Strategy)
 	p.WriteTable(stdout)
+	writeClipTime(stdout, comp.Plan, p)
 	return nil
+}
+
+// writeClipTime says, with clip_grad_norm, what the prediction gives the
+// clipping's own kernels (the norm's, and the separate updates that read
+// its coefficient: codegen names them clip_norm_* and *_clip).
+func writeClipTime(w io.Writer, pl *plan.Plan, p *perf.Prediction) {
+	if pl.Clip == nil {
+		return
+	}
+	var norm, updates float64
+	var nNorm, nUpdates int
+	for _, l := range p.Launches {
+		switch {
+		case strings.HasPrefix(l.Kernel, "clip_norm_"):
+			norm += l.Seconds
+			nNorm++
+		case strings.HasSuffix(l.Kernel, "_clip"):
+			updates += l.Seconds
+			nUpdates++
+		}
+	}
+	fmt.Fprintf(w, "\nclip_grad_norm = %g (predicted): the norm's %d launches %.1f µs, the %d separate updates reading its coefficient %.1f µs: %.1f%% of the step\n",
+		pl.Clip.MaxNorm, nNorm, 1e6*norm, nUpdates, 1e6*updates, 100*(norm+updates)/p.PredictedStepSeconds)
 }

@@ -148,7 +148,7 @@ func registerScratch(op ir.Op, f func(n *ir.Node, samples int64) (int64, error))
 // def is one compile-time constant of a kernel's struct.
 type def struct {
 	name string
-	val  any // int64, bool, float32, float64, uint64, or memberStruct
+	val  any // int64, bool, float32, float64, uint64, []int64 (an array), or memberStruct
 }
 
 // memberStruct names another struct of the same kernel by its suffix: rendered as a member
@@ -176,6 +176,12 @@ func structText(name, kernel string, defs []def) string {
 			fmt.Fprintf(&b, "  static constexpr double %s = %s;\n", d.name, cDouble(v))
 		case uint64:
 			fmt.Fprintf(&b, "  static constexpr uint64_t %s = %dull;\n", d.name, v)
+		case []int64:
+			var items []string
+			for _, x := range v {
+				items = append(items, strconv.FormatInt(x, 10))
+			}
+			fmt.Fprintf(&b, "  static constexpr long %s[%d] = {%s};\n", d.name, len(v), strings.Join(items, ", "))
 		default:
 			panic(fmt.Sprintf("codegen/cpu: constant %s of type %T", d.name, d.val))
 		}

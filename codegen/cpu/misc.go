@@ -285,8 +285,9 @@ func update(e codegen.Emitter, n *ir.Node) error {
 	if opt == nil {
 		return fmt.Errorf("%s has no optimizer", n.Text())
 	}
-	if len(n.Ins) != 2+optStates(opt) {
-		return fmt.Errorf("%s: %d inputs, want %d", n.Text(), len(n.Ins), 2+optStates(opt))
+	clip := ops.UpdateClip(n) != nil
+	if want := 2 + optStates(opt); len(n.Ins) != want && !(clip && len(n.Ins) == want+1) {
+		return fmt.Errorf("%s: %d inputs, want %d", n.Text(), len(n.Ins), want)
 	}
 	elems := n.Ins[0].Type.SampleElems()
 	var args []codegen.Arg
@@ -295,6 +296,6 @@ func update(e codegen.Emitter, n *ir.Node) error {
 	}
 	args = append(args, codegen.Arg{Kind: kernelarg.Scalars})
 	name := emit(e, kernelSpec{family: "update", shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, opt),
-		structs: []structSpec{{"g", []def{{"N", elems}}}, {"o", optDefs(opt)}}, impl: "Update<%s, %s>", nparams: len(args)})
+		structs: []structSpec{{"g", []def{{"N", elems}, {"CLIP", clip}}}, {"o", optDefs(opt)}}, impl: "Update<%s, %s>", nparams: len(args)})
 	return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch())+int64(len(n.Ins)-1)*n.Ins[0].Type.Bytes(e.Batch()))
 }

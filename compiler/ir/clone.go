@@ -6,7 +6,7 @@ package ir
 // it with g by ID. Attribute slices and the optimizer settings are shared:
 // nothing rewrites them in place.
 func (g *Graph) Clone() *Graph {
-	c := &Graph{Name: g.Name, Opt: g.Opt, Infer: g.Infer, Eval: g.Eval, nextValue: g.nextValue, nextNode: g.nextNode, names: map[string]bool{}}
+	c := &Graph{Name: g.Name, Opt: g.Opt, ClipGradNorm: g.ClipGradNorm, Infer: g.Infer, Eval: g.Eval, nextValue: g.nextValue, nextNode: g.nextNode, names: map[string]bool{}}
 	for k, v := range g.names {
 		c.names[k] = v
 	}

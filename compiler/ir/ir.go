@@ -326,6 +326,9 @@ type Attrs struct {
 	Alpha float64
 	// Eps and Momentum are batch norm's.
 	Eps, Momentum float64
+	// MaxNorm is clip_grad_norm's max_norm: the largest global L2 norm the
+	// gradients keep.
+	MaxNorm float64
 	// Offset is a channel offset (the slice of a concat's gradient).
 	Offset int64
 	// Opt is the optimizer of an update: sgd_update/adam_update, or a
@@ -510,6 +513,10 @@ type Graph struct {
 	// inference graph that keeps its loss and labels, for a trainer's
 	// evaluation step (loss and correct count).
 	Eval bool
+	// ClipGradNorm is the train block's clip_grad_norm: the largest global
+	// L2 norm of all parameters' gradients before the update scales them
+	// down (torch.nn.utils.clip_grad_norm_'s max_norm); 0: no clipping.
+	ClipGradNorm float64
 
 	nextValue, nextNode int
 	names               map[string]bool

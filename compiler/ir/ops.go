@@ -96,6 +96,11 @@ type OpInfo struct {
 	// Update: an optimizer update, in the update phase, writing its
 	// parameter and optimizer state inputs in place.
 	Update bool
+	// UpdateInput: a node of the update phase that is no update but
+	// computes, from the finished gradients, what the updates read (the
+	// gradient clipping coefficient): it runs after every gradient and
+	// before the updates that read it.
+	UpdateInput bool
 	// GradInput: the kernel that computes a layer's input gradient (the
 	// planner schedules a layer's separate weight gradient before it, so
 	// that it is the last reader of the saved input).

@@ -146,7 +146,7 @@ func (g *Graph) Verify() error {
 				bad("%s writes input %d in place, which is not a buffer", n.Op, i)
 			}
 		}
-		if n.Phase == Update && !n.Op.Info().Update {
+		if n.Phase == Update && !n.Op.Info().Update && !n.Op.Info().UpdateInput {
 			bad("%s in the update phase", n.Op)
 		}
 	}

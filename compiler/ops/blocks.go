@@ -158,7 +158,9 @@ func maskSource(b GradBuilder, x *ir.Value) *ir.Value {
 // input needs a gradient; with the input producer's ReLU mask in the
 // epilogue when that block's output has no other reader) and its weight
 // gradient with the optimizer update fused, so the parameters get no
-// gradient values. It returns the input gradient in position 0.
+// gradient values (with gradient clipping, the weight gradient writes
+// them, for separate updates). It returns the input gradient in position
+// 0 (and the parameters' gradients after it when they exist).
 func blockGrad(gradOp, weightOp ir.Op) GradRule {
 	return func(b GradBuilder, n *ir.Node, dy *ir.Value, need []bool) []*ir.Value {
 		g := b.Graph()
@@ -185,9 +187,23 @@ func blockGrad(gradOp, weightOp ir.Op) GradRule {
 			grads[0] = b.Node(gradOp, n, ga, ins, []string{x.Name + ".grad"}, ir.RoleActGrad).Out()
 		}
 		wa := a
-		wa.Opt = g.Opt
 		ins := append([]*ir.Value{dy, x}, saved...)
 		params := n.Ins[1:]
+		if g.ClipGradNorm > 0 {
+			// clipping reads every gradient before any update: the
+			// gradients go to buffers, the updates come after the norm
+			var names []string
+			for _, p := range params {
+				names = append(names, p.Name+".grad")
+			}
+			w := b.Node(weightOp, n, wa, ins, names, ir.RoleGrad)
+			for i, p := range params {
+				w.Outs[i].Param = p.Param
+				grads[1+i] = w.Outs[i]
+			}
+			return grads
+		}
+		wa.Opt = g.Opt
 		ins = append(ins, params...)
 		for _, p := range params {
 			ins = append(ins, p.Param.State...)

@@ -118,7 +118,8 @@ func MissingOptimizer(o *Optimizer) []string {
 var updateAttrs = []ir.AttrSpec{ir.AttrOpt}
 
 // inferUpdate is the type rule of every update op: (param, grad, state...)
-// of the parameter's type, no outputs.
+// of the parameter's type, then with gradient clipping the coefficient
+// (clip_grad_norm's output); no outputs.
 func inferUpdate(n *ir.Node) ([]ir.Type, error) {
 	if n.Attrs.Opt == nil {
 		return nil, fmt.Errorf("%s has no optimizer", n.Op)
@@ -128,10 +129,13 @@ func inferUpdate(n *ir.Node) ([]ir.Type, error) {
 		return nil, fmt.Errorf("%s updates %s, which is not a parameter", n.Op, p.Name)
 	}
 	want := 2 + len(n.Attrs.Opt.StateNames())
-	if len(n.Ins) != want {
-		return nil, fmt.Errorf("%s takes %d inputs, got %d", n.Op, want, len(n.Ins))
+	if len(n.Ins) != want && len(n.Ins) != want+1 {
+		return nil, fmt.Errorf("%s takes %d inputs (%d with a clipping coefficient), got %d", n.Op, want, want+1, len(n.Ins))
 	}
-	for _, v := range n.Ins[1:] {
+	if c := UpdateClip(n); c != nil && !c.Type.Equal(ClipCoefType) {
+		return nil, fmt.Errorf("%s: clipping coefficient %s is %s, want %s", n.Op, c.Name, c.Type, ClipCoefType)
+	}
+	for _, v := range n.Ins[1:want] {
 		if !v.Type.Equal(p.Type) {
 			return nil, fmt.Errorf("%s: %s is %s but parameter %s is %s", n.Op, v.Name, v.Type, p.Name, p.Type)
 		}
@@ -145,17 +149,32 @@ func flopsUpdate(n *ir.Node) int64 {
 	if err != nil {
 		return 0
 	}
-	return ir.MulSat(info.FLOPs(n.Attrs.Opt), n.Ins[0].Type.SampleElems())
+	per := info.FLOPs(n.Attrs.Opt)
+	if UpdateClip(n) != nil {
+		per++ // the gradient times the clipping coefficient
+	}
+	return ir.MulSat(per, n.Ins[0].Type.SampleElems())
 }
 
 // refUpdate is every update op's reference kernel: the optimizer's Ref on
-// (param, grad, state...), in place.
+// (param, grad, state...), in place, the gradient first multiplied by the
+// clipping coefficient where there is one (torch's clip_grad_norm_ scales
+// the gradients before optimizer.step()).
 func refUpdate(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	o, err := OptimizerOf(n.Attrs.Opt.Kind)
 	if err != nil {
 		panic(err) // the verifier rejects unknown optimizers before anything runs
 	}
-	o.Ref(n.Attrs.Opt, env.Step, ins[0], ins[1], ins[2:])
+	per := len(n.Attrs.Opt.StateNames())
+	grad := ins[1]
+	if UpdateClip(n) != nil {
+		coef := ins[2+per][0]
+		grad = make([]float64, len(ins[1]))
+		for i, g := range ins[1] {
+			grad[i] = g * coef
+		}
+	}
+	o.Ref(n.Attrs.Opt, env.Step, ins[0], grad, ins[2:2+per])
 	return nil
 }
 

@@ -492,9 +492,11 @@ func withRecomputes(list []*ir.Node, drop map[int]bool, fwd []*ir.Node, loop int
 	return out
 }
 
-// insertUpdates places each separate update right after the later of its
-// gradient's definition and the last other step reading its parameter, or
-// after the loop those fall in.
+// insertUpdates places each node of the update phase (in graph order)
+// right after the latest of its inputs' definitions (gradients, and what
+// update-phase nodes placed before it computed: the clipping coefficient)
+// and the last other step reading a parameter it updates, or after the
+// loop those fall in.
 func insertUpdates(seq []*pstep, upd []*ir.Node) []*pstep {
 	def := map[*ir.Value]int{}
 	lastRead := map[*ir.Value]int{}
@@ -513,14 +515,14 @@ func insertUpdates(seq []*pstep, upd []*ir.Node) []*pstep {
 	for _, u := range upd {
 		at := -1
 		for _, v := range u.Ins {
-			if v.Role == ir.RoleGrad || v.Role == ir.RoleActGrad {
-				if i, ok := def[root(v)]; ok {
-					at = max(at, i)
-				}
+			if i, ok := def[root(v)]; ok {
+				at = max(at, i)
 			}
 		}
-		if i, ok := lastRead[u.Ins[0]]; ok {
-			at = max(at, i)
+		for _, p := range u.UpdatedParams() {
+			if i, ok := lastRead[p.Value]; ok {
+				at = max(at, i)
+			}
 		}
 		if at >= 0 && seq[at].loop >= 0 {
 			l := seq[at].loop
@@ -532,6 +534,9 @@ func insertUpdates(seq []*pstep, upd []*ir.Node) []*pstep {
 			front = append(front, u)
 		} else {
 			after[at] = append(after[at], u)
+		}
+		for _, v := range u.Outs {
+			def[v] = at // what later update-phase nodes read comes after u
 		}
 	}
 	var out []*pstep
@@ -654,6 +659,9 @@ func (c *candidate) category(in *inst) Category {
 	case ir.RoleInput, ir.RoleLabel:
 		return CatInput
 	case ir.RoleActivation:
+		if in.def >= 0 && c.steps[in.def].node.Phase == ir.Update {
+			return CatTransient // computed for the updates (the clipping coefficient)
+		}
 		if in.v.Type.DType == ir.Argmax {
 			return CatArgmax
 		}

@@ -124,6 +124,7 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 		}
 	}
 	p.Choices.Strategy = strategy
+	p.Clip = clipCost(c, p)
 	for _, s := range []*[]string{&p.Choices.SplitUpdates, &p.Choices.FusedUpdates, &p.Choices.InPlace, &p.Choices.Recompute, &p.Choices.Trunk} {
 		if *s == nil {
 			*s = []string{}
@@ -265,4 +266,29 @@ func accumulation(cfg Config) int64 {
 		return cfg.Accumulate
 	}
 	return 0
+}
+
+// clipCost is the plan's ClipCost when the graph clips its gradients: the
+// update-phase step that computes what the updates read (ir.OpInfo's
+// UpdateInput: clip_grad_norm) and the separate updates.
+func clipCost(c *candidate, p *Plan) *ClipCost {
+	if c.g.ClipGradNorm <= 0 {
+		return nil
+	}
+	cc := &ClipCost{MaxNorm: c.g.ClipGradNorm, NormStep: -1}
+	for i, s := range c.steps {
+		info := s.node.Op.Info()
+		switch {
+		case info.UpdateInput && cc.NormStep < 0:
+			cc.NormStep, cc.LiveBytes, cc.NormFLOPs = i, c.live[i], p.Steps[i].FLOPs
+			for _, in := range s.ins {
+				if in.cat == CatGrad {
+					cc.GradientBytes += in.buf.bytes
+				}
+			}
+		case info.Update:
+			cc.Updates++
+		}
+	}
+	return cc
 }

@@ -119,6 +119,9 @@ type Plan struct {
 	// the parameters.
 	ModelBuffers []Param `json:"model_buffers,omitempty"`
 	Choices      Choices `json:"choices"`
+	// Clip is what gradient clipping (the train block's clip_grad_norm)
+	// costs, when the model clips; nil otherwise.
+	Clip *ClipCost `json:"clip,omitempty"`
 
 	// FLOPs of the planned step (recomputation included) and of the
 	// recomputation alone.
@@ -333,3 +336,24 @@ func (p *Plan) Offset(v *ir.Value) (int64, bool) {
 
 // Bytes is the arena size (the planned peak).
 func (p *Plan) Bytes() int64 { return p.ArenaBytes }
+
+// ClipCost is what gradient clipping costs in the plan. The norm reads
+// every gradient before any update, so no update is fused into its weight
+// gradient (each layer's gradients go to buffers, kept until the norm and
+// their update) and each update is a kernel of its own, after the norm.
+type ClipCost struct {
+	MaxNorm float64 `json:"max_norm"`
+	// NormStep is the step computing the norm and its coefficient.
+	NormStep int `json:"norm_step"`
+	// GradientBytes are the gradient buffers the norm reads, all live at
+	// NormStep; LiveBytes is everything live there.
+	GradientBytes int64 `json:"gradient_bytes"`
+	LiveBytes     int64 `json:"live_bytes"`
+	// NormFLOPs are the norm's; Updates the separate updates after it.
+	NormFLOPs int64 `json:"norm_flops"`
+	Updates   int   `json:"updates"`
+	// UnclippedPeakBytes is the peak of the same model planned without
+	// clipping (set by the caller that plans both, cnnc plan; 0: not
+	// planned).
+	UnclippedPeakBytes int64 `json:"unclipped_peak_bytes,omitempty"`
+}

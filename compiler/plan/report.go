@@ -126,6 +126,17 @@ func (p *Plan) reportChoices(w io.Writer) {
 	if len(p.Choices.FusedUpdates) > 0 {
 		rows = append(rows, []string{"fused updates", strings.Join(p.Choices.FusedUpdates, ", "), "update inside the weight-gradient kernel: no gradient buffer"})
 	}
+	if cc := p.Clip; cc != nil && cc.NormStep >= 0 {
+		cost := fmt.Sprintf("%s of gradients live until the norm at step %d (%s live there)", mb(cc.GradientBytes), cc.NormStep, mb(cc.LiveBytes))
+		if cc.UnclippedPeakBytes > 0 {
+			d, sign := p.PeakBytes-cc.UnclippedPeakBytes, "+"
+			if d < 0 {
+				d, sign = -d, "-"
+			}
+			cost += fmt.Sprintf("; peak %s vs %s without clipping (%s%s)", mb(p.PeakBytes), mb(cc.UnclippedPeakBytes), sign, commas(d))
+		}
+		rows = append(rows, []string{"clip_grad_norm", fmt.Sprintf("max_norm %g: global norm at step %d, %d separate updates after it", cc.MaxNorm, cc.NormStep, cc.Updates), cost})
+	}
 	inPlace := "none"
 	if len(p.Choices.InPlace) > 0 {
 		inPlace = strings.Join(p.Choices.InPlace, "; ")

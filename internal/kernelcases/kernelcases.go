@@ -661,3 +661,39 @@ func LossUpdateDropoutChecks(t testing.TB, variant int) []Case {
 	}
 	return cases
 }
+
+// ClipChecks: clip_grad_norm over gradients of odd sizes whose concatenation crosses the CUDA
+// (4,096) and CPU (16,384 elements) partial sums' boundaries within a gradient, with a max_norm
+// that clips and one that does not; and the standalone updates with every optimizer reading a
+// clipping coefficient (variant picks the step).
+func ClipChecks(t testing.TB, variant int) []Case {
+	g := ir.NewGraph("T")
+	var grads []*ir.Value
+	for i, dims := range [][]int64{{1}, {17, 130}, {3, 5001}, {9, 2003}, {7}} {
+		grads = append(grads, g.NewValue(fmt.Sprintf("g%d", i), ir.F32Fixed(dims...), ir.RoleGrad, dsl.Pos{}))
+	}
+	var cases []Case
+	for _, maxNorm := range []float64{0.5, 1e9} {
+		cases = append(cases, Case{Name: fmt.Sprintf("clip_grad_norm max_norm=%g", maxNorm),
+			N: Typed(t, g, ops.ClipGradNormOp, "clip", ir.Attrs{MaxNorm: maxNorm}, grads, "coef")})
+	}
+	for k, opt := range Optimizers {
+		for si, dims := range [][]int64{{1}, {17, 130}} {
+			p := g.AddParam(fmt.Sprintf("c%d_%d", k, si), "weight", ir.Init{}, dsl.Pos{})
+			p.Value.Type = ir.F32Fixed(dims...)
+			grad := g.NewValue(p.Name+".grad", p.Value.Type, ir.RoleGrad, dsl.Pos{})
+			coef := g.NewValue(p.Name+".coef", ops.ClipCoefType, ir.RoleActivation, dsl.Pos{})
+			op := ir.OpSGDUpdate
+			if opt.Kind != ir.SGD {
+				op = ir.OpAdamUpdate
+			}
+			ins := append(append([]*ir.Value{p.Value, grad}, NewState(g, p, opt)...), coef)
+			n := g.NewNode(op, p.Layer, ir.Update, dsl.Pos{}, ins, nil, 0)
+			n.Attrs.Opt = opt
+			_, err := op.Info().Infer(n)
+			require.NoError(t, err)
+			cases = append(cases, Case{Name: fmt.Sprintf("%s %v %s clipped", op, dims, opt), N: n, O: reference.NodeOptions{Step: int64((k + variant) % 2 * 5), Update: true}})
+		}
+	}
+	return cases
+}

@@ -197,6 +197,23 @@ CNNC_INLINE int get_argmax(const uint32_t* am, long e) {
 // vf (a vector of consecutive elements). The struct O carries the compiled-in constants:
 //   KIND 0 sgd, 1 adam, 2 adamw; WD, MOM, NESTEROV, B1, B2, OMB1 (1-B1), OMB2, EPS, B1D, B2D.
 
+// x, rounded to float as computed: the compiler may not contract the product that gives it into an
+// FMA. Adam's moments add two products, and which one the compiler contracts may depend on the
+// code around (a fused update epilogue, a standalone update): rounding one of them leaves one
+// choice, so every update of an element gives the same bits.
+template <class T>
+CNNC_INLINE T fp_rounded(T x) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+x"(x));
+#elif defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  volatile T v = x;
+  x = v;
+#endif
+  return x;
+}
+
 template <class O>
 struct OptRun {
   float lr;
@@ -217,8 +234,8 @@ struct OptRun {
       } else if constexpr (O::HAS_WD) {
         g += O::WD * p;  // Adam: L2 weight decay
       }
-      const T expAvg = O::B1 * s0 + O::OMB1 * g;
-      const T expAvgSq = O::B2 * s1 + O::OMB2 * g * g;
+      const T expAvg = fp_rounded<T>(O::B1 * s0) + O::OMB1 * g;
+      const T expAvgSq = fp_rounded<T>(O::B2 * s1) + O::OMB2 * g * g;
       s0 = expAvg;
       s1 = expAvgSq;
       p -= lr / bc1 * expAvg / (vsqrt(expAvgSq) / sbc2 + O::EPS);
@@ -1832,19 +1849,74 @@ struct FillZero {  // N 32-bit words
     memset(out + lo, 0, sizeof(uint32_t) * (hi - lo));
   }
 };
+// out[0..n) = in[0..n) · coef, each product rounded to float: not inlined, so that no product is
+// contracted into an FMA with the update's arithmetic (torch's clip_grad_norm_ rounds it, and a
+// coefficient of 1 then changes no bit).
+__attribute__((noipa)) static void clip_scale(float* out, const float* in, float coef, long n) {
+  for (long i = 0; i < n; i++) out[i] = in[i] * coef;
+}
+
 template <class E, class O>
-struct Update {  // sgd_update / adam_update: param, grad, states..., the step's scalars
+struct Update {  // sgd_update / adam_update: param, grad, states..., [clip coefficient,] the step's scalars
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static constexpr long RUN = 1024;  // with clipping: gradients scaled a run at a time
   static void run(const uint64_t* p, int64_t task, float*) {
     constexpr int NS = opt_states<O>();
     float* param = arg<float>(p, 0);
     const float* grad = arg<const float>(p, 1);
     float* s0 = NS > 0 ? arg<float>(p, 2) : nullptr;
     float* s1 = NS > 1 ? arg<float>(p, 3) : nullptr;
-    const CnncStepScalars& sc = argscalars(p, 2 + NS);
+    const CnncStepScalars& sc = argscalars(p, 2 + NS + (E::CLIP ? 1 : 0));
     const OptRun<O> run(sc.lr, sc.step);
     CNNC_RANGE(E::N);
-    opt_range<O>(run, grad + lo, param + lo, s0 ? s0 + lo : nullptr, s1 ? s1 + lo : nullptr, hi - lo);
+    if constexpr (E::CLIP) {
+      // torch's clip_grad_norm_ multiplies the gradients (rounding) before the step
+      const float coef = *arg<const float>(p, 2 + NS);
+      alignas(64) float g[RUN];
+      for (long a = lo; a < hi; a += RUN) {
+        const long n = cmin(RUN, hi - a);
+        clip_scale(g, grad + a, coef, n);
+        opt_range<O>(run, g, param + a, s0 ? s0 + a : nullptr, s1 ? s1 + a : nullptr, n);
+      }
+    } else {
+      opt_range<O>(run, grad + lo, param + lo, s0 ? s0 + lo : nullptr, s1 ? s1 + lo : nullptr, hi - lo);
+    }
+  }
+};
+
+// Gradient clipping (clip_grad_norm, templates/clip.cu.tmpl): E has NG gradients of SIZES[k]
+// elements, TOTAL in all. ClipNormPartial: task t sums the squares of elements [t·CHUNK,
+// (t+1)·CHUNK) of the gradients laid end to end, in double, in four interleaved sums added in a
+// fixed order, into partials[t] (parameter NG); ClipNormCoef adds the partials in task order and
+// writes min(1, MAX_NORM/(sqrt(sum) + 1e-6)) (a NaN stays NaN, as torch.clamp).
+template <class E>
+struct ClipNormPartial {
+  static constexpr long tasks = cdiv(E::TOTAL, E::CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const long lo = task * E::CHUNK, hi = cmin(E::TOTAL, lo + E::CHUNK);
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    long off = 0;
+    for (int k = 0; k < E::NG; k++) {
+      const float* g = arg<const float>(p, k);
+      const long a = cmax(lo, off), b = cmin(hi, off + E::SIZES[k]);
+      for (long i = a; i < b; i++) {
+        const double x = static_cast<double>(g[i - off]);
+        s[i & 3] += x * x;
+      }
+      off += E::SIZES[k];
+    }
+    arg<double>(p, E::NG)[task] = (s[0] + s[1]) + (s[2] + s[3]);
+  }
+};
+template <class E>
+struct ClipNormCoef {  // partials (double), the coefficient (one float)
+  static constexpr long tasks = 1, scratch = 0;
+  static void run(const uint64_t* p, int64_t, float*) {
+    const double* partials = arg<const double>(p, 0);
+    double s = 0.0;
+    for (long t = 0; t < E::PARTIALS; t++) s += partials[t];
+    const double c = E::MAX_NORM / (sqrt(s) + 1e-6);
+    *arg<float>(p, 1) = static_cast<float>(c > 1.0 ? 1.0 : c);
   }
 };
 
