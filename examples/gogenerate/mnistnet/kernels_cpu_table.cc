@@ -2,9 +2,9 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_4e372a6b96fa1fa5_sse2_impl[16];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_4e372a6b96fa1fa5_avx2_impl[16];
-namespace cnnc_cpu_4e372a6b96fa1fa5_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_c7f511969c05a543_sse2_impl[16];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_c7f511969c05a543_avx2_impl[16];
+namespace cnnc_cpu_c7f511969c05a543_table {
 const char* const names[] = {
     "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_adcdb298",
     "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_7d016281",
@@ -24,9 +24,9 @@ const char* const names[] = {
     "conv_wgrad_reduce_o8_k9_s32_update_6ec17295",
 };
 const int32_t nparams[] = {5, 5, 4, 4, 7, 4, 7, 4, 7, 4, 3, 4, 5, 4, 4, 6};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "a7a4d64bf0e29ba353a2d1a4f668f29f6075bb8b43417219c0885a4a50bb8f34", 16, names, nparams, {cnnc_cpu_4e372a6b96fa1fa5_sse2_impl, cnnc_cpu_4e372a6b96fa1fa5_avx2_impl}};
-}  // namespace cnnc_cpu_4e372a6b96fa1fa5_table
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "a7a4d64bf0e29ba353a2d1a4f668f29f6075bb8b43417219c0885a4a50bb8f34", 16, names, nparams, {cnnc_cpu_c7f511969c05a543_sse2_impl, cnnc_cpu_c7f511969c05a543_avx2_impl}};
+}  // namespace cnnc_cpu_c7f511969c05a543_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_4e372a6b96fa1fa5(void) {
-  return &cnnc_cpu_4e372a6b96fa1fa5_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_c7f511969c05a543(void) {
+  return &cnnc_cpu_c7f511969c05a543_table::library;
 }
