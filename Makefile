@@ -72,14 +72,18 @@ test-cuda-headers:
 		{ echo "out/mnist-cuda-$$ver was not built with the CUDA $$ver headers"; exit 1; }
 
 # Generated kernels run on the CPU emulator with every buffer its own C
-# allocation, so ASan reports out-of-bounds global and shared accesses.
+# allocation, so ASan reports out-of-bounds global and shared accesses;
+# the CPU target's kernels (codegen/cpu's tests, on runtime/native, whose
+# buffers are allocated alike) are compiled with ASan at -O1 (see
+# runtime/native's asanFlags: -O3 took over ten minutes a file).
 # The *Ptxas* tests only run nvcc on the kernels (nothing runs in this
 # process for ASan to see; make test runs them): skipped here. The timeout
-# is a liveness bound, as make test's (go test's default of 10 minutes is
-# too short for ./codegen under ASan on a loaded 2-core machine).
-ASAN_PKGS := ./runtime/emu/... ./codegen
+# is a liveness bound (go test's default of 10 minutes is too short for
+# ./codegen under ASan on a loaded 2-core machine; ./codegen/cpu took 30
+# minutes at load 10-20, 5 minutes of CPU: BENCHMARKS.md).
+ASAN_PKGS := ./runtime/emu/... ./codegen ./codegen/cpu
 test-asan:
-	CGO_CFLAGS=-fsanitize=address CGO_LDFLAGS=-fsanitize=address $(GO) test -asan -timeout 30m -skip 'Ptxas' $(ASAN_PKGS)
+	CGO_CFLAGS=-fsanitize=address CGO_LDFLAGS=-fsanitize=address $(GO) test -asan -timeout 60m -skip 'Ptxas' $(ASAN_PKGS)
 
 # Every fuzz target of a reader of untrusted input, each for a fixed number
 # of executions (go test fuzzes one target per run), not a -fuzztime

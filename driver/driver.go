@@ -203,3 +203,22 @@ func writeModule(c *trainergen.Compiled, t Target, dir string, log func(string))
 	}
 	return nil, nil
 }
+
+// PackageFiles renders c (Compile's for t) as the Go package pkg of
+// `cnnc gen`, by file name: for CPU its kernels compiled into the program
+// by cgo (trainergen.PackageFilesCPU); for Emu the CUDA C on the
+// emulator; for CUDA the same package with nvcc's fatbin (checked by
+// ptxas) and cuda.go, which trains on the GPU in builds with -tags cuda.
+func PackageFiles(c *trainergen.Compiled, t Target, pkg string) (map[string][]byte, error) {
+	switch t {
+	case CPU:
+		return trainergen.PackageFilesCPU(pkg, c.Spec, c.Kernels)
+	case CUDA:
+		fatbin, err := trainergen.CompileFatbinFor(c.Spec, c.Kernels)
+		if err != nil {
+			return nil, err
+		}
+		return trainergen.PackageFiles(pkg, c.Spec, c.Kernels, fatbin)
+	}
+	return trainergen.PackageFiles(pkg, c.Spec, c.Kernels, nil)
+}

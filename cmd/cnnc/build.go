@@ -103,7 +103,7 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 		return exitError{exitUsage}
 	}
 	chosen := cmd.Flags().Changed("target") && bf.target == "cpu" // not the default
-	target, err := buildTarget(bf.target, stderr)
+	target, err := buildTarget("build", bf.target, stderr)
 	if err != nil {
 		return err
 	}
@@ -169,8 +169,9 @@ func (b *builder) buildInfer(res *compiler.Result, target string, chosen bool, b
 	return b.buildTrainer(c, target, bf)
 }
 
-// buildTarget resolves --target: auto is cuda where nvcc is installed, else cpu.
-func buildTarget(target string, stderr io.Writer) (string, error) {
+// buildTarget resolves cnnc command's --target: auto is cuda where nvcc is
+// installed, else cpu.
+func buildTarget(command, target string, stderr io.Writer) (string, error) {
 	switch target {
 	case "cpu", "cuda", "emu":
 	case "auto":
@@ -179,7 +180,7 @@ func buildTarget(target string, stderr io.Writer) (string, error) {
 			target = "cuda"
 		}
 	default:
-		fmt.Fprintf(stderr, "cnnc build: --target %s: want cpu, cuda, emu or auto\n", target)
+		fmt.Fprintf(stderr, "cnnc %s: --target %s: want cpu, cuda, emu or auto\n", command, target)
 		return "", exitError{exitUsage}
 	}
 	return target, nil

@@ -16,7 +16,6 @@ import (
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/internal/trainertest"
-	"github.com/cnnc/cnnc/runtime/native"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -34,6 +33,7 @@ const accumulateModel = `model D(image: f32[1,9,8], label: class[5]) {
 train { optimizer = %s batch = %d%s }
 `
 
+// compileSrc compiles a model's text for CUDA (the emulator runs it).
 func compileSrc(t *testing.T, src string) *trainergen.Compiled {
 	t.Helper()
 	res, err := compiler.CompileSource("d.cnn", []byte(src), compiler.Options{})
@@ -113,18 +113,12 @@ func TestAccumulateOnTheCPUTarget(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles two CPU trainers' kernels with g++")
 	}
-	compile := func(src string) *trainergen.Compiled {
-		res, err := compiler.CompileSource("d.cnn", []byte(src), compiler.Options{})
-		require.NoError(t, err)
-		c, err := driver.Compile(res, plan.Config{}, driver.CPU)
-		require.NoError(t, err)
-		return c
-	}
 	opt := "sgd(lr=0.1, momentum=0.9)"
-	acc := compile(fmt.Sprintf(accumulateModel, opt, 4, " accumulate = 3"))
-	full := compile(fmt.Sprintf(accumulateModel, opt, 12, ""))
+	acc := compileTrainerSrc(t, fmt.Sprintf(accumulateModel, opt, 4, " accumulate = 3"))
+	full := compileTrainerSrc(t, fmt.Sprintf(accumulateModel, opt, 12, ""))
+	require.Equal(t, driver.CPU, targetOf(acc))
 	require.Len(t, acc.Plan.Loops, 1)
-	a, b := newNativeSession(t, acc, 3), newNativeSession(t, full, 3)
+	a, b := newSession(t, acc, 3), newSession(t, full, 3)
 	rng := rand.New(rand.NewPCG(6, 6))
 	for step, valid := range []int{12, 12, 7} {
 		batch := randomBatch(rng, valid)
@@ -138,19 +132,6 @@ func TestAccumulateOnTheCPUTarget(t *testing.T) {
 	sameParams(t, acc, a, b, "after the run")
 }
 
-// newNativeSession opens c (compiled for the CPU target) on the native
-// device: its C++ kernels compiled with g++.
-func newNativeSession(t *testing.T, c *trainergen.Compiled, seed uint64) *trainer.Session {
-	t.Helper()
-	dev, err := native.New(c.Kernels, "kernels.cc", native.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { dev.Close() })
-	s, err := trainer.NewSession(c.Spec, dev, seed)
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
 // A training run with accumulate: a step is an update of 12 samples, so an
 // epoch of 30 samples is 3 steps (12, 12 and a partial 6), the step count
 // and the learning-rate schedule count updates, and two epochs end where
@@ -160,8 +141,8 @@ func TestAccumulateTrainingRunCountsUpdates(t *testing.T) {
 	src := func(batch int, acc string) string {
 		return fmt.Sprintf(accumulateModel, "sgd(lr=0.1, momentum=0.9)", batch, acc+" schedule = step(every=1, gamma=0.5)")
 	}
-	acc := compileSrc(t, src(4, " accumulate = 3"))
-	full := compileSrc(t, src(12, ""))
+	acc := compileTrainerSrc(t, src(4, " accumulate = 3"))
+	full := compileTrainerSrc(t, src(12, ""))
 	ds := trainertest.Data(acc.Spec, 30, 1)
 	run := func(c *trainergen.Compiled) (*trainer.Session, []trainer.StepMetrics) {
 		sess := newSession(t, c, 2)

@@ -125,7 +125,7 @@ const exampleTol = 1e-7
 
 func exampleAgreesWithTwin(t *testing.T, ex exampleTwin) {
 	root := moduleRoot(t)
-	c := compileExample(t, filepath.Join(root, "examples", ex.file), int64(ex.batch))
+	c := compileTrainerExample(t, filepath.Join(root, "examples", ex.file), int64(ex.batch))
 	s := newSession(t, c, 3)
 	rng := rand.New(rand.NewPCG(21, uint64(ex.batch)))
 	sp := c.Spec

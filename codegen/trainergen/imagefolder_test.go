@@ -56,11 +56,11 @@ func writeDigitFolder(t *testing.T, perClass int) string {
 // falls.
 func TestSimpleCNNTrainsOnAnImageFolder(t *testing.T) {
 	if testing.Short() {
-		t.Skip("trains SimpleCNN at 128x128 on the emulator")
+		t.Skip("trains SimpleCNN at 128x128")
 	}
 	const batch = 8
 	root := writeDigitFolder(t, 4)
-	c := compileExample(t, "../../examples/simplecnn.cnn", batch)
+	c := compileTrainerExample(t, "../../examples/simplecnn.cnn", batch)
 	ds, err := data.OpenImageFolder(root, data.ImageFolderOptions{Shape: data.Shape{H: 128, W: 128, C: 3}, CacheDir: t.TempDir()})
 	require.NoError(t, err)
 	defer ds.Close()

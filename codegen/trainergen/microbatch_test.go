@@ -23,18 +23,17 @@ import (
 // arena — and its steps give what the unbudgeted trainer's give.
 func TestMicroBatchedTrainerEqualsFullBatch(t *testing.T) {
 	if testing.Short() {
-		t.Skip("two SimpleCNN trainers at batch 32 on the emulator")
+		t.Skip("two SimpleCNN trainers at batch 32")
 	}
 	src, err := os.ReadFile("../../examples/simplecnn.cnn")
 	require.NoError(t, err)
 	res, err := compiler.CompileSource("simplecnn.cnn", src, compiler.Options{})
 	require.NoError(t, err)
-	full, err := driver.Compile(res, plan.Config{}, driver.CUDA)
-	require.NoError(t, err)
+	full := compileTrainer(t, res, plan.Config{})
 	res2, err := compiler.CompileSource("simplecnn.cnn", src, compiler.Options{})
 	require.NoError(t, err)
-	micro, err := driver.Compile(res2, driver.Budget(res2, 40e6, "--memory-budget"), driver.CUDA)
-	require.NoError(t, err)
+	micro := compileTrainer(t, res2, driver.Budget(res2, 40e6, "--memory-budget"))
+	require.Equal(t, driver.CPU, targetOf(micro))
 	require.NotEmpty(t, micro.Plan.Loops, "the 40 MB plan micro-batches")
 	assert.LessOrEqual(t, micro.Spec.ArenaBytes, int64(40e6))
 	assert.Equal(t, micro.Plan.PeakBytes, micro.Spec.ArenaBytes)

@@ -3,6 +3,7 @@ package trainergen
 import (
 	"fmt"
 	"go/token"
+	"path"
 
 	"github.com/dave/jennifer/jen"
 
@@ -23,13 +24,57 @@ import (
 //
 // The package imports runtime/trainer, runtime/data and the CPU backend:
 // no command line, progress bar or plotting (runtime/trainer/cli is the
-// trainers'). It runs on the CPU emulator. With a fatbin (CompileFatbin of
+// trainers'). kernels are the CUDA C of the Spec (Assemble's for CUDA): the
+// package runs them on the CPU emulator. With a fatbin (CompileFatbin of
 // the same kernels) the package also carries kernels.fatbin and cuda.go,
 // which only a build with -tags cuda compiles: then it trains on the GPU
 // through runtime/cuda (Options.Device "auto" or "cuda"), its steps
 // replayed as a CUDA graph. Without the tag the package never links
-// gorgonia.org/cu.
+// gorgonia.org/cu. PackageFilesCPU renders the CPU target's package.
 func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[string][]byte, error) {
+	where := "on the CPU (the CUDA C kernels through cnnc's emulator)"
+	if fatbin != nil {
+		where = "on an NVIDIA GPU when built with -tags cuda, else on the CPU (the CUDA C kernels through cnnc's emulator)"
+	}
+	files, err := packageFiles(pkg, spec, where, cpuPkg, "kernels.cu")
+	if err != nil {
+		return nil, err
+	}
+	files["kernels.cu"] = kernels
+	if err := addBuiltinKernels(files, pkg, spec, kernels); err != nil {
+		return nil, err
+	}
+	if fatbin != nil {
+		if files["cuda.go"], err = cudaFile(pkg, spec); err != nil {
+			return nil, err
+		}
+		files["kernels.fatbin"] = fatbin
+	}
+	return files, nil
+}
+
+// PackageFilesCPU renders the package of PackageFiles for the CPU target:
+// kernels are codegen/cpu's C++ of the Spec (Assemble's for cpu.Target),
+// which go build compiles into the program (cgo; addNativeKernels, as a
+// CPU trainer module carries them) and runtime/native runs vectorised on
+// every core, with no compiler at run time.
+func PackageFilesCPU(pkg string, spec *trainer.Spec, kernels []byte) (map[string][]byte, error) {
+	files, err := packageFiles(pkg, spec, "on the CPU (kernels generated for the CPU, compiled into the program)", nativePkg, nativeSource)
+	if err != nil {
+		return nil, err
+	}
+	if err := addNativeKernels(files, pkg, spec, kernels); err != nil {
+		return nil, err
+	}
+	return files, nil
+}
+
+// packageFiles renders a package's spec.go and model.go: New over the
+// "cpu" backend of backendPkg (runtime/cpu or runtime/native: New(source,
+// name, Options{})) with the kernel source embedded from srcFile, which
+// the caller adds with the kernels; where says in the package comment what
+// the package trains on.
+func packageFiles(pkg string, spec *trainer.Spec, where, backendPkg, srcFile string) (map[string][]byte, error) {
 	if !token.IsIdentifier(pkg) || token.IsKeyword(pkg) || pkg == "_" {
 		return nil, fmt.Errorf("trainergen: %q is not a Go package name", pkg)
 	}
@@ -39,10 +84,6 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 	}
 	f := jen.NewFile(pkg)
 	f.HeaderComment(header(spec.Source))
-	where := "on the CPU (the CUDA C kernels through cnnc's emulator)"
-	if fatbin != nil {
-		where = "on an NVIDIA GPU when built with -tags cuda, else on the CPU (the CUDA C kernels through cnnc's emulator)"
-	}
 	f.PackageComment(fmt.Sprintf("Package %s trains model %s (compiled by cnnc from %s for batches of up to %d %dx%dx%d images, %d classes) %s.", pkg, gentext.Comment(spec.Model), gentext.Comment(spec.Source), spec.Batch, spec.H, spec.W, spec.C, spec.Classes, where))
 	f.PackageComment("")
 	f.PackageComment("New returns a Model: Train it on a Dataset, Step it batch by batch, Evaluate, Predict, Save and Load it;")
@@ -53,10 +94,10 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 	f.PackageComment("classes with their probabilities, named (Prediction.Name) by the classes of the data it was trained on")
 	f.PackageComment("or of the checkpoint it loaded (Classes).")
 	f.ImportName(trainerPkg, "trainer")
-	f.ImportName(cpuPkg, "cpu")
+	f.ImportName(backendPkg, path.Base(backendPkg))
 	f.ImportName(devicePkg, "device")
 	f.ImportName(dataPkg, "data")
-	embedFile(f, "kernels", "kernels.cu")
+	embedFile(f, "kernels", srcFile)
 	f.Comment("Shapes the model was compiled for.")
 	f.Const().Defs(
 		jen.Id("BatchSize").Op("=").Lit(spec.Batch).Comment("samples per step at most; a smaller last batch is padded"),
@@ -66,10 +107,14 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 		jen.Id("Classes").Op("=").Lit(spec.Classes),
 	)
 	typeAliases(f, spec)
-	f.Comment("backends open the devices the package trains on; cuda.go adds \"cuda\" in builds with -tags cuda.")
+	if backendPkg == cpuPkg {
+		f.Comment("backends open the devices the package trains on; cuda.go adds \"cuda\" in builds with -tags cuda.")
+	} else {
+		f.Comment("backends open the devices the package trains on.")
+	}
 	f.Var().Id("backends").Op("=").Qual(trainerPkg, "Backends").Values(jen.Dict{
 		jen.Lit("cpu"): jen.Func().Params(jen.Op("*").Qual(trainerPkg, "Spec")).Params(jen.Qual(devicePkg, "Device"), jen.Error()).Block(
-			jen.Return(jen.Qual(cpuPkg, "New").Call(jen.Id("kernels"), jen.Lit("kernels.cu"), jen.Qual(cpuPkg, "Options").Values())),
+			jen.Return(jen.Qual(backendPkg, "New").Call(jen.Id("kernels"), jen.Lit(srcFile), jen.Qual(backendPkg, "Options").Values())),
 		),
 	})
 	f.Comment("New opens the device (Options.Device), allocates the model's arena once and initialises")
@@ -81,17 +126,7 @@ func PackageFiles(pkg string, spec *trainer.Spec, kernels, fatbin []byte) (map[s
 	if err != nil {
 		return nil, err
 	}
-	files := map[string][]byte{"spec.go": specSrc, "model.go": model, "kernels.cu": kernels}
-	if err := addBuiltinKernels(files, pkg, spec, kernels); err != nil {
-		return nil, err
-	}
-	if fatbin != nil {
-		if files["cuda.go"], err = cudaFile(pkg, spec); err != nil {
-			return nil, err
-		}
-		files["kernels.fatbin"] = fatbin
-	}
-	return files, nil
+	return map[string][]byte{"spec.go": specSrc, "model.go": model}, nil
 }
 
 // cudaFile renders a package's cuda.go: built only with -tags cuda, it
@@ -131,4 +166,15 @@ func typeAliases(f *jen.File, spec *trainer.Spec) {
 		f.Comment(a.doc)
 		f.Type().Id(a.name).Op("=").Qual(a.pkg, a.target)
 	}
+}
+
+// PackageFileNames are the names of every file PackageFiles and
+// PackageFilesCPU may write, of any target: what `cnnc gen` removes from
+// a package directory where an earlier run for another target left them
+// (and they say cnnc generated them), since go build would compile both
+// kernel libraries.
+func PackageFileNames() []string {
+	return []string{"spec.go", "model.go", "kernels_cpu.go",
+		"kernels.cu", "kernels_cpu.cc", "cuda_emu.h", "cuda.go", "kernels.fatbin", // emu, cuda
+		nativeSource, "kernels_cpu_sse2.cc", "kernels_cpu_avx2.cc", "kernels_cpu_table.cc", "cnnc_cpu.h"} // cpu
 }

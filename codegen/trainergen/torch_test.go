@@ -375,12 +375,9 @@ func TestREADMELoadsCheckpointInPyTorch(t *testing.T) {
 	py := requireTorch(t)
 	root := moduleRoot(t)
 	snippet := readmeSnippet(t, filepath.Join(root, "README.md"), "cnnc_checkpoint")
-	src, err := os.ReadFile(filepath.Join(root, "examples/mnist.cnn"))
-	require.NoError(t, err)
-	res, err := compiler.CompileSource("mnist.cnn", src, compiler.Options{Batch: 8})
-	require.NoError(t, err)
-	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
-	require.NoError(t, err)
+	// the kernels of export/onnx's TestTrainerCheckpointInONNXRuntime (same name, same batch):
+	// one compile in runtime/native's cache serves both
+	c := compileTrainerExample(t, "../../examples/mnist.cnn", 16)
 	s := newSession(t, c, 3)
 	dir := t.TempDir()
 	require.NoError(t, s.Save(filepath.Join(dir, "m.safetensors"), nil))

@@ -16,7 +16,6 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/datasets"
-	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/data"
 	"github.com/cnnc/cnnc/runtime/trainer"
 	"github.com/cnnc/cnnc/runtime/units"
@@ -49,17 +48,6 @@ func mnistBatches(t *testing.T, n, batch int) []trainer.Batch {
 		out = append(out, b)
 	}
 	return out
-}
-
-func newSession(t *testing.T, c *trainergen.Compiled, seed uint64) *trainer.Session {
-	t.Helper()
-	dev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { dev.Close() })
-	s, err := trainer.NewSession(c.Spec, dev, seed)
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 func maxRel(got []float32, want []float64) float64 {

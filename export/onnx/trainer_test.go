@@ -14,14 +14,14 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/export/onnx"
 	"github.com/cnnc/cnnc/internal/datasets"
-	"github.com/cnnc/cnnc/runtime/cpu"
 	"github.com/cnnc/cnnc/runtime/data"
+	"github.com/cnnc/cnnc/runtime/native"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
 // The trainer's own checkpoint, exported, predicts what the trainer
-// predicts: examples/mnist.cnn's CPU trainer (the generated kernels on the
-// emulator) trains 60 steps on real MNIST digits and saves its
+// predicts: examples/mnist.cnn's trainer (the CPU target's kernels, as
+// cnnc build makes it by default) trains 60 steps on real MNIST digits and saves its
 // checkpoint; ONNX Runtime runs the exported model on a test batch, and its
 // logits give the trainer's evaluation (EvalBatch, dropout off) — the same
 // mean loss and the same number of correct predictions — and the float64
@@ -29,17 +29,17 @@ import (
 func TestTrainerCheckpointInONNXRuntime(t *testing.T) {
 	node, mods := requireORT(t)
 	if testing.Short() {
-		t.Skip("compiles the MNIST trainer's kernels for the emulator")
+		t.Skip("compiles the MNIST trainer's kernels with g++")
 	}
-	const batch = 16 // as codegen/trainergen's tests: the emulator's module cache serves both
+	const batch = 16
 	path := "../../examples/mnist.cnn"
 	src, err := os.ReadFile(path)
 	require.NoError(t, err)
 	full, err := compiler.CompileSource(path, src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
-	c, err := driver.Compile(full, plan.Config{}, driver.CUDA)
+	c, err := driver.Compile(full, plan.Config{}, driver.CPU)
 	require.NoError(t, err)
-	dev, err := cpu.New(c.Kernels, "kernels.cu", cpu.Options{})
+	dev, err := native.New(c.Kernels, "kernels.cc", native.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { dev.Close() })
 	sess, err := trainer.NewSession(c.Spec, dev, 3)

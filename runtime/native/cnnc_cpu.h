@@ -81,11 +81,20 @@ typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), __may_alias__)
 typedef int vi __attribute__((vector_size(VW * 4)));
 typedef int viu __attribute__((vector_size(VW * 4), aligned(4), __may_alias__));
 
+#if defined(__SANITIZE_ADDRESS__)
+// Under AddressSanitizer (make test-asan) nothing is forced inline or unrolled: GCC's compile of
+// the instrumented tiles, inlined and unrolled, took minutes a file even at -O1 (18 s without;
+// BENCHMARKS.md), and ASan checks the same accesses either way.
+#define CNNC_INLINE static inline
+#define CNNC_MEMBER inline
+#define CNNC_UNROLL
+#else
 #define CNNC_INLINE static inline __attribute__((always_inline))
 #define CNNC_MEMBER inline __attribute__((always_inline))
 // register tiles: small loops over a tile's rows and vectors, unrolled so that the tile lives in
 // registers (at -O2 too)
 #define CNNC_UNROLL _Pragma("GCC unroll 16")
+#endif
 
 CNNC_INLINE vf vload(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 CNNC_INLINE void vstore(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
@@ -726,7 +735,7 @@ struct ConvFwd {
           for (int ky = 0; ky < G::KH; ky++) {
             const float* xr = Xt + ((c * IR + t * G::SH + ky) * G::SW) * JW + x0;
             const float* wr = wo + (c * G::KH + ky) * G::KW;
-#pragma GCC unroll 16
+            CNNC_UNROLL
             for (int kx = 0; kx < G::KW; kx++) {
               const float* xk = xr + (kx % G::SW) * JW + kx / G::SW;
               vf xv[NV];
@@ -836,10 +845,10 @@ struct ConvDgrad {
           for (int j = 0; j < NV; j++) acc[m][j] = vzero();
         for (long o = 0; o < G::O; o++) {
           const float* wo = w + (o * G::C + c0) * KK;
-#pragma GCC unroll 16
+          CNNC_UNROLL
           for (int a = 0; a < NA; a++) {
             const float* dr = Dt + (o * DR + (U0 + u - a - oyLo)) * DW + QL + V0 + v0;
-#pragma GCC unroll 16
+            CNNC_UNROLL
             for (int bb = 0; bb < NB; bb++) {
               vf xv[NV];
               CNNC_UNROLL

@@ -79,8 +79,7 @@ func build(src []byte, name string, opts Options) (string, error) {
 	}
 	flags := append([]string{"-fPIC"}, CXXFlags...)
 	if asanEnabled {
-		// as the Go binary built with -asan: the library's accesses are checked too
-		flags = append(flags, "-g", "-fsanitize=address", "-fno-omit-frame-pointer")
+		flags = asanFlags(flags)
 	}
 	files := []string{"cnnc_cpu.h", srcFile}
 	texts := map[string]string{"cnnc_cpu.h": header, srcFile: string(src)}
@@ -144,6 +143,27 @@ func build(src []byte, name string, opts Options) (string, error) {
 		return "", fmt.Errorf("native: cache: %w", err)
 	}
 	return lib, nil
+}
+
+// asanFlags are flags (CXXFlags and more) for a library of a program built with -asan, whose
+// accesses are then checked too: AddressSanitizer, line tables for its reports (-g1), and -O1 for
+// -O3. GCC's -O3 over the instrumented kernels — register tiles unrolled and inlined
+// (CNNC_UNROLL, CNNC_INLINE), every access checked — took over ten minutes for one translation
+// unit of codegen/cpu's kernel tests, against about half a minute without ASan; at -O1 the
+// kernels keep their vector code (GCC's vector types, not the auto-vectoriser) and their
+// accesses, which is what ASan checks, and compile in about a minute (BENCHMARKS.md).
+func asanFlags(flags []string) []string {
+	out := make([]string, 0, len(flags)+4)
+	for _, f := range flags {
+		switch f {
+		case "-O3":
+			f = "-O1"
+		case "-g0":
+			f = "-g1"
+		}
+		out = append(out, f)
+	}
+	return append(out, "-fsanitize=address", "-fno-omit-frame-pointer")
 }
 
 // runCompiler runs the C++ compiler; a failure is a *CompileError about file.

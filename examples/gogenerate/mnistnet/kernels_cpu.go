@@ -2,15 +2,16 @@
 
 package mnistnet
 
-// #cgo CXXFLAGS: -std=c++20 -O3 -g0 -fvisibility=hidden
-// void* cnnc_emu_builtin_d11acc6228cc73c7(const char*);
+// #cgo CXXFLAGS: -std=gnu++20 -O3 -g0 -fvisibility=hidden
+// #include <stdint.h>
+// const void* cnnc_cpu_builtin_c7f511969c05a543(void);
 import "C"
 
 import (
 	"unsafe"
 
-	"github.com/cnnc/cnnc/runtime/emu"
+	"github.com/cnnc/cnnc/runtime/native"
 )
 
-// The kernels compiled into the program: the CPU device runs them without a compiler.
-func init() { emu.RegisterBuiltin(unsafe.Pointer(C.cnnc_emu_builtin_d11acc6228cc73c7)) }
+// The CPU target's kernels compiled into the program: the device runs them without a compiler.
+func init() { native.RegisterBuiltin(unsafe.Pointer(C.cnnc_cpu_builtin_c7f511969c05a543)) }
