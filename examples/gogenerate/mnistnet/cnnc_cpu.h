@@ -207,6 +207,23 @@ CNNC_INLINE int get_argmax(const uint32_t* am, long e) {
 // vf (a vector of consecutive elements). The struct O carries the compiled-in constants:
 //   KIND 0 sgd, 1 adam, 2 adamw; WD, MOM, NESTEROV, B1, B2, OMB1 (1-B1), OMB2, EPS, B1D, B2D.
 
+// x, rounded to float as computed: the compiler may not contract the product that gives it into an
+// FMA. Adam's moments add two products, and which one the compiler contracts may depend on the
+// code around (a fused update epilogue, a standalone update): rounding one of them leaves one
+// choice, so every update of an element gives the same bits.
+template <class T>
+CNNC_INLINE T fp_rounded(T x) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+x"(x));
+#elif defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  volatile T v = x;
+  x = v;
+#endif
+  return x;
+}
+
 template <class O>
 struct OptRun {
   float lr;
@@ -227,8 +244,8 @@ struct OptRun {
       } else if constexpr (O::HAS_WD) {
         g += O::WD * p;  // Adam: L2 weight decay
       }
-      const T expAvg = O::B1 * s0 + O::OMB1 * g;
-      const T expAvgSq = O::B2 * s1 + O::OMB2 * g * g;
+      const T expAvg = fp_rounded<T>(O::B1 * s0) + O::OMB1 * g;
+      const T expAvgSq = fp_rounded<T>(O::B2 * s1) + O::OMB2 * g * g;
       s0 = expAvg;
       s1 = expAvgSq;
       p -= lr / bc1 * expAvg / (vsqrt(expAvgSq) / sbc2 + O::EPS);
@@ -276,6 +293,138 @@ CNNC_INLINE void opt_range(const OptRun<O>& run, const float* g, float* p, float
   }
 }
 
+// Philox4x32-10, word 0 (templates/dropout.cu.tmpl, reference.DropoutKeep).
+CNNC_INLINE uint32_t philox_word0(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; round++) {
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0, p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The data block's augmentation (compiler/augment), applied while the first layer loads the raw
+// u8 HWC batch. A sample's draw folds every geometric step into one box of the raw image (pixels
+// outside it are 0: random_crop's padding) and a mirror flag; a box of the output's size is read
+// pixel for pixel, another is resized bilinearly (torch's upsample_bilinear2d, align_corners=False,
+// no antialias). Training draws from Philox keyed by (seed, step, the sample's position in the
+// step's batch) exactly as augment.Spec.Draw with ops.AugmentWord; evaluation reads the constant
+// center box. The struct A (kernel constants) has:
+//   TRAIN, RH, RW, C (raw image), OH, OW (the model's input), CROP (0 none, 1 random_crop,
+//   2 random_resized_crop), CROPK (its step index; -1 none), PAD, SCALE0, SCALE1, LR0, LR1 (log
+//   ratio bounds), FTOP, FLEFT, FH, FW (its fallback box), FLIPK (-1 none), FLIPT (p as a fraction of 2^32), ETOP, ELEFT, EH,
+//   EW (evaluation's box), NORM, M0..M2, S0..S2 (mean, std).
+struct AugBox {
+  long top, left, h, w;
+  bool flip;
+};
+constexpr uint32_t AUG_KEY = 0x41554731u;  // ops.AugmentKey
+constexpr uint32_t AUG_WORDS_PER_STEP = 24;  // augment.WordsPerStep
+CNNC_INLINE uint32_t aug_word(const CnncStepScalars& sc, long pos, uint32_t d) {
+  const uint64_t step = static_cast<uint64_t>(sc.step);
+  return philox_word0(static_cast<uint32_t>(pos), static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), d,
+                      static_cast<uint32_t>(sc.seed), static_cast<uint32_t>(sc.seed >> 32) ^ AUG_KEY);
+}
+// torchvision's uniform_(a, b) from a word, in double; the product is kept apart from the sum
+// (volatile) so that no FMA contraction makes it differ from the Go draw.
+CNNC_INLINE double aug_uniform(uint32_t w, double a, double b) {
+  volatile double t = static_cast<double>(w >> 8) * (1.0 / 16777216.0) * (b - a);
+  return a + t;
+}
+CNNC_INLINE long aug_below(uint32_t w, long n) { return static_cast<long>((static_cast<uint64_t>(w) * static_cast<uint64_t>(n)) >> 32); }
+
+template <class A>
+CNNC_INLINE AugBox aug_box(const CnncStepScalars* sc, long pos) {
+  if constexpr (!A::TRAIN) {
+    return AugBox{A::ETOP, A::ELEFT, A::EH, A::EW, false};
+  } else {
+    AugBox p{0, 0, A::RH, A::RW, false};
+    bool flip = false;
+    if constexpr (A::FLIPK >= 0) flip = aug_word(*sc, pos, A::FLIPK * AUG_WORDS_PER_STEP) < A::FLIPT;
+    if constexpr (A::CROP == 1) {
+      uint32_t d = A::CROPK * AUG_WORDS_PER_STEP;
+      const long i = aug_below(aug_word(*sc, pos, d), A::RH + 2 * A::PAD - A::OH + 1);
+      const long j = aug_below(aug_word(*sc, pos, d + 1), A::RW + 2 * A::PAD - A::OW + 1);
+      p = AugBox{i - A::PAD, j - A::PAD, A::OH, A::OW, false};
+    } else if constexpr (A::CROP == 2) {
+      uint32_t d = A::CROPK * AUG_WORDS_PER_STEP;
+      const double area = static_cast<double>(A::RH * A::RW);
+      bool found = false;
+      for (int t = 0; t < 10 && !found; t++) {
+        const double target = area * aug_uniform(aug_word(*sc, pos, d), A::SCALE0, A::SCALE1);
+        const double aspect = exp(aug_uniform(aug_word(*sc, pos, d + 1), A::LR0, A::LR1));
+        d += 2;
+        const long cw = lrint(sqrt(target * aspect)), ch = lrint(sqrt(target / aspect));
+        if (0 < cw && cw <= A::RW && 0 < ch && ch <= A::RH) {
+          const long i = aug_below(aug_word(*sc, pos, d), A::RH - ch + 1), j = aug_below(aug_word(*sc, pos, d + 1), A::RW - cw + 1);
+          p = AugBox{i, j, ch, cw, false};
+          found = true;
+        }
+      }
+      if (!found) p = AugBox{A::FTOP, A::FLEFT, A::FH, A::FW, false};  // the ratio-clamped central crop
+    }
+    // a flip before the crop mirrors the box (augment.foldCrop)
+    if constexpr (A::CROP != 0 && A::FLIPK >= 0 && A::FLIPK < A::CROPK)
+      if (flip) p.left = A::RW - p.left - p.w;
+    p.flip = flip;
+    return p;
+  }
+}
+
+// The raw pixel (c, ry, rx) of sample src in [0,1], 0 outside the image.
+template <class A>
+CNNC_INLINE float aug_raw(const unsigned char* src, long c, long ry, long rx) {
+  if (ry < 0 || ry >= A::RH || rx < 0 || rx >= A::RW) return 0.0f;
+  return static_cast<float>(src[(ry * A::RW + rx) * A::C + c]) * (1.0f / 255.0f);
+}
+
+// The model's input (c, y, x) of sample src under box p: cropped, mirrored, resized, normalized.
+template <class A>
+CNNC_INLINE float aug_pixel(const unsigned char* src, const AugBox& p, long c, long y, long x) {
+  const long xs = p.flip ? A::OW - 1 - x : x;
+  float v;
+  if (p.h == A::OH && p.w == A::OW) {
+    v = aug_raw<A>(src, c, p.top + y, p.left + xs);
+  } else {
+    const float sy = fmaxf((static_cast<float>(y) + 0.5f) * (static_cast<float>(p.h) / static_cast<float>(A::OH)) - 0.5f, 0.0f);
+    const float sx = fmaxf((static_cast<float>(xs) + 0.5f) * (static_cast<float>(p.w) / static_cast<float>(A::OW)) - 0.5f, 0.0f);
+    const long y0 = static_cast<long>(sy), x0 = static_cast<long>(sx);
+    const long y1 = cmin(y0 + 1, p.h - 1), x1 = cmin(x0 + 1, p.w - 1);
+    const float ly = sy - static_cast<float>(y0), lx = sx - static_cast<float>(x0);
+    const long ty = p.top, tx = p.left;
+    v = (1.0f - ly) * ((1.0f - lx) * aug_raw<A>(src, c, ty + y0, tx + x0) + lx * aug_raw<A>(src, c, ty + y0, tx + x1)) +
+        ly * ((1.0f - lx) * aug_raw<A>(src, c, ty + y1, tx + x0) + lx * aug_raw<A>(src, c, ty + y1, tx + x1));
+  }
+  if constexpr (A::NORM) {
+    const float m = c == 0 ? A::M0 : c == 1 ? A::M1 : A::M2, sd = c == 0 ? A::S0 : c == 1 ? A::S1 : A::S2;
+    v = (v - m) / sd;
+  }
+  return v;
+}
+
+// A conv geometry G that augments its image has a member struct G::A of augmentation constants.
+template <class G>
+concept Augments = requires { typename G::A; };
+
+// Sample b's box in a kernel whose parameters from i on are (in training) the step's scalars and
+// the first sample of the micro-batch the launch covers.
+template <class G>
+CNNC_INLINE AugBox aug_sample(const uint64_t* p, int i, long b) {
+  using A = typename G::A;
+  if constexpr (A::TRAIN) {
+    return aug_box<A>(&argscalars(p, i), argi(p, i + 1) + b);
+  } else {
+    return aug_box<A>(nullptr, 0);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Convolution blocks (ir/fused.go). The geometry struct G has:
 //   B, C, H, W, U8 (input u8 HWC images, /255 in the loads), O, KH, KW, SH, SW, PH, PW, HO, WO,
@@ -286,8 +435,102 @@ CNNC_INLINE void opt_range(const OptRun<O>& run, const float* g, float* p, float
 // phase (ix + PW) mod SW so that a stride-SW conv reads consecutive floats:
 //   Xt[((c * IR + ir) * SW + ph) * JW + j] = x(b, c, iyBase + ir, j * SW + ph - PW)
 template <class G, long IR, long JW>
-CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt) {
-  if constexpr (G::U8) {
+CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt, const AugBox* box = nullptr) {
+  if constexpr (Augments<G>) {
+    // the model's input rows through the sample's box: a box of the output's size row by row
+    // (the raw row, its columns mirrored when flipped, zeros outside the image, normalized),
+    // a resized box pixel by pixel (aug_pixel)
+    using A = typename G::A;
+    const unsigned char* src = static_cast<const unsigned char*>(xp) + b * A::RH * A::RW * A::C;
+    const AugBox& p = *box;
+    if (p.h != A::OH || p.w != A::OW) {
+      // resized (the box lies inside the image): each staged column's two taps and weight once,
+      // each row's once, then per pixel aug_pixel's arithmetic on them
+      long x0s[G::SW * JW], x1s[G::SW * JW];
+      float lxs[G::SW * JW];
+      for (long ph = 0; ph < G::SW; ph++)
+        for (long j = 0; j < JW; j++) {
+          const long ix = j * G::SW + ph - G::PW, e = ph * JW + j;
+          if (ix < 0 || ix >= G::W) {
+            x0s[e] = -1;  // the conv's own zero padding
+            continue;
+          }
+          const long xs = p.flip ? A::OW - 1 - ix : ix;
+          const float sx = fmaxf((static_cast<float>(xs) + 0.5f) * (static_cast<float>(p.w) / static_cast<float>(A::OW)) - 0.5f, 0.0f);
+          const long x0 = static_cast<long>(sx);
+          x0s[e] = (p.left + x0) * A::C;
+          x1s[e] = (p.left + cmin(x0 + 1, p.w - 1)) * A::C;
+          lxs[e] = sx - static_cast<float>(x0);
+        }
+      for (long ir = 0; ir < IR; ir++) {
+        const long iy = iyBase + ir;
+        if (iy < 0 || iy >= G::H) {
+          for (long c = 0; c < G::C; c++) memset(Xt + (c * IR + ir) * G::SW * JW, 0, sizeof(float) * G::SW * JW);
+          continue;
+        }
+        const float sy = fmaxf((static_cast<float>(iy) + 0.5f) * (static_cast<float>(p.h) / static_cast<float>(A::OH)) - 0.5f, 0.0f);
+        const long y0 = static_cast<long>(sy), y1 = cmin(y0 + 1, p.h - 1);
+        const float ly = sy - static_cast<float>(y0);
+        for (long c = 0; c < G::C; c++) {
+          const float m = A::NORM ? (c == 0 ? A::M0 : c == 1 ? A::M1 : A::M2) : 0.0f;
+          const float sd = A::NORM ? (c == 0 ? A::S0 : c == 1 ? A::S1 : A::S2) : 1.0f;
+          const unsigned char* r0 = src + (p.top + y0) * A::RW * A::C + c;
+          const unsigned char* r1 = src + (p.top + y1) * A::RW * A::C + c;
+          for (long ph = 0; ph < G::SW; ph++) {
+            float* row = Xt + ((c * IR + ir) * G::SW + ph) * JW;
+            for (long j = 0; j < JW; j++) {
+              const long e = ph * JW + j, a = x0s[e];
+              if (a < 0) {
+                row[j] = 0.0f;
+                continue;
+              }
+              const long bb = x1s[e];
+              const float lx = lxs[e], k = 1.0f / 255.0f;
+              float v = (1.0f - ly) * ((1.0f - lx) * (static_cast<float>(r0[a]) * k) + lx * (static_cast<float>(r0[bb]) * k)) +
+                        ly * ((1.0f - lx) * (static_cast<float>(r1[a]) * k) + lx * (static_cast<float>(r1[bb]) * k));
+              if constexpr (A::NORM) v = (v - m) / sd;
+              row[j] = v;
+            }
+          }
+        }
+      }
+      return;
+    }
+    // a box of the output's size: each staged column's raw column, once (-1: outside the raw
+    // image, a zero pixel that is normalized; -2: the conv's own zero padding)
+    long cols[G::SW * JW];
+    for (long ph = 0; ph < G::SW; ph++)
+      for (long j = 0; j < JW; j++) {
+        const long ix = j * G::SW + ph - G::PW;
+        const long rx = p.left + (p.flip ? A::OW - 1 - ix : ix);
+        cols[ph * JW + j] = ix < 0 || ix >= G::W ? -2 : rx < 0 || rx >= A::RW ? -1 : rx * A::C;
+      }
+    for (long ir = 0; ir < IR; ir++) {
+      const long iy = iyBase + ir;
+      const long ry = p.top + iy;
+      const bool rowIn = ry >= 0 && ry < A::RH;
+      for (long c = 0; c < G::C; c++) {
+        const float m = A::NORM ? (c == 0 ? A::M0 : c == 1 ? A::M1 : A::M2) : 0.0f;
+        const float sd = A::NORM ? (c == 0 ? A::S0 : c == 1 ? A::S1 : A::S2) : 1.0f;
+        const unsigned char* srow = src + (rowIn ? ry : 0) * A::RW * A::C + c;
+        for (long ph = 0; ph < G::SW; ph++) {
+          float* row = Xt + ((c * IR + ir) * G::SW + ph) * JW;
+          if (iy < 0 || iy >= G::H) {
+            memset(row, 0, sizeof(float) * JW);  // the conv's own zero padding
+            continue;
+          }
+          const long* cl = cols + ph * JW;
+          for (long j = 0; j < JW; j++) {
+            const long k = cl[j];
+            float v = rowIn && k >= 0 ? static_cast<float>(srow[k]) * (1.0f / 255.0f) : 0.0f;
+            if constexpr (A::NORM) v = (v - m) / sd;
+            row[j] = k == -2 ? 0.0f : v;
+          }
+        }
+      }
+    }
+    return;
+  } else if constexpr (G::U8) {
     for (long ir = 0; ir < IR; ir++) {
       const long iy = iyBase + ir;
       if (iy < 0 || iy >= G::H) {
@@ -455,7 +698,8 @@ CNNC_INLINE void pool_row(const float* ct, long cyStart, long py, float* yrow, i
   for (; px < G::PWO; px++) scalar(px);
 }
 
-// conv_block forward: conv + bias + ReLU + max-pool with packed argmax. A task is (sample,
+// conv_block forward: conv + bias + ReLU + max-pool with packed argmax (ARGMAX; an inference
+// block keeps none). A task is (sample,
 // band of BAND output rows — pooled rows when pooled —, OT output channels): it stages the input
 // rows it reads (fill_x), computes the conv rows under its band in MO x (NV vectors) register
 // tiles — vectors across output columns, every tap a broadcast weight times a contiguous load —
@@ -537,8 +781,10 @@ struct ConvFwd {
     const float* w = arg<const float>(p, a++);
     const float* bias = G::BIAS ? arg<const float>(p, a++) : nullptr;
     float* y = arg<float>(p, a++);
-    uint32_t* am = G::POOL ? arg<uint32_t>(p, a++) : nullptr;
+    uint32_t* am = G::ARGMAX ? arg<uint32_t>(p, a++) : nullptr;  // inference: none
     const long og = task % NOG, band = task / NOG % NBANDS, b = task / (NOG * NBANDS);
+    AugBox box{};
+    if constexpr (Augments<G>) box = aug_sample<G>(p, a, b);
     const long oc = og * G::OT, no = cmin(G::OT, G::O - oc);
     const long r0 = band * G::BAND, nr = cmin(G::BAND, ROWS - r0);
     const long cyStart = G::POOL ? r0 * G::PSH - G::PPH : r0;
@@ -546,7 +792,7 @@ struct ConvFwd {
     const long cyB = G::POOL ? cmin(G::HO, (r0 + nr - 1) * G::PSH - G::PPH + G::PKH) : r0 + nr;
     float* Xt = s;
     float* Ct = s + XT / 4;
-    fill_x<G, IR, JW>(x, b, cyStart * G::SH - G::PH, Xt);
+    fill_x<G, IR, JW>(x, b, cyStart * G::SH - G::PH, Xt, &box);
     long m0 = 0;
     for (; m0 + MO <= no; m0 += MO) rows<MO>(Xt, w, bias, oc + m0, oc, cyStart, cyA, cyB, Ct, y, b);
     if (m0 < no)
@@ -557,8 +803,9 @@ struct ConvFwd {
         const long o = oc + i;
         float* yp = y + ((b * G::O + o) * G::PHO + r0) * G::PWO;
         for (long pr = 0; pr < nr; pr++) pool_row<G, WOP>(Ct + i * CR * WOP, cyStart, r0 + pr, yp + pr * G::PWO, codes + pr * G::PWO);
-        put_argmax<G::BITS>(am, ((b * G::O + o) * G::PHO + r0) * G::PWO, nr * G::PWO, G::B * G::O * G::PHO * G::PWO,
-                            [&](long e) { return codes[e]; });
+        if constexpr (G::ARGMAX)
+          put_argmax<G::BITS>(am, ((b * G::O + o) * G::PHO + r0) * G::PWO, nr * G::PWO, G::B * G::O * G::PHO * G::PWO,
+                              [&](long e) { return codes[e]; });
       }
     }
   }
@@ -734,6 +981,7 @@ struct ConvWgrad {
     const uint32_t* am = G::POOL ? arg<const uint32_t>(p, a++) : nullptr;
     const float* yout = G::HASY ? arg<const float>(p, a++) : nullptr;
     float* partial = arg<float>(p, a++);
+    const int augArg = a;
     float* Xt = s;
     float* Dt = s + XT / 4;
     float* accm = s + (XT + DT) / 4;
@@ -742,7 +990,9 @@ struct ConvWgrad {
     for (long u = u0; u < u1; u++) {
       const long b = u / NBANDS, cy0 = u % NBANDS * G::BAND, nr = cmin(G::BAND, G::HO - cy0);
       form_dy<G>(dout, am, yout, b, 0, G::O, cy0, G::BAND, WOP, 0, Dt);
-      fill_x<G, IR, JW>(x, b, cy0 * G::SH - G::PH, Xt);
+      AugBox box{};
+      if constexpr (Augments<G>) box = aug_sample<G>(p, augArg, b);
+      fill_x<G, IR, JW>(x, b, cy0 * G::SH - G::PH, Xt, &box);
       if constexpr (G::BIAS) {
         for (long o = 0; o < G::O; o++) {
           vf sv = vzero();
@@ -807,6 +1057,168 @@ struct ConvWgradReduce {
       const OptRun<O> run(sc.lr, sc.step);
       if (nw > 0) opt_range<O>(run, g, wp + e0, ws[0] ? ws[0] + e0 : nullptr, ws[1] ? ws[1] + e0 : nullptr, nw);
       if (nb > 0) opt_range<O>(run, g + nw, bp + b0, bs[0] ? bs[0] + b0 : nullptr, bs[1] ? bs[1] + b0 : nullptr, nb);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Direct convolutions (templates/direct_conv.cu.tmpl): the kernels of an unfused conv2d and its
+// gradients — the convs the conv blocks do not take (grouped, depthwise, dilated). The geometry
+// struct D has B, C, H, W (input), O, HO, WO (output), CG, OG (input and output channels per
+// group), KH, KW, SH, SW, PH, PW, DH, DW (window, stride, padding, dilation), BIAS (forward: a
+// bias), ACC (gradients: added to their outputs, a micro-batch's share) and PT (the planes or
+// weight rows a task takes). The weight is [O][CG][KH][KW], as PyTorch stores it. Every output
+// element is summed by one task in a fixed order (the CUDA kernel's: bias, then input channel,
+// ky, kx), vectors across output columns where the stride is 1.
+
+// the output columns ox whose input column ox·SW - PW + koff lies inside [0, W): [lo, hi)
+template <class D>
+CNNC_INLINE void dc_cols(long koff, long& lo, long& hi) {
+  lo = koff >= D::PW ? 0 : cdiv(D::PW - koff, D::SW);
+  hi = D::W - 1 + D::PW - koff >= 0 ? cmin(D::WO, (D::W - 1 + D::PW - koff) / D::SW + 1) : 0;
+  if (hi < lo) hi = lo;
+}
+
+// y(b, o, oy, ox) = bias(o) + Σ over c of o's group, ky, kx of w(o, c - c0, ky, kx)·x(b, c, oy·SH - PH +
+// ky·DH, ox·SW - PW + kx·DW). A task is PT output planes (b, o); each row is summed in place.
+template <class D>
+struct DirectConvFwd {
+  static constexpr long PLANES = D::B * D::O;
+  static constexpr long tasks = cdiv(PLANES, D::PT), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    int a = 0;
+    const float* __restrict__ x = arg<const float>(p, a++);
+    const float* __restrict__ w = arg<const float>(p, a++);
+    const float* bias = D::BIAS ? arg<const float>(p, a++) : nullptr;
+    float* __restrict__ y = arg<float>(p, a++);
+    const long p1 = cmin(PLANES, (task + 1) * D::PT);
+    for (long plane = task * D::PT; plane < p1; plane++) {
+      const long b = plane / D::O, o = plane % D::O, c0 = o / D::OG * D::CG;
+      for (long oy = 0; oy < D::HO; oy++) {
+        float* __restrict__ yr = y + (plane * D::HO + oy) * D::WO;
+        const float b0 = D::BIAS ? bias[o] : 0.0f;
+        for (long ox = 0; ox < D::WO; ox++) yr[ox] = b0;
+        for (long cl = 0; cl < D::CG; cl++) {
+          const float* xc = x + (b * D::C + c0 + cl) * D::H * D::W;
+          const float* wc = w + (o * D::CG + cl) * D::KH * D::KW;
+          for (long ky = 0; ky < D::KH; ky++) {
+            const long iy = oy * D::SH - D::PH + ky * D::DH;
+            if (iy < 0 || iy >= D::H) continue;
+            for (long kx = 0; kx < D::KW; kx++) {
+              long lo, hi;
+              dc_cols<D>(kx * D::DW, lo, hi);
+              const float wv = wc[ky * D::KW + kx];
+              const float* __restrict__ xs = xc + iy * D::W - D::PW + kx * D::DW;
+              for (long ox = lo; ox < hi; ox++) yr[ox] += wv * xs[ox * D::SW];
+            }
+          }
+        }
+      }
+    }
+  }
+};
+
+// dx(b, c, iy, ix) = Σ over the o of c's group, ky, kx of w(o, c - c0, ky, kx)·dy(b, o, oy, ox) for the
+// (oy, ox) whose tap (ky, kx) reads (iy, ix). A task is PT input planes (b, c), zeroed and then
+// scattered into in the order o, ky, kx (each element gets at most one term per (o, ky, kx)).
+template <class D>
+struct DirectConvDgrad {
+  static constexpr long PLANES = D::B * D::C;
+  static constexpr long tasks = cdiv(PLANES, D::PT), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* __restrict__ dy = arg<const float>(p, 0);
+    const float* __restrict__ w = arg<const float>(p, 1);
+    float* __restrict__ dx = arg<float>(p, 2);
+    const long p1 = cmin(PLANES, (task + 1) * D::PT);
+    for (long plane = task * D::PT; plane < p1; plane++) {
+      const long b = plane / D::C, c = plane % D::C, grp = c / D::CG, cl = c % D::CG;
+      float* __restrict__ dxp = dx + plane * D::H * D::W;
+      for (long i = 0; i < D::H * D::W; i++) dxp[i] = 0.0f;
+      for (long o = grp * D::OG; o < (grp + 1) * D::OG; o++) {
+        const float* dyo = dy + (b * D::O + o) * D::HO * D::WO;
+        const float* wo = w + (o * D::CG + cl) * D::KH * D::KW;
+        for (long ky = 0; ky < D::KH; ky++)
+          for (long kx = 0; kx < D::KW; kx++) {
+            long lo, hi;
+            dc_cols<D>(kx * D::DW, lo, hi);
+            const float wv = wo[ky * D::KW + kx];
+            for (long oy = 0; oy < D::HO; oy++) {
+              const long iy = oy * D::SH - D::PH + ky * D::DH;
+              if (iy < 0 || iy >= D::H) continue;
+              float* __restrict__ dr = dxp + iy * D::W - D::PW + kx * D::DW;
+              const float* __restrict__ dyr = dyo + oy * D::WO;
+              for (long ox = lo; ox < hi; ox++) dr[ox * D::SW] += wv * dyr[ox];
+            }
+          }
+      }
+    }
+  }
+};
+
+// dw(o, cl, ky, kx) = Σ over samples and output positions of dy(b, o, oy, ox)·x(b, c0 + cl, iy, ix): a
+// task is PT weight rows (o, cl), each tap's sum a row's fp32 dot product added in double, over
+// samples and rows in order.
+template <class D>
+struct DirectConvWgrad {
+  static constexpr long ROWS = D::O * D::CG, KK = D::KH * D::KW;
+  static constexpr long tasks = cdiv(ROWS, D::PT), scratch = floats64(2 * KK);
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    const float* __restrict__ dy = arg<const float>(p, 0);
+    const float* __restrict__ x = arg<const float>(p, 1);
+    float* __restrict__ dw = arg<float>(p, 2);
+    double* acc = reinterpret_cast<double*>(s);
+    const long r1 = cmin(ROWS, (task + 1) * D::PT);
+    for (long row = task * D::PT; row < r1; row++) {
+      const long o = row / D::CG, cl = row % D::CG, c = o / D::OG * D::CG + cl;
+      for (long k = 0; k < KK; k++) acc[k] = 0.0;
+      for (long b = 0; b < D::B; b++) {
+        const float* dyo = dy + (b * D::O + o) * D::HO * D::WO;
+        const float* xc = x + (b * D::C + c) * D::H * D::W;
+        for (long oy = 0; oy < D::HO; oy++) {
+          const float* __restrict__ dyr = dyo + oy * D::WO;
+          for (long ky = 0; ky < D::KH; ky++) {
+            const long iy = oy * D::SH - D::PH + ky * D::DH;
+            if (iy < 0 || iy >= D::H) continue;
+            for (long kx = 0; kx < D::KW; kx++) {
+              long lo, hi;
+              dc_cols<D>(kx * D::DW, lo, hi);
+              const float* __restrict__ xs = xc + iy * D::W - D::PW + kx * D::DW;
+              float sum = 0.0f;
+              for (long ox = lo; ox < hi; ox++) sum += dyr[ox] * xs[ox * D::SW];
+              acc[ky * D::KW + kx] += sum;
+            }
+          }
+        }
+      }
+      float* dwr = dw + row * KK;
+      for (long k = 0; k < KK; k++) {
+        if constexpr (D::ACC) dwr[k] += static_cast<float>(acc[k]);
+        else dwr[k] = static_cast<float>(acc[k]);
+      }
+    }
+  }
+};
+
+// db(o) = Σ over samples and positions of dy(b, o, ·): a task is PT channels, each row's fp32 sum
+// added in double, over samples and rows in order.
+template <class D>
+struct DirectConvBgrad {
+  static constexpr long tasks = cdiv(D::O, D::PT), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* dy = arg<const float>(p, 0);
+    float* db = arg<float>(p, 1);
+    const long o1 = cmin(D::O, (task + 1) * D::PT);
+    for (long o = task * D::PT; o < o1; o++) {
+      double acc = 0.0;
+      for (long b = 0; b < D::B; b++)
+        for (long oy = 0; oy < D::HO; oy++) {
+          const float* dyr = dy + ((b * D::O + o) * D::HO + oy) * D::WO;
+          float sum = 0.0f;
+          for (long ox = 0; ox < D::WO; ox++) sum += dyr[ox];
+          acc += sum;
+        }
+      if constexpr (D::ACC) db[o] += static_cast<float>(acc);
+      else db[o] = static_cast<float>(acc);
     }
   }
 };
@@ -1075,7 +1487,10 @@ struct LinWgrad {
 // ---------------------------------------------------------------------------------------------
 // Softmax cross-entropy (templates/loss.cu.tmpl): one task. Rows past `valid` (a padded last
 // batch) get zero gradient; inside a micro-batch loop (ACC) rows first.. of a batch of `valid`
-// real rows, loss and correct added. The loss sum runs over rows in order.
+// real rows, loss and correct added. The loss sum runs over rows in order. SMOOTH: PyTorch's
+// label smoothing ε, the target q = ON·onehot(label) + OFF (ON = 1-ε, OFF = ε/CLASSES, rounded to
+// float once by codegen/cpu), so a row's loss is lse - ON·x[label] - OFF·Σx and its gradient
+// (softmax - q) / valid.
 template <class L>
 struct SoftmaxCE {
   static constexpr long tasks = 1;
@@ -1117,12 +1532,23 @@ struct SoftmaxCE {
       const float lse = best + logf(sum);
       const int32_t lab = label[r];
       const bool labelOK = lab >= 0 && lab < L::CLASSES;
-      for (long c = 0; c < L::CLASSES; c++) {
-        float d = expf(row[c] - lse) * invBatch;
-        if (c == lab) d -= invBatch;
-        dlogits[r * L::CLASSES + c] = d;
+      if constexpr (L::SMOOTH) {
+        float rowSum = 0.0f;  // Σ x, for the smoothed target's ε·mean(x)
+        for (long c = 0; c < L::CLASSES; c++) rowSum += row[c];
+        for (long c = 0; c < L::CLASSES; c++) {
+          float d = (expf(row[c] - lse) - L::OFF) * invBatch;  // ε/classes
+          if (c == lab) d -= L::ON * invBatch;                 // 1 - ε
+          dlogits[r * L::CLASSES + c] = d;
+        }
+        total += labelOK ? lse - L::ON * row[lab] - L::OFF * rowSum : NAN;
+      } else {
+        for (long c = 0; c < L::CLASSES; c++) {
+          float d = expf(row[c] - lse) * invBatch;
+          if (c == lab) d -= invBatch;
+          dlogits[r * L::CLASSES + c] = d;
+        }
+        total += labelOK ? lse - row[lab] : NAN;  // NaN for a label out of range
       }
-      total += labelOK ? lse - row[lab] : NAN;  // NaN for a label out of range
       hits += bestIdx == lab ? 1.0f : 0.0f;
     }
     if constexpr (L::ACC) {
@@ -1144,12 +1570,24 @@ constexpr long CHUNK = 16384;
   const long hi = cmin(static_cast<long>(n), lo + CHUNK)
 
 template <class E>
-struct ToTensor {  // u8 HWC images -> f32 CHW / 255
+struct ToTensor {  // u8 HWC images -> f32 CHW / 255 (augmented: E::A, then scalars and the first sample)
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
   static void run(const uint64_t* p, int64_t task, float*) {
     const unsigned char* in = arg<const unsigned char>(p, 0);
     float* out = arg<float>(p, 1);
     CNNC_RANGE(E::N);
+    if constexpr (Augments<E>) {
+      // augmented: the model's input [C, OH, OW] of each sample through its box, drawn once a sample
+      using A = typename E::A;
+      long cur = -1;
+      AugBox box{};
+      for (long i = lo; i < hi; i++) {
+        const long x = i % A::OW, y = i / A::OW % A::OH, c = i / (A::OW * A::OH) % A::C, b = i / (A::OW * A::OH * A::C);
+        if (b != cur) box = aug_sample<E>(p, 2, cur = b);
+        out[i] = aug_pixel<A>(in + b * A::RH * A::RW * A::C, box, c, y, x);
+      }
+      return;
+    }
     for (long i = lo; i < hi; i++) {
       const long x = i % E::W, y = i / E::W % E::H, c = i / (E::W * E::H) % E::C, b = i / (E::W * E::H * E::C);
       out[i] = static_cast<float>(in[((b * E::H + y) * E::W + x) * E::C + c]) * (1.0f / 255.0f);
@@ -1242,7 +1680,15 @@ struct SiLUF {  // x·sigmoid(x); the gradient reads x: dy·s·(1 + x·(1-s))
   }
 };
 struct HardSwishF {  // x·min(max(x+3, 0), 6)/6; the gradient reads x (PyTorch's hardswish_backward)
-  CNNC_INLINE float f(float v) { return v * fminf(fmaxf(v + 3.0f, 0.0f), 6.0f) / 6.0f; }
+  // the clamp as comparisons, not fmaxf/fminf, which GCC calls out of line (their NaN rule) instead
+  // of vectorising: the same value for every input (a NaN's x+3 clamps to 0 either way; x+3 is
+  // never -0)
+  CNNC_INLINE float f(float v) {
+    float t = v + 3.0f;
+    t = t > 0.0f ? t : 0.0f;
+    t = t < 6.0f ? t : 6.0f;
+    return v * t / 6.0f;
+  }
   CNNC_INLINE float g(float dy, float v) { return v < -3.0f ? 0.0f : (v <= 3.0f ? dy * (v / 3.0f + 0.5f) : dy); }
 };
 // Global average pooling: E has N (the pool's outputs, B·C; the gradient's: its B·C·H·W
@@ -1413,37 +1859,77 @@ struct FillZero {  // N 32-bit words
     memset(out + lo, 0, sizeof(uint32_t) * (hi - lo));
   }
 };
+// out[0..n) = in[0..n) · coef, each product rounded to float: not inlined, so that no product is
+// contracted into an FMA with the update's arithmetic (torch's clip_grad_norm_ rounds it, and a
+// coefficient of 1 then changes no bit).
+__attribute__((noipa)) static void clip_scale(float* out, const float* in, float coef, long n) {
+  for (long i = 0; i < n; i++) out[i] = in[i] * coef;
+}
+
 template <class E, class O>
-struct Update {  // sgd_update / adam_update: param, grad, states..., the step's scalars
+struct Update {  // sgd_update / adam_update: param, grad, states..., [clip coefficient,] the step's scalars
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static constexpr long RUN = 1024;  // with clipping: gradients scaled a run at a time
   static void run(const uint64_t* p, int64_t task, float*) {
     constexpr int NS = opt_states<O>();
     float* param = arg<float>(p, 0);
     const float* grad = arg<const float>(p, 1);
     float* s0 = NS > 0 ? arg<float>(p, 2) : nullptr;
     float* s1 = NS > 1 ? arg<float>(p, 3) : nullptr;
-    const CnncStepScalars& sc = argscalars(p, 2 + NS);
+    const CnncStepScalars& sc = argscalars(p, 2 + NS + (E::CLIP ? 1 : 0));
     const OptRun<O> run(sc.lr, sc.step);
     CNNC_RANGE(E::N);
-    opt_range<O>(run, grad + lo, param + lo, s0 ? s0 + lo : nullptr, s1 ? s1 + lo : nullptr, hi - lo);
+    if constexpr (E::CLIP) {
+      // torch's clip_grad_norm_ multiplies the gradients (rounding) before the step
+      const float coef = *arg<const float>(p, 2 + NS);
+      alignas(64) float g[RUN];
+      for (long a = lo; a < hi; a += RUN) {
+        const long n = cmin(RUN, hi - a);
+        clip_scale(g, grad + a, coef, n);
+        opt_range<O>(run, g, param + a, s0 ? s0 + a : nullptr, s1 ? s1 + a : nullptr, n);
+      }
+    } else {
+      opt_range<O>(run, grad + lo, param + lo, s0 ? s0 + lo : nullptr, s1 ? s1 + lo : nullptr, hi - lo);
+    }
   }
 };
 
-// Philox4x32-10, word 0 (templates/dropout.cu.tmpl, reference.DropoutKeep).
-CNNC_INLINE uint32_t philox_word0(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
-  for (int round = 0; round < 10; round++) {
-    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0, p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+// Gradient clipping (clip_grad_norm, templates/clip.cu.tmpl): E has NG gradients of SIZES[k]
+// elements, TOTAL in all. ClipNormPartial: task t sums the squares of elements [t·CHUNK,
+// (t+1)·CHUNK) of the gradients laid end to end, in double, in four interleaved sums added in a
+// fixed order, into partials[t] (parameter NG); ClipNormCoef adds the partials in task order and
+// writes min(1, MAX_NORM/(sqrt(sum) + 1e-6)) (a NaN stays NaN, as torch.clamp).
+template <class E>
+struct ClipNormPartial {
+  static constexpr long tasks = cdiv(E::TOTAL, E::CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const long lo = task * E::CHUNK, hi = cmin(E::TOTAL, lo + E::CHUNK);
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    long off = 0;
+    for (int k = 0; k < E::NG; k++) {
+      const float* g = arg<const float>(p, k);
+      const long a = cmax(lo, off), b = cmin(hi, off + E::SIZES[k]);
+      for (long i = a; i < b; i++) {
+        const double x = static_cast<double>(g[i - off]);
+        s[i & 3] += x * x;
+      }
+      off += E::SIZES[k];
+    }
+    arg<double>(p, E::NG)[task] = (s[0] + s[1]) + (s[2] + s[3]);
   }
-  return c0;
-}
+};
+template <class E>
+struct ClipNormCoef {  // partials (double), the coefficient (one float)
+  static constexpr long tasks = 1, scratch = 0;
+  static void run(const uint64_t* p, int64_t, float*) {
+    const double* partials = arg<const double>(p, 0);
+    double s = 0.0;
+    for (long t = 0; t < E::PARTIALS; t++) s += partials[t];
+    const double c = E::MAX_NORM / (sqrt(s) + 1e-6);
+    *arg<float>(p, 1) = static_cast<float>(c > 1.0 ? 1.0 : c);
+  }
+};
+
 // dropout forward and gradient: element i kept when the Philox word of counter (g lo, g hi, step,
 // STREAM), g = first + i, key (seed lo, seed hi) is at least THRESHOLD; kept ones scaled by SCALE.
 template <class E>

@@ -4,8 +4,8 @@
 // compile-time constants and a CNNC_CPU_KERNEL line instantiating a kernel template of
 // cnnc_cpu.h (runtime/native), which compiles this file once per instruction set.
 
-// conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_adcdb298: conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
-struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_adcdb298_g {
+// conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092: conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
+struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092_g {
   static constexpr long B = 32;
   static constexpr long C = 1;
   static constexpr long H = 28;
@@ -23,6 +23,7 @@ struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_adcdb298_g {
   static constexpr bool BIAS = true;
   static constexpr bool RELU = true;
   static constexpr bool POOL = true;
+  static constexpr bool ARGMAX = true;
   static constexpr long PKH = 2;
   static constexpr long PKW = 2;
   static constexpr long PSH = 2;
@@ -39,10 +40,10 @@ struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_adcdb298_g {
   static constexpr long OT = 8;
   static constexpr long S = 0;
 };
-CNNC_CPU_KERNEL(conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_adcdb298, 5, ConvFwd<conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_adcdb298_g>)
+CNNC_CPU_KERNEL(conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092, 5, ConvFwd<conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092_g>)
 
-// conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_7d016281: conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
-struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_7d016281_g {
+// conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0: conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
+struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -60,6 +61,7 @@ struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_7d016281_g {
   static constexpr bool BIAS = true;
   static constexpr bool RELU = true;
   static constexpr bool POOL = true;
+  static constexpr bool ARGMAX = true;
   static constexpr long PKH = 2;
   static constexpr long PKW = 2;
   static constexpr long PSH = 2;
@@ -76,7 +78,7 @@ struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_7d016281_g {
   static constexpr long OT = 16;
   static constexpr long S = 0;
 };
-CNNC_CPU_KERNEL(conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_7d016281, 5, ConvFwd<conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_7d016281_g>)
+CNNC_CPU_KERNEL(conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0, 5, ConvFwd<conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0_g>)
 
 // linear_fwd_b32_in784_out64_5867a619: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
 struct linear_fwd_b32_in784_out64_5867a619_g {
@@ -108,13 +110,16 @@ struct linear_fwd_b32_in64_out10_0b02d314_g {
 };
 CNNC_CPU_KERNEL(linear_fwd_b32_in64_out10_0b02d314, 4, LinFwd<linear_fwd_b32_in64_out10_0b02d314_g>)
 
-// softmax_cross_entropy_b32_c10_1cfeaf3f: softmax cross-entropy: mean loss over the valid rows, the logits' gradient, the correct count.
-struct softmax_cross_entropy_b32_c10_1cfeaf3f_g {
+// softmax_cross_entropy_b32_c10_0175e58c: softmax cross-entropy: mean loss over the valid rows, the logits' gradient, the correct count.
+struct softmax_cross_entropy_b32_c10_0175e58c_g {
   static constexpr long B = 32;
   static constexpr long CLASSES = 10;
   static constexpr bool ACC = false;
+  static constexpr bool SMOOTH = false;
+  static constexpr float ON = 1.0f;
+  static constexpr float OFF = 0.0f;
 };
-CNNC_CPU_KERNEL(softmax_cross_entropy_b32_c10_1cfeaf3f, 7, SoftmaxCE<softmax_cross_entropy_b32_c10_1cfeaf3f_g>)
+CNNC_CPU_KERNEL(softmax_cross_entropy_b32_c10_0175e58c, 7, SoftmaxCE<softmax_cross_entropy_b32_c10_0175e58c_g>)
 
 // linear_dgrad_b32_in64_out10_d409b50a: linear block input gradient: dX[32,64] = dY[32,10]·W, then masked by the producer's ReLU (x > 0).
 struct linear_dgrad_b32_in64_out10_d409b50a_g {
@@ -206,8 +211,8 @@ struct linear_wgrad_b32_in784_out64_8f905cc2_o {
 };
 CNNC_CPU_KERNEL(linear_wgrad_b32_in784_out64_8f905cc2, 7, LinWgrad<linear_wgrad_b32_in784_out64_8f905cc2_g, linear_wgrad_b32_in784_out64_8f905cc2_o>)
 
-// conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ea16e44e: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
-struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ea16e44e_g {
+// conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
+struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -225,6 +230,7 @@ struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ea16e44e_g {
   static constexpr bool BIAS = true;
   static constexpr bool RELU = true;
   static constexpr bool POOL = true;
+  static constexpr bool ARGMAX = true;
   static constexpr long PKH = 2;
   static constexpr long PKW = 2;
   static constexpr long PSH = 2;
@@ -241,10 +247,10 @@ struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ea16e44e_g {
   static constexpr long OT = 0;
   static constexpr long S = 32;
 };
-CNNC_CPU_KERNEL(conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ea16e44e, 4, ConvWgrad<conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ea16e44e_g>)
+CNNC_CPU_KERNEL(conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0, 4, ConvWgrad<conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0_g>)
 
-// conv_wgrad_reduce_o16_k72_s32_grads_398eac18: adds the 32 partial sums of the 16x72 weight gradient and the bias gradient.
-struct conv_wgrad_reduce_o16_k72_s32_grads_398eac18_g {
+// conv_wgrad_reduce_o16_k72_s32_grads_f6860f26: adds the 32 partial sums of the 16x72 weight gradient and the bias gradient.
+struct conv_wgrad_reduce_o16_k72_s32_grads_f6860f26_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -262,6 +268,7 @@ struct conv_wgrad_reduce_o16_k72_s32_grads_398eac18_g {
   static constexpr bool BIAS = true;
   static constexpr bool RELU = true;
   static constexpr bool POOL = true;
+  static constexpr bool ARGMAX = true;
   static constexpr long PKH = 2;
   static constexpr long PKW = 2;
   static constexpr long PSH = 2;
@@ -278,13 +285,14 @@ struct conv_wgrad_reduce_o16_k72_s32_grads_398eac18_g {
   static constexpr long OT = 0;
   static constexpr long S = 32;
 };
-CNNC_CPU_KERNEL(conv_wgrad_reduce_o16_k72_s32_grads_398eac18, 3, ConvWgradReduce<conv_wgrad_reduce_o16_k72_s32_grads_398eac18_g, NoOpt>)
+CNNC_CPU_KERNEL(conv_wgrad_reduce_o16_k72_s32_grads_f6860f26, 3, ConvWgradReduce<conv_wgrad_reduce_o16_k72_s32_grads_f6860f26_g, NoOpt>)
 
-// update_n16_7385c08c: sgd_update of 16 parameters: sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0).
-struct update_n16_7385c08c_g {
+// update_n16_b163518b: sgd_update of 16 parameters: sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0).
+struct update_n16_b163518b_g {
   static constexpr long N = 16;
+  static constexpr bool CLIP = false;
 };
-struct update_n16_7385c08c_o {
+struct update_n16_b163518b_o {
   static constexpr long KIND = 0;
   static constexpr bool HAS_WD = false;
   static constexpr bool HAS_MOM = true;
@@ -299,10 +307,10 @@ struct update_n16_7385c08c_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(update_n16_7385c08c, 4, Update<update_n16_7385c08c_g, update_n16_7385c08c_o>)
+CNNC_CPU_KERNEL(update_n16_b163518b, 4, Update<update_n16_b163518b_g, update_n16_b163518b_o>)
 
-// conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_4ecadc40: input gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax; dx masked by the input's x > 0.
-struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_4ecadc40_g {
+// conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f: input gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax; dx masked by the input's x > 0.
+struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -320,6 +328,7 @@ struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_4ecadc40_g {
   static constexpr bool BIAS = true;
   static constexpr bool RELU = true;
   static constexpr bool POOL = true;
+  static constexpr bool ARGMAX = true;
   static constexpr long PKH = 2;
   static constexpr long PKW = 2;
   static constexpr long PSH = 2;
@@ -336,13 +345,14 @@ struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_4ecadc40_g {
   static constexpr long OT = 8;
   static constexpr long S = 0;
 };
-CNNC_CPU_KERNEL(conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_4ecadc40, 5, ConvDgrad<conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_4ecadc40_g>)
+CNNC_CPU_KERNEL(conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f, 5, ConvDgrad<conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f_g>)
 
-// update_n1152_e7b45423: sgd_update of 1152 parameters: sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0).
-struct update_n1152_e7b45423_g {
+// update_n1152_196c6407: sgd_update of 1152 parameters: sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0).
+struct update_n1152_196c6407_g {
   static constexpr long N = 1152;
+  static constexpr bool CLIP = false;
 };
-struct update_n1152_e7b45423_o {
+struct update_n1152_196c6407_o {
   static constexpr long KIND = 0;
   static constexpr bool HAS_WD = false;
   static constexpr bool HAS_MOM = true;
@@ -357,10 +367,10 @@ struct update_n1152_e7b45423_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(update_n1152_e7b45423, 4, Update<update_n1152_e7b45423_g, update_n1152_e7b45423_o>)
+CNNC_CPU_KERNEL(update_n1152_196c6407, 4, Update<update_n1152_196c6407_g, update_n1152_196c6407_o>)
 
-// conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_6cda8af9: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
-struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_6cda8af9_g {
+// conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
+struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39_g {
   static constexpr long B = 32;
   static constexpr long C = 1;
   static constexpr long H = 28;
@@ -378,6 +388,7 @@ struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_6cda8af9_g {
   static constexpr bool BIAS = true;
   static constexpr bool RELU = true;
   static constexpr bool POOL = true;
+  static constexpr bool ARGMAX = true;
   static constexpr long PKH = 2;
   static constexpr long PKW = 2;
   static constexpr long PSH = 2;
@@ -394,10 +405,10 @@ struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_6cda8af9_g {
   static constexpr long OT = 0;
   static constexpr long S = 32;
 };
-CNNC_CPU_KERNEL(conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_6cda8af9, 4, ConvWgrad<conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_6cda8af9_g>)
+CNNC_CPU_KERNEL(conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39, 4, ConvWgrad<conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39_g>)
 
-// conv_wgrad_reduce_o8_k9_s32_update_6ec17295: adds the 32 partial sums of the 8x9 weight gradient and the bias gradient, then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
-struct conv_wgrad_reduce_o8_k9_s32_update_6ec17295_g {
+// conv_wgrad_reduce_o8_k9_s32_update_d799f86a: adds the 32 partial sums of the 8x9 weight gradient and the bias gradient, then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
+struct conv_wgrad_reduce_o8_k9_s32_update_d799f86a_g {
   static constexpr long B = 32;
   static constexpr long C = 1;
   static constexpr long H = 28;
@@ -415,6 +426,7 @@ struct conv_wgrad_reduce_o8_k9_s32_update_6ec17295_g {
   static constexpr bool BIAS = true;
   static constexpr bool RELU = true;
   static constexpr bool POOL = true;
+  static constexpr bool ARGMAX = true;
   static constexpr long PKH = 2;
   static constexpr long PKW = 2;
   static constexpr long PSH = 2;
@@ -431,7 +443,7 @@ struct conv_wgrad_reduce_o8_k9_s32_update_6ec17295_g {
   static constexpr long OT = 0;
   static constexpr long S = 32;
 };
-struct conv_wgrad_reduce_o8_k9_s32_update_6ec17295_o {
+struct conv_wgrad_reduce_o8_k9_s32_update_d799f86a_o {
   static constexpr long KIND = 0;
   static constexpr bool HAS_WD = false;
   static constexpr bool HAS_MOM = true;
@@ -446,4 +458,4 @@ struct conv_wgrad_reduce_o8_k9_s32_update_6ec17295_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(conv_wgrad_reduce_o8_k9_s32_update_6ec17295, 6, ConvWgradReduce<conv_wgrad_reduce_o8_k9_s32_update_6ec17295_g, conv_wgrad_reduce_o8_k9_s32_update_6ec17295_o>)
+CNNC_CPU_KERNEL(conv_wgrad_reduce_o8_k9_s32_update_d799f86a, 6, ConvWgradReduce<conv_wgrad_reduce_o8_k9_s32_update_d799f86a_g, conv_wgrad_reduce_o8_k9_s32_update_d799f86a_o>)
