@@ -62,7 +62,7 @@ func TestDumpAfter(t *testing.T) {
 	assert.Contains(t, out, "update:\n  sgd_update(")
 	code, _, errOut = cnnc("check", "--dump-after=bogus", "../../examples/mnist.cnn")
 	assert.Equal(t, 2, code)
-	assert.Contains(t, errOut, `unknown pass "bogus" (passes: shapes, dce, autodiff, fuse)`)
+	assert.Contains(t, errOut, `unknown pass "bogus" (passes: shapes, dce, autodiff, infer, bnfold, fuse)`)
 }
 
 func TestBadCommandLines(t *testing.T) {
