@@ -16,27 +16,6 @@ import (
 	"github.com/cnnc/cnnc/internal/nvcc"
 )
 
-// clipModel is a small SimpleCNN (odd sizes: 4 and 5 channels, 12 features, 14x13 images)
-// whose train block clips the gradients' global norm to max_norm 0.01, with optimizer opt.
-func clipModel(opt string) string {
-	return `model S(image: f32[3,14,13], label: class[10]) {
-    conv1 = conv2d(image, out=4, kernel=3)
-    relu1 = relu(conv1)
-    pool1 = maxpool(relu1, kernel=2)
-    conv2 = conv2d(pool1, out=5, kernel=3)
-    relu2 = relu(conv2)
-    pool2 = maxpool(relu2, kernel=2)
-    fc1   = linear(flatten(pool2), out=12)
-    fc2   = linear(fc1, out=10)
-    loss  = cross_entropy(fc2, label)
-}
-train {
-    optimizer = ` + opt + `
-    clip_grad_norm = 0.01
-}
-`
-}
-
 // Whole steps with gradient clipping on the CUDA kernels (clip_norm_partial, clip_norm_coef, the
 // updates reading the coefficient) against the float64 reference within kernelcheck.Tolerance,
 // SGD with momentum and weight decay, and Adam; the reference's coefficient shows clipping is
@@ -44,7 +23,7 @@ train {
 func TestClipGradNormSteps(t *testing.T) {
 	for _, opt := range []string{"sgd(lr=0.1, momentum=0.9, weight_decay=0.01)", "adam(lr=0.01)"} {
 		t.Run(opt, func(t *testing.T) {
-			src := []byte(clipModel(opt))
+			src := []byte(kernelcases.ClipModel(opt))
 			res, err := compiler.CompileSource("clip.cnn", src, compiler.Options{Batch: 3})
 			require.NoError(t, err)
 			g := res.Graph
@@ -92,7 +71,7 @@ func TestPtxasClip(t *testing.T) {
 // same bits in every thread order (TestKernelsAreRaceFree's race mode), the model planned as is
 // and with a micro-batch loop before the norm.
 func TestClipKernelsAreRaceFree(t *testing.T) {
-	src := []byte(clipModel("adam(lr=0.01)"))
+	src := []byte(kernelcases.ClipModel("adam(lr=0.01)"))
 	checkRaceFree(t, "clip.cnn", src, 3, plan.Config{}, codegen.FP32)
 	checkRaceFree(t, "clip.cnn", src, 3, plan.Config{MicroBatch: 2}, codegen.FP32)
 }
