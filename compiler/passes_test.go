@@ -42,16 +42,7 @@ func TestPassesBeforeAfter(t *testing.T) {
 		{"unused", "testdata/unused.cnn"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			src, err := os.ReadFile(c.path)
-			require.NoError(t, err)
-			f, err := dsl.Parse(filepath.Base(c.path), src)
-			require.NoError(t, err)
-			g, diags := Lower(f)
-			require.False(t, diags.HasErrors(), "%v", diags)
-			train, diags := ParseTrain(f.Section("train"))
-			require.False(t, diags.HasErrors(), "%v", diags)
-			g.Opt = &train.Optimizer
-			ctx := &Context{File: f, Train: train}
+			ctx, g := lowerForPasses(t, c.path)
 			golden(t, filepath.Join("passes", c.name+".lower.ir"), g.Text())
 			for _, p := range Passes {
 				if !p.Mode.runsIn(false) {
@@ -74,6 +65,21 @@ func TestPassesBeforeAfter(t *testing.T) {
 	}
 }
 
+// lowerForPasses parses and lowers the model at path and returns the
+// context and graph the passes table runs on (as Compile sets them up).
+func lowerForPasses(t *testing.T, path string) (*Context, *ir.Graph) {
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	f, err := dsl.Parse(filepath.Base(path), src)
+	require.NoError(t, err)
+	g, diags := Lower(f)
+	require.False(t, diags.HasErrors(), "%v", diags)
+	train, diags := ParseTrain(f.Section("train"))
+	require.False(t, diags.HasErrors(), "%v", diags)
+	g.Opt = &train.Optimizer
+	return &Context{File: f, Train: train}, g
+}
+
 // TestInferencePassesBeforeAfter is TestPassesBeforeAfter for an
 // inference compilation (Options.Infer: shapes, dce, infer, bnfold, fuse):
 // one golden per pass output, NAME.infer.PASS.ir, the verifier after
@@ -85,16 +91,7 @@ func TestInferencePassesBeforeAfter(t *testing.T) {
 		{"mnist", "../examples/mnist.cnn"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			src, err := os.ReadFile(c.path)
-			require.NoError(t, err)
-			f, err := dsl.Parse(filepath.Base(c.path), src)
-			require.NoError(t, err)
-			g, diags := Lower(f)
-			require.False(t, diags.HasErrors(), "%v", diags)
-			train, diags := ParseTrain(f.Section("train"))
-			require.False(t, diags.HasErrors(), "%v", diags)
-			g.Opt = &train.Optimizer
-			ctx := &Context{File: f, Train: train}
+			ctx, g := lowerForPasses(t, c.path)
 			var ran []string
 			for _, p := range Passes {
 				if !p.Mode.runsIn(true) {
