@@ -4,9 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
-	"image"
-	"image/png"
 	"math"
 	"os"
 	"os/exec"
@@ -20,7 +17,6 @@ import (
 	"github.com/cnnc/cnnc/internal/datasets"
 	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/nvcc"
-	"github.com/cnnc/cnnc/runtime/data"
 )
 
 // mnistBN is MNISTNet with batch norm after both convs (one without a
@@ -102,15 +98,7 @@ func TestInferBuildPredictsAsTheTrainer(t *testing.T) {
 	mnist, err := datasets.MNISTDir()
 	require.NoError(t, err)
 	dir := t.TempDir()
-	test, err := data.LoadMNIST(mnist, "t10k")
-	require.NoError(t, err)
-	pngs := filepath.Join(dir, "digits")
-	require.NoError(t, os.MkdirAll(pngs, 0o755))
-	for i := 0; i < 12; i++ {
-		var b bytes.Buffer
-		require.NoError(t, png.Encode(&b, &image.Gray{Pix: test.Images.Image(i), Stride: 28, Rect: image.Rect(0, 0, 28, 28)}))
-		require.NoError(t, os.WriteFile(filepath.Join(pngs, fmt.Sprintf("%02d.png", i)), b.Bytes(), 0o644))
-	}
+	pngs := writeTestDigits(t, mnist, filepath.Join(dir, "digits"), 12)
 	bnModel := filepath.Join(dir, "mnist_bn.cnn")
 	require.NoError(t, os.WriteFile(bnModel, []byte(mnistBN), 0o644))
 	mnistModel, err := filepath.Abs("../../examples/mnist.cnn")
@@ -229,15 +217,7 @@ func TestInferBuildCUDAUnderFakeDriver(t *testing.T) {
 	require.NoError(t, fakecuda.Build(fake))
 	t.Setenv(fakecuda.Env, fake) // cnnc build registers the fatbin's kernels with the fake
 	dir := t.TempDir()
-	test, err := data.LoadMNIST(mnist, "t10k")
-	require.NoError(t, err)
-	pngs := filepath.Join(dir, "digits")
-	require.NoError(t, os.MkdirAll(pngs, 0o755))
-	for i := 0; i < 7; i++ {
-		var b bytes.Buffer
-		require.NoError(t, png.Encode(&b, &image.Gray{Pix: test.Images.Image(i), Stride: 28, Rect: image.Rect(0, 0, 28, 28)}))
-		require.NoError(t, os.WriteFile(filepath.Join(pngs, fmt.Sprintf("%02d.png", i)), b.Bytes(), 0o644))
-	}
+	pngs := writeTestDigits(t, mnist, filepath.Join(dir, "digits"), 7)
 	model := filepath.Join(dir, "mnist_bn.cnn")
 	require.NoError(t, os.WriteFile(model, []byte(mnistBN), 0o644))
 	trainer, infer := filepath.Join(dir, "trainer"), filepath.Join(dir, "infer-cuda")

@@ -113,18 +113,10 @@ func TestBuiltTrainer(t *testing.T) {
 	t.Run("predict image files", func(t *testing.T) {
 		// two test digits as PNG files: predict reads them as the trainer
 		// reads its data, and names the classes MNIST's digits
-		test, err := data.LoadMNIST(mnist, "t10k")
-		require.NoError(t, err)
-		pngs := filepath.Join(dir, "digits")
-		require.NoError(t, os.MkdirAll(pngs, 0o755))
-		for i := 0; i < 2; i++ {
-			var b bytes.Buffer
-			require.NoError(t, png.Encode(&b, &image.Gray{Pix: test.Images.Image(i), Stride: 28, Rect: image.Rect(0, 0, 28, 28)}))
-			require.NoError(t, os.WriteFile(filepath.Join(pngs, fmt.Sprintf("%d.png", i)), b.Bytes(), 0o644))
-		}
+		pngs := writeTestDigits(t, mnist, filepath.Join(dir, "digits"), 2)
 		code, out := runTrainer(t, bin, "predict", "--checkpoint", ck, "--top", "2", pngs)
 		require.Equal(t, 0, code, out)
-		assert.Regexp(t, `^`+regexp.QuoteMeta(filepath.Join(pngs, "0.png"))+`: \d \(\d+\.\d\d%\), \d \(\d+\.\d\d%\)\n`+regexp.QuoteMeta(filepath.Join(pngs, "1.png"))+`: `, out)
+		assert.Regexp(t, `^`+regexp.QuoteMeta(filepath.Join(pngs, "00.png"))+`: \d \(\d+\.\d\d%\), \d \(\d+\.\d\d%\)\n`+regexp.QuoteMeta(filepath.Join(pngs, "01.png"))+`: `, out)
 	})
 
 	t.Run("SIGINT writes a checkpoint and says how to resume", func(t *testing.T) {
@@ -184,4 +176,19 @@ func TestBuiltTrainerMemoryBudget(t *testing.T) {
 	code, out = runTrainer(t, bin, "--memory-budget", "lots", "--bench", "1")
 	assert.Equal(t, 2, code)
 	assert.Contains(t, out, `--memory-budget: bad memory size "lots" (write e.g. 64MiB, 40MB, 2GiB)`)
+}
+
+// writeTestDigits writes the first n of MNIST's test digits (from the
+// dataset folder mnist) as PNG files 00.png, 01.png, ... into a new folder
+// dir, for predict to read as it reads image files, and returns dir.
+func writeTestDigits(t *testing.T, mnist, dir string, n int) string {
+	test, err := data.LoadMNIST(mnist, "t10k")
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for i := 0; i < n; i++ {
+		var b bytes.Buffer
+		require.NoError(t, png.Encode(&b, &image.Gray{Pix: test.Images.Image(i), Stride: 28, Rect: image.Rect(0, 0, 28, 28)}))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("%02d.png", i)), b.Bytes(), 0o644))
+	}
+	return dir
 }
