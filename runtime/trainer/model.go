@@ -219,7 +219,6 @@ func (m *Model) Save(w io.Writer) error {
 func (m *Model) Load(r io.Reader) error {
 	sp := m.sess.Spec
 	var st RunState
-	var seed uint64
 	var classes []string
 	lr := m.sess.LR
 	check := func(meta map[string]string) error {
@@ -236,9 +235,6 @@ func (m *Model) Load(r io.Reader) error {
 		if classes, err = DecodeClassNames(meta, sp.Classes); err != nil {
 			return err
 		}
-		if seed, err = strconv.ParseUint(meta[MetaSeed], 10, 64); err != nil {
-			seed = m.sess.Seed
-		}
 		if v, err := strconv.ParseFloat(meta[MetaLR], 64); err == nil && m.o.LR == 0 {
 			if lr, err = LR32(v); err != nil {
 				return fmt.Errorf("metadata %q: %w", MetaLR, err)
@@ -249,7 +245,7 @@ func (m *Model) Load(r io.Reader) error {
 	if _, err := m.sess.decode(r, true, check); err != nil {
 		return err
 	}
-	m.sess.Seed, m.sess.LR = seed, lr
+	m.sess.LR = lr // the seed came back with the step (Session.load)
 	m.at, m.samples, m.classes = st.Position, st.Samples, classes
 	if st.HasPosition() {
 		// the position counts batches of the saved run's size and order

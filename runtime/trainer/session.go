@@ -400,6 +400,22 @@ func (s *Session) decode(r io.Reader, withState bool, check func(meta map[string
 	return s.load(f, "checkpoint", withState, check)
 }
 
+// checkpointSeed is the run's seed saved in a checkpoint's metadata, which
+// a resume (withState) restores with the step: dropout masks and
+// augmentation draws are keyed by (seed, step), so resuming under another
+// seed would train differently from the run that was interrupted.
+// Checkpoints written before the seed was saved have none.
+func checkpointSeed(meta map[string]string, withState bool) (seed uint64, ok bool, err error) {
+	v, has := meta[MetaSeed]
+	if !withState || !has {
+		return 0, false, nil
+	}
+	if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+		return 0, false, fmt.Errorf("metadata %q = %q is not a seed", MetaSeed, v)
+	}
+	return seed, true, nil
+}
+
 func (s *Session) load(f *checkpoint.File, name string, withState bool, check func(map[string]string) error) (map[string]string, error) {
 	type write struct {
 		t    Tensor
@@ -446,6 +462,10 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 			return nil, fmt.Errorf("%s: metadata %q = %q is not a step count", name, MetaStep, f.Metadata[MetaStep])
 		}
 	}
+	seed, hasSeed, err := checkpointSeed(f.Metadata, withState)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
 	if check != nil {
 		if err := check(f.Metadata); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
@@ -458,6 +478,9 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 	}
 	if withState {
 		s.Step = step
+	}
+	if hasSeed {
+		s.Seed = seed
 	}
 	s.evalFolded = false
 	return f.Metadata, nil

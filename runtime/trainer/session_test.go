@@ -72,6 +72,7 @@ func TestSaveLoadAndResumeAreExact(t *testing.T) {
 	_, err := resumed.Load(ckpt, true)
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), resumed.Step)
+	assert.Equal(t, uint64(3), resumed.Seed, "a resume restores the run's seed: dropout and augmentation draws are keyed by it")
 	sameState(t, first, resumed)
 	for _, b := range bs[2:] {
 		_, _, err := resumed.TrainStep(b)
@@ -85,6 +86,7 @@ func TestSaveLoadAndResumeAreExact(t *testing.T) {
 	again := m.Session(t, 7)
 	meta, err := again.Decode(&buf, true)
 	require.NoError(t, err)
+	assert.Equal(t, uint64(3), again.Seed)
 	assert.Equal(t, "1", meta["extra"])
 	sameState(t, whole, again)
 }
