@@ -106,7 +106,8 @@ func sourceName(name string) string {
 // build compiles source (already carrying its trampolines) into a shared library in the cache
 // and returns the library's path. The directory is named by a hash of the header, the source,
 // the flags and the compiler, so an existing library is reused as is. Files are written under
-// temporary names and renamed, so concurrent processes never see half-written files.
+// temporary names and renamed, so concurrent processes never see half-written files, and
+// concurrent builds of one library wait on its lock (LockCacheEntry): one compiles it.
 func build(source, name string, opts Options) (string, error) {
 	cxx := opts.Compiler
 	if cxx == "" {
@@ -139,6 +140,14 @@ func build(source, name string, opts Options) (string, error) {
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("emu: cache: %w", err)
+	}
+	unlock, err := LockCacheEntry(dir)
+	if err != nil {
+		return "", fmt.Errorf("emu: %w", err)
+	}
+	defer unlock()
+	if _, err := os.Stat(lib); err == nil {
+		return lib, nil // built while this one waited for the lock
 	}
 	hdrPath := filepath.Join(dir, "cuda_emu.h")
 	srcPath := filepath.Join(dir, name)

@@ -750,3 +750,35 @@ func TestKernelsCompileWithNvcc(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(ptx), ".entry matmul_tiled")
 }
+
+// Concurrent builds of one library (go test runs packages in parallel, and
+// they share the cache) wait for the first and reuse its library: the
+// compiler runs once. A wrapper counts the compiles.
+func TestConcurrentBuildsCompileOnce(t *testing.T) {
+	dir := t.TempDir()
+	log := dir + "/compiles.log"
+	wrapper := dir + "/cxx"
+	require.NoError(t, os.WriteFile(wrapper, []byte(fmt.Sprintf(
+		"#!/bin/sh\ncase \" $* \" in *' -o '*) echo compile >> %q;; esac\nexec g++ \"$@\"\n", log)), 0o755))
+	src := []byte("extern \"C\" __global__ void fill(int* x, int v) { x[threadIdx.x] = v; }\n")
+	opts := Options{CacheDir: dir + "/cache", Compiler: wrapper}
+	const builders = 4
+	paths := make([]string, builders)
+	errs := make([]error, builders)
+	var wg sync.WaitGroup
+	for i := range builders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			paths[i], errs[i] = Build(src, "fill.cu", opts)
+		}()
+	}
+	wg.Wait()
+	for i := range builders {
+		require.NoError(t, errs[i])
+		assert.Equal(t, paths[0], paths[i])
+	}
+	got, err := os.ReadFile(log)
+	require.NoError(t, err)
+	assert.Equal(t, "compile\n", string(got), "the compiler ran more than once for one library")
+}

@@ -59,7 +59,8 @@ func sourceName(name string) string {
 
 // build compiles a model's kernel source into a shared library in the cache and returns its
 // path. The directory is named by a hash of the compiler, the header, the source and the flags,
-// so an existing library is reused as it is; files are written under temporary names and
+// so an existing library is reused as it is (concurrent builds of one library wait on its
+// lock, emu.LockCacheEntry, and one compiles it); files are written under temporary names and
 // renamed, so concurrent processes never see half-written files.
 func build(src []byte, name string, opts Options) (string, error) {
 	cxx := opts.Compiler
@@ -103,6 +104,14 @@ func build(src []byte, name string, opts Options) (string, error) {
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("native: cache: %w", err)
+	}
+	unlock, err := emu.LockCacheEntry(dir)
+	if err != nil {
+		return "", fmt.Errorf("native: %w", err)
+	}
+	defer unlock()
+	if _, err := os.Stat(lib); err == nil {
+		return lib, nil // built while this one waited for the lock
 	}
 	for f, text := range texts {
 		if err := writeAtomic(filepath.Join(dir, f), text); err != nil {
