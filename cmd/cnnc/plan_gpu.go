@@ -14,6 +14,10 @@ import (
 
 // runGPUPrediction is `cnnc plan --gpu NAME`: the plan's training step,
 // launch by launch, predicted by the performance model (compiler/perf).
+// Under a memory budget the model chooses the plan: every distinct plan
+// that meets the budget (driver.Alternatives) is predicted and the fastest
+// is shown, after a list of those considered and what the budget costs
+// against the plan without it.
 func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *planFlags, stdout, stderr io.Writer) error {
 	gpu, err := perf.LookupGPU(pf.gpu)
 	if err != nil {
@@ -28,20 +32,30 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 		}
 		res.Train.Precision = string(prec)
 	}
-	comp, err := driver.Compile(res, cfg, driver.CUDA)
+	alts, unbudgeted, err := driver.Alternatives(res, cfg, driver.CUDA)
 	if err != nil {
 		return planError(path, err, stderr)
 	}
-	p, err := perf.Predict(comp, gpu)
+	ch, err := perf.Fastest(alts, unbudgeted, gpu)
 	if err != nil {
 		fmt.Fprintf(stderr, "cnnc: %v\n", err)
 		return exitError{exitModel}
 	}
+	comp, p := ch.Best, ch.Prediction
 	if pf.json {
-		return writeJSON(stdout, struct {
+		out := struct {
 			*perf.Prediction
-			PeakBytes int64 `json:"peak_bytes"`
-		}{p, comp.Plan.ArenaBytes})
+			PeakBytes int64  `json:"peak_bytes"`
+			Strategy  string `json:"strategy"`
+			*perf.Choice
+		}{Prediction: p, PeakBytes: comp.Plan.ArenaBytes, Strategy: comp.Plan.Choices.Strategy}
+		if unbudgeted != nil {
+			out.Choice = ch
+		}
+		return writeJSON(stdout, out)
+	}
+	if unbudgeted != nil {
+		ch.WriteChoice(stdout, gpu.Name, cfg.Budget)
 	}
 	fmt.Fprintf(stdout, "plan: peak %.2f MB (%d bytes), %s\n\n", float64(comp.Plan.ArenaBytes)/1e6, comp.Plan.ArenaBytes, comp.Plan.Choices.Strategy)
 	p.WriteTable(stdout)

@@ -1,0 +1,22 @@
+package perf
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// The fastest predicted step wins, whatever the planner's order; equal
+// steps go to the smaller peak, then to the planner's own choice (first).
+func TestFastestAlternative(t *testing.T) {
+	planner := Considered{Strategy: "recompute", PeakBytes: 40e6, PredictedStepSeconds: 900e-6}
+	micro := Considered{Strategy: "micro-batch", PeakBytes: 39e6, PredictedStepSeconds: 700e-6}
+	assert.Equal(t, 1, fastest([]Considered{planner, micro}))
+	micro.PredictedStepSeconds = 950e-6
+	assert.Equal(t, 0, fastest([]Considered{planner, micro}))
+	micro.PredictedStepSeconds = planner.PredictedStepSeconds
+	assert.Equal(t, 1, fastest([]Considered{planner, micro}), "a tie goes to the smaller peak")
+	micro.PeakBytes = planner.PeakBytes
+	assert.Equal(t, 0, fastest([]Considered{planner, micro}), "then to the planner's choice")
+	assert.Equal(t, 0, fastest([]Considered{planner}))
+}
