@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/plan"
 )
@@ -230,4 +231,26 @@ func TestDataParallelReport(t *testing.T) {
 	want, err := os.ReadFile(golden)
 	require.NoError(t, err)
 	assert.Equal(t, string(want), section)
+}
+
+// With clip_grad_norm the norm reads every gradient: it is each bucket's
+// first reader after its all-reduce (so it waits for all of them), and the
+// updates follow it.
+func TestDataParallelClipWaitsForEveryBucket(t *testing.T) {
+	src, err := os.ReadFile("../../examples/mnist.cnn")
+	require.NoError(t, err)
+	clipped := strings.Replace(string(src), "seed = 1", "seed = 1\n    clip_grad_norm = 1.0", 1)
+	require.NotEqual(t, string(src), clipped)
+	res, err := compiler.CompileSource("mnist.cnn", []byte(clipped), compiler.Options{})
+	require.NoError(t, err)
+	p := build(t, res.Graph, plan.Config{Batch: 64, Ranks: 4, FirstBucketBytes: 1, BucketBytes: 1})
+	checkBuckets(t, p, 1, 1)
+	require.NotNil(t, p.Clip)
+	require.Greater(t, len(p.DataParallel.Buckets), 2)
+	for _, k := range p.DataParallel.Buckets {
+		if !strings.HasSuffix(k.Values[0], ".grad") {
+			continue // the loss and the correct count (one bucket each here): read by the host only
+		}
+		assert.Equal(t, p.Clip.NormStep, k.NeededStep, "bucket %d (%v)", k.Index, k.Values)
+	}
 }
