@@ -31,6 +31,7 @@ type planFlags struct {
 	gpu        string
 	precision  string
 	gpus       int
+	shardOpt   bool
 }
 
 func newPlanCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -76,6 +77,7 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last `LAYER` of the micro-batched trunk")
 	fl.StringVar(&pf.precision, "precision", "", "with --gpu: the kernels' `PRECISION`, fp32, tf32 or bf16 (overrides the train block's precision)")
 	fl.IntVar(&pf.gpus, "gpus", 1, "plan one rank of data-parallel training on `N` GPUs: each takes 1/N of every batch; gradient buckets, split updates and NCCL's buffers (an estimate) are shown")
+	fl.BoolVar(&pf.shardOpt, "shard-optimizer", false, "with --gpus: also show the rank's peak with a 1/N share of the optimizer state (ZeRO stage 1; planned, the trainer cannot run it yet)")
 	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+"): a prediction of the performance model (needs nvcc and g++)")
 	return cmd
 }
@@ -107,6 +109,9 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if pf.gpus < 1 || pf.gpus > plan.MaxRanks {
 		return usage("--gpus %d: want between 1 and %d GPUs", pf.gpus, plan.MaxRanks)
 	}
+	if pf.shardOpt && pf.gpus < 2 {
+		return usage("--shard-optimizer shares the optimizer state among data-parallel GPUs: it needs --gpus 2 or more")
+	}
 	if pf.gpus > 1 && (f.infer || pf.maxBatch || pf.gpu != "") {
 		return usage("--gpus plans one rank of data-parallel training: not with --infer, --max-batch or --gpu")
 	}
@@ -128,7 +133,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 		return usage("%s: the train block's accumulate = %d (%s) fixes the micro-batch at the batch; remove accumulate to use %s", flag, res.Train.Accumulate, res.Train.Pos["accumulate"], flag)
 	}
 	cfg := plan.Config{Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
-		MicroBatch: pf.microBatch, Trunk: pf.trunk, Ranks: pf.gpus}
+		MicroBatch: pf.microBatch, Trunk: pf.trunk, Ranks: pf.gpus, ShardOptimizer: pf.shardOpt}
 	switch pf.budget {
 	case "":
 	case "none":
@@ -280,7 +285,7 @@ func unclippedPeak(res *compiler.Result, cfg plan.Config) int64 {
 func oneDevicePeak(res *compiler.Result, cfg plan.Config) int64 {
 	one := *res
 	one.Train.Batch /= int64(cfg.Ranks)
-	cfg.Ranks = 0
+	cfg.Ranks, cfg.ShardOptimizer = 0, false
 	p, err := driver.Plan(&one, cfg, driver.CUDA)
 	if err != nil {
 		return 0

@@ -50,6 +50,9 @@ func TestPlanGPUs(t *testing.T) {
 	assert.Positive(t, p.DataParallel.NCCLBytes)
 	assert.Positive(t, p.DataParallel.OneDevice)
 	assert.Greater(t, p.Peak, p.DataParallel.OneDevice, "the buckets persist")
+	code, out, errOut = cnnc("plan", "--gpus", "4", "--shard-optimizer", simple)
+	require.Equal(t, 0, code, errOut)
+	assert.Regexp(t, `--shard-optimizer +optimizer state 3\.69 MB per rank instead of 14\.77 MB \(a flat 1/4 share, ZeRO stage 1\): peak 39\.92 MB \(-11,079,168 B\); the trainer cannot run it yet`, out)
 	// one GPU is the ordinary plan
 	code, out, errOut = cnnc("plan", "--gpus", "1", simple)
 	require.Equal(t, 0, code, errOut)
@@ -68,6 +71,7 @@ func TestPlanGPUsBadFlags(t *testing.T) {
 		{[]string{"--gpus", "3"}, "--gpus 3: the batch 32 does not split evenly over 3 GPUs (each takes an equal share; a batch of 33 does)"},
 		{[]string{"--gpus", "2", "--infer"}, "--gpus plans one rank of data-parallel training: not with --infer, --max-batch or --gpu"},
 		{[]string{"--gpus", "2", "--gpu", "h200"}, "--gpus plans one rank of data-parallel training"},
+		{[]string{"--shard-optimizer"}, "--shard-optimizer shares the optimizer state among data-parallel GPUs: it needs --gpus 2 or more"},
 	} {
 		code, _, errOut := cnnc(append([]string{"plan", simple}, c.args...)...)
 		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)

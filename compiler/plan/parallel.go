@@ -31,6 +31,16 @@ package plan
 // (float32 scalars the loss kernel writes before any gradient) travel in
 // the first bucket, so the host reads the global batch's.
 //
+// Sharding the optimizer state (Config.ShardOptimizer, ZeRO stage 1 as
+// DeepSpeed partitions it): each rank keeps a flat 1/N share of the
+// optimizer state, updates its share of the parameters after the
+// all-reduce and all-gathers the parameters in place. DataParallel.Shard is
+// that rank's peak: the persistent region holds the share instead of the
+// whole state, and since placement is translation invariant (every other
+// buffer is placed above the persistent region, at offsets relative to it,
+// all multiples of the alignment) the rest of the arena moves down by
+// exactly the difference. The trainer cannot run a sharded step yet.
+//
 // NCCL's own buffers are outside the arena (NCCL allocates them when the
 // communicator is created); DataParallel.NCCLBytes is an estimate from
 // NCCL's documented defaults, DataParallel.NCCLEstimate says how.
@@ -85,6 +95,9 @@ type DataParallel struct {
 	// rank, outside the arena (NCCLEstimate says how).
 	NCCLBytes    int64  `json:"nccl_bytes"`
 	NCCLEstimate string `json:"nccl_estimate"`
+	// Shard is what sharding the optimizer state saves
+	// (Config.ShardOptimizer); nil otherwise.
+	Shard *ShardCost `json:"shard_optimizer,omitempty"`
 	// OneDevicePeakBytes is the peak of the same model planned on one
 	// device at the rank's batch (set by the caller that plans both, cnnc
 	// plan; 0: not planned): the difference is what data parallelism adds.
@@ -114,11 +127,25 @@ type Bucket struct {
 	NeededStep int `json:"needed_step"`
 }
 
+// ShardCost is the rank's plan with its share of the optimizer state.
+type ShardCost struct {
+	// StateBytes is the whole optimizer state as the plan holds it (each
+	// buffer aligned); ShardBytes one rank's flat share of it (the state's
+	// bytes over the ranks, rounded up to whole float32 values and to the
+	// alignment).
+	StateBytes int64 `json:"state_bytes"`
+	ShardBytes int64 `json:"shard_bytes"`
+	// PeakBytes is the rank's peak with the share in place of the state:
+	// the plan's peak less StateBytes − ShardBytes, exactly.
+	PeakBytes int64 `json:"peak_bytes"`
+}
+
 // dpConfig is the analysis's data-parallel setting (nil: one device).
 type dpConfig struct {
 	ranks                         int
 	globalBatch                   int64
 	bucketBytes, firstBucketBytes int64
+	shard                         bool
 }
 
 // rankConfig checks cfg's ranks and returns the data-parallel setting and
@@ -127,6 +154,9 @@ func rankConfig(g *ir.Graph, cfg Config) (*dpConfig, int64, error) {
 	if cfg.Ranks <= 1 {
 		if cfg.Ranks < 0 {
 			return nil, 0, fmt.Errorf("plan: %d ranks: at least 1", cfg.Ranks)
+		}
+		if cfg.ShardOptimizer {
+			return nil, 0, fmt.Errorf("plan: sharding the optimizer state needs data parallelism over more than one rank")
 		}
 		return nil, cfg.Batch, nil
 	}
@@ -139,7 +169,7 @@ func rankConfig(g *ir.Graph, cfg Config) (*dpConfig, int64, error) {
 		return nil, 0, fmt.Errorf("plan: the batch %d does not split evenly over %d ranks (each rank takes an equal share; try a batch of %d)",
 			cfg.Batch, cfg.Ranks, (cfg.Batch/int64(cfg.Ranks)+1)*int64(cfg.Ranks))
 	}
-	dp := &dpConfig{ranks: cfg.Ranks, globalBatch: cfg.Batch, bucketBytes: cfg.BucketBytes, firstBucketBytes: cfg.FirstBucketBytes}
+	dp := &dpConfig{ranks: cfg.Ranks, globalBatch: cfg.Batch, bucketBytes: cfg.BucketBytes, firstBucketBytes: cfg.FirstBucketBytes, shard: cfg.ShardOptimizer}
 	if dp.bucketBytes <= 0 {
 		dp.bucketBytes = DefaultBucketBytes
 	}
@@ -222,7 +252,26 @@ func (a *analysis) dataParallel(c *candidate, p *Plan) *DataParallel {
 		last := dp.Buckets[n-1]
 		dp.BucketBytes = last.Offset + last.Bytes - dp.BucketOffset
 	}
+	if a.dp.shard {
+		dp.Shard = shardCost(c, a.align, a.dp.ranks, p.PeakBytes)
+	}
 	return dp
+}
+
+// shardCost is what a flat 1/ranks share of c's optimizer state saves.
+func shardCost(c *candidate, align int64, ranks int, peak int64) *ShardCost {
+	var held, raw int64
+	for _, b := range c.bufs {
+		if b.insts[0].cat == CatState {
+			held += alignUp(b.bytes, align)
+			raw += b.bytes
+		}
+	}
+	share := alignUp(alignUp((raw+int64(ranks)-1)/int64(ranks), 4), align)
+	if raw == 0 {
+		share = 0
+	}
+	return &ShardCost{StateBytes: held, ShardBytes: share, PeakBytes: peak - held + share}
 }
 
 // readyAfter is the step after which step s's outputs are final: s, or the
@@ -270,6 +319,10 @@ func (p *Plan) reportDataParallel(w io.Writer) {
 	rows = append(rows,
 		[]string{"NCCL", fmt.Sprintf("≈%s per rank outside the arena (an estimate: %s)", mb(dp.NCCLBytes), dp.NCCLEstimate)},
 		[]string{"per rank", fmt.Sprintf("≈%s: the arena and NCCL's buffers", mb(p.PeakBytes+dp.NCCLBytes))})
+	if s := dp.Shard; s != nil {
+		rows = append(rows, []string{"--shard-optimizer", fmt.Sprintf("optimizer state %s per rank instead of %s (a flat 1/%d share, ZeRO stage 1): peak %s (-%s); the trainer cannot run it yet",
+			mb(s.ShardBytes), mb(s.StateBytes), dp.Ranks, mb(s.PeakBytes), commas(p.PeakBytes-s.PeakBytes))})
+	}
 	table(w, rows, []bool{false, false}, "  ")
 	bt := [][]string{{"bucket", "offset", "bytes", "all-reduce after step", "awaited at step", "values"}}
 	for _, b := range dp.Buckets {

@@ -56,6 +56,9 @@ type Config struct {
 	// FirstBucketBytes; 0: PyTorch's defaults) and Plan.DataParallel.
 	Ranks                         int
 	BucketBytes, FirstBucketBytes int64
+	// ShardOptimizer (Ranks > 1): also work out the rank's peak with a
+	// flat 1/Ranks share of the optimizer state (DataParallel.Shard).
+	ShardOptimizer bool
 }
 
 // BudgetError says that no plan meets the budget, and what budget would.
