@@ -30,6 +30,8 @@ type planFlags struct {
 	trunk      string
 	gpu        string
 	precision  string
+	gpus       int
+	shardOpt   bool
 }
 
 func newPlanCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -57,7 +59,8 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
   cnnc plan --memory-budget 40MB --plot timeline.svg examples/simplecnn.cnn
   cnnc plan examples/simplecnn.cnn --batch 256 --json
   cnnc plan --max-batch --memory-budget 40MB examples/simplecnn.cnn
-  cnnc plan --gpu h200 --batch 256 examples/simplecnn.cnn`,
+  cnnc plan --gpu h200 --batch 256 examples/simplecnn.cnn
+  cnnc plan --gpus 8 --batch 256 examples/simplecnn.cnn`,
 		Args: exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runPlan(args[0], &f, &pf, stdout, stderr)
@@ -73,6 +76,8 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	fl.Int64Var(&pf.microBatch, "micro-batch", 0, "skip the search: run in micro-batches of `N` samples (the whole step, or the trunk up to --trunk)")
 	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last `LAYER` of the micro-batched trunk")
 	fl.StringVar(&pf.precision, "precision", "", "with --gpu: the kernels' `PRECISION`, fp32, tf32 or bf16 (overrides the train block's precision)")
+	fl.IntVar(&pf.gpus, "gpus", 1, "plan one rank of data-parallel training on `N` GPUs: each takes 1/N of every batch; gradient buckets, split updates and NCCL's buffers (an estimate) are shown")
+	fl.BoolVar(&pf.shardOpt, "shard-optimizer", false, "with --gpus: also show the rank's peak with a 1/N share of the optimizer state (ZeRO stage 1; planned, the trainer cannot run it yet)")
 	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+"): a prediction of the performance model (needs nvcc and g++); under a memory budget, the fastest of the plans that meet it")
 	return cmd
 }
@@ -101,12 +106,24 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if pf.microBatch < 0 {
 		return usage("--micro-batch %d: a micro-batch must be at least 1 sample", pf.microBatch)
 	}
+	if pf.gpus < 1 || pf.gpus > plan.MaxRanks {
+		return usage("--gpus %d: want between 1 and %d GPUs", pf.gpus, plan.MaxRanks)
+	}
+	if pf.shardOpt && pf.gpus < 2 {
+		return usage("--shard-optimizer shares the optimizer state among data-parallel GPUs: it needs --gpus 2 or more")
+	}
+	if pf.gpus > 1 && (f.infer || pf.maxBatch || pf.gpu != "") {
+		return usage("--gpus plans one rank of data-parallel training: not with --infer, --max-batch or --gpu")
+	}
 	res, err := loadModel(path, f, stdout, stderr)
 	if err != nil {
 		return err
 	}
 	if f.dumpAfter != "" {
 		return nil
+	}
+	if n := int64(pf.gpus); res.Train.Batch%n != 0 {
+		return usage("--gpus %d: the batch %d does not split evenly over %d GPUs (each takes an equal share; a batch of %d does)", pf.gpus, res.Train.Batch, pf.gpus, (res.Train.Batch/n+1)*n)
 	}
 	if res.Train.Accumulate > 1 && (pf.microBatch > 0 || pf.maxBatch) {
 		flag := "--micro-batch"
@@ -116,7 +133,7 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 		return usage("%s: the train block's accumulate = %d (%s) fixes the micro-batch at the batch; remove accumulate to use %s", flag, res.Train.Accumulate, res.Train.Pos["accumulate"], flag)
 	}
 	cfg := plan.Config{Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
-		MicroBatch: pf.microBatch, Trunk: pf.trunk}
+		MicroBatch: pf.microBatch, Trunk: pf.trunk, Ranks: pf.gpus, ShardOptimizer: pf.shardOpt}
 	switch pf.budget {
 	case "":
 	case "none":
@@ -146,6 +163,9 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	}
 	if p.Clip != nil {
 		p.Clip.UnclippedPeakBytes = unclippedPeak(res, cfg)
+	}
+	if dp := p.DataParallel; dp != nil {
+		dp.OneDevicePeakBytes = oneDevicePeak(res, cfg)
 	}
 	if pf.plot != "" {
 		if err := timeline.Write(p, pf.plot); err != nil {
@@ -253,6 +273,20 @@ func unclippedPeak(res *compiler.Result, cfg plan.Config) int64 {
 		return 0
 	}
 	p, err := driver.Plan(plain, cfg, driver.CUDA)
+	if err != nil {
+		return 0
+	}
+	return p.PeakBytes
+}
+
+// oneDevicePeak is the peak of res's model planned on one device at one
+// rank's share of the batch (what data parallelism adds to it), or 0 when
+// that plan fails (the report then leaves the comparison out).
+func oneDevicePeak(res *compiler.Result, cfg plan.Config) int64 {
+	one := *res
+	one.Train.Batch /= int64(cfg.Ranks)
+	cfg.Ranks, cfg.ShardOptimizer = 0, false
+	p, err := driver.Plan(&one, cfg, driver.CUDA)
 	if err != nil {
 		return 0
 	}

@@ -16,6 +16,9 @@ type analysis struct {
 	budget int64 // 0: none
 	// workspace sizes a step's kernel scratch (Config.Workspace), or nil.
 	workspace func(n *ir.Node, samples int64) int64
+	// dp: a rank's plan of data-parallel training (parallel.go); nil on
+	// one device.
+	dp *dpConfig
 
 	fwd    []*ir.Node  // forward kernels in order (views excluded)
 	fwdIdx map[int]int // forward node ID -> index in fwd

@@ -105,6 +105,9 @@ type buffer struct {
 	first, last int
 	loop        int
 	offset      int64
+	// pin > 0 places the buffer in the gradient buckets' region, in pin
+	// order, in bucket number bucket (data parallelism: pinBuckets).
+	pin, bucket int
 }
 
 func (i *inst) bytes() int64 {
@@ -188,7 +191,11 @@ func (c *candidate) schedule(a *analysis) error {
 	if err != nil {
 		return err
 	}
-	c.steps = insertUpdates(seq, upd)
+	if a.dp != nil {
+		c.steps = append(seq, steps(upd, -1)...) // after the backward pass and the gradients' sums
+	} else {
+		c.steps = insertUpdates(seq, upd)
+	}
 	if err := c.measureLoops(a); err != nil {
 		return err
 	}
@@ -214,7 +221,7 @@ func (c *candidate) inLoop(a *analysis, n *ir.Node) bool {
 func (c *candidate) applySplits(a *analysis, byID map[int]*ir.Node) (map[int]bool, error) {
 	splitIDs := map[int]bool{}
 	for _, w := range a.fusedUpdates {
-		if c.d.split[w.ID] || c.inLoop(a, w) {
+		if c.d.split[w.ID] || c.inLoop(a, w) || a.dp != nil {
 			splitIDs[w.ID] = true
 		}
 	}
@@ -743,6 +750,9 @@ func (c *candidate) buffers(a *analysis) {
 			}
 		}
 		c.bufs = append(c.bufs, b)
+	}
+	if a.dp != nil {
+		c.pinBuckets(a)
 	}
 	c.workspaceBuffers(a)
 	c.live = make([]int64, len(c.steps))

@@ -125,6 +125,9 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 	}
 	p.Choices.Strategy = strategy
 	p.Clip = clipCost(c, p)
+	if a.dp != nil {
+		p.DataParallel = a.dataParallel(c, p)
+	}
 	for _, s := range []*[]string{&p.Choices.SplitUpdates, &p.Choices.FusedUpdates, &p.Choices.InPlace, &p.Choices.Recompute, &p.Choices.Trunk} {
 		if *s == nil {
 			*s = []string{}

@@ -12,7 +12,9 @@ import (
 // the rest.
 //
 // Persistent buffers (parameters, then their optimizer state) go first,
-// contiguous at the bottom, so a checkpoint is one copy. The others are
+// contiguous at the bottom, so a checkpoint is one copy; then, with data
+// parallelism, the gradient buckets' buffers in bucket order (pin), so
+// that each bucket is one range for one all-reduce. The others are
 // placed one by one, each at the best-fitting (or lowest fitting) gap among
 // the buffers already placed whose live ranges overlap it, in several
 // orders: largest first (TFLite's greedy-by-size), largest size×lifetime
@@ -22,14 +24,19 @@ import (
 
 // place sets every buffer's offset and returns the arena size.
 func place(bufs []*buffer, align int64, effort int) int64 {
-	var fixed, rest []*buffer
+	var fixed, pinned, rest []*buffer
 	for _, b := range bufs {
-		if b.insts[0].persistent {
+		switch {
+		case b.insts[0].persistent:
 			fixed = append(fixed, b)
-		} else {
+		case b.pin > 0:
+			pinned = append(pinned, b)
+		default:
 			rest = append(rest, b)
 		}
 	}
+	sort.SliceStable(pinned, func(i, j int) bool { return pinned[i].pin < pinned[j].pin })
+	fixed = append(fixed, pinned...)
 	var base int64
 	for _, b := range fixed {
 		b.offset = base

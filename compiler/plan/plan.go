@@ -122,6 +122,9 @@ type Plan struct {
 	// Clip is what gradient clipping (the train block's clip_grad_norm)
 	// costs, when the model clips; nil otherwise.
 	Clip *ClipCost `json:"clip,omitempty"`
+	// DataParallel: the plan is one rank's of data-parallel training
+	// (Config.Ranks > 1; Batch is the rank's share); nil otherwise.
+	DataParallel *DataParallel `json:"data_parallel,omitempty"`
 
 	// FLOPs of the planned step (recomputation included) and of the
 	// recomputation alone.

@@ -62,6 +62,7 @@ type ReportOptions struct {
 // live during it, and every buffer with its offset and DSL position.
 func (p *Plan) WriteReport(w io.Writer, o ReportOptions) {
 	p.reportSummary(w, o)
+	p.reportDataParallel(w)
 	p.reportChoices(w)
 	p.reportCategories(w)
 	p.reportLiveAtPeak(w)
@@ -86,6 +87,9 @@ func (p *Plan) reportSummary(w io.Writer, o ReportOptions) {
 	title := fmt.Sprintf("cnnc memory plan: %s, batch %d", p.Model, p.Batch)
 	if p.Inference {
 		title = fmt.Sprintf("cnnc inference memory plan: %s, batch %d (forward only)", p.Model, p.Batch)
+	}
+	if dp := p.DataParallel; dp != nil {
+		title += fmt.Sprintf(" per rank of %d (global batch %d)", dp.Ranks, dp.GlobalBatch)
 	}
 	if p.Accumulate > 1 {
 		title += fmt.Sprintf(" per update (accumulate = %d batches of %d)", p.Accumulate, p.Batch/p.Accumulate)

@@ -49,6 +49,16 @@ type Config struct {
 	// workspace buffer live only during that step. Nil: no kernel needs any
 	// (package driver gives the code generator's for the target).
 	Workspace func(n *ir.Node, samples int64) int64
+	// Ranks > 1 plans one rank of data-parallel training on Ranks devices
+	// (parallel.go): Batch is then the global batch, of which each rank
+	// takes Batch/Ranks samples (Accumulate applies to the rank's share),
+	// and the plan gets gradient buckets of BucketBytes (the first
+	// FirstBucketBytes; 0: PyTorch's defaults) and Plan.DataParallel.
+	Ranks                         int
+	BucketBytes, FirstBucketBytes int64
+	// ShardOptimizer (Ranks > 1): also work out the rank's peak with a
+	// flat 1/Ranks share of the optimizer state (DataParallel.Shard).
+	ShardOptimizer bool
 }
 
 // BudgetError says that no plan meets the budget, and what budget would.
@@ -153,12 +163,18 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 	if cfg.Alignment == 0 {
 		cfg.Alignment = DefaultAlignment
 	}
+	dp, batch, err := rankConfig(g, cfg)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	cfg.Batch = batch
 	a, err := analyze(g, cfg.Batch, cfg.Alignment)
 	if err != nil {
 		return nil, nil, "", err
 	}
 	a.budget = max(cfg.Budget, 0)
 	a.workspace = cfg.Workspace
+	a.dp = dp
 	if cfg.Accumulate > 1 {
 		if cfg.MicroBatch > 0 || cfg.Trunk != "" {
 			return nil, nil, "", fmt.Errorf("plan: accumulate = %d fixes the micro-batch; a forced micro-batch or trunk cannot be given too", cfg.Accumulate)
@@ -328,6 +344,9 @@ func (a *analysis) bestSplits(d decisions) (*candidate, error) {
 // gives a better candidate, for at most four rounds (a round with no gain
 // ends it).
 func (a *analysis) descend(cur *candidate) *candidate {
+	if a.dp != nil {
+		return cur // data parallelism splits every update
+	}
 	for round := 0; round < 4; round++ {
 		improved := false
 		for _, w := range a.fusedUpdates {

@@ -32,6 +32,15 @@ type LoaderOptions struct {
 	// one the consumer holds (default 2*Workers). It bounds memory:
 	// Prefetch+1 batch buffers exist.
 	Prefetch int
+	// Ranks > 1: data-parallel training over Ranks processes, this one
+	// being Rank (0-based). BatchSize is then the global batch, a multiple
+	// of Ranks, and every batch the loader yields is this rank's share of
+	// the global batch one process would get with the same seed: samples
+	// Rank·s .. (Rank+1)·s−1 of it, s = BatchSize/Ranks. The ranks' shares
+	// are disjoint and together are that batch, in its order; in a partial
+	// last batch the later ranks get fewer samples, or none
+	// (Batch.GlobalSize says how many the whole batch has).
+	Rank, Ranks int
 }
 
 // Batch is a group of samples. Pixels holds len(Labels) images of Shape,
@@ -43,6 +52,10 @@ type Batch struct {
 	Pixels  []uint8
 	Labels  []int32
 	Indices []int
+	// GlobalSize is the samples of the whole global batch when the loader
+	// shards batches over data-parallel ranks (LoaderOptions.Ranks > 1),
+	// of which this batch is one rank's share; else Size().
+	GlobalSize int
 }
 
 // Size is the number of samples in the batch.
@@ -59,6 +72,9 @@ func NewLoader(ds Dataset, opts LoaderOptions) (*Loader, error) {
 	if opts.BatchSize <= 0 {
 		return nil, fmt.Errorf("batch size %d: want at least 1", opts.BatchSize)
 	}
+	if err := opts.checkRanks(); err != nil {
+		return nil, err
+	}
 	if ds.Len() == 0 {
 		return nil, errors.New("the data set is empty")
 	}
@@ -69,6 +85,33 @@ func NewLoader(ds Dataset, opts LoaderOptions) (*Loader, error) {
 		opts.Prefetch = 2 * opts.Workers
 	}
 	return &Loader{ds: ds, opts: opts}, nil
+}
+
+// checkRanks checks the data-parallel sharding options.
+func (o LoaderOptions) checkRanks() error {
+	switch {
+	case o.Ranks < 0:
+		return fmt.Errorf("%d ranks: want at least 1", o.Ranks)
+	case o.Ranks <= 1 && o.Rank != 0:
+		return fmt.Errorf("rank %d without data-parallel ranks", o.Rank)
+	case o.Ranks <= 1:
+		return nil
+	case o.Rank < 0 || o.Rank >= o.Ranks:
+		return fmt.Errorf("rank %d of %d: want 0..%d", o.Rank, o.Ranks, o.Ranks-1)
+	case o.BatchSize%o.Ranks != 0:
+		return fmt.Errorf("global batch %d does not split evenly over %d ranks", o.BatchSize, o.Ranks)
+	}
+	return nil
+}
+
+// share is the part [lo, hi) of a global batch [lo, hi) of the epoch's
+// order that this rank takes.
+func (o LoaderOptions) share(lo, hi int) (int, int) {
+	if o.Ranks <= 1 {
+		return lo, hi
+	}
+	s := o.BatchSize / o.Ranks
+	return min(lo+o.Rank*s, hi), min(lo+(o.Rank+1)*s, hi)
 }
 
 // BatchesPerEpoch is the number of batches an epoch yields.
@@ -169,14 +212,16 @@ func (l *Loader) Epoch(ctx context.Context, epoch, first int) iter.Seq2[*Batch, 
 					return
 				}
 				if b == nil {
+					c := bs / max(l.opts.Ranks, 1) // a rank holds its share
 					b = &Batch{
-						Pixels:  make([]uint8, bs*shape.Size()),
-						Labels:  make([]int32, bs),
-						Indices: make([]int, bs),
+						Pixels:  make([]uint8, c*shape.Size()),
+						Labels:  make([]int32, c),
+						Indices: make([]int, c),
 					}
 				}
-				lo, hi := n*bs, min((n+1)*bs, len(order))
-				b.Epoch, b.Number, b.Shape = epoch, n, shape
+				glo, ghi := n*bs, min((n+1)*bs, len(order))
+				lo, hi := l.opts.share(glo, ghi)
+				b.Epoch, b.Number, b.Shape, b.GlobalSize = epoch, n, shape, ghi-glo
 				b.Pixels = b.Pixels[:(hi-lo)*shape.Size()]
 				b.Labels = b.Labels[:hi-lo]
 				b.Indices = b.Indices[:hi-lo]
