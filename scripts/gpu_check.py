@@ -13,6 +13,9 @@
    precision, on the same GPU, in this same call;
 4. peak memory: cnnc's arena against torch.cuda.max_memory_allocated;
 5. per-kernel achieved GB/s and GFLOP/s against the roofline (--profile);
+   and the performance model's calibration: its predicted time per kernel
+   and per step (`cnnc plan --gpu`, made when the bundle was built, in
+   predicted/) beside the measured ones, written to OUT/calibration.json;
 6. compute-sanitizer memcheck over a few trainer steps.
 
 It prints one short table last and writes the whole log to OUT/gpu-check.log
@@ -90,12 +93,82 @@ def bench(run, binary, steps, extra=()):
     return float(m.group(1)), int(m.group(3)), out
 
 
+# GPU names as nvidia-smi reports them -> the performance model's names
+MODEL_GPUS = [("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L4", "l4"), ("4090", "rtx4090")]
+
+
+def model_gpu(gpu_name):
+    """The performance model's name for the GPU here (h200 off a GPU: the
+    fake and the emulator have no model of their own)."""
+    return next((m for key, m in MODEL_GPUS if key in gpu_name), "h200")
+
+
+def parse_profile(out):
+    """Per-kernel measured milliseconds (total over the step's calls) from a
+    trainer's --profile table."""
+    measured, inside = {}, False
+    for line in out.splitlines():
+        if line.startswith("kernel ") and "total ms" in line:
+            inside = True
+            continue
+        fields = line.split()
+        if not inside or len(fields) < 4:
+            inside = inside and bool(fields)
+            continue
+        try:
+            measured[fields[0]] = float(fields[2])
+        except ValueError:
+            inside = False
+    return measured
+
+
+def calibration(predicted, measured_ms, step_ms):
+    """Rows of (kernel, predicted µs, measured µs, measured/predicted) for
+    every kernel of the prediction, summed over its launches, then the
+    step's; measured is None where the profile has no such kernel."""
+    per_kernel = {}
+    for launch in predicted["launches"]:
+        per_kernel[launch["kernel"]] = per_kernel.get(launch["kernel"], 0.0) + 1e6 * launch["predicted_seconds"]
+    rows = []
+    for kernel, pred in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
+        meas = measured_ms.get(kernel)
+        rows.append((kernel, pred, None if meas is None else 1e3 * meas, None if meas is None else 1e3 * meas / pred))
+    pred_step = 1e6 * predicted["predicted_step_seconds"]
+    rows.append(("(step)", pred_step, None if step_ms is None else 1e3 * step_ms, None if step_ms is None else 1e3 * step_ms / pred_step))
+    return rows
+
+
+def calibrate(run, name, binary, gpu, steps_ms):
+    """Profiles binary's step and sets it beside the model's prediction."""
+    path = os.path.join(HERE, "predicted", f"{name}.{gpu}.json")
+    if not os.path.exists(path):
+        run.row(f"model calibration {name}", f"no prediction for {gpu} in the bundle (CNNC_BUNDLE_GPUS)")
+        return None
+    with open(path) as f:
+        predicted = json.load(f)
+    code, out = run.sh(f"profile {binary}", [f"bin/{binary}", "--bench", "3", "--profile", "1", "--device", run.dev], 240)
+    if code != 0:
+        run.row(f"model calibration {name}", f"FAIL (exit {code})")
+        return None
+    rows = calibration(predicted, parse_profile(out), steps_ms)
+    run.log.write(f"\nmodel calibration {name} on {gpu} (predicted vs measured µs):\n")
+    for kernel, pred, meas, ratio in rows:
+        run.log.write(f"  {kernel:90s} {pred:10.1f} {'-' if meas is None else f'{meas:10.1f}'} {'-' if ratio is None else f'{ratio:6.2f}x'}\n")
+    step = rows[-1]
+    matched = [r for r in rows[:-1] if r[3] is not None]
+    worst = max(matched, key=lambda r: abs(r[3] - 1) if r[3] > 0 else 0, default=None)
+    run.row(f"model calibration {name}", f"step predicted {step[1]:.1f} µs, measured {'-' if step[2] is None else f'{step[2]:.1f}'} µs"
+            + (f" ({step[3]:.2f}x)" if step[3] else "") + f"; {len(matched)}/{len(rows) - 1} kernels matched"
+            + (f", furthest {worst[0]} {worst[3]:.2f}x" if worst else ""))
+    return {"model": name, "gpu": gpu, "rows": [dict(zip(("kernel", "predicted_us", "measured_us", "ratio"), r)) for r in rows]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="run trainers on the CPU emulator (no GPU needed)")
     ap.add_argument("--fake", metavar="DIR", help="run the CUDA binaries under the fake libcuda in DIR (no GPU needed)")
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(os.getcwd(), "out"))
-    ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: kernels parity epoch timing torch profile memcheck")
+    ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: kernels parity epoch timing torch profile calibrate memcheck")
     args = ap.parse_args()
     args.out = os.path.abspath(args.out)  # the steps run in the bundle's folder
     gpu = not args.cpu
@@ -204,6 +277,22 @@ def main():
         code, out = run.sh("profile", [f"bin/{b}", "--bench", "3", "--profile", "1", "--roofline", roof, "--device", run.dev], 240)
         lines = [l for l in out.splitlines() if "%" in l and not l.startswith("kernel")]
         run.row("profile (top kernel)", lines[0].split()[0] + " " + lines[0].split()[-1] if lines else f"exit {code}")
+
+    # 5b. the performance model against the measurement, kernel by kernel
+    if "calibrate" not in args.skip:
+        gpu = model_gpu(gpu_name)
+        table = []
+        for name, binary in [("simplecnn-b32", "simplecnn-b32"), ("simplecnn-b256", "simplecnn-b256"), ("mnist", "mnist")]:
+            b = binary + ("-cuda" if gpu else "-cpu")
+            if not os.path.exists(os.path.join(HERE, "bin", b)) or (fake and "b256" in b):
+                continue
+            label = {"simplecnn-b32": "simplecnn B=32", "simplecnn-b256": "simplecnn B=256", "mnist": "mnist B=64"}[name]
+            r = calibrate(run, name, b, gpu, cnnc.get(label, (None, None))[0])
+            if r:
+                table.append(r)
+        with open(os.path.join(args.out, "calibration.json"), "w") as f:
+            json.dump({"device": gpu_name, "note": "predicted: cnnc's performance model; measured: this run"
+                       + ("" if gpu and not fake else " (not a GPU: the emulator's times)"), "models": table}, f, indent=1)
 
     # 6. compute-sanitizer
     if gpu and not fake and "memcheck" not in args.skip:

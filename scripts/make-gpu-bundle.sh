@@ -47,6 +47,16 @@ chmod u+w "$B"/data/mnist/*.gz
 # the CPU backend's 20 steps: what the GPU must reproduce
 bin/mnist-cpu --device cpu --data "$B/data/mnist-small" --test "" --no-shuffle --seed 1 \
   --max-steps 20 --checkpoint "$B/expected/mnist-cpu.safetensors" --quiet >/dev/null
+# the performance model's predictions for the timed binaries (same batch and
+# budget), which gpu_check sets beside what it measures: the calibration.
+# CNNC_BUNDLE_GPUS names the GPUs to predict for (default h200; each costs
+# a few minutes of emulator tracing here).
+mkdir -p "$B/predicted"
+for gpu in ${CNNC_BUNDLE_GPUS:-h200}; do
+  ./bin/cnnc plan --gpu "$gpu" --json --batch 32 examples/simplecnn.cnn > "$B/predicted/simplecnn-b32.$gpu.json"
+  ./bin/cnnc plan --gpu "$gpu" --json --batch 256 --memory-budget none examples/simplecnn.cnn > "$B/predicted/simplecnn-b256.$gpu.json"
+  ./bin/cnnc plan --gpu "$gpu" --json examples/mnist.cnn > "$B/predicted/mnist.$gpu.json"
+done
 # the device tool carries at most 64 MiB: binaries travel gzipped and
 # gpu_check.py unpacks them
 gzip -9f "$B"/bin/*
