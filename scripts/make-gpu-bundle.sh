@@ -54,7 +54,9 @@ bin/mnist-cpu --device cpu --data "$B/data/mnist-small" --test "" --no-shuffle -
 mkdir -p "$B/predicted"
 for gpu in ${CNNC_BUNDLE_GPUS:-h200}; do
   ./bin/cnnc plan --gpu "$gpu" --json --batch 32 examples/simplecnn.cnn > "$B/predicted/simplecnn-b32.$gpu.json"
-  ./bin/cnnc plan --gpu "$gpu" --json --batch 256 --memory-budget none examples/simplecnn.cnn > "$B/predicted/simplecnn-b256.$gpu.json"
+  if [ -z "$FAKE" ]; then # the fake rehearsal does not time B=256
+    ./bin/cnnc plan --gpu "$gpu" --json --batch 256 --memory-budget none examples/simplecnn.cnn > "$B/predicted/simplecnn-b256.$gpu.json"
+  fi
   ./bin/cnnc plan --gpu "$gpu" --json examples/mnist.cnn > "$B/predicted/mnist.$gpu.json"
 done
 # the device tool carries at most 64 MiB: binaries travel gzipped and
