@@ -172,6 +172,10 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 	if err != nil {
 		return nil, nil, "", err
 	}
+	if !cfg.NoRecompute && cfg.MicroBatch == 0 {
+		// memory-bound values saved beside their inputs (cheap.go)
+		base = a.descend(a.cheapRecompute(base))
+	}
 	if cfg.MicroBatch > 0 {
 		c, err := a.forced(base.d, cfg)
 		if err != nil {
