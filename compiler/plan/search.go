@@ -20,8 +20,9 @@ const DefaultAlignment = 256
 // Config says what to plan for.
 type Config struct {
 	Batch int64
-	// Budget in bytes; 0 means none (the plan then only minimises the peak
-	// without recomputing or micro-batching).
+	// Budget in bytes; 0 means none (the plan then only minimises the peak,
+	// recomputing only memory-bound values from saved ones (cheap.go), no
+	// micro-batching).
 	Budget int64
 	// BudgetPos is where the budget is written in the model (the value of
 	// the train block's memory_budget); the error for a budget no plan
@@ -172,10 +173,6 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 	if err != nil {
 		return nil, nil, "", err
 	}
-	if !cfg.NoRecompute && cfg.MicroBatch == 0 {
-		// memory-bound values saved beside their inputs (cheap.go)
-		base = a.descend(a.cheapRecompute(base))
-	}
 	if cfg.MicroBatch > 0 {
 		c, err := a.forced(base.d, cfg)
 		if err != nil {
@@ -186,7 +183,21 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 		}
 		return a, c, "micro-batch", nil
 	}
-	if cfg.Budget <= 0 || base.arena <= cfg.Budget {
+	if cfg.Budget > 0 && base.arena <= cfg.Budget {
+		return a, base, "fits", nil
+	}
+	if !cfg.NoRecompute {
+		// memory-bound values saved beside their inputs (cheap.go): the
+		// smallest peak without a budget, the first resort with one
+		cheap := a.descend(a.cheapRecompute(base))
+		switch {
+		case cfg.Budget <= 0:
+			return a, cheap, "fits", nil
+		case cheap.arena <= cfg.Budget:
+			return a, cheap, "recompute", nil
+		}
+		base = cheap
+	} else if cfg.Budget <= 0 {
 		return a, base, "fits", nil
 	}
 	frugal := []*candidate{base}
