@@ -186,6 +186,8 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 	if cfg.Budget > 0 && base.arena <= cfg.Budget {
 		return a, base, "fits", nil
 	}
+	frugal := []*candidate{base}
+	tactics := []string{"minimising the peak (" + mb(base.arena) + ")"}
 	if !cfg.NoRecompute {
 		// memory-bound values saved beside their inputs (cheap.go): the
 		// smallest peak without a budget, the first resort with one
@@ -196,18 +198,24 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 		case cheap.arena <= cfg.Budget:
 			return a, cheap, "recompute", nil
 		}
-		base = cheap
+		frugal = append(frugal, cheap)
+		tactics = append(tactics, "recomputing memory-bound layers ("+mb(cheap.arena)+")")
 	} else if cfg.Budget <= 0 {
 		return a, base, "fits", nil
 	}
-	frugal := []*candidate{base}
-	tactics := []string{"minimising the peak (" + mb(base.arena) + ")"}
 	if !cfg.NoRecompute {
 		fit, most := a.recompute(base.d, cfg.Budget)
 		if fit != nil {
 			return a, a.descend(fit), "recompute", nil
 		}
 		if most != nil {
+			// and the memory-bound layers the convs' recomputation keeps
+			if c := a.descend(a.cheapRecompute(most)); c.arena < most.arena {
+				if c.arena <= cfg.Budget {
+					return a, c, "recompute", nil
+				}
+				most = c
+			}
 			frugal = append(frugal, most)
 			tactics = append(tactics, "recomputation ("+mb(most.arena)+" at best)")
 		}
