@@ -33,7 +33,7 @@ func TestRecomputedBatchNormTrainsBitForBit(t *testing.T) {
 	require.NoError(t, err)
 	for _, target := range []driver.Target{driver.CPU, driver.Emu} {
 		t.Run(string(target), func(t *testing.T) {
-			recomputing, saving := planSession(t, res, target, plan.Config{}), planSession(t, res, target, plan.Config{NoRecompute: true})
+			recomputing, saving := planSession(t, res, target, plan.Config{}, 3), planSession(t, res, target, plan.Config{NoRecompute: true}, 3)
 			require.NotEmpty(t, recomputing.plan.Choices.Recompute)
 			require.Empty(t, saving.plan.Choices.Recompute)
 			require.Less(t, recomputing.plan.ArenaBytes, saving.plan.ArenaBytes)
@@ -85,7 +85,10 @@ type plannedSession struct {
 	sess *trainer.Session
 }
 
-func planSession(t *testing.T, res *compiler.Result, target driver.Target, cfg plan.Config) plannedSession {
+// planSession compiles res for target with the planner's cfg and opens a
+// training session on its device: the CPU target's kernels, or the CUDA C
+// on the emulator.
+func planSession(t *testing.T, res *compiler.Result, target driver.Target, cfg plan.Config, seed uint64) plannedSession {
 	t.Helper()
 	c, err := driver.Compile(res, cfg, target)
 	require.NoError(t, err)
@@ -97,7 +100,7 @@ func planSession(t *testing.T, res *compiler.Result, target driver.Target, cfg p
 	}
 	require.NoError(t, err)
 	t.Cleanup(func() { dev.Close() })
-	sess, err := trainer.NewSession(c.Spec, dev, 3)
+	sess, err := trainer.NewSession(c.Spec, dev, seed)
 	require.NoError(t, err)
 	t.Cleanup(func() { sess.Close() })
 	return plannedSession{c.Plan, sess}
