@@ -36,6 +36,10 @@ func TestPlansPassNoAliasedRestrictPointers(t *testing.T) {
 		{"../examples/mnist.cnn", 64, plan.Config{}},
 		{"../examples/mnist.cnn", 64, plan.Config{MicroBatch: 24}},
 		{"../examples/mnist.cnn", 64, plan.Config{MicroBatch: 16, Trunk: "conv2"}},
+		// batch norm's normalisation and activations recomputed, in place
+		// over the recomputed values
+		{"../examples/vgg_small.cnn", 16, plan.Config{}},
+		{"../examples/mobilenet_small.cnn", 16, plan.Config{}},
 	} {
 		src, err := os.ReadFile(c.file)
 		require.NoError(t, err)

@@ -14,9 +14,6 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/driver"
-	"github.com/cnnc/cnnc/runtime/cpu"
-	"github.com/cnnc/cnnc/runtime/device"
-	"github.com/cnnc/cnnc/runtime/native"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -25,26 +22,9 @@ import (
 // initialised for seed.
 func trainerOn(t *testing.T, res *compiler.Result, target driver.Target, seed uint64) *trainer.Session {
 	t.Helper()
-	c, err := driver.Compile(res, plan.Config{}, target)
-	require.NoError(t, err)
-	var dev device.Device
-	if target == driver.CPU {
-		dev, err = native.New(c.Kernels, res.Graph.Name+".cc", native.Options{})
-	} else {
-		dev, err = cpu.New(c.Kernels, res.Graph.Name+".cu", cpu.Options{})
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { dev.Close() })
-	sess, err := trainer.NewSession(c.Spec, dev, seed)
-	require.NoError(t, err)
-	t.Cleanup(func() { sess.Close() })
-	return sess
+	return planSession(t, res, target, plan.Config{}, seed).sess
 }
 
-// compareSteps trains the model of src at batch on the CPU target and on the emulator from the
-// same initial parameters on the same random batches (the last one padded: one sample fewer is
-// real), steps times, and requires the losses and finally every parameter, buffer (batch norm's
-// running statistics) and optimizer state tensor to agree within TestStepsMatchEmulator's bound.
 func compareSteps(t *testing.T, name string, batch int64, steps int) {
 	t.Helper()
 	start := time.Now()

@@ -99,7 +99,8 @@ var _ = Register(ir.OpConv2D, &Def{
 var _ = Register(ir.OpConv2DGradInput, &Def{
 	OpInfo: ir.OpInfo{
 		Name: "conv2d_grad_input", Attrs: ir.AttrList(convAttrs, ir.AttrDims), Infer: inferConv2DGradInput,
-		FLOPs: func(n *ir.Node) int64 { return ir.MulSat(2, convMACs(n.Ins[0].Type, n.Ins[1].Type)) },
+		FLOPs:     func(n *ir.Node) int64 { return ir.MulSat(2, convMACs(n.Ins[0].Type, n.Ins[1].Type)) },
+		GradInput: true,
 	},
 	Doc:    "the gradient of a conv2d's input: the transposed convolution of dy",
 	NoGrad: "a gradient op",

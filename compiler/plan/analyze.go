@@ -32,6 +32,11 @@ type analysis struct {
 	// fusedUpdates are the weight-gradient nodes with an update fused in,
 	// in graph order: the layers whose update may be split off.
 	fusedUpdates []*ir.Node
+	// gradsFirst maps a weight-gradient node without a fused update (an
+	// unfused conv's, or any under gradient clipping) to its layer's
+	// input-gradient node: the schedule runs it first, so the saved input
+	// it reads may die before the input gradient is allocated.
+	gradsFirst map[int]int
 	// units are the indices in fwd of nodes an output of which the backward
 	// pass reads: the activations recomputation may drop. saved[i] is the
 	// bytes of those outputs of unit i at the batch.
@@ -65,7 +70,7 @@ func analyze(g *ir.Graph, batch, align int64) (*analysis, error) {
 	if (g.Loss == nil || g.Loss.Def == nil) && !g.Infer {
 		return nil, fmt.Errorf("plan: the graph has no loss")
 	}
-	a := &analysis{g: g, batch: batch, align: align, fwdIdx: map[int]int{}, byKey: map[string]int{}, partner: map[int]int{}, saved: map[int]int64{}, loss: -1}
+	a := &analysis{g: g, batch: batch, align: align, fwdIdx: map[int]int{}, byKey: map[string]int{}, partner: map[int]int{}, gradsFirst: map[int]int{}, saved: map[int]int64{}, loss: -1}
 	byKey := a.byKey
 	for _, n := range g.Nodes {
 		if n.Phase != ir.Forward || isView(n) {
@@ -95,6 +100,9 @@ func analyze(g *ir.Graph, batch, align int64) (*analysis, error) {
 		}
 	}
 	for _, n := range g.Nodes {
+		if gi, ok := gradInput[a.ownerOf(n)]; ok && n.Phase == ir.Backward && writesOnlyParamGrads(n) {
+			a.gradsFirst[n.ID] = gi
+		}
 		if hasFusedUpdate(n) {
 			a.fusedUpdates = append(a.fusedUpdates, n)
 			if gi, ok := gradInput[a.ownerOf(n)]; ok {
@@ -116,6 +124,16 @@ func analyze(g *ir.Graph, batch, align int64) (*analysis, error) {
 		}
 	}
 	return a, nil
+}
+
+// writesOnlyParamGrads: n is a weight gradient writing gradient buffers.
+func writesOnlyParamGrads(n *ir.Node) bool {
+	for _, o := range n.Outs {
+		if o.Role != ir.RoleGrad {
+			return false
+		}
+	}
+	return len(n.Outs) > 0 && n.Attrs.Opt == nil
 }
 
 // ownerOf returns the index in fwd of the forward node a node belongs to:

@@ -81,3 +81,44 @@ func TestBatchNormIsNeverMicroBatchedAcross(t *testing.T) {
 	out := be.Diagnostic().Render(nil)
 	assert.Contains(t, out, "micro-batches cannot cross bn1 (batchnorm_stats at bn.cnn:8:11)")
 }
+
+// Without a budget the planner recomputes a batch norm's normalisation and
+// the activation after it from the saved conv output and batch statistics
+// (cheap recomputation, cheap.go) instead of saving them: the plan is
+// smaller than the one that recomputes nothing, recomputes only
+// memory-bound kernels (never the statistics, never a conv), and each
+// recomputed value reads the saved statistics. planexec's
+// TestRecomputeIsBitIdentical runs this plan (case "bn relu fits") and
+// requires the recomputed values to be the forward pass's bit for bit.
+func TestBatchNormNormalisationIsRecomputedNotSaved(t *testing.T) {
+	src, err := os.ReadFile("testdata/bnrelu.cnn")
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("bnrelu.cnn", src, compiler.Options{})
+	require.NoError(t, err)
+	cfg := plan.Config{Batch: res.Train.Batch}
+	p, err := plan.Build(res.Graph, cfg)
+	require.NoError(t, err)
+	cfg.NoRecompute = true
+	saving, err := plan.Build(res.Graph, cfg)
+	require.NoError(t, err)
+	assert.Empty(t, saving.Choices.Recompute)
+	assert.Less(t, p.ArenaBytes, saving.ArenaBytes, "recomputing the normalisation lowers the peak")
+	assert.Equal(t, "fits", p.Choices.Strategy)
+	assert.Contains(t, p.Choices.Recompute, "bn1")
+	assert.Contains(t, p.Choices.Recompute, "r1")
+	cheapKernels := map[string]bool{"batchnorm2d": true, "relu": true, "hardswish": true, "maxpool2d": true}
+	var normalised int
+	for _, s := range p.Steps {
+		if !s.Recompute {
+			continue
+		}
+		assert.True(t, cheapKernels[s.Kernel], "step %d recomputes %s, not a memory-bound kernel", s.Index, s.Text)
+		if s.Kernel == "batchnorm2d" {
+			normalised++
+			assert.Contains(t, s.Text, s.Layer+".mean, %"+s.Layer+".invstd", "the saved batch statistics")
+		}
+	}
+	assert.Positive(t, normalised)
+	assert.Positive(t, p.ExtraFLOPs)
+	assert.Less(t, float64(p.ExtraFLOPs), 0.05*float64(p.FLOPs), "memory-bound work only")
+}

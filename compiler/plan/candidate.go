@@ -253,23 +253,29 @@ func phases(g *ir.Graph) (fwd, bwd, upd []*ir.Node) {
 	return fwd, bwd, upd
 }
 
-// weightGradientsFirst moves a split layer's weight gradient just before
-// its input gradient, so the gradient the update needs is ready earliest.
+// weightGradientsFirst moves a split layer's weight gradient, and every
+// weight gradient without a fused update, just before its input gradient,
+// so the gradient the update needs is ready earliest and the saved input
+// the weight gradient reads may die before the input gradient exists.
 func weightGradientsFirst(a *analysis, bwd []*ir.Node, splitIDs map[int]bool, byID map[int]*ir.Node) []*ir.Node {
-	moved := map[int]int{} // grad_input ID -> grad_weight ID
-	for id := range splitIDs {
-		if gi, ok := a.partner[id]; ok {
-			moved[gi] = id
+	moved := map[int][]*ir.Node{} // grad_input ID -> the weight gradients to run before it
+	skip := map[int]bool{}
+	for _, n := range bwd {
+		gi, ok := a.partner[n.ID]
+		if !ok || !splitIDs[n.ID] {
+			gi, ok = a.gradsFirst[n.ID]
+		}
+		if ok {
+			moved[gi] = append(moved[gi], byID[n.ID])
+			skip[n.ID] = true
 		}
 	}
 	var ordered []*ir.Node
 	for _, n := range bwd {
-		if _, ok := a.partner[n.ID]; ok && splitIDs[n.ID] {
+		if skip[n.ID] {
 			continue
 		}
-		if w, ok := moved[n.ID]; ok {
-			ordered = append(ordered, byID[w])
-		}
+		ordered = append(ordered, moved[n.ID]...)
 		ordered = append(ordered, n)
 	}
 	return ordered

@@ -16,8 +16,11 @@
 // activations to drop and recompute, and which part of the step to run in
 // micro-batches. Each candidate is scheduled, its buffers get live ranges
 // and are placed by offset (best fit over live intervals), and its peak is
-// exact. The search: minimise the peak over the update choices; if a budget
-// is set and not met, recompute (an exact dynamic programme over chains,
+// exact. The search: minimise the peak over the update choices, then drop
+// memory-bound values recomputable from saved ones (batch norm's
+// normalisation and the activations after it: cheap.go) where that lowers
+// it — the plan without a budget; if a budget is set and not met,
+// recompute (an exact dynamic programme over chains,
 // a greedy heuristic over other DAGs); if still not met, micro-batch the
 // activation-heavy trunk or the whole step with the largest micro-batch
 // that fits; if nothing fits at micro-batch 1, fail with the smallest

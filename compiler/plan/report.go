@@ -100,7 +100,7 @@ func (p *Plan) reportSummary(w io.Writer, o ReportOptions) {
 	fmt.Fprintln(w, title)
 	fmt.Fprintln(w, strings.Repeat("=", len(title)))
 	pct := p.extraPercent()
-	budget := "none: the smallest peak found without recomputing or micro-batching"
+	budget := "none: the smallest peak found recomputing only memory-bound layers (batch norm's normalisation, activations, pools) from saved values, no micro-batching"
 	if p.BudgetBytes > 0 {
 		from := ""
 		if o.BudgetFrom != "" {

@@ -20,8 +20,9 @@ const DefaultAlignment = 256
 // Config says what to plan for.
 type Config struct {
 	Batch int64
-	// Budget in bytes; 0 means none (the plan then only minimises the peak
-	// without recomputing or micro-batching).
+	// Budget in bytes; 0 means none (the plan then only minimises the peak,
+	// recomputing only memory-bound values from saved ones (cheap.go), no
+	// micro-batching).
 	Budget int64
 	// BudgetPos is where the budget is written in the model (the value of
 	// the train block's memory_budget); the error for a budget no plan
@@ -198,17 +199,39 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 		}
 		return a, c, "micro-batch", nil
 	}
-	if cfg.Budget <= 0 || base.arena <= cfg.Budget {
+	if cfg.Budget > 0 && base.arena <= cfg.Budget {
 		return a, base, "fits", nil
 	}
 	frugal := []*candidate{base}
 	tactics := []string{"minimising the peak (" + mb(base.arena) + ")"}
+	if !cfg.NoRecompute {
+		// memory-bound values saved beside their inputs (cheap.go): the
+		// smallest peak without a budget, the first resort with one
+		cheap := a.descend(a.cheapRecompute(base))
+		switch {
+		case cfg.Budget <= 0:
+			return a, cheap, "fits", nil
+		case cheap.arena <= cfg.Budget:
+			return a, cheap, "recompute", nil
+		}
+		frugal = append(frugal, cheap)
+		tactics = append(tactics, "recomputing memory-bound layers ("+mb(cheap.arena)+")")
+	} else if cfg.Budget <= 0 {
+		return a, base, "fits", nil
+	}
 	if !cfg.NoRecompute {
 		fit, most := a.recompute(base.d, cfg.Budget)
 		if fit != nil {
 			return a, a.descend(fit), "recompute", nil
 		}
 		if most != nil {
+			// and the memory-bound layers the convs' recomputation keeps
+			if c := a.descend(a.cheapRecompute(most)); c.arena < most.arena {
+				if c.arena <= cfg.Budget {
+					return a, c, "recompute", nil
+				}
+				most = c
+			}
 			frugal = append(frugal, most)
 			tactics = append(tactics, "recomputation ("+mb(most.arena)+" at best)")
 		}
