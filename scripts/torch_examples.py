@@ -21,7 +21,8 @@ Reads one JSON object on stdin:
               cnnc's CPU target does (codegen/cpu, TestExamplesFloat32InPyTorch):
               one step on each of BATCHES ({pixels, labels}; pixels
               * (1.0f/255) in float32, as cnnc's kernels load them), MASKS
-              indexed by step; writes the parameters, buffers and the
+              indexed by step, at learning rate LR (default: the
+              checkpoint's); writes the parameters, buffers and the
               optimizer's state (optimizer.NAME.STATE, cnnc's names) after
               the last step and prints the losses
 Loads the checkpoint with load_state_dict(strict=True) in float32 (names,
@@ -190,6 +191,8 @@ def train_float32(req, cls, tensors, meta):
     model = load(cls, tensors, torch.float32)
     model.train()
     opt = optimizer(meta["optimizer"], model.parameters())
+    for g in opt.param_groups:  # the run's rate (the checkpoint's; the test sets its own)
+        g["lr"] = float(req.get("lr", meta["lr"]))
     names = {}
     for name, p in model.named_parameters():  # the checkpoint's momentum, bit for bit
         names[p] = name
