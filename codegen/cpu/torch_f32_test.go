@@ -35,7 +35,8 @@ const f32TwinLR = 0.005
 var f32Twins = []f32Twin{
 	{"vgg_small.cnn", "vgg_small", 4, 1, 3},             // batch norm, max-pool, dropout
 	{"mobilenet_small.cnn", "mobilenet_small", 4, 1, 3}, // batch norm, depthwise (grouped) convs, hardswish
-	{"resnet18.cnn", "resnet18", 2, 1, 2},               // batch norm in residual blocks, 1x1 projections, global pooling
+	// Not resnet18: at the batch this test can afford (2) its float32 training is
+	// ill-conditioned (TestExamplesFloat32InPyTorch's batch norm point)
 }
 
 // Float32 training on the CPU target against PyTorch's float32 training of the same model
@@ -60,10 +61,9 @@ var f32Twins = []f32Twin{
 //     each within a few u).
 //   - Along a step the errors of every node add, each tensor's error at most the sum over the
 //     nodes before it: 8·u·S, S = Σ sqrt(K) over the step's nodes (reductionSum: K a node's
-//     FLOPs over twice the elements it writes). vgg_small at batch 4: S ≈ 740 (its longest
+//     FLOPs over twice the elements it writes). vgg_small at batch 4: S = 741 (its longest
 //     reductions conv2's weight gradient over 4·32·32 = 4,096 positions and fc1's 2,048
-//     inputs), 3.5e-4 a step; mobilenet_small at batch 4: S ≈ 583, 2.8e-4; resnet18 at batch
-//     2: S ≈ 1,600 (the 3x3 convs' 4,608 inputs a output at 512 channels), 7.6e-4 (the test logs
+//     inputs), 3.5e-4 a step; mobilenet_small at batch 4: S = 583, 2.8e-4 (the test logs
 //     each S).
 //   - Over N steps the differences accumulate, each step's update being lr times a gradient
 //     that differs by that much relative: N·8·u·S after N steps, the loss of step s (0-based)
@@ -75,19 +75,24 @@ var f32Twins = []f32Twin{
 //     the trajectories stay close. The rate only scales the updates: the momentum buffers
 //     (the gradients themselves, summed) and the running statistics, compared relative to
 //     their own magnitudes, keep the test's power over every backward and forward kernel.
-//   - Batch norm divides by the batch's standard deviation: a relative error of its input
-//     stays relative in its output (the mean and variance err alike), so no magnification
-//     enters beyond the sums counted.
+//   - Batch norm divides by the batch's standard deviation σ: an error relative to its input's
+//     magnitude grows by (|mean| + σ)/σ in its output. The bound assumes that factor is small
+//     (|mean| ≲ σ, as in these two models at batch 4: their measured differences, 3.6e-6 and
+//     5.4e-6, are 200-300 times under the bound). It is not for ResNet-18 at batch 2 (20 batch
+//     norms, 4x4 maps of 2 samples, residual sums): there, from one checkpoint and two steps at
+//     this rate, PyTorch's own float32 momentum buffers differ from its float64 ones by up to
+//     28% (cnnc's float32 by up to 1.6%), so no rounding bound can compare two float32 runs of
+//     it, and it is left out (its float64 steps are TestExamplesInPyTorch's).
 //
 // A relu, max-pool or hardswish input within that error of its kink (a tie) could route one
-// gradient element differently in one of the two; at batch 2-4 with errors near 1e-7 relative
-// that is improbable (measured errors stay far below the bound: see the log), and a wrong
-// kernel — a constant, a layout, biased for unbiased variance, a missing term — moves the values
-// by percents: a hardswish slope off by 1e-3 or batch norm's eps off by a factor of 10 fails
-// here (the bound is 1e-3 at most).
+// gradient element differently in one of the two; at batch 4 with errors near 1e-7 relative
+// that is improbable (measured errors stay far below the bound: see the log). A wrong kernel
+// moves values by far more: hardswish's gradient slope made 1e-3 too small (v/3.003 for v/3 in
+// cnnc_cpu.h's HardSwishF, a throwaway check) failed mobilenet_small at bn0.bias, 3.7e-3
+// against a bound of 8.3e-4.
 func TestExamplesFloat32InPyTorch(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: three models' float32 steps on the CPU target and in PyTorch (about a minute with the kernels cached)")
+		t.Skip("-short: two models' float32 steps on the CPU target and in PyTorch (about a minute with the kernels cached)")
 	}
 	torchtest.Require(t)
 	for _, tw := range f32Twins {
