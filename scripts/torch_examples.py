@@ -17,6 +17,15 @@ Reads one JSON object on stdin:
   out         a folder for the state after the steps
   loss_bound  true: also the float32 error bound of the evaluation loss
               (f32_error_bound.py; its rules cover LeNet-5's ops)
+  dtype       "float32" (or "float64"): instead of all the below, train in
+              that type as cnnc's CPU target trains in float32 (codegen/cpu,
+              TestExamplesFloat32InPyTorch):
+              one step on each of BATCHES ({pixels, labels}; pixels
+              * (1.0f/255) in float32, as cnnc's kernels load them), MASKS
+              indexed by step, at learning rate LR (default: the
+              checkpoint's); writes the parameters, buffers and the
+              optimizer's state (optimizer.NAME.STATE, cnnc's names) after
+              the last step and prints the losses
 Loads the checkpoint with load_state_dict(strict=True) in float32 (names,
 shapes and buffers must all match) and checks every value arrived; then,
 in float64 from those float32 values: the loss and correct count in
@@ -175,12 +184,56 @@ def set_masks(model, masks, step):
         getattr(model, name).mask = torch.tensor(per_step[step])
 
 
+def train_float32(req, cls, tensors, meta):
+    """req's float32 steps (dtype "float32" above): the twin of cnnc's
+    float32 training, from the checkpoint's parameters, buffers and
+    optimizer state."""
+    from torch_checkpoint import optimizer
+    dtype = getattr(torch, req["dtype"])
+    model = load(cls, tensors, dtype)
+    model.train()
+    opt = optimizer(meta["optimizer"], model.parameters())
+    for g in opt.param_groups:  # the run's rate (the checkpoint's; the test sets its own)
+        g["lr"] = float(req.get("lr", meta["lr"]))
+    names = {}
+    for name, p in model.named_parameters():  # the checkpoint's momentum, bit for bit
+        names[p] = name
+        st = {k[len(f"optimizer.{name}."):]: v.to(dtype) for k, v in tensors.items() if k.startswith(f"optimizer.{name}.")}
+        if st:
+            opt.state[p] = st
+    c, h, w = cls.shape
+    scale = torch.tensor(1 / 255, dtype=torch.float32).to(dtype)  # 1.0f/255, as cnnc's loads multiply
+    out = {"torch": torch.__version__, "train_losses": []}
+    for t, b in enumerate(req["batches"]):
+        labels = torch.tensor(b["labels"], dtype=torch.long)
+        x8 = torch.tensor(b["pixels"], dtype=torch.uint8).reshape(len(labels), h, w, c).permute(0, 3, 1, 2)
+        set_masks(model, req.get("masks") or {}, t)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x8.to(dtype) * scale), labels)
+        loss.backward()
+        opt.step()
+        out["train_losses"].append(loss.item())
+    state = dict(model.state_dict())
+    for p, st in opt.state.items():
+        for k, v in st.items():
+            if torch.is_tensor(v) and v.is_floating_point():
+                state[f"optimizer.{names[p]}.{k}"] = v
+    for k, v in state.items():
+        with open(os.path.join(req["out"], k), "wb") as f:
+            f.write(v.double().contiguous().numpy().astype("<f8").tobytes())
+    out["state"] = list(state)
+    json.dump(out, sys.stdout)
+
+
 def main():
     from torch_checkpoint import optimizer  # here: torch_checkpoint imports the twins
     req = json.load(sys.stdin)
     cls = MODELS[req["model"]]
     tensors = load_file(req["checkpoint"])
     meta = read_raw(req["checkpoint"])[1]
+    if req.get("dtype") in ("float32", "float64"):
+        train_float32(req, cls, tensors, meta)
+        return
     model32 = load(cls, tensors, torch.float32)
     for k, v in model32.state_dict().items():  # every value arrived, bit for bit
         if not torch.equal(v, tensors[k]):

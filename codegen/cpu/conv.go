@@ -30,13 +30,14 @@ type convGeom struct {
 	PHO, PWO, Bits               int64
 	HasY, MaskOut, Acc           bool
 	Band, OT, S                  int64 // the split into tasks
+	NS                           int64 // the weight gradient's samples a unit (1 elsewhere)
 }
 
 func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	a := n.Attrs
 	g := &convGeom{B: batch, O: a.Out, KH: a.Kernel[0], KW: a.Kernel[1], SH: a.Stride[0], SW: a.Stride[1], PH: a.Pad[0], PW: a.Pad[1],
 		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut,
-		PKH: 1, PKW: 1, PSH: 1, PSW: 1, Bits: 1}
+		PKH: 1, PKW: 1, PSH: 1, PSW: 1, Bits: 1, NS: 1}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
 		g.U8, g.H, g.W, g.C = true, x.Dims[0], x.Dims[1], x.Dims[2]
@@ -81,7 +82,7 @@ func (g *convGeom) defs() []def {
 		{"BIAS", g.Bias}, {"RELU", g.ReLU}, {"POOL", g.Pool}, {"ARGMAX", g.Argmax},
 		{"PKH", g.PKH}, {"PKW", g.PKW}, {"PSH", g.PSH}, {"PSW", g.PSW}, {"PPH", g.PPH}, {"PPW", g.PPW}, {"PHO", g.PHO}, {"PWO", g.PWO}, {"BITS", g.Bits},
 		{"HASY", g.HasY}, {"MASKOUT", g.MaskOut}, {"ACC", g.Acc},
-		{"BAND", g.Band}, {"OT", g.OT}, {"S", g.S}}
+		{"BAND", g.Band}, {"OT", g.OT}, {"S", g.S}, {"NS", g.NS}}
 }
 
 // shape is the kernel name's description: x16x63x63_o32_k3x3s1p0_pool2s2_b32.
@@ -256,20 +257,39 @@ func gradDoc(g *convGeom) string {
 // machine's threads.
 const wgradTasks = 64
 
-// The weight gradient's split: units of BAND conv rows of one sample, S tasks of consecutive
-// units.
+// The weight gradient's split: units of BAND conv rows of NS samples, S tasks of consecutive
+// units. The band is as tall as the staged input and dy rows stay within scratchTarget (the
+// task's own sums of the weight gradient come on top: no band makes them smaller, and a short
+// band only adds lane sums); where a band is the whole map, a unit takes as many samples as fit
+// in wgradUnitTarget while at least wgradMinUnits units remain, so that each lane sum adds
+// many products even on small maps.
 func (g *convGeom) splitGradWeight() {
-	k := g.C * g.KH * g.KW
-	we := g.O*k + g.O
-	scratch := func(band int64) int64 {
+	staged := func(band int64) int64 {
 		wop := rup(g.WO, maxVW)
 		jw := wop + (g.KW-1)/g.SW
 		ir := (band-1)*g.SH + g.KH
-		return floats64(g.C*ir*g.SW*jw) + floats64(g.O*band*wop) + floats64(we)
+		return floats64(g.C*ir*g.SW*jw) + floats64(g.O*band*wop)
 	}
-	g.Band = shrink(g.HO, 1, g.HO, func(b int64) bool { return scratch(b) > scratchTarget }, func(int64) int64 { return minTasks })
-	g.S = min(g.B*cdiv(g.HO, g.Band), wgradTasks)
+	g.Band = shrink(g.HO, 1, g.HO, func(b int64) bool { return staged(b) > scratchTarget }, func(int64) int64 { return minTasks })
+	g.NS = 1
+	if g.Band == g.HO {
+		for 2*g.NS*staged(g.Band) <= wgradUnitTarget && cdiv(g.B, 2*g.NS) >= wgradMinUnits && g.HO*g.WO*g.NS < wgradUnitPositions {
+			g.NS *= 2
+		}
+	}
+	g.S = min(cdiv(g.B, g.NS)*cdiv(g.HO, g.Band), wgradTasks)
 }
+
+const (
+	// wgradUnitTarget bounds the staged inputs and dy of a weight-gradient unit of several
+	// samples (an L2 cache's share).
+	wgradUnitTarget = 1 << 20
+	// wgradMinUnits keeps the weight gradient's reduction split into this many tasks at least.
+	wgradMinUnits = 8
+	// wgradUnitPositions: a unit of this many output positions already adds enough products
+	// to each lane sum.
+	wgradUnitPositions = 256
+)
 
 func (g *convGeom) weightElems() int64 {
 	we := g.O * g.C * g.KH * g.KW

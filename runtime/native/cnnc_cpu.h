@@ -705,7 +705,9 @@ CNNC_INLINE void pool_row(const float* ct, long cyStart, long py, float* yrow, i
 // and writes the block's output: pooled, with the window's first maximum in scan order.
 template <class G>
 struct ConvFwd {
-  static constexpr int MO = 4, NV = 2;
+  // a map at most a vector wide (ResNet's 4x4 stage) takes one vector a row and twice the
+  // channels a tile: 2 vectors would be three quarters padding there (the sums are the same)
+  static constexpr int NV = G::WO <= VW ? 1 : 2, MO = 8 / NV;
   static constexpr long WOP = rup(G::WO, NV * VW);
   static constexpr long JW = WOP + (G::KW - 1) / G::SW;
   static constexpr long ROWS = G::POOL ? G::PHO : G::HO;
@@ -818,7 +820,7 @@ struct ConvFwd {
 // xmask > 0 (dx may be xmask: each element is read before it is written, by the same task).
 template <class G>
 struct ConvDgrad {
-  static constexpr int MC = 4, NV = 2;
+  static constexpr int NV = cdiv(G::W, G::SW) <= VW ? 1 : 2, MC = 8 / NV;  // as ConvFwd's
   static constexpr long NBANDS = cdiv(G::H, G::BAND), NCG = cdiv(G::C, G::OT);
   static constexpr long tasks = G::B * NBANDS * NCG;
   static constexpr long KHP = cdiv(G::KH, G::SH), KWP = cdiv(G::KW, G::SW);
@@ -918,33 +920,38 @@ struct ConvDgrad {
 
 // conv_block weight gradient, first kernel: dw(o, c, ky, kx) = sum over (b, oy, ox) of
 // dy(o, oy, ox)·x(c, oy·SH - PH + ky, ox·SW - PW + kx), db(o) = sum of dy(o, ·). The reduction runs over
-// units (sample, band of BAND conv rows), split into S tasks of consecutive units; a task stages
-// each unit's dy and input rows, accumulates MO x NK register tiles (vectors across output
-// columns) over the unit, adds their lane sums into its own sums in unit order, and writes them
+// units (NS samples, band of BAND conv rows; NS > 1 only where a band is the whole map), split
+// into S tasks of consecutive units; a task stages each unit's dy and input rows (a block per
+// sample), accumulates MO x NK register tiles (vectors across output columns) over the unit's
+// samples and rows, adds their lane sums into its own sums in unit order, and writes them
 // to partial[task] (the plan's workspace). ConvWgradReduce adds the S partial sums in task order.
+// Several samples a unit keep the lane sums few where maps are small (ResNet's 8x8 and 4x4).
 template <class G>
 struct ConvWgrad {
   static constexpr int MO = 3, NK = 3;
   static constexpr long K = G::C * G::KH * G::KW;
   static constexpr long WE = G::O * K + (G::BIAS ? G::O : 0);
-  static constexpr long NBANDS = cdiv(G::HO, G::BAND), UNITS = G::B * NBANDS;
+  static constexpr long NBANDS = cdiv(G::HO, G::BAND), UNITS = cdiv(G::B, G::NS) * NBANDS;
+  static_assert(G::NS == 1 || NBANDS == 1, "several samples a unit only where a band is the whole map");
   static constexpr long tasks = G::S;
   static constexpr long WOP = rup(G::WO, VW);
   static constexpr long JW = WOP + (G::KW - 1) / G::SW;
   static constexpr long IR = (G::BAND - 1) * G::SH + G::KH;
-  static constexpr long XT = floats64(G::C * IR * G::SW * JW), DT = floats64(G::O * G::BAND * WOP), ACC = floats64(WE);
+  static constexpr long XT1 = floats64(G::C * IR * G::SW * JW), DT1 = floats64(G::O * G::BAND * WOP);  // one sample's
+  static constexpr long XT = G::NS * XT1, DT = G::NS * DT1, ACC = floats64(WE);
   static constexpr long scratch = XT + DT + ACC;
 
   template <int M, int N>
-  CNNC_MEMBER static void tile(const float* Xt, const float* Dt, long nr, long o0, long c, long ky, long kx0, float* accm) {
+  CNNC_MEMBER static void tile(const float* Xt, const float* Dt, long ns, long nr, long o0, long c, long ky, long kx0, float* accm) {
     vf acc[M][N];
     CNNC_UNROLL
     for (int m = 0; m < M; m++)
       CNNC_UNROLL
       for (int k = 0; k < N; k++) acc[m][k] = vzero();
-    for (long r = 0; r < nr; r++) {
-      const float* xr = Xt + ((c * IR + r * G::SH + ky) * G::SW) * JW;
-      const float* dr = Dt + (o0 * G::BAND + r) * WOP;
+    for (long sr = 0; sr < ns * nr; sr++) {
+      const long si = sr / nr, r = sr % nr;
+      const float* xr = Xt + si * (XT1 / 4) + ((c * IR + r * G::SH + ky) * G::SW) * JW;
+      const float* dr = Dt + si * (DT1 / 4) + (o0 * G::BAND + r) * WOP;
       for (long x0 = 0; x0 < WOP; x0 += VW) {
         vf dv[M], xv[N];
         CNNC_UNROLL
@@ -964,12 +971,12 @@ struct ConvWgrad {
   }
 
   template <int M>
-  CNNC_MEMBER static void outs(const float* Xt, const float* Dt, long nr, long o0, float* accm) {
+  CNNC_MEMBER static void outs(const float* Xt, const float* Dt, long ns, long nr, long o0, float* accm) {
     for (long c = 0; c < G::C; c++)
       for (long ky = 0; ky < G::KH; ky++) {
         long kx = 0;
-        for (; kx + NK <= G::KW; kx += NK) tile<M, NK>(Xt, Dt, nr, o0, c, ky, kx, accm);
-        if constexpr (G::KW % NK != 0) tile<M, G::KW % NK>(Xt, Dt, nr, o0, c, ky, kx, accm);
+        for (; kx + NK <= G::KW; kx += NK) tile<M, NK>(Xt, Dt, ns, nr, o0, c, ky, kx, accm);
+        if constexpr (G::KW % NK != 0) tile<M, G::KW % NK>(Xt, Dt, ns, nr, o0, c, ky, kx, accm);
       }
   }
 
@@ -987,22 +994,26 @@ struct ConvWgrad {
     memset(accm, 0, sizeof(float) * WE);
     const long u0 = task * UNITS / G::S, u1 = (task + 1) * UNITS / G::S;
     for (long u = u0; u < u1; u++) {
-      const long b = u / NBANDS, cy0 = u % NBANDS * G::BAND, nr = cmin(G::BAND, G::HO - cy0);
-      form_dy<G>(dout, am, yout, b, 0, G::O, cy0, G::BAND, WOP, 0, Dt);
-      AugBox box{};
-      if constexpr (Augments<G>) box = aug_sample<G>(p, augArg, b);
-      fill_x<G, IR, JW>(x, b, cy0 * G::SH - G::PH, Xt, &box);
+      const long b0 = u / NBANDS * G::NS, ns = cmin(G::NS, G::B - b0);
+      const long cy0 = u % NBANDS * G::BAND, nr = cmin(G::BAND, G::HO - cy0);
+      for (long si = 0; si < ns; si++) {
+        form_dy<G>(dout, am, yout, b0 + si, 0, G::O, cy0, G::BAND, WOP, 0, Dt + si * (DT1 / 4));
+        AugBox box{};
+        if constexpr (Augments<G>) box = aug_sample<G>(p, augArg, b0 + si);
+        fill_x<G, IR, JW>(x, b0 + si, cy0 * G::SH - G::PH, Xt + si * (XT1 / 4), &box);
+      }
       if constexpr (G::BIAS) {
         for (long o = 0; o < G::O; o++) {
           vf sv = vzero();
-          for (long r = 0; r < nr; r++)
-            for (long x0 = 0; x0 < WOP; x0 += VW) sv += vload(Dt + (o * G::BAND + r) * WOP + x0);
+          for (long si = 0; si < ns; si++)
+            for (long r = 0; r < nr; r++)
+              for (long x0 = 0; x0 < WOP; x0 += VW) sv += vload(Dt + si * (DT1 / 4) + (o * G::BAND + r) * WOP + x0);
           accm[G::O * K + o] += hsum(sv);
         }
       }
       long o0 = 0;
-      for (; o0 + MO <= G::O; o0 += MO) outs<MO>(Xt, Dt, nr, o0, accm);
-      if constexpr (G::O % MO != 0) outs<G::O % MO>(Xt, Dt, nr, o0, accm);
+      for (; o0 + MO <= G::O; o0 += MO) outs<MO>(Xt, Dt, ns, nr, o0, accm);
+      if constexpr (G::O % MO != 0) outs<G::O % MO>(Xt, Dt, ns, nr, o0, accm);
     }
     memcpy(partial + task * WE, accm, sizeof(float) * WE);
   }

@@ -4,8 +4,8 @@
 // compile-time constants and a CNNC_CPU_KERNEL line instantiating a kernel template of
 // cnnc_cpu.h (runtime/native), which compiles this file once per instruction set.
 
-// conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092: conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
-struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092_g {
+// conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d: conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
+struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d_g {
   static constexpr long B = 32;
   static constexpr long C = 1;
   static constexpr long H = 28;
@@ -39,11 +39,12 @@ struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092_g {
   static constexpr long BAND = 14;
   static constexpr long OT = 8;
   static constexpr long S = 0;
+  static constexpr long NS = 1;
 };
-CNNC_CPU_KERNEL(conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092, 5, ConvFwd<conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092_g>)
+CNNC_CPU_KERNEL(conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d, 5, ConvFwd<conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d_g>)
 
-// conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0: conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
-struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0_g {
+// conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716: conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
+struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -77,8 +78,9 @@ struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0_g {
   static constexpr long BAND = 7;
   static constexpr long OT = 16;
   static constexpr long S = 0;
+  static constexpr long NS = 1;
 };
-CNNC_CPU_KERNEL(conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0, 5, ConvFwd<conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0_g>)
+CNNC_CPU_KERNEL(conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716, 5, ConvFwd<conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716_g>)
 
 // linear_fwd_b32_in784_out64_5867a619: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
 struct linear_fwd_b32_in784_out64_5867a619_g {
@@ -211,8 +213,8 @@ struct linear_wgrad_b32_in784_out64_8f905cc2_o {
 };
 CNNC_CPU_KERNEL(linear_wgrad_b32_in784_out64_8f905cc2, 7, LinWgrad<linear_wgrad_b32_in784_out64_8f905cc2_g, linear_wgrad_b32_in784_out64_8f905cc2_o>)
 
-// conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
-struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0_g {
+// conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 16 partial sums.
+struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -245,12 +247,13 @@ struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0_g {
   static constexpr bool ACC = false;
   static constexpr long BAND = 14;
   static constexpr long OT = 0;
-  static constexpr long S = 32;
+  static constexpr long S = 16;
+  static constexpr long NS = 2;
 };
-CNNC_CPU_KERNEL(conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0, 4, ConvWgrad<conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0_g>)
+CNNC_CPU_KERNEL(conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952, 4, ConvWgrad<conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952_g>)
 
-// conv_wgrad_reduce_o16_k72_s32_grads_f6860f26: adds the 32 partial sums of the 16x72 weight gradient and the bias gradient.
-struct conv_wgrad_reduce_o16_k72_s32_grads_f6860f26_g {
+// conv_wgrad_reduce_o16_k72_s16_grads_977f897a: adds the 16 partial sums of the 16x72 weight gradient and the bias gradient.
+struct conv_wgrad_reduce_o16_k72_s16_grads_977f897a_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -283,9 +286,10 @@ struct conv_wgrad_reduce_o16_k72_s32_grads_f6860f26_g {
   static constexpr bool ACC = false;
   static constexpr long BAND = 14;
   static constexpr long OT = 0;
-  static constexpr long S = 32;
+  static constexpr long S = 16;
+  static constexpr long NS = 2;
 };
-CNNC_CPU_KERNEL(conv_wgrad_reduce_o16_k72_s32_grads_f6860f26, 3, ConvWgradReduce<conv_wgrad_reduce_o16_k72_s32_grads_f6860f26_g, NoOpt>)
+CNNC_CPU_KERNEL(conv_wgrad_reduce_o16_k72_s16_grads_977f897a, 3, ConvWgradReduce<conv_wgrad_reduce_o16_k72_s16_grads_977f897a_g, NoOpt>)
 
 // update_n16_b163518b: sgd_update of 16 parameters: sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0).
 struct update_n16_b163518b_g {
@@ -309,8 +313,8 @@ struct update_n16_b163518b_o {
 };
 CNNC_CPU_KERNEL(update_n16_b163518b, 4, Update<update_n16_b163518b_g, update_n16_b163518b_o>)
 
-// conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f: input gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax; dx masked by the input's x > 0.
-struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f_g {
+// conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157: input gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax; dx masked by the input's x > 0.
+struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -344,8 +348,9 @@ struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f_g {
   static constexpr long BAND = 14;
   static constexpr long OT = 8;
   static constexpr long S = 0;
+  static constexpr long NS = 1;
 };
-CNNC_CPU_KERNEL(conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f, 5, ConvDgrad<conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f_g>)
+CNNC_CPU_KERNEL(conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157, 5, ConvDgrad<conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157_g>)
 
 // update_n1152_196c6407: sgd_update of 1152 parameters: sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0).
 struct update_n1152_196c6407_g {
@@ -369,8 +374,8 @@ struct update_n1152_196c6407_o {
 };
 CNNC_CPU_KERNEL(update_n1152_196c6407, 4, Update<update_n1152_196c6407_g, update_n1152_196c6407_o>)
 
-// conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
-struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39_g {
+// conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
+struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d_g {
   static constexpr long B = 32;
   static constexpr long C = 1;
   static constexpr long H = 28;
@@ -404,11 +409,12 @@ struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39_g {
   static constexpr long BAND = 28;
   static constexpr long OT = 0;
   static constexpr long S = 32;
+  static constexpr long NS = 1;
 };
-CNNC_CPU_KERNEL(conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39, 4, ConvWgrad<conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39_g>)
+CNNC_CPU_KERNEL(conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d, 4, ConvWgrad<conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d_g>)
 
-// conv_wgrad_reduce_o8_k9_s32_update_d799f86a: adds the 32 partial sums of the 8x9 weight gradient and the bias gradient, then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
-struct conv_wgrad_reduce_o8_k9_s32_update_d799f86a_g {
+// conv_wgrad_reduce_o8_k9_s32_update_15c70197: adds the 32 partial sums of the 8x9 weight gradient and the bias gradient, then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
+struct conv_wgrad_reduce_o8_k9_s32_update_15c70197_g {
   static constexpr long B = 32;
   static constexpr long C = 1;
   static constexpr long H = 28;
@@ -442,8 +448,9 @@ struct conv_wgrad_reduce_o8_k9_s32_update_d799f86a_g {
   static constexpr long BAND = 28;
   static constexpr long OT = 0;
   static constexpr long S = 32;
+  static constexpr long NS = 1;
 };
-struct conv_wgrad_reduce_o8_k9_s32_update_d799f86a_o {
+struct conv_wgrad_reduce_o8_k9_s32_update_15c70197_o {
   static constexpr long KIND = 0;
   static constexpr bool HAS_WD = false;
   static constexpr bool HAS_MOM = true;
@@ -458,4 +465,4 @@ struct conv_wgrad_reduce_o8_k9_s32_update_d799f86a_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(conv_wgrad_reduce_o8_k9_s32_update_d799f86a, 6, ConvWgradReduce<conv_wgrad_reduce_o8_k9_s32_update_d799f86a_g, conv_wgrad_reduce_o8_k9_s32_update_d799f86a_o>)
+CNNC_CPU_KERNEL(conv_wgrad_reduce_o8_k9_s32_update_15c70197, 6, ConvWgradReduce<conv_wgrad_reduce_o8_k9_s32_update_15c70197_g, conv_wgrad_reduce_o8_k9_s32_update_15c70197_o>)

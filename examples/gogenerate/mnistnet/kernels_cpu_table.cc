@@ -2,12 +2,12 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_2141619311caac5d_sse2_impl[16];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_2141619311caac5d_avx2_impl[16];
-namespace cnnc_cpu_2141619311caac5d_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_4d53b2f5c59dc5ca_sse2_impl[16];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_4d53b2f5c59dc5ca_avx2_impl[16];
+namespace cnnc_cpu_4d53b2f5c59dc5ca_table {
 const char* const names[] = {
-    "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7786f092",
-    "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_a3054ee0",
+    "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
+    "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
     "linear_fwd_b32_in784_out64_5867a619",
     "linear_fwd_b32_in64_out10_0b02d314",
     "softmax_cross_entropy_b32_c10_0175e58c",
@@ -15,18 +15,18 @@ const char* const names[] = {
     "linear_wgrad_b32_in64_out10_30fd68cc",
     "linear_dgrad_b32_in784_out64_c257d447",
     "linear_wgrad_b32_in784_out64_8f905cc2",
-    "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_2567cba0",
-    "conv_wgrad_reduce_o16_k72_s32_grads_f6860f26",
+    "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952",
+    "conv_wgrad_reduce_o16_k72_s16_grads_977f897a",
     "update_n16_b163518b",
-    "conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ce1e863f",
+    "conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157",
     "update_n1152_196c6407",
-    "conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_99336c39",
-    "conv_wgrad_reduce_o8_k9_s32_update_d799f86a",
+    "conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d",
+    "conv_wgrad_reduce_o8_k9_s32_update_15c70197",
 };
 const int32_t nparams[] = {5, 5, 4, 4, 7, 4, 7, 4, 7, 4, 3, 4, 5, 4, 4, 6};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "c7a4b1ed62fe52db1d0d44316a3679786648eb3682439f07ad43ce8235bab88e", 16, names, nparams, {cnnc_cpu_2141619311caac5d_sse2_impl, cnnc_cpu_2141619311caac5d_avx2_impl}};
-}  // namespace cnnc_cpu_2141619311caac5d_table
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "dfddbbd9de6a1b110c6ce313dc7fda32fb3c1e14fb2d03253f005bf51b0f0448", 16, names, nparams, {cnnc_cpu_4d53b2f5c59dc5ca_sse2_impl, cnnc_cpu_4d53b2f5c59dc5ca_avx2_impl}};
+}  // namespace cnnc_cpu_4d53b2f5c59dc5ca_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_2141619311caac5d(void) {
-  return &cnnc_cpu_2141619311caac5d_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_4d53b2f5c59dc5ca(void) {
+  return &cnnc_cpu_4d53b2f5c59dc5ca_table::library;
 }
