@@ -79,13 +79,22 @@ func identity() (string, error) {
 	return version.v, version.err
 }
 
+// cacheKey hashes nvcc's identity, the names, the flags and the source —
+// without the text of a first line that is a line comment: generated
+// sources name their model's path there, which changes no code, so the
+// same model compiles once in every checkout. (A comment line ending in a
+// backslash continues onto the next line, and is kept.)
 func cacheKey(source []byte, name string, args []string, outName string) (string, error) {
 	id, err := identity()
 	if err != nil {
 		return "", err
 	}
+	code := string(source)
+	if first, rest, ok := strings.Cut(code, "\n"); ok && strings.HasPrefix(first, "//") && !strings.HasSuffix(first, "\\") {
+		code = "//\n" + rest
+	}
 	h := sha256.New()
-	for _, part := range append([]string{"cnnc nvcc cache 1", id, name, outName, string(source)}, args...) {
+	for _, part := range append([]string{"cnnc nvcc cache 1", id, name, outName, code}, args...) {
 		binary.Write(h, binary.LittleEndian, uint64(len(part)))
 		h.Write([]byte(part))
 	}
