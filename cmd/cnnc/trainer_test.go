@@ -180,11 +180,17 @@ func TestBuiltTrainer(t *testing.T) {
 
 	t.Run("SIGINT writes a checkpoint and says how to resume", func(t *testing.T) {
 		ck2 := filepath.Join(dir, "int.safetensors")
-		cmd := exec.Command(bin, "--data", mnist, "--test", "", "--checkpoint", ck2, "--quiet")
+		log := filepath.Join(dir, "int.jsonl")
+		cmd := exec.Command(bin, "--data", mnist, "--test", "", "--checkpoint", ck2, "--quiet", "--log", log)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		require.NoError(t, cmd.Start())
-		time.Sleep(3 * time.Second)
+		// SIGINT once it trains (its first step logged), not after a fixed time: on a loaded
+		// machine the trainer may still be loading MNIST, before it handles the signal
+		require.Eventually(t, func() bool {
+			b, _ := os.ReadFile(log)
+			return bytes.Contains(b, []byte("\n"))
+		}, 2*time.Minute, 20*time.Millisecond, "no training step logged in 2 minutes")
 		require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 		err := cmd.Wait()
 		ee, ok := err.(*exec.ExitError)
