@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -117,17 +116,10 @@ func atoi(s string) int {
 // CompilePtxas compiles a generated .cu source with nvcc for each
 // architecture (one nvcc per architecture, in parallel) and returns
 // ptxas's report, sorted by kernel then architecture. The source is
-// compiled exactly as written (it carries its own CNNC_DYNAMIC_SHARED).
+// compiled exactly as written (it carries its own CNNC_DYNAMIC_SHARED);
+// nvcc.Compile keeps the reports by nvcc's version and the source.
 func CompilePtxas(source []byte, name string, archs []string) ([]PtxasKernel, error) {
-	dir, err := os.MkdirTemp("", "cnnc-ptxas")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	src := filepath.Join(dir, strings.TrimSuffix(filepath.Base(name), ".cu")+".cu")
-	if err := os.WriteFile(src, source, 0o644); err != nil {
-		return nil, err
-	}
+	name = strings.TrimSuffix(filepath.Base(name), ".cu") + ".cu"
 	reports := make([][]PtxasKernel, len(archs))
 	errs := make([]error, len(archs))
 	var wg sync.WaitGroup
@@ -135,7 +127,7 @@ func CompilePtxas(source []byte, name string, archs []string) ([]PtxasKernel, er
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out, err := nvcc.Run("-cubin", "-arch="+arch, "-Xptxas", "-v", "-o", filepath.Join(dir, arch+".cubin"), src)
+			out, _, err := nvcc.Compile(source, name, []string{"-cubin", "-arch=" + arch, "-Xptxas", "-v"}, arch+".cubin")
 			if err != nil {
 				errs[i] = err
 				return

@@ -71,7 +71,7 @@ func TestGenCUDAPackage(t *testing.T) {
 	t.Setenv(fakecuda.Env, fake) // cnnc gen --cuda registers the fatbin's kernels with the fake
 
 	proj := t.TempDir()
-	code, out, errOut := cnnc("gen", filepath.Join(root, "examples/mnist.cnn"), "-o", filepath.Join(proj, "mnistnet"), "--cuda", "--batch", "16")
+	code, out, errOut := cnnc("gen", "../../examples/mnist.cnn", "-o", filepath.Join(proj, "mnistnet"), "--cuda", "--batch", "16")
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
 	assert.Contains(t, out, "cuda.go cuda_emu.h kernels.cu kernels.fatbin kernels_cpu.cc kernels_cpu.go model.go spec.go")
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))

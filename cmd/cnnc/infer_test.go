@@ -19,27 +19,12 @@ import (
 	"github.com/cnnc/cnnc/internal/nvcc"
 )
 
-// mnistBN is MNISTNet with batch norm after both convs (one without a
-// conv bias, one without affine), for the inference build's folding.
-const mnistBN = `model MNISTBN(image: f32[1,28,28], label: class[10]) {
-    conv1 = conv2d(image, out=8, kernel=3, padding=1, bias=false)
-    bn1   = batchnorm2d(conv1)
-    pool1 = maxpool(relu(bn1), kernel=2)
-    conv2 = conv2d(pool1, out=16, kernel=3, padding=1)
-    bn2   = batchnorm2d(conv2, affine=false)
-    pool2 = maxpool(relu(bn2), kernel=2)
-    fc1   = linear(flatten(pool2), out=64)
-    fc2   = linear(relu(fc1), out=10)
-    loss  = cross_entropy(fc2, label)
+// mnistBNTrainer is testdata/mnist_bn.cnn's trainer (MNISTNet with batch
+// norm after both convs, one without a conv bias, one without affine, for
+// the inference build's folding), built once per test binary.
+func mnistBNTrainer(t *testing.T) string {
+	return buildOnce(t, "testdata/mnist_bn.cnn")
 }
-train {
-    optimizer = sgd(lr=0.05, momentum=0.9)
-    batch = 32
-}
-data {
-    train = mnist("data/mnist")
-}
-`
 
 // predictJSON runs bin predict --json --top 10 on dir and returns each
 // file's class probabilities.
@@ -99,17 +84,13 @@ func TestInferBuildPredictsAsTheTrainer(t *testing.T) {
 	require.NoError(t, err)
 	dir := t.TempDir()
 	pngs := writeTestDigits(t, mnist, filepath.Join(dir, "digits"), 12)
-	bnModel := filepath.Join(dir, "mnist_bn.cnn")
-	require.NoError(t, os.WriteFile(bnModel, []byte(mnistBN), 0o644))
-	mnistModel, err := filepath.Abs("../../examples/mnist.cnn")
-	require.NoError(t, err)
-	for _, model := range []string{mnistModel, bnModel} {
+	mnistTrainer, _ := trainerBinary(t) // TestBuiltTrainer's
+	trainers := map[string]string{"mnist": mnistTrainer, "mnist_bn": mnistBNTrainer(t)}
+	for _, model := range []string{"../../examples/mnist.cnn", "testdata/mnist_bn.cnn"} {
 		name := strings.TrimSuffix(filepath.Base(model), ".cnn")
 		t.Run(name, func(t *testing.T) {
-			trainer, infer := filepath.Join(dir, name+"-trainer"), filepath.Join(dir, name+"-infer")
-			code, out, errOut := cnnc("build", model, "-o", trainer, "--work", filepath.Join(dir, name+"-tw"))
-			require.Equal(t, 0, code, "%s\n%s", out, errOut)
-			code, out, errOut = cnnc("build", "--infer", model, "-o", infer, "--batch", "5", "--work", filepath.Join(dir, name+"-iw"))
+			trainer, infer := trainers[name], filepath.Join(dir, name+"-infer")
+			code, out, errOut := cnnc("build", "--infer", model, "-o", infer, "--batch", "5", "--work", filepath.Join(dir, name+"-iw"))
 			require.Equal(t, 0, code, "%s\n%s", out, errOut)
 			assert.Contains(t, out, "planned inference memory")
 			ck := filepath.Join(dir, name+".safetensors")
@@ -218,12 +199,9 @@ func TestInferBuildCUDAUnderFakeDriver(t *testing.T) {
 	t.Setenv(fakecuda.Env, fake) // cnnc build registers the fatbin's kernels with the fake
 	dir := t.TempDir()
 	pngs := writeTestDigits(t, mnist, filepath.Join(dir, "digits"), 7)
-	model := filepath.Join(dir, "mnist_bn.cnn")
-	require.NoError(t, os.WriteFile(model, []byte(mnistBN), 0o644))
-	trainer, infer := filepath.Join(dir, "trainer"), filepath.Join(dir, "infer-cuda")
-	code, out, errOut := cnnc("build", model, "-o", trainer)
-	require.Equal(t, 0, code, "%s\n%s", out, errOut)
-	code, out, errOut = cnnc("build", "--infer", "--target", "cuda", model, "-o", infer, "--batch", "4")
+	model := "testdata/mnist_bn.cnn"
+	trainer, infer := mnistBNTrainer(t), filepath.Join(dir, "infer-cuda")
+	code, out, errOut := cnnc("build", "--infer", "--target", "cuda", model, "-o", infer, "--batch", "4")
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
 	ck := filepath.Join(dir, "m.safetensors")
 	code, out = runTrainer(t, trainer, "--data", mnist, "--test", "", "--max-steps", "20", "--checkpoint", ck, "--quiet")

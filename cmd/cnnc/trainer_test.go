@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,8 +23,58 @@ import (
 	"github.com/cnnc/cnnc/runtime/data"
 )
 
+// Binaries that several tests only run are built once per test binary,
+// into built.dir (TestMain removes it). A model's first build compiles its
+// kernels (g++, about 10 CPU seconds); a build of the same source under the
+// same path — the path is in every generated file — is a hit in Go's build
+// cache, in later runs too. So the tests build models by paths that are the
+// same in every checkout (relative ones), never from a fresh temporary
+// directory.
+var built struct {
+	sync.Mutex
+	dir  string
+	bins map[string]string // by cnnc build's arguments
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// builtDir is built.dir, made on first use; built must be locked.
+func builtDir(t *testing.T) string {
+	t.Helper()
+	if built.dir == "" {
+		d, err := os.MkdirTemp("", "cnnc-test-bin-*")
+		require.NoError(t, err)
+		built.dir, built.bins = d, map[string]string{}
+	}
+	return built.dir
+}
+
+// buildOnce runs cnnc build args -o BIN (from the package directory) once
+// per test binary and returns BIN.
+func buildOnce(t *testing.T, args ...string) string {
+	t.Helper()
+	built.Lock()
+	defer built.Unlock()
+	key := strings.Join(args, "\x00")
+	if bin, ok := built.bins[key]; ok {
+		return bin
+	}
+	bin := filepath.Join(builtDir(t), fmt.Sprintf("bin%d", len(built.bins)))
+	code, out, errOut := cnnc(append(append([]string{"build"}, args...), "-o", bin)...)
+	require.Equal(t, 0, code, "%s\n%s", out, errOut)
+	built.bins[key] = bin
+	return bin
+}
+
 // trainerBinary builds the MNIST trainer once per test binary, from a
-// directory outside the repository, as a user would.
+// directory outside the repository with the model file in it, as a user
+// would (cnnc build mnist.cnn -o mnist-trainer).
 func trainerBinary(t *testing.T) (string, string) {
 	t.Helper()
 	if testing.Short() {
@@ -31,16 +82,24 @@ func trainerBinary(t *testing.T) (string, string) {
 	}
 	mnist, err := datasets.MNISTDir() // from inside the module, before leaving it
 	require.NoError(t, err)
-	dir := t.TempDir()
-	model, err := filepath.Abs("../../examples/mnist.cnn")
+	built.Lock()
+	defer built.Unlock()
+	if bin, ok := built.bins["mnist-trainer"]; ok {
+		return bin, mnist
+	}
+	dir := filepath.Join(builtDir(t), "mnist")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	src, err := os.ReadFile("../../examples/mnist.cnn")
 	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "mnist.cnn"), src, 0o644))
 	wd, _ := os.Getwd()
 	require.NoError(t, os.Chdir(dir))
 	defer os.Chdir(wd)
-	bin := filepath.Join(dir, "mnist-trainer")
-	code, out, errOut := cnnc("build", model, "-o", "mnist-trainer", "--batch", "32")
+	code, out, errOut := cnnc("build", "mnist.cnn", "-o", "mnist-trainer", "--batch", "32")
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
 	assert.Contains(t, out, "built mnist-trainer (target cpu)")
+	bin := filepath.Join(dir, "mnist-trainer")
+	built.bins["mnist-trainer"] = bin
 	return bin, mnist
 }
 
@@ -121,11 +180,17 @@ func TestBuiltTrainer(t *testing.T) {
 
 	t.Run("SIGINT writes a checkpoint and says how to resume", func(t *testing.T) {
 		ck2 := filepath.Join(dir, "int.safetensors")
-		cmd := exec.Command(bin, "--data", mnist, "--test", "", "--checkpoint", ck2, "--quiet")
+		log := filepath.Join(dir, "int.jsonl")
+		cmd := exec.Command(bin, "--data", mnist, "--test", "", "--checkpoint", ck2, "--quiet", "--log", log)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		require.NoError(t, cmd.Start())
-		time.Sleep(3 * time.Second)
+		// SIGINT once it trains (its first step logged), not after a fixed time: on a loaded
+		// machine the trainer may still be loading MNIST, before it handles the signal
+		require.Eventually(t, func() bool {
+			b, _ := os.ReadFile(log)
+			return bytes.Contains(b, []byte("\n"))
+		}, 2*time.Minute, 20*time.Millisecond, "no training step logged in 2 minutes")
 		require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 		err := cmd.Wait()
 		ee, ok := err.(*exec.ExitError)

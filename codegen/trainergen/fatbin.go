@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/internal/fakecuda"
@@ -65,27 +63,14 @@ func compileFatbin(cuSource []byte) ([]byte, []codegen.PtxasKernel, error) {
 	if len(cuSource) == 0 {
 		return nil, nil, fmt.Errorf("trainergen: no CUDA source to compile")
 	}
-	dir, err := os.MkdirTemp("", "cnnc-fatbin-")
-	if err != nil {
-		return nil, nil, err
-	}
-	defer os.RemoveAll(dir)
-	src := filepath.Join(dir, "kernels.cu")
-	out := filepath.Join(dir, "kernels.fatbin")
-	if err := os.WriteFile(src, cuSource, 0o644); err != nil {
-		return nil, nil, err
-	}
-	report, err := nvcc.Run(append(FatbinArgs(), "-Xptxas", "-v", "-o", out, src)...)
+	// nvcc.Compile keeps the fatbin and the report by nvcc's version, the flags and the source
+	report, fatbin, err := nvcc.Compile(cuSource, "kernels.cu", append(FatbinArgs(), "-Xptxas", "-v"), "kernels.fatbin")
 	if err != nil {
 		return nil, nil, fmt.Errorf("trainergen: compiling the kernels to a fatbin: %w", err)
 	}
 	ks, err := codegen.ParsePtxas(bytes.NewReader(report))
 	if err != nil {
 		return nil, nil, fmt.Errorf("trainergen: reading ptxas's report: %w", err)
-	}
-	fatbin, err := os.ReadFile(out)
-	if err != nil {
-		return nil, nil, fmt.Errorf("trainergen: nvcc wrote no fatbin: %w", err)
 	}
 	if len(fatbin) == 0 {
 		return nil, nil, fmt.Errorf("trainergen: nvcc wrote an empty fatbin")

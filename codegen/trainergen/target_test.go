@@ -3,6 +3,7 @@ package trainergen_test
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -54,9 +55,24 @@ func compileTrainerExample(t testing.TB, path string, batch int64) *trainergen.C
 	t.Helper()
 	src, err := os.ReadFile(path)
 	require.NoError(t, err)
-	res, err := compiler.CompileSource(path, src, compiler.Options{Batch: batch})
+	res, err := compiler.CompileSource(checkoutName(path), src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
 	return compileTrainer(t, res, plan.Config{})
+}
+
+// checkoutName is path relative to the package folder where it can be: the
+// source's name is in every generated file, and the device and nvcc caches
+// serve the same text, so a name that is the same in every checkout (not
+// moduleRoot's absolute path) compiles a model once for all of them.
+func checkoutName(path string) string {
+	wd, err := os.Getwd()
+	if err != nil || !filepath.IsAbs(path) {
+		return path
+	}
+	if rel, err := filepath.Rel(wd, path); err == nil {
+		return rel
+	}
+	return path
 }
 
 // openDevice opens c's kernels on the device of the target it was compiled for: runtime/native

@@ -25,7 +25,7 @@ func compileExample(t *testing.T, path string, batch int64) *trainergen.Compiled
 	t.Helper()
 	src, err := os.ReadFile(path)
 	require.NoError(t, err)
-	res, err := compiler.CompileSource(path, src, compiler.Options{Batch: batch})
+	res, err := compiler.CompileSource(checkoutName(path), src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
 	c, err := driver.Compile(res, plan.Config{}, driver.CUDA)
 	require.NoError(t, err)
