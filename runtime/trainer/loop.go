@@ -168,11 +168,18 @@ func (l *Loop) Prepare() error {
 		return nil
 	}
 	sp := l.Session.Spec
-	if l.Batch == 0 {
-		l.Batch = sp.Batch
+	most, ranks := sp.Batch, 0
+	if l.Session.reducer != nil { // a data-parallel rank: Batch is the global batch
+		most, ranks = sp.DataParallel.GlobalBatch, sp.DataParallel.Ranks
 	}
-	if l.Batch < 1 || l.Batch > sp.Batch {
-		return fmt.Errorf("batch %d: the model was compiled for batches of 1 to %d", l.Batch, sp.Batch)
+	if l.Batch == 0 {
+		l.Batch = most
+	}
+	if l.Batch < 1 || l.Batch > most {
+		return fmt.Errorf("batch %d: the model was compiled for batches of 1 to %d", l.Batch, most)
+	}
+	if ranks > 0 && l.Batch%ranks != 0 {
+		return fmt.Errorf("batch %d: %d data-parallel ranks need a multiple of %d", l.Batch, ranks, ranks)
 	}
 	if err := CheckDataset(sp, l.Train); err != nil {
 		return err
@@ -187,7 +194,8 @@ func (l *Loop) Prepare() error {
 	} else if l.Best != nil {
 		return fmt.Errorf("choosing the best epoch by test %s needs test data", l.Best.By)
 	}
-	loader, err := data.NewLoader(l.Train, data.LoaderOptions{BatchSize: l.Batch, Seed: l.Session.Seed, NoShuffle: l.NoShuffle})
+	loader, err := data.NewLoader(l.Train, data.LoaderOptions{BatchSize: l.Batch, Seed: l.Session.Seed, NoShuffle: l.NoShuffle,
+		Rank: l.Session.rank, Ranks: ranks})
 	if err != nil {
 		return err
 	}
@@ -284,7 +292,9 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 		ep.Throughput = float64(sums.seen) / max(elapsed.Seconds(), 1e-9)
 	}
 	if l.Test != nil {
-		ev, err := Evaluate(ctx, l.Session, l.Test, l.Batch)
+		// every data-parallel rank evaluates (the same parameters, the same
+		// result), so that the best epoch and early stopping agree
+		ev, err := Evaluate(ctx, l.Session, l.Test, min(l.Batch, l.Session.Spec.Batch))
 		if err != nil {
 			return l.saveAfter(res.At, fmt.Errorf("evaluating after epoch %d: %w", epoch+1, err))
 		}
@@ -342,7 +352,7 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, erro
 			return StepLimit, nil
 		}
 		before := l.Session.Step
-		err = l.step(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size()}, at.Epoch, b.Number)
+		err = l.step(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size(), GlobalValid: b.GlobalSize}, at.Epoch, b.Number)
 		if l.Session.Step > before {
 			at.Batch = b.Number + 1
 		}
@@ -362,7 +372,7 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, erro
 // step submits a training step on b at the schedule's rate; the
 // divergence rule and OnStep see its result when it arrives (finish).
 func (l *Loop) step(b Batch, epoch, number int) error {
-	if l.guard.Valid == 0 && (l.Save != nil || l.SaveBest != nil) {
+	if l.guard.Valid == 0 && b.Valid > 0 && (l.Save != nil || l.SaveBest != nil) {
 		l.guard = Batch{Pixels: append([]uint8(nil), b.Pixels...), Labels: append([]int32(nil), b.Labels...), Valid: b.Valid}
 	}
 	lr := l.StepLR(epoch, number)
