@@ -68,9 +68,20 @@ func TestBuiltDataParallelTrainer(t *testing.T) {
 		return 0, out.String()
 	}
 
+	// the rank count and the global batch are the built ones
+	code, out := run(dp, "--data", mnist, "--gpus", "3")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, out, "--gpus 3 × --nnodes 1: this trainer was compiled for 2 ranks")
+	code, out = run(dp, "--data", mnist, "--batch", "8")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, out, "--batch 8: this trainer's 2 ranks were compiled for the global batch 16")
+	code, out, errOut := cnnc("build", "../../examples/mnist.cnn", "--emit-cuda", dir, "--gpus", "2")
+	assert.Equal(t, 2, code, out)
+	assert.Contains(t, errOut, "--gpus 2: data-parallel trainers are built for the CPU target only so far")
+
 	ckDP, ckAcc := filepath.Join(dir, "dp.safetensors"), filepath.Join(dir, "acc.safetensors")
 	common := []string{"--data", mnist, "--test", "", "--max-steps", "5", "--quiet"}
-	code, out := run(dp, append(common, "--checkpoint", ckDP)...)
+	code, out = run(dp, append(common, "--checkpoint", ckDP)...)
 	require.Equal(t, 0, code, out)
 	code, out = run(acc, append(common, "--checkpoint", ckAcc)...)
 	require.Equal(t, 0, code, out)

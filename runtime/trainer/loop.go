@@ -178,8 +178,9 @@ func (l *Loop) Prepare() error {
 	if l.Batch < 1 || l.Batch > most {
 		return fmt.Errorf("batch %d: the model was compiled for batches of 1 to %d", l.Batch, most)
 	}
-	if ranks > 0 && l.Batch%ranks != 0 {
-		return fmt.Errorf("batch %d: %d data-parallel ranks need a multiple of %d", l.Batch, ranks, ranks)
+	if ranks > 0 && l.Batch != most {
+		// a rank's first-sample arguments place its share at rank·(compiled share)
+		return fmt.Errorf("batch %d: the %d data-parallel ranks were compiled for the global batch %d", l.Batch, ranks, most)
 	}
 	if err := CheckDataset(sp, l.Train); err != nil {
 		return err

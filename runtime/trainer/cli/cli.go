@@ -207,7 +207,7 @@ func registerFlags(fs *pflag.FlagSet, spec *trainer.Spec, o *options) {
 	fs.StringVar(&o.test, "test", spec.TestData.Path, "test data, evaluated after each epoch (\"\" to skip): "+dataHelp(spec, testSource(spec)))
 	fs.IntVar(&o.epochs, "epochs", spec.Epochs, "passes over the training data")
 	if dp := spec.DataParallel; dp != nil {
-		fs.IntVar(&o.batch, "batch", dp.GlobalBatch, fmt.Sprintf("samples per step over all %d ranks; at most %d, a multiple of %d (each rank's kernels and memory plan were compiled for its share)", dp.Ranks, dp.GlobalBatch, dp.Ranks))
+		fs.IntVar(&o.batch, "batch", dp.GlobalBatch, fmt.Sprintf("samples per step over all %d ranks: %d, the global batch each rank's kernels and memory plan were compiled for a share of (rebuild with cnnc build --gpus --batch for another)", dp.Ranks, dp.GlobalBatch))
 		registerDistFlags(fs, o)
 	} else {
 		fs.IntVar(&o.batch, "batch", spec.Batch, fmt.Sprintf("samples per step; at most %d, the batch the kernels and memory plan were compiled for (rebuild with cnnc build --batch for more)", spec.Batch))

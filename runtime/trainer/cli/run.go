@@ -98,8 +98,8 @@ func (r *runner) checkOptions() error {
 	switch {
 	case o.batch < 1:
 		return usagef("--batch must be at least 1, got %d", o.batch)
-	case spec.DataParallel != nil && (o.batch > spec.DataParallel.GlobalBatch || o.batch%spec.DataParallel.Ranks != 0):
-		return usagef("--batch %d: this trainer's %d ranks were compiled for a global batch of at most %d, a multiple of %d", o.batch, spec.DataParallel.Ranks, spec.DataParallel.GlobalBatch, spec.DataParallel.Ranks)
+	case spec.DataParallel != nil && o.batch != spec.DataParallel.GlobalBatch:
+		return usagef("--batch %d: this trainer's %d ranks were compiled for the global batch %d (each its share of %d); rebuild with `cnnc build --gpus %d --batch %d`", o.batch, spec.DataParallel.Ranks, spec.DataParallel.GlobalBatch, spec.Batch, spec.DataParallel.Ranks, o.batch)
 	case spec.DataParallel == nil && o.batch > spec.Batch:
 		return usagef("--batch %d: this trainer was compiled for batches of at most %d (its kernels and memory plan are specialised); rebuild with `cnnc build --batch %d`", o.batch, spec.Batch, o.batch)
 	case o.device != "auto" && o.device != "cpu" && o.device != "cuda":
