@@ -384,7 +384,7 @@ func (l *Loop) step(b Batch, epoch, number int) error {
 // finish applies the divergence rule to a step's loss, adds the step to
 // the epoch's sums and calls OnStep.
 func (l *Loop) finish(r StepResult, epoch, number int, lr float32) error {
-	m := StepMetrics{Step: r.Step, Epoch: epoch + 1, Batch: number, Loss: r.Loss, Correct: r.Correct, Size: r.Valid, LR: lr, Batches: l.perEpoch, Input: r.Input,
+	m := StepMetrics{Step: r.Step, Epoch: epoch + 1, Batch: number, Loss: r.Loss, Correct: r.Correct, Size: r.Samples, LR: lr, Batches: l.perEpoch, Input: r.Input,
 		HostGap: r.Gap, DeviceTime: r.Time, Timed: r.Timed, HasGap: r.HasGap}
 	l.lastEpoch = m.Epoch
 	if l.firstLoss == 0 {

@@ -44,6 +44,9 @@ type StepResult struct {
 	Loss    float32 // the batch's mean loss, before the step's update
 	Correct int     // correct predictions, before the update
 	Valid   int     // samples of the batch that are real
+	// Samples are the real samples the loss and correct count are over:
+	// Valid, or on a data-parallel rank the global batch's.
+	Samples int
 	// Input is the batch trained on, valid while the done function runs.
 	Input Batch
 	// With Session.TraceGaps, Gap is how long the device had nothing to
@@ -320,6 +323,7 @@ type slot struct {
 	busy   bool            // a step was queued from the slot and its result not delivered
 	step   int64           // its 0-based number
 	valid  int             // its real samples
+	global int             // the samples its loss is over (StepResult.Samples)
 	done   func(StepResult) error
 }
 
@@ -402,7 +406,7 @@ func (s *Session) Submit(b Batch, done func(StepResult) error) error {
 	}
 	sl.io.put(sl.buf, b, s.Spec.H*s.Spec.W*s.Spec.C, s.scalars(valid))
 	sl.labels = append(sl.labels[:0], b.Labels...)
-	sl.step, sl.valid, sl.done = s.Step, b.Valid, done
+	sl.step, sl.valid, sl.global, sl.done = s.Step, b.Valid, valid, done
 	if err := s.queue(sl); err != nil {
 		return fmt.Errorf("step %d: %w", s.Step, err)
 	}
@@ -558,7 +562,7 @@ func (s *Session) collect(sl *slot) error {
 	}
 	loss, correct := sl.io.results(sl.buf)
 	n := s.Spec.H * s.Spec.W * s.Spec.C
-	r := StepResult{Step: sl.step + 1, Loss: loss, Correct: correct, Valid: sl.valid,
+	r := StepResult{Step: sl.step + 1, Loss: loss, Correct: correct, Valid: sl.valid, Samples: sl.global,
 		Input: Batch{Pixels: sl.buf[sl.io.pixels : sl.io.pixels+sl.valid*n], Labels: sl.labels[:sl.valid], Valid: sl.valid}}
 	if err := s.traceResult(sl.step, &r); err != nil {
 		return err
