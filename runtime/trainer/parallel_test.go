@@ -38,7 +38,9 @@ func TestSpecChecksTheDataParallelSide(t *testing.T) {
 		"reduce after":      {func(d *trainer.DataParallel) { d.ReduceAfter = len(m.Spec.Train.Launches) + 1 }, "the all-reduce after launch"},
 		"bucket outside":    {func(d *trainer.DataParallel) { d.Buckets[0].Offset = m.Spec.ArenaBytes - 4 }, "is not float32 values inside the arena"},
 		"bucket of 6 bytes": {func(d *trainer.DataParallel) { d.Buckets[0].Bytes = 6 }, "is not float32 values inside the arena"},
-		"first argument":    {func(d *trainer.DataParallel) { d.FirstArgs = []trainer.FirstArg{{Launch: 0, Arg: intArg, PerSample: 1}} }, "is no integer argument"},
+		"first argument": {func(d *trainer.DataParallel) {
+			d.FirstArgs = []trainer.FirstArg{{Launch: 0, Arg: intArg, PerSample: 1}}
+		}, "is no integer argument"},
 	} {
 		d := good
 		d.Buckets = append([]trainer.Bucket{}, good.Buckets...)
