@@ -14,7 +14,6 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/internal/fakenccl"
-	"github.com/cnnc/cnnc/runtime/dist"
 	"github.com/cnnc/cnnc/runtime/nccl"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -104,7 +103,7 @@ func joinRanks(t *testing.T, lib *nccl.Library, sessions []*trainer.Session) {
 	for r, s := range sessions {
 		require.NoError(t, errs[r])
 		t.Cleanup(func() { comms[r].Destroy() })
-		require.NoError(t, s.SetParallel(r, dist.Reducer{Comm: comms[r]}))
+		require.NoError(t, s.SetParallel(r, nccl.Reducer{Comm: comms[r]}))
 	}
 }
 

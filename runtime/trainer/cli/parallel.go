@@ -121,5 +121,5 @@ func (r *runner) joinRanks() error {
 		return fmt.Errorf("rank %d: %w", cfg.Rank, err)
 	}
 	r.closers = append(r.closers, comm.Destroy)
-	return r.sess.SetParallel(cfg.Rank, dist.Reducer{Comm: comm})
+	return r.sess.SetParallel(cfg.Rank, nccl.Reducer{Comm: comm})
 }

@@ -1,8 +1,7 @@
-package dist
+package nccl
 
 import (
 	"github.com/cnnc/cnnc/runtime/device"
-	"github.com/cnnc/cnnc/runtime/nccl"
 )
 
 // Reducer is a trainer's all-reduce (runtime/trainer.Reducer) over an NCCL
@@ -10,11 +9,11 @@ import (
 // the CPU target the buffers are host memory, which only the fake libnccl
 // of internal/fakenccl sums — NVIDIA's NCCL needs device memory).
 type Reducer struct {
-	Comm   *nccl.Comm
+	Comm   *Comm
 	Stream uintptr
 }
 
 // AllReduce sums count float32 values at p over every rank, in place.
 func (r Reducer) AllReduce(p device.Ptr, count int) error {
-	return r.Comm.AllReduce(uintptr(p), uintptr(p), count, nccl.Float32, nccl.Sum, r.Stream)
+	return r.Comm.AllReduce(uintptr(p), uintptr(p), count, Float32, Sum, r.Stream)
 }
