@@ -127,6 +127,14 @@ func (w *planWalk) addStep(s *plan.Step, iter int, first, samples int64, zero []
 		return fmt.Errorf("codegen: plan step %d (%s) has no IR node", s.Index, s.Text)
 	}
 	accumulate := false
+	if w.p.DataParallel != nil && n.Op.Info().Loss && s.Loop < 0 {
+		// a data-parallel rank computes its rows of the global batch as
+		// one micro-batch: the loss and logits' gradient scaled by the
+		// global batch (the scalar block's valid), the loss and correct
+		// count added to zeroed scalars (summed across ranks after)
+		accumulate = true
+		zero = append(append([]*ir.Value{}, zero...), n.Outs[0], n.Outs[2])
+	}
 	if s.Loop >= 0 {
 		// the loss and correct count are summed over micro-batches
 		accumulate = s.Accumulate || n.Op.Info().Loss
@@ -163,23 +171,36 @@ func (w *planWalk) placeLaunch(l *Launch) error {
 	if err := w.offsetSlices(l, at); err != nil {
 		return err
 	}
-	// the micro-batch's place in the whole batch (the op's binding says
-	// whether its kernels take it): dropout counts elements, the loss rows
-	if last := len(l.Args) - 1; l.Node.Attrs.Aug != nil && last >= 0 && l.Args[last].Kind == kernelarg.Int {
-		// a kernel drawing the data block's augmentation keys each sample by its position in
-		// the batch (codegen/cpu/augment.go)
-		l.Args[last].Int = at.first
-		return nil
+	if arg, per, ok := FirstSampleArg(l); ok {
+		l.Args[arg].Int = at.first * per
+	}
+	return nil
+}
+
+// FirstSampleArg says which argument of l, if any, is the place of its
+// first sample in the whole batch, and how many units one sample counts
+// for (the op's binding says whether its kernels take it): dropout counts
+// elements, the loss rows, a kernel drawing the data block's augmentation
+// samples (codegen/cpu/augment.go keys each sample by its position). A
+// micro-batch sets it (placeLaunch); so does a data-parallel rank, whose
+// share starts at rank·B/N of the global batch (runtime/trainer).
+func FirstSampleArg(l *Launch) (arg int, perSample int64, ok bool) {
+	last := len(l.Args) - 1
+	if last < 0 || l.Args[last].Kind != kernelarg.Int || l.Node == nil {
+		return 0, 0, false
+	}
+	if l.Node.Attrs.Aug != nil {
+		return last, 1, true
 	}
 	if d := ops.Of(l.Node.Op); d != nil {
 		switch d.Kernel.FirstSample {
 		case ops.FirstElement:
-			l.Args[len(l.Args)-1].Int = at.first * l.Node.Out().Type.SampleElems()
+			return last, l.Node.Out().Type.SampleElems(), true
 		case ops.FirstRow:
-			l.Args[len(l.Args)-1].Int = at.first
+			return last, 1, true
 		}
 	}
-	return nil
+	return 0, 0, false
 }
 
 // offsetSlices points l's operands that the plan slices at the

@@ -66,6 +66,7 @@ IMAGE_OR_DIR..., with the trainer's checkpoints.`,
 	cmd.Flags().StringVar(&bf.emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
 	cmd.Flags().StringVar(&bf.workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
 	cmd.Flags().StringVar(&bf.budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")
+	cmd.Flags().IntVar(&bf.gpus, "gpus", 1, "build a data-parallel trainer of `N` ranks (the plan of one rank: its share batch/N of every batch; the trainer launches them); CPU target only so far")
 	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
 	f.registerInfer(cmd, "build an inference-only binary: forward kernels only (batch norm folded into the conv before it, conv+bias+activation+pool fused, no argmax, gradients or optimizer state) on its own memory plan (cnnc plan --infer), with the trainer's predict command, loading the trainer's checkpoints")
 	return cmd
@@ -74,6 +75,7 @@ IMAGE_OR_DIR..., with the trainer's checkpoints.`,
 // buildFlags are cnnc build's own flags.
 type buildFlags struct {
 	emitCUDA, output, target, workDir, budget string
+	gpus                                      int // data-parallel ranks (plan.Config.Ranks)
 }
 
 // builder is one run of cnnc build: the model file, where it reports,
@@ -119,6 +121,17 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 	cfg, err := buildBudget(res, bf.budget, stderr)
 	if err != nil {
 		return err
+	}
+	if bf.gpus < 1 || bf.gpus > plan.MaxRanks {
+		fmt.Fprintf(stderr, "cnnc build: --gpus %d: want between 1 and %d ranks\n", bf.gpus, plan.MaxRanks)
+		return exitError{exitUsage}
+	}
+	if bf.gpus > 1 {
+		if target != "cpu" || bf.emitCUDA != "" {
+			fmt.Fprintf(stderr, "cnnc build: --gpus %d: data-parallel trainers are built for the CPU target only so far (the CUDA step's all-reduce on the device's stream is not built)\n", bf.gpus)
+			return exitError{exitUsage}
+		}
+		cfg.Ranks = bf.gpus
 	}
 	if target == "cpu" && bf.output == "" {
 		target = "cuda" // only --emit-cuda: the CUDA C is all it writes

@@ -239,6 +239,9 @@ func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target, eval *c
 	// with accumulate = N a step is one update of batch×N samples, in N
 	// micro-batches of the batch (the plan's loop)
 	batch := res.Train.StepBatch()
+	if p.DataParallel != nil { // a rank's share of the step's batch
+		batch = p.Batch
+	}
 	opts := codegen.Options{Batch: batch, SourceName: res.File.Name, Precision: codegen.Precision(res.Train.Precision), Target: target}
 	train, err := codegen.GenerateFromPlan(p, opts)
 	if err != nil {
@@ -290,6 +293,9 @@ func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target, eval *c
 		spec.TestData = trainer.DataSource{Kind: d.Kind, Path: d.Path, Where: d.Pos.String()}
 	}
 	spec.PlanSummary = planSummary(p)
+	if spec.DataParallel, err = dataParallel(p, train); err != nil {
+		return nil, err
+	}
 	kernels, err := mergeSources(train, evalProg)
 	if err != nil {
 		return nil, err

@@ -84,6 +84,8 @@ func render(f *jen.File) ([]byte, error) {
 // literal, omitting zero fields.
 func literal(v reflect.Value) jen.Code {
 	switch v.Kind() {
+	case reflect.Pointer: // a nil one is a zero field, left out
+		return jen.Op("&").Add(literal(v.Elem()))
 	case reflect.Struct:
 		d := jen.Dict{}
 		t := v.Type()

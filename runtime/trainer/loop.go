@@ -168,11 +168,19 @@ func (l *Loop) Prepare() error {
 		return nil
 	}
 	sp := l.Session.Spec
-	if l.Batch == 0 {
-		l.Batch = sp.Batch
+	most, ranks := sp.Batch, 0
+	if l.Session.reducer != nil { // a data-parallel rank: Batch is the global batch
+		most, ranks = sp.DataParallel.GlobalBatch, sp.DataParallel.Ranks
 	}
-	if l.Batch < 1 || l.Batch > sp.Batch {
-		return fmt.Errorf("batch %d: the model was compiled for batches of 1 to %d", l.Batch, sp.Batch)
+	if l.Batch == 0 {
+		l.Batch = most
+	}
+	if l.Batch < 1 || l.Batch > most {
+		return fmt.Errorf("batch %d: the model was compiled for batches of 1 to %d", l.Batch, most)
+	}
+	if ranks > 0 && l.Batch != most {
+		// a rank's first-sample arguments place its share at rank·(compiled share)
+		return fmt.Errorf("batch %d: the %d data-parallel ranks were compiled for the global batch %d", l.Batch, ranks, most)
 	}
 	if err := CheckDataset(sp, l.Train); err != nil {
 		return err
@@ -187,7 +195,8 @@ func (l *Loop) Prepare() error {
 	} else if l.Best != nil {
 		return fmt.Errorf("choosing the best epoch by test %s needs test data", l.Best.By)
 	}
-	loader, err := data.NewLoader(l.Train, data.LoaderOptions{BatchSize: l.Batch, Seed: l.Session.Seed, NoShuffle: l.NoShuffle})
+	loader, err := data.NewLoader(l.Train, data.LoaderOptions{BatchSize: l.Batch, Seed: l.Session.Seed, NoShuffle: l.NoShuffle,
+		Rank: l.Session.rank, Ranks: ranks})
 	if err != nil {
 		return err
 	}
@@ -284,7 +293,9 @@ func (l *Loop) runEpoch(ctx context.Context, res *Result) error {
 		ep.Throughput = float64(sums.seen) / max(elapsed.Seconds(), 1e-9)
 	}
 	if l.Test != nil {
-		ev, err := Evaluate(ctx, l.Session, l.Test, l.Batch)
+		// every data-parallel rank evaluates (the same parameters, the same
+		// result), so that the best epoch and early stopping agree
+		ev, err := Evaluate(ctx, l.Session, l.Test, min(l.Batch, l.Session.Spec.Batch))
 		if err != nil {
 			return l.saveAfter(res.At, fmt.Errorf("evaluating after epoch %d: %w", epoch+1, err))
 		}
@@ -342,7 +353,7 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, erro
 			return StepLimit, nil
 		}
 		before := l.Session.Step
-		err = l.step(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size()}, at.Epoch, b.Number)
+		err = l.step(Batch{Pixels: b.Pixels, Labels: b.Labels, Valid: b.Size(), GlobalValid: b.GlobalSize}, at.Epoch, b.Number)
 		if l.Session.Step > before {
 			at.Batch = b.Number + 1
 		}
@@ -362,7 +373,7 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, erro
 // step submits a training step on b at the schedule's rate; the
 // divergence rule and OnStep see its result when it arrives (finish).
 func (l *Loop) step(b Batch, epoch, number int) error {
-	if l.guard.Valid == 0 && (l.Save != nil || l.SaveBest != nil) {
+	if l.guard.Valid == 0 && b.Valid > 0 && (l.Save != nil || l.SaveBest != nil) {
 		l.guard = Batch{Pixels: append([]uint8(nil), b.Pixels...), Labels: append([]int32(nil), b.Labels...), Valid: b.Valid}
 	}
 	lr := l.StepLR(epoch, number)
@@ -373,7 +384,7 @@ func (l *Loop) step(b Batch, epoch, number int) error {
 // finish applies the divergence rule to a step's loss, adds the step to
 // the epoch's sums and calls OnStep.
 func (l *Loop) finish(r StepResult, epoch, number int, lr float32) error {
-	m := StepMetrics{Step: r.Step, Epoch: epoch + 1, Batch: number, Loss: r.Loss, Correct: r.Correct, Size: r.Valid, LR: lr, Batches: l.perEpoch, Input: r.Input,
+	m := StepMetrics{Step: r.Step, Epoch: epoch + 1, Batch: number, Loss: r.Loss, Correct: r.Correct, Size: r.Samples, LR: lr, Batches: l.perEpoch, Input: r.Input,
 		HostGap: r.Gap, DeviceTime: r.Time, Timed: r.Timed, HasGap: r.HasGap}
 	l.lastEpoch = m.Epoch
 	if l.firstLoss == 0 {

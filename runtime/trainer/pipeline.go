@@ -44,6 +44,9 @@ type StepResult struct {
 	Loss    float32 // the batch's mean loss, before the step's update
 	Correct int     // correct predictions, before the update
 	Valid   int     // samples of the batch that are real
+	// Samples are the real samples the loss and correct count are over:
+	// Valid, or on a data-parallel rank the global batch's.
+	Samples int
 	// Input is the batch trained on, valid while the done function runs.
 	Input Batch
 	// With Session.TraceGaps, Gap is how long the device had nothing to
@@ -168,7 +171,7 @@ func (io *stepIO) results(buf []byte) (float32, int) {
 func (s *Session) checkBatch(b Batch, batch int) error {
 	sp := s.Spec
 	n := sp.H * sp.W * sp.C
-	if b.Valid < 1 || b.Valid > batch || len(b.Pixels) != b.Valid*n || len(b.Labels) != b.Valid {
+	if b.Valid < s.minValid() || b.Valid > batch || len(b.Pixels) != b.Valid*n || len(b.Labels) != b.Valid {
 		return fmt.Errorf("trainer: a batch of %d valid samples needs %d pixels and %d labels, got %d and %d (compiled batch %d)",
 			b.Valid, b.Valid*n, b.Valid, len(b.Pixels), len(b.Labels), batch)
 	}
@@ -178,6 +181,15 @@ func (s *Session) checkBatch(b Batch, batch int) error {
 		}
 	}
 	return nil
+}
+
+// minValid: a batch's fewest samples; a data-parallel rank's share of a
+// partial last batch may be empty.
+func (s *Session) minValid() int {
+	if s.reducer != nil {
+		return 0
+	}
+	return 1
 }
 
 // scalars are the step scalars of the next training step for valid samples.
@@ -252,15 +264,15 @@ func (s *Session) uploadAs(st Step, b Batch, batch int) error {
 // run launches st and waits for it. (valid is in the scalar block, which
 // upload wrote.)
 func (s *Session) run(st Step, valid int) error {
-	if err := s.launch(st); err != nil {
+	if err := s.launch(st.Launches); err != nil {
 		return err
 	}
 	return s.Dev.Sync()
 }
 
-// launch queues a step's launches.
-func (s *Session) launch(st Step) error {
-	for _, l := range st.Launches {
+// launch queues launches.
+func (s *Session) launch(ls []Launch) error {
+	for _, l := range ls {
 		s.params = s.args(l, s.params[:0])
 		if err := s.Dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, s.params); err != nil {
 			return err
@@ -311,6 +323,7 @@ type slot struct {
 	busy   bool            // a step was queued from the slot and its result not delivered
 	step   int64           // its 0-based number
 	valid  int             // its real samples
+	global int             // the samples its loss is over (StepResult.Samples)
 	done   func(StepResult) error
 }
 
@@ -378,6 +391,10 @@ func (s *Session) Submit(b Batch, done func(StepResult) error) error {
 	if err := s.checkBatch(b, s.Spec.Batch); err != nil {
 		return err
 	}
+	valid, err := s.stepValid(b)
+	if err != nil {
+		return err
+	}
 	if err := s.ensureSlots(); err != nil {
 		return err
 	}
@@ -387,9 +404,9 @@ func (s *Session) Submit(b Batch, done func(StepResult) error) error {
 			return err
 		}
 	}
-	sl.io.put(sl.buf, b, s.Spec.H*s.Spec.W*s.Spec.C, s.scalars(b.Valid))
+	sl.io.put(sl.buf, b, s.Spec.H*s.Spec.W*s.Spec.C, s.scalars(valid))
 	sl.labels = append(sl.labels[:0], b.Labels...)
-	sl.step, sl.valid, sl.done = s.Step, b.Valid, done
+	sl.step, sl.valid, sl.global, sl.done = s.Step, b.Valid, valid, done
 	if err := s.queue(sl); err != nil {
 		return fmt.Errorf("step %d: %w", s.Step, err)
 	}
@@ -469,7 +486,7 @@ func (s *Session) enqueue(sl *slot, ac device.AsyncCopier, capturing bool) error
 			return err
 		}
 	}
-	if err := s.launch(s.Spec.Train); err != nil {
+	if err := s.launchTrain(); err != nil {
 		return err
 	}
 	if ac != nil {
@@ -545,7 +562,7 @@ func (s *Session) collect(sl *slot) error {
 	}
 	loss, correct := sl.io.results(sl.buf)
 	n := s.Spec.H * s.Spec.W * s.Spec.C
-	r := StepResult{Step: sl.step + 1, Loss: loss, Correct: correct, Valid: sl.valid,
+	r := StepResult{Step: sl.step + 1, Loss: loss, Correct: correct, Valid: sl.valid, Samples: sl.global,
 		Input: Batch{Pixels: sl.buf[sl.io.pixels : sl.io.pixels+sl.valid*n], Labels: sl.labels[:sl.valid], Valid: sl.valid}}
 	if err := s.traceResult(sl.step, &r); err != nil {
 		return err

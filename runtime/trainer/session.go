@@ -21,6 +21,9 @@ type Batch struct {
 	Pixels []uint8
 	Labels []int32
 	Valid  int
+	// GlobalValid, on a data-parallel rank (Session.SetParallel), is the
+	// real samples of the global batch this is the rank's share of.
+	GlobalValid int
 }
 
 // Session is a model on a device: its arena, parameters and step counter.
@@ -75,6 +78,12 @@ type Session struct {
 	// the fold of the current parameters (cleared whenever those change or
 	// a training step may have overwritten the space they borrow).
 	evalFolded bool
+	// rank, reducer and rankLaunches: a data-parallel rank (SetParallel),
+	// its all-reduce and its training launches (first-sample arguments
+	// placed in the global batch).
+	rank         int
+	reducer      Reducer
+	rankLaunches []Launch
 }
 
 // NewSession allocates exactly the planned arena on dev and initialises

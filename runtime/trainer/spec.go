@@ -189,6 +189,65 @@ type Spec struct {
 	// (Tensor.Fold) before an evaluation or prediction whenever the
 	// parameters changed since.
 	EvalFolds []Tensor
+	// DataParallel, in a trainer compiled for data-parallel ranks, is what
+	// a rank's step needs beyond one device's; nil otherwise.
+	DataParallel *DataParallel
+}
+
+// DataParallel is the data-parallel side of a rank's compiled step
+// (compiler/plan's DataParallel, placed): Batch is the rank's share of
+// GlobalBatch = Ranks·Batch samples.
+type DataParallel struct {
+	Ranks       int
+	GlobalBatch int
+	// Buckets are the arena ranges summed across ranks (float32 values:
+	// the gradients, and the loss and correct count in the first); the
+	// step sums them after its first ReduceAfter launches (the backward
+	// pass) and before the rest (the updates).
+	Buckets     []Bucket
+	ReduceAfter int
+	// FirstArgs are the launch arguments that hold the place of the
+	// launch's first sample in the batch: a rank adds rank·Batch·PerSample
+	// (its share's place in the global batch), so that dropout masks,
+	// augmentation and the loss's rows are those of one device training
+	// the global batch.
+	FirstArgs []FirstArg
+}
+
+// Bucket is one all-reduce: Bytes (a multiple of 4) from Offset of the
+// training arena.
+type Bucket struct{ Offset, Bytes int64 }
+
+// FirstArg is argument Arg of training launch Launch (see DataParallel).
+type FirstArg struct {
+	Launch, Arg int
+	PerSample   int64
+}
+
+// validateParallel checks the data-parallel side against the step.
+func (s *Spec) validateParallel() error {
+	dp := s.DataParallel
+	if dp == nil {
+		return nil
+	}
+	if dp.Ranks < 2 || dp.GlobalBatch != dp.Ranks*s.Batch {
+		return fmt.Errorf("trainer: spec %s: %d ranks of batch %d do not make the global batch %d", s.Model, dp.Ranks, s.Batch, dp.GlobalBatch)
+	}
+	if dp.ReduceAfter < 0 || dp.ReduceAfter > len(s.Train.Launches) {
+		return fmt.Errorf("trainer: spec %s: the all-reduce after launch %d of %d", s.Model, dp.ReduceAfter, len(s.Train.Launches))
+	}
+	for _, b := range dp.Buckets {
+		if b.Offset < 0 || b.Bytes <= 0 || b.Bytes%4 != 0 || b.Offset+b.Bytes > s.ArenaBytes {
+			return fmt.Errorf("trainer: spec %s: bucket [%d, %d) is not float32 values inside the arena of %d bytes", s.Model, b.Offset, b.Offset+b.Bytes, s.ArenaBytes)
+		}
+	}
+	for _, f := range dp.FirstArgs {
+		if f.Launch < 0 || f.Launch >= len(s.Train.Launches) || f.Arg < 0 || f.Arg >= len(s.Train.Launches[f.Launch].Args) ||
+			s.Train.Launches[f.Launch].Args[f.Arg].Kind != kernelarg.Int {
+			return fmt.Errorf("trainer: spec %s: first-sample argument %d of launch %d is no integer argument", s.Model, f.Arg, f.Launch)
+		}
+	}
+	return nil
 }
 
 // persistent lists the tensors that outlive a step: parameters, buffers,
@@ -222,6 +281,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.Scalars%8 != 0 || s.Scalars < 0 || s.Scalars+device.StepScalarsBytes > s.ArenaBytes {
 		return fmt.Errorf("trainer: spec %s: the step's scalar block at %d lies outside its arena of %d bytes or is not 8-byte aligned", s.Model, s.Scalars, s.ArenaBytes)
+	}
+	if err := s.validateParallel(); err != nil {
+		return err
 	}
 	scalars := span{s.Scalars, device.StepScalarsBytes}
 	for _, p := range s.persistent() {

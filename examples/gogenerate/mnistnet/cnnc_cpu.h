@@ -1563,7 +1563,10 @@ struct SoftmaxCE {
       hits += bestIdx == lab ? 1.0f : 0.0f;
     }
     if constexpr (L::ACC) {
-      loss[0] += total * invBatch;
+      // the micro-batch's share rounded before it is added (volatile: no FMA contraction), as
+      // when data-parallel ranks sum their shares (runtime/trainer's Reducer)
+      volatile float share = total * invBatch;
+      loss[0] += share;
       correct[0] += hits;
     } else {
       loss[0] = total * invBatch;

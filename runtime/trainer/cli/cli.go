@@ -16,6 +16,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/dist"
 	"io"
 	"os"
 	"path/filepath"
@@ -45,6 +46,7 @@ const (
 type options struct {
 	data, test                 string
 	epochs, batch              int
+	dist                       dist.Flags // data-parallel launch flags (a trainer built for ranks)
 	lr                         float64
 	seed                       uint64
 	device                     string
@@ -204,7 +206,12 @@ func registerFlags(fs *pflag.FlagSet, spec *trainer.Spec, o *options) {
 	fs.StringVar(&o.data, "data", spec.TrainData.Path, "training data: "+dataHelp(spec, spec.TrainData))
 	fs.StringVar(&o.test, "test", spec.TestData.Path, "test data, evaluated after each epoch (\"\" to skip): "+dataHelp(spec, testSource(spec)))
 	fs.IntVar(&o.epochs, "epochs", spec.Epochs, "passes over the training data")
-	fs.IntVar(&o.batch, "batch", spec.Batch, fmt.Sprintf("samples per step; at most %d, the batch the kernels and memory plan were compiled for (rebuild with cnnc build --batch for more)", spec.Batch))
+	if dp := spec.DataParallel; dp != nil {
+		fs.IntVar(&o.batch, "batch", dp.GlobalBatch, fmt.Sprintf("samples per step over all %d ranks: %d, the global batch each rank's kernels and memory plan were compiled for a share of (rebuild with cnnc build --gpus --batch for another)", dp.Ranks, dp.GlobalBatch))
+		registerDistFlags(fs, o)
+	} else {
+		fs.IntVar(&o.batch, "batch", spec.Batch, fmt.Sprintf("samples per step; at most %d, the batch the kernels and memory plan were compiled for (rebuild with cnnc build --batch for more)", spec.Batch))
+	}
 	// the float32 default printed as written in the model, not as float64
 	lr, _ := strconv.ParseFloat(strconv.FormatFloat(float64(spec.LR), 'g', -1, 32), 64)
 	fs.Float64Var(&o.lr, "lr", lr, lrHelp(spec))

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"github.com/cnnc/cnnc/runtime/dist"
 	"io"
 	"maps"
 	"os"
@@ -53,13 +54,17 @@ type runner struct {
 	test     data.Dataset
 	log      *jsonLog
 	closers  []func() error
+	rank     *dist.Config // a data-parallel rank's (nil: one device)
 }
 
 // run carries out the command line: the steps below, in order.
 func run(spec *trainer.Spec, backends trainer.Backends, o *options) (int, error) {
 	r := &runner{spec: spec, backends: backends, o: o, out: o.stdout}
 	defer r.close()
-	for _, step := range []func() error{r.checkOptions, r.lockCheckpoint, r.openSession} {
+	if code, err, done := r.parallel(); done {
+		return code, err
+	}
+	for _, step := range []func() error{r.checkOptions, r.lockCheckpoint, r.openSession, r.joinRanks} {
 		if err := step(); err != nil {
 			return exitCode(err), err
 		}
@@ -93,7 +98,9 @@ func (r *runner) checkOptions() error {
 	switch {
 	case o.batch < 1:
 		return usagef("--batch must be at least 1, got %d", o.batch)
-	case o.batch > spec.Batch:
+	case spec.DataParallel != nil && o.batch != spec.DataParallel.GlobalBatch:
+		return usagef("--batch %d: this trainer's %d ranks were compiled for the global batch %d (each its share of %d); rebuild with `cnnc build --gpus %d --batch %d`", o.batch, spec.DataParallel.Ranks, spec.DataParallel.GlobalBatch, spec.Batch, spec.DataParallel.Ranks, o.batch)
+	case spec.DataParallel == nil && o.batch > spec.Batch:
 		return usagef("--batch %d: this trainer was compiled for batches of at most %d (its kernels and memory plan are specialised); rebuild with `cnnc build --batch %d`", o.batch, spec.Batch, o.batch)
 	case o.device != "auto" && o.device != "cpu" && o.device != "cuda":
 		return usagef("--device %s: want auto, cpu or cuda", o.device)

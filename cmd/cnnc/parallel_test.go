@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/internal/datasets"
+	"github.com/cnnc/cnnc/internal/fakenccl"
+	"github.com/cnnc/cnnc/runtime/checkpoint"
+)
+
+// buildMNISTVariant builds examples/mnist.cnn with its train block's
+// "batch = 64" replaced by batch, as name in dir (extra: cnnc build flags).
+func buildMNISTVariant(t *testing.T, dir, name, batch string, extra ...string) string {
+	t.Helper()
+	src, err := os.ReadFile("../../examples/mnist.cnn")
+	require.NoError(t, err)
+	text := strings.Replace(string(src), "batch = 64", batch, 1)
+	require.NotEqual(t, string(src), text)
+	model := filepath.Join(dir, name+".cnn")
+	require.NoError(t, os.WriteFile(model, []byte(text), 0o644))
+	bin := filepath.Join(dir, name)
+	code, out, errOut := cnnc(append([]string{"build", model, "-o", bin}, extra...)...)
+	require.Equal(t, 0, code, "%s\n%s", out, errOut)
+	return bin
+}
+
+// A trainer built with --gpus 2 launches its 2 ranks (runtime/dist), which
+// join over TCP, sum their gradients through NCCL — the fake libnccl of
+// internal/fakenccl, on the CPU target's host memory — and train bit for
+// bit as one process with accumulate = 2 (TestDataParallelRanksEqualAccumulate
+// in codegen/trainergen says why): the checkpoints rank 0 writes hold the
+// same parameters and optimizer state. A rank that is killed stops the
+// job with an error naming it, and the checkpoint written before stays
+// loadable.
+func TestBuiltDataParallelTrainer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two trainer binaries")
+	}
+	mnist, err := datasets.MNISTDir()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "nccl")
+	require.NoError(t, fakenccl.Build(lib))
+	dp := buildMNISTVariant(t, dir, "dp", "batch = 16", "--gpus", "2")
+	acc := buildMNISTVariant(t, dir, "acc", "batch = 8\n    accumulate = 2")
+	env := fakenccl.Environ(lib, os.Environ())
+	run := func(bin string, args ...string) (int, string) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), out.String()
+		}
+		require.NoError(t, err)
+		return 0, out.String()
+	}
+
+	// the rank count and the global batch are the built ones
+	code, out := run(dp, "--data", mnist, "--gpus", "3")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, out, "--gpus 3 × --nnodes 1: this trainer was compiled for 2 ranks")
+	code, out = run(dp, "--data", mnist, "--batch", "8")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, out, "--batch 8: this trainer's 2 ranks were compiled for the global batch 16")
+	code, out, errOut := cnnc("build", "../../examples/mnist.cnn", "--emit-cuda", dir, "--gpus", "2")
+	assert.Equal(t, 2, code, out)
+	assert.Contains(t, errOut, "--gpus 2: data-parallel trainers are built for the CPU target only so far")
+
+	ckDP, ckAcc := filepath.Join(dir, "dp.safetensors"), filepath.Join(dir, "acc.safetensors")
+	common := []string{"--data", mnist, "--test", "", "--max-steps", "5", "--quiet"}
+	code, out = run(dp, append(common, "--checkpoint", ckDP)...)
+	require.Equal(t, 0, code, out)
+	code, out = run(acc, append(common, "--checkpoint", ckAcc)...)
+	require.Equal(t, 0, code, out)
+	a, err := checkpoint.Read(ckDP)
+	require.NoError(t, err)
+	b, err := checkpoint.Read(ckAcc)
+	require.NoError(t, err)
+	assert.Equal(t, "5", a.Metadata["step"])
+	require.Equal(t, len(b.Tensors), len(a.Tensors))
+	for _, tb := range b.Tensors {
+		ta, ok := a.Tensor(tb.Name)
+		require.True(t, ok, tb.Name)
+		assert.Equal(t, tb.Data, ta.Data, "%s: the same bits", tb.Name)
+	}
+
+	t.Run("a killed rank", func(t *testing.T) {
+		cmd := exec.Command(dp, "--data", mnist, "--test", "", "--quiet", "--resume", ckDP, "--checkpoint", ckDP, "--log", filepath.Join(dir, "log.jsonl"))
+		cmd.Env = env
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		require.NoError(t, cmd.Start())
+		rank1 := waitForRank(t, cmd.Process.Pid, "1", filepath.Join(dir, "log.jsonl"))
+		require.NoError(t, syscall.Kill(rank1, syscall.SIGKILL))
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, out.String())
+		assert.NotZero(t, ee.ExitCode())
+		assert.Contains(t, out.String(), "rank 1", "the error names the rank that died")
+		log, err := os.ReadFile(filepath.Join(dir, "log.jsonl"))
+		require.NoError(t, err)
+		assert.Contains(t, strings.SplitN(string(log), "\n", 2)[0], `"size":16`, "rank 0 logs the global batch's steps")
+		f, err := checkpoint.Read(ckDP)
+		require.NoError(t, err, "the last checkpoint stays loadable")
+		assert.NotEmpty(t, f.Metadata["step"])
+		t.Log(out.String())
+	})
+}
+
+// waitForRank is the pid of the child of launcher whose RANK is rank, once
+// rank 0 has logged a step (the job is training); bounded by a minute.
+func waitForRank(t *testing.T, launcher int, rank, log string) int {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		if b, err := os.ReadFile(log); err != nil || !bytes.Contains(b, []byte("\n")) {
+			continue
+		}
+		kids, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(launcher), "task", strconv.Itoa(launcher), "children"))
+		if err != nil {
+			continue
+		}
+		for _, k := range strings.Fields(string(kids)) {
+			environ, err := os.ReadFile(filepath.Join("/proc", k, "environ"))
+			if err == nil && bytes.Contains(append([]byte{0}, environ...), []byte("\x00RANK="+rank+"\x00")) {
+				pid, err := strconv.Atoi(k)
+				require.NoError(t, err)
+				return pid
+			}
+		}
+	}
+	t.Fatalf("rank %s of launcher %d was not training within a minute", rank, launcher)
+	return 0
+}

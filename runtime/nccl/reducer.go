@@ -1,0 +1,19 @@
+package nccl
+
+import (
+	"github.com/cnnc/cnnc/runtime/device"
+)
+
+// Reducer is a trainer's all-reduce (runtime/trainer.Reducer) over an NCCL
+// communicator: float32 sums in place on Stream (0: the default stream; on
+// the CPU target the buffers are host memory, which only the fake libnccl
+// of internal/fakenccl sums — NVIDIA's NCCL needs device memory).
+type Reducer struct {
+	Comm   *Comm
+	Stream uintptr
+}
+
+// AllReduce sums count float32 values at p over every rank, in place.
+func (r Reducer) AllReduce(p device.Ptr, count int) error {
+	return r.Comm.AllReduce(uintptr(p), uintptr(p), count, Float32, Sum, r.Stream)
+}
