@@ -30,7 +30,7 @@ static_assert(sizeof(CnncStepScalars) == 32, "CnncStepScalars is runtime/device.
 // K = C*KH*KW = 9 in 1 chunks of 1 channel(s) x 3 kernel row(s). 64 threads compute a 8x64 tile,
 // 2x4 accumulators each; thread t gathers im2col column t (bounds decided once, as bit masks) and loads the next chunk
 // into registers while the staged one is multiplied. The pool runs on the tile kept in shared memory: only pooled values and argmax bits are stored.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32(const unsigned char* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32(const unsigned char* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                      // w(m0 + m, chunk row r) at r*12 + m
     float* const Xs = smem + 9 * 12;  // im2col(chunk row r, column n) at r*64 + n
@@ -207,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8
 // K = C*KH*KW = 72 in 3 chunks of 3 channel(s) x 3 kernel row(s). 64 threads compute a 16x64 tile,
 // 4x4 accumulators each; thread t gathers im2col column t (bounds decided once, as bit masks) and loads the next chunk
 // into registers while the staged one is multiplied. The pool runs on the tile kept in shared memory: only pooled values and argmax bits are stored.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                      // w(m0 + m, chunk row r) at r*20 + m
     float* const Xs = smem + 27 * 20;  // im2col(chunk row r, column n) at r*64 + n
@@ -379,21 +379,21 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_
     }
 }
 
-// linear_block_partial_b32_in784_out64_splitk6: the partial sums of linear_block_reduce_b32_out64_splitk6_bias_relu per k slice.
+// linear_block_partial_b32_in784_out64_splitk25: the partial sums of linear_block_reduce_b32_out64_splitk25_bias_relu per k slice.
 // Tiled GEMM: C(m,n) = sum over k of A(m,k)·B(k,n), M=32 N=64 K=784, A [M][K], B [N][K];
-// k is split into 6 slices of 144 (blockIdx.z), each writing its partial sums.
+// k is split into 25 slices of 32 (blockIdx.z), each writing its partial sums.
 // 256 threads compute a 32x64 tile from 16-deep slices of A and B staged in shared
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in784_out64_splitk6(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in784_out64_splitk25(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int m0 = (int)blockIdx.y * 32, n0 = (int)blockIdx.x * 64;
-    const int kBegin = (int)blockIdx.z * 144;
-    const int kEnd = kBegin + 144 < 784 ? kBegin + 144 : 784;
+    const int kBegin = (int)blockIdx.z * 32;
+    const int kEnd = kBegin + 32 < 784 ? kBegin + 32 : 784;
     float acc[2][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -445,22 +445,22 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in
     }
 }
 
-// linear_block_reduce_b32_out64_splitk6_bias_relu: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
-// Adds the 6 partial sums of each of the 2048 outputs, then applies the epilogue. A block of 1 warp(s)
-// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 1, ... in order, then warp 0
+// linear_block_reduce_b32_out64_splitk25_bias_relu: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
+// Adds the 25 partial sums of each of the 2048 outputs, then applies the epilogue. A block of 4 warp(s)
+// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 4, ... in order, then warp 0
 // adds the warps' sums in warp order — a fixed tree, so the result does not depend on scheduling.
-extern "C" __global__ void __launch_bounds__(32) linear_block_reduce_b32_out64_splitk6_bias_relu(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
-    __shared__ float warpSums[1][32];
+extern "C" __global__ void __launch_bounds__(128) linear_block_reduce_b32_out64_splitk25_bias_relu(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
+    __shared__ float warpSums[4][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int at = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (at < 2048)
-        for (int s = warp; s < 6; s += 1) sum += partial[(int)s * 2048 + at];
+        for (int s = warp; s < 25; s += 4) sum += partial[(int)s * 2048 + at];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && at < 2048) {
         float v = warpSums[0][lane];
-        for (int w = 1; w < 1; w++) v += warpSums[w][lane];
+        for (int w = 1; w < 4; w++) v += warpSums[w][lane];
         {  // the epilogue
             const int n = at % 64;
             v += bias[n];
@@ -931,7 +931,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b3
 // 3x3 taps with no per-tap tests and no zero products. Per chunk of 7 output channel(s) it gathers the 10x10 dy
 // region the tile reads into shared memory (dy is formed there from the output gradient; it never exists in global memory) and the
 // phase's weights of its 8 input channels; 64 threads keep 2 channels x 4 pixels (tn + 16j) in registers.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_dgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_maskout_b32(const float* __restrict__ dout, const float* __restrict__ w, const unsigned int* __restrict__ argmax, const float* xmask, float* dx) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_dgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_maskout_b32(const float* __restrict__ dout, const float* __restrict__ w, const unsigned int* __restrict__ argmax, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                                  // w(o0 + oc, c0 + m, ky0 + SH*a, kx0 + SW*b) at ((oc*KHP + a)*KWP + b)*12 + m
     float* const Ds = smem + 7 * 3 * 3 * 12;  // dy(o0 + oc, oyLo + ry, oxLo + rx) at (oc*10 + ry)*10 + rx
@@ -1027,7 +1027,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_dgrad_x8x14x14_o1
 // M = 16, N = K = 72, 6272 positions in 98 splits of 64 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 16x64 tile,
 // 4x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split98(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split98(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*20 + m
     float* const Xs = smem + 16 * 20;   // x(column n0 + n, position r) at r*68 + n
@@ -1226,7 +1226,7 @@ extern "C" __global__ void __launch_bounds__(416) conv_block_wgrad_reduce_o16_k7
 // M = 8, N = K = 9, 25088 positions in 392 splits of 64 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 8x64 tile,
 // 2x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split392(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split392(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*12 + m
     float* const Xs = smem + 16 * 12;   // x(column n0 + n, position r) at r*68 + n
@@ -1379,23 +1379,23 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x1x28x28u8_
 }
 
 // conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9: sums 392 split partials of the 8x9 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
-// A block of 16 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
-// w, w + 16, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
-// on scheduling, and the splits are read by 16 warps at once instead of one thread.
-extern "C" __global__ void __launch_bounds__(512) conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
-    __shared__ float warpSums[16][32];
+// A block of 32 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 32, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 32 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+    __shared__ float warpSums[32][32];
     const float lr = scalars->lr;
     const long long step = scalars->step;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int e = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (e < 80)
-        for (int sp = warp; sp < 392; sp += 16) sum += partial[(int)sp * 80 + e];
+        for (int sp = warp; sp < 392; sp += 32) sum += partial[(int)sp * 80 + e];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && e < 80) {
         float gradSum = warpSums[0][lane];
-        for (int w = 1; w < 16; w++) gradSum += warpSums[w][lane];
+        for (int w = 1; w < 32; w++) gradSum += warpSums[w][lane];
         if (e < 72) {
             const int at = e;  // weight element (o, c, ky, kx)
 
