@@ -224,9 +224,10 @@ type convData struct {
 	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
 	// per phase, OC output channels per chunk, an RH x RW dy region
 	TH, TW, OC, KHP, KWP, TilesPerPhase int64
-	// wgrad: BQ positions per chunk, Splits of QPerSplit positions; the
-	// reduce: RedWarps warps (RedThreads threads) per block of 32 elements
-	BQ, G, XPT, DPT, XS, DS, Splits, QPerSplit, Q, WE int64
+	// wgrad: BQ positions per chunk, Chunks of them, Splits of at most
+	// QPerSplit positions (whole chunks, balanced); the reduce: RedWarps
+	// warps (RedThreads threads) per block of 32 elements
+	BQ, G, XPT, DPT, XS, DS, Splits, QPerSplit, Q, WE, Chunks int64
 	RedWarps, RedThreads                              int64
 	Accumulate                                        bool // the reduce adds to dw/db
 	// conv_mma: Rows staged rows per chunk; RowSum: also sum A's rows (the bias gradient)
@@ -598,6 +599,7 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.XS, d.TN), d.TN)
 	d.Q = g.B * g.HWO
 	d.Splits, d.QPerSplit = wgradSplits(g, d.gemmTile, d.BQ, g.B, e.sms)
+	d.Chunks = wgradChunks(g, d.BQ, g.B)
 	d.WE = g.O * g.K
 	if g.Bias {
 		d.WE += g.O
@@ -636,18 +638,22 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 }
 
 // wgradSplits splits the weight gradient's reduction over the positions of
-// batch samples so that the grid fills a GPU of sms SMs (at least
-// fillBlocks: 16 warps per SM), with at least 4 chunks of bq positions per
-// split, no split empty: the number of splits and the positions of each.
-// The chunks per split round down, so the splits are at least the wanted
-// number (at most 5/4 of it: a split has 4 chunks or more).
+// batch samples so that the grid fills a GPU of sms SMs: fillBlocks (16
+// warps per SM; one full wave when 8 blocks are resident, as the kernel's
+// __launch_bounds__ asks) rounded up to whole splits, with at least 4
+// chunks of bq positions per split: the number of splits and the most
+// positions one takes. The kernel divides the chunks between the splits
+// evenly (split z takes chunks z·chunks/splits up to the next's), so no
+// split is empty and a grid of exactly the wanted blocks leaves no tail.
 func wgradSplits(g *convGeom, tile gemmTile, bq, batch, sms int64) (splits, perSplit int64) {
-	chunks := (batch*g.HWO + bq - 1) / bq
+	chunks := wgradChunks(g, bq, batch)
 	tiles := (g.O + tile.BM - 1) / tile.BM * ((g.K + tile.BN - 1) / tile.BN)
-	want := min(divUp(fillBlocks(sms, tile.T), tiles), max(1, chunks/4), 65535*4/5)
-	chunksPer := max(1, chunks/want)
-	return (chunks + chunksPer - 1) / chunksPer, chunksPer * bq
+	splits = min(divUp(fillBlocks(sms, tile.T), tiles), max(1, chunks/4), 65535)
+	return splits, divUp(chunks, splits) * bq
 }
+
+// wgradChunks is how many chunks of bq positions batch samples have.
+func wgradChunks(g *convGeom, bq, batch int64) int64 { return divUp(batch*g.HWO, bq) }
 
 // maxOver is the largest f(s) over s = 1..n: a scratch buffer sized for it
 // serves every batch up to n (a micro-batch loop's last iteration may be

@@ -292,7 +292,7 @@ func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, 
 		Args: append(mainArgs, buf(scratch)), FLOPs: 2 * k.M * k.N * k.K, MinBytes: mainBytes + scratchBytes})
 	reduce := *k
 	reduce.Name = name
-	reduce.RW = min(16, max(1, (k.Splits+7)/8)) // about 8 slices per warp
+	reduce.RW = min(32, max(1, (k.Splits+7)/8)) // about 8 slices per warp, up to 1024 threads
 	reduce.RT = 32 * reduce.RW
 	reduce.Params = strings.Join(append([]string{inParam("partial")}, epilogueParams...), ", ")
 	if err := e.kernel("linear_splitk_reduce", reduce.Name, &reduce); err != nil {

@@ -152,7 +152,7 @@ func TestGemmPlans(t *testing.T) {
 		// 2 tiles split 139 ways (13 of the 1800 k tiles each): >= 264 blocks
 		// of 8 warps, 16 warps on each of the default 132 SMs
 		"linear_block_partial_b32_in28800_out128_splitk139 grid=[2 1 139] block=[256 1 1] shared=6272",
-		"linear_block_reduce_b32_out128_splitk139_bias grid=[128 1 1] block=[512 1 1] shared=0", // 16 warps per 32 outputs
+		"linear_block_reduce_b32_out128_splitk139_bias grid=[128 1 1] block=[576 1 1] shared=0", // 18 warps per 32 outputs
 		"linear_block_grad_input_b32_out128_in28800 grid=[450 1 1] block=[256 1 1] shared=6272",
 		"linear_block_grad_weight_b32_out128_in28800_bias_sgd_mom0p9 grid=[450 2 1] block=[256 1 1] shared=8320",
 	}, names)

@@ -1024,7 +1024,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_dgrad_x8x14x14_o1
 
 // conv_block_wgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split98: weight gradient of conv 3x3 stride 1x1 pad 1x1 of f32 [B,8,14,14] to [B,16,14,14] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,16,7,7]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 16, N = K = 72, 6272 positions in 98 splits of 64 (blockIdx.z), 16 per chunk staged in shared
+// M = 16, N = K = 72, 6272 positions in 98 splits of at most 64 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 16x64 tile,
 // 4x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
 extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split98(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
@@ -1035,8 +1035,11 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x8x14x14_o1
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 16;
-    const int qBegin = (int)blockIdx.z * 64;
-    const int qEnd = qBegin + 64 < 6272 ? qBegin + 64 : 6272;
+    // split z: chunks [z·392/98, (z+1)·392/98) of 16 positions (balanced: every split has
+    // 392/98 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 392 / 98) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 392 / 98) * 16;
+    const int qEnd = qSplitEnd < 6272 ? qSplitEnd : 6272;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
         colOff[n] = k < 72 ? c * 196 + ky * 14 + kx : -1;
@@ -1223,7 +1226,7 @@ extern "C" __global__ void __launch_bounds__(416) conv_block_wgrad_reduce_o16_k7
 
 // conv_block_wgrad_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split392: weight gradient of conv 3x3 stride 1x1 pad 1x1 of u8 [B,28,28,1] (HWC, /255 in the loads) to [B,8,28,28] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,8,14,14]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 8, N = K = 9, 25088 positions in 392 splits of 64 (blockIdx.z), 16 per chunk staged in shared
+// M = 8, N = K = 9, 25088 positions in 392 splits of at most 64 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 8x64 tile,
 // 2x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
 extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split392(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
@@ -1234,8 +1237,11 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x1x28x28u8_
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 8;
-    const int qBegin = (int)blockIdx.z * 64;
-    const int qEnd = qBegin + 64 < 25088 ? qBegin + 64 : 25088;
+    // split z: chunks [z·1568/392, (z+1)·1568/392) of 16 positions (balanced: every split has
+    // 1568/392 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 1568 / 392) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 1568 / 392) * 16;
+    const int qEnd = qSplitEnd < 25088 ? qSplitEnd : 25088;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
         colOff[n] = k < 9 ? (ky * 28 + kx) * 1 + c : -1;

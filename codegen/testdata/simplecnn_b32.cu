@@ -446,21 +446,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in
 }
 
 // linear_block_reduce_b32_out128_splitk139_bias: linear block forward: y[32,128] = x[32,28800]·Wᵀ + bias.
-// Adds the 139 partial sums of each of the 4096 outputs, then applies the epilogue. A block of 16 warp(s)
-// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 16, ... in order, then warp 0
+// Adds the 139 partial sums of each of the 4096 outputs, then applies the epilogue. A block of 18 warp(s)
+// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 18, ... in order, then warp 0
 // adds the warps' sums in warp order — a fixed tree, so the result does not depend on scheduling.
-extern "C" __global__ void __launch_bounds__(512) linear_block_reduce_b32_out128_splitk139_bias(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
-    __shared__ float warpSums[16][32];
+extern "C" __global__ void __launch_bounds__(576) linear_block_reduce_b32_out128_splitk139_bias(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
+    __shared__ float warpSums[18][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int at = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (at < 4096)
-        for (int s = warp; s < 139; s += 16) sum += partial[(int)s * 4096 + at];
+        for (int s = warp; s < 139; s += 18) sum += partial[(int)s * 4096 + at];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && at < 4096) {
         float v = warpSums[0][lane];
-        for (int w = 1; w < 16; w++) v += warpSums[w][lane];
+        for (int w = 1; w < 18; w++) v += warpSums[w][lane];
         {  // the epilogue
             const int n = at % 128;
             v += bias[n];
@@ -1020,12 +1020,12 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_dgrad_x16x63x63_o
     }
 }
 
-// conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split355: weight gradient of conv 3x3 stride 1x1 pad 0x0 of f32 [B,16,63,63] to [B,32,61,61] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,32,30,30]; dy from the output gradient routed through the packed argmax.
+// conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split352: weight gradient of conv 3x3 stride 1x1 pad 0x0 of f32 [B,16,63,63] to [B,32,61,61] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,32,30,30]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 32, N = K = 144, 119072 positions in 355 splits of 336 (blockIdx.z), 16 per chunk staged in shared
+// M = 32, N = K = 144, 119072 positions in 352 splits of at most 352 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 32x64 tile,
 // 8x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split355(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split352(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*36 + m
     float* const Xs = smem + 16 * 36;   // x(column n0 + n, position r) at r*68 + n
@@ -1033,8 +1033,11 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x16x63x63_o
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 32;
-    const int qBegin = (int)blockIdx.z * 336;
-    const int qEnd = qBegin + 336 < 119072 ? qBegin + 336 : 119072;
+    // split z: chunks [z·7442/352, (z+1)·7442/352) of 16 positions (balanced: every split has
+    // 7442/352 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 7442 / 352) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 7442 / 352) * 16;
+    const int qEnd = qSplitEnd < 119072 ? qSplitEnd : 119072;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
         colOff[n] = k < 144 ? c * 3969 + ky * 63 + kx : -1;
@@ -1177,11 +1180,11 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x16x63x63_o
     }
 }
 
-// conv_block_wgrad_reduce_o32_k144_bias_split355_sgd_mom0p9: sums 355 split partials of the 32x144 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
+// conv_block_wgrad_reduce_o32_k144_bias_split352_sgd_mom0p9: sums 352 split partials of the 32x144 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
 // A block of 32 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
 // w, w + 32, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
 // on scheduling, and the splits are read by 32 warps at once instead of one thread.
-extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o32_k144_bias_split355_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o32_k144_bias_split352_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
     __shared__ float warpSums[32][32];
     const float lr = scalars->lr;
     const long long step = scalars->step;
@@ -1189,7 +1192,7 @@ extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o32_k
     const int e = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (e < 4640)
-        for (int sp = warp; sp < 355; sp += 32) sum += partial[(int)sp * 4640 + e];
+        for (int sp = warp; sp < 352; sp += 32) sum += partial[(int)sp * 4640 + e];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && e < 4640) {
@@ -1219,12 +1222,12 @@ extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o32_k
     }
 }
 
-// conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split1059: weight gradient of conv 3x3 stride 1x1 pad 0x0 of u8 [B,128,128,3] (HWC, /255 in the loads) to [B,16,126,126] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,16,63,63]; dy from the output gradient routed through the packed argmax.
+// conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split1056: weight gradient of conv 3x3 stride 1x1 pad 0x0 of u8 [B,128,128,3] (HWC, /255 in the loads) to [B,16,126,126] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,16,63,63]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 16, N = K = 27, 508032 positions in 1059 splits of 480 (blockIdx.z), 16 per chunk staged in shared
+// M = 16, N = K = 27, 508032 positions in 1056 splits of at most 496 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 16x64 tile,
 // 4x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split1059(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split1056(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*20 + m
     float* const Xs = smem + 16 * 20;   // x(column n0 + n, position r) at r*68 + n
@@ -1232,8 +1235,11 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x3x128x128u
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 16;
-    const int qBegin = (int)blockIdx.z * 480;
-    const int qEnd = qBegin + 480 < 508032 ? qBegin + 480 : 508032;
+    // split z: chunks [z·31752/1056, (z+1)·31752/1056) of 16 positions (balanced: every split has
+    // 31752/1056 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 31752 / 1056) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 31752 / 1056) * 16;
+    const int qEnd = qSplitEnd < 508032 ? qSplitEnd : 508032;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
         colOff[n] = k < 27 ? (ky * 128 + kx) * 3 + c : -1;
@@ -1376,11 +1382,11 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x3x128x128u
     }
 }
 
-// conv_block_wgrad_reduce_o16_k27_bias_split1059_sgd_mom0p9: sums 1059 split partials of the 16x27 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
+// conv_block_wgrad_reduce_o16_k27_bias_split1056_sgd_mom0p9: sums 1056 split partials of the 16x27 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
 // A block of 32 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
 // w, w + 32, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
 // on scheduling, and the splits are read by 32 warps at once instead of one thread.
-extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o16_k27_bias_split1059_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o16_k27_bias_split1056_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
     __shared__ float warpSums[32][32];
     const float lr = scalars->lr;
     const long long step = scalars->step;
@@ -1388,7 +1394,7 @@ extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o16_k
     const int e = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (e < 448)
-        for (int sp = warp; sp < 1059; sp += 32) sum += partial[(int)sp * 448 + e];
+        for (int sp = warp; sp < 1056; sp += 32) sum += partial[(int)sp * 448 + e];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && e < 448) {
