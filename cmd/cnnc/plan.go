@@ -73,7 +73,7 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	fl.Int64Var(&pf.microBatch, "micro-batch", 0, "skip the search: run in micro-batches of `N` samples (the whole step, or the trunk up to --trunk)")
 	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last `LAYER` of the micro-batched trunk")
 	fl.StringVar(&pf.precision, "precision", "", "with --gpu: the kernels' `PRECISION`, fp32, tf32 or bf16 (overrides the train block's precision)")
-	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+"): a prediction of the performance model (needs nvcc and g++)")
+	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+"), the kernels' grids sized for its SM count: a prediction of the performance model (needs nvcc and g++)")
 	return cmd
 }
 
