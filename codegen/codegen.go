@@ -143,15 +143,15 @@ type Options struct {
 	// Target); nil: CUDA.
 	Target Target
 	// SMs is the streaming-multiprocessor count of the GPU the launch
-	// geometry is sized for (grids that fill it: see fillBlocks); 0 is
-	// DefaultSMs. The kernels are correct on a GPU of any SM count; only
-	// how well a grid fills it depends on this.
+	// geometry is sized for: the reductions split until their grids fill
+	// it (fillBlocks). 0 — no GPU named — keeps the memory-first geometry
+	// (fixed split targets: wgradLegacyBlocks, gemmLegacyBlocks), whose
+	// smaller split partials keep the planned peak (the memory figures
+	// README and BENCHMARKS.md quote) where it was. The kernels are correct
+	// on a GPU of any SM count; only how well a grid fills it depends on
+	// this.
 	SMs int64
 }
-
-// DefaultSMs is the SM count launch geometry is sized for when the target
-// GPU is not named: an H100 or H200 SXM's 132 (compiler/perf's spec table).
-const DefaultSMs = 132
 
 // fillWarpsPerSM is the resident warps per SM the grids of kernels that
 // can split their work (the weight gradients' and split-K GEMMs'
@@ -165,13 +165,8 @@ func fillBlocks(sms, threads int64) int64 {
 	return sms * divUp(fillWarpsPerSM*32, threads)
 }
 
-// smsOr is sms, or DefaultSMs when it is not positive.
-func smsOr(sms int64) int64 {
-	if sms < 1 {
-		return DefaultSMs
-	}
-	return sms
-}
+// smsOr is sms, or 0 (no GPU named) when it is not positive.
+func smsOr(sms int64) int64 { return max(sms, 0) }
 
 // Precision is how GEMM-shaped kernels multiply.
 type Precision string
@@ -267,7 +262,7 @@ type emitter struct {
 	eval    bool // evaluation's kernels (Options.Eval)
 	kernels map[string]*Kernel
 	prec    Precision
-	sms     int64 // the target's SM count (Options.SMs, defaulted)
+	sms     int64 // the target's SM count (Options.SMs; 0: none named)
 	// accumulate: the node being generated adds its unbatched outputs to
 	// the buffers (genItem.accumulate)
 	accumulate bool
@@ -400,7 +395,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 // scratch registers the pure function of the node's shapes that its rule
 // sizes its scratch buffers by (registerScratch).
 func Workspace(n *ir.Node, samples int64) int64 {
-	return scratchBytes(n, samples, sizing{FP32, DefaultSMs})
+	return scratchBytes(n, samples, sizing{FP32, 0})
 }
 
 // WorkspaceOn is Workspace for kernels generated at precision prec for a

@@ -228,8 +228,8 @@ type convData struct {
 	// QPerSplit positions (whole chunks, balanced); the reduce: RedWarps
 	// warps (RedThreads threads) per block of 32 elements
 	BQ, G, XPT, DPT, XS, DS, Splits, QPerSplit, Q, WE, Chunks int64
-	RedWarps, RedThreads                              int64
-	Accumulate                                        bool // the reduce adds to dw/db
+	RedWarps, RedThreads                                      int64
+	Accumulate                                                bool // the reduce adds to dw/db
 	// conv_mma: Rows staged rows per chunk; RowSum: also sum A's rows (the bias gradient)
 	Rows           int64
 	RowSum         bool
@@ -645,12 +645,26 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 // positions one takes. The kernel divides the chunks between the splits
 // evenly (split z takes chunks z·chunks/splits up to the next's), so no
 // split is empty and a grid of exactly the wanted blocks leaves no tail.
+//
+// With no GPU named (sms 0) the grid aims for wgradLegacyBlocks, and the
+// chunks per split round up (fewer splits, smaller partials).
 func wgradSplits(g *convGeom, tile gemmTile, bq, batch, sms int64) (splits, perSplit int64) {
 	chunks := wgradChunks(g, bq, batch)
 	tiles := (g.O + tile.BM - 1) / tile.BM * ((g.K + tile.BN - 1) / tile.BN)
-	splits = min(divUp(fillBlocks(sms, tile.T), tiles), max(1, chunks/4), 65535)
+	if sms <= 0 {
+		want := min(divUp(wgradLegacyBlocks, tiles), max(1, chunks/4), 65535)
+		chunksPer := divUp(chunks, want)
+		splits = divUp(chunks, chunksPer)
+	} else {
+		splits = min(divUp(fillBlocks(sms, tile.T), tiles), max(1, chunks/4), 65535)
+	}
 	return splits, divUp(chunks, splits) * bq
 }
+
+// wgradLegacyBlocks is the blocks the weight gradient's split aims for
+// when no GPU is named: a few per SM of an A100/H100, about 8 warps per SM
+// (Options.SMs).
+const wgradLegacyBlocks = 512
 
 // wgradChunks is how many chunks of bq positions batch samples have.
 func wgradChunks(g *convGeom, bq, batch int64) int64 { return divUp(batch*g.HWO, bq) }

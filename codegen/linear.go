@@ -35,6 +35,12 @@ const (
 	gemmSplitMinTiles = 16
 	gemmMinSliceTiles = 2
 	gemmMaxSplits     = 512
+	// With no GPU named (Options.SMs 0): split below gemmLegacyBlocks (two
+	// waves of 132 SMs at 1 block each), slices of at least 8 tiles, at most
+	// 128 of them, and no tile narrowing — the memory-first geometry.
+	gemmLegacyBlocks     = 264
+	gemmLegacySliceTiles = 8
+	gemmLegacyMaxSplits  = 128
 )
 
 func init() {
@@ -186,8 +192,13 @@ func (k *gemmKernel) plan(split bool, sz sizing) {
 	if p.tensor() {
 		k.BM, k.BN, k.BK = max(k.BM, 32), max(k.BN, 32), tcBK
 	}
+	legacy := sz.sms <= 0
 	target := fillBlocks(sz.sms, int64(gemmThreads))
-	if p.tensor() {
+	minSlice, maxSplits := int64(gemmMinSliceTiles), int64(gemmMaxSplits)
+	if legacy {
+		target, minSlice, maxSplits = gemmLegacyBlocks, gemmLegacySliceTiles, gemmLegacyMaxSplits
+	}
+	if p.tensor() && !legacy {
 		target = fillBlocks(sz.sms, tcThreads)
 		// a grid short of the fill target takes 32-wide tiles (4 warps of
 		// 16x16 fragments) before it splits k
@@ -204,8 +215,11 @@ func (k *gemmKernel) plan(split bool, sz sizing) {
 	blocks := divUp(k.M, k.BM) * divUp(k.N, k.BN)
 	if split && blocks < target && kTiles >= gemmSplitMinTiles {
 		// slices round down, so the splits are at least s
-		s := min(divUp(target, blocks), kTiles/gemmMinSliceTiles, gemmMaxSplits)
+		s := min(divUp(target, blocks), kTiles/minSlice, maxSplits)
 		k.KPerSplit = max(1, kTiles/s) * k.BK
+		if legacy {
+			k.KPerSplit = divUp(kTiles, s) * k.BK
+		}
 		k.Splits = divUp(k.K, k.KPerSplit) // no empty slice
 	}
 	k.Idx = indexType(k.M*k.K, k.K*k.N, k.Splits*k.MN+k.MN)

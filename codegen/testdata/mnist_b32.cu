@@ -379,21 +379,21 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_
     }
 }
 
-// linear_block_partial_b32_in784_out64_splitk25: the partial sums of linear_block_reduce_b32_out64_splitk25_bias_relu per k slice.
+// linear_block_partial_b32_in784_out64_splitk6: the partial sums of linear_block_reduce_b32_out64_splitk6_bias_relu per k slice.
 // Tiled GEMM: C(m,n) = sum over k of A(m,k)·B(k,n), M=32 N=64 K=784, A [M][K], B [N][K];
-// k is split into 25 slices of 32 (blockIdx.z), each writing its partial sums.
+// k is split into 6 slices of 144 (blockIdx.z), each writing its partial sums.
 // 256 threads compute a 32x64 tile from 16-deep slices of A and B staged in shared
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in784_out64_splitk25(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in784_out64_splitk6(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int m0 = (int)blockIdx.y * 32, n0 = (int)blockIdx.x * 64;
-    const int kBegin = (int)blockIdx.z * 32;
-    const int kEnd = kBegin + 32 < 784 ? kBegin + 32 : 784;
+    const int kBegin = (int)blockIdx.z * 144;
+    const int kEnd = kBegin + 144 < 784 ? kBegin + 144 : 784;
     float acc[2][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -445,22 +445,22 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in
     }
 }
 
-// linear_block_reduce_b32_out64_splitk25_bias_relu: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
-// Adds the 25 partial sums of each of the 2048 outputs, then applies the epilogue. A block of 4 warp(s)
-// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 4, ... in order, then warp 0
+// linear_block_reduce_b32_out64_splitk6_bias_relu: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
+// Adds the 6 partial sums of each of the 2048 outputs, then applies the epilogue. A block of 1 warp(s)
+// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 1, ... in order, then warp 0
 // adds the warps' sums in warp order — a fixed tree, so the result does not depend on scheduling.
-extern "C" __global__ void __launch_bounds__(128) linear_block_reduce_b32_out64_splitk25_bias_relu(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
-    __shared__ float warpSums[4][32];
+extern "C" __global__ void __launch_bounds__(32) linear_block_reduce_b32_out64_splitk6_bias_relu(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
+    __shared__ float warpSums[1][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int at = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (at < 2048)
-        for (int s = warp; s < 25; s += 4) sum += partial[(int)s * 2048 + at];
+        for (int s = warp; s < 6; s += 1) sum += partial[(int)s * 2048 + at];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && at < 2048) {
         float v = warpSums[0][lane];
-        for (int w = 1; w < 4; w++) v += warpSums[w][lane];
+        for (int w = 1; w < 1; w++) v += warpSums[w][lane];
         {  // the epilogue
             const int n = at % 64;
             v += bias[n];

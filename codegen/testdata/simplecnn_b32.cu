@@ -379,21 +379,21 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
     }
 }
 
-// linear_block_partial_b32_in28800_out128_splitk139: the partial sums of linear_block_reduce_b32_out128_splitk139_bias per k slice.
+// linear_block_partial_b32_in28800_out128_splitk120: the partial sums of linear_block_reduce_b32_out128_splitk120_bias per k slice.
 // Tiled GEMM: C(m,n) = sum over k of A(m,k)·B(k,n), M=32 N=128 K=28800, A [M][K], B [N][K];
-// k is split into 139 slices of 208 (blockIdx.z), each writing its partial sums.
+// k is split into 120 slices of 240 (blockIdx.z), each writing its partial sums.
 // 256 threads compute a 32x64 tile from 16-deep slices of A and B staged in shared
 // memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
 // tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
 // fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in28800_out128_splitk139(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in28800_out128_splitk120(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
     float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int m0 = (int)blockIdx.y * 32, n0 = (int)blockIdx.x * 64;
-    const int kBegin = (int)blockIdx.z * 208;
-    const int kEnd = kBegin + 208 < 28800 ? kBegin + 208 : 28800;
+    const int kBegin = (int)blockIdx.z * 240;
+    const int kEnd = kBegin + 240 < 28800 ? kBegin + 240 : 28800;
     float acc[2][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -445,22 +445,22 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_block_partial_b32_in
     }
 }
 
-// linear_block_reduce_b32_out128_splitk139_bias: linear block forward: y[32,128] = x[32,28800]·Wᵀ + bias.
-// Adds the 139 partial sums of each of the 4096 outputs, then applies the epilogue. A block of 18 warp(s)
-// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 18, ... in order, then warp 0
+// linear_block_reduce_b32_out128_splitk120_bias: linear block forward: y[32,128] = x[32,28800]·Wᵀ + bias.
+// Adds the 120 partial sums of each of the 4096 outputs, then applies the epilogue. A block of 15 warp(s)
+// takes 32 consecutive outputs (lane = output, coalesced): warp w adds slices w, w + 15, ... in order, then warp 0
 // adds the warps' sums in warp order — a fixed tree, so the result does not depend on scheduling.
-extern "C" __global__ void __launch_bounds__(576) linear_block_reduce_b32_out128_splitk139_bias(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
-    __shared__ float warpSums[18][32];
+extern "C" __global__ void __launch_bounds__(480) linear_block_reduce_b32_out128_splitk120_bias(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y) {
+    __shared__ float warpSums[15][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int at = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (at < 4096)
-        for (int s = warp; s < 139; s += 18) sum += partial[(int)s * 4096 + at];
+        for (int s = warp; s < 120; s += 15) sum += partial[(int)s * 4096 + at];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && at < 4096) {
         float v = warpSums[0][lane];
-        for (int w = 1; w < 18; w++) v += warpSums[w][lane];
+        for (int w = 1; w < 15; w++) v += warpSums[w][lane];
         {  // the epilogue
             const int n = at % 128;
             v += bias[n];
@@ -1020,12 +1020,12 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_dgrad_x16x63x63_o
     }
 }
 
-// conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split352: weight gradient of conv 3x3 stride 1x1 pad 0x0 of f32 [B,16,63,63] to [B,32,61,61] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,32,30,30]; dy from the output gradient routed through the packed argmax.
+// conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split170: weight gradient of conv 3x3 stride 1x1 pad 0x0 of f32 [B,16,63,63] to [B,32,61,61] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,32,30,30]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 32, N = K = 144, 119072 positions in 352 splits of at most 352 (blockIdx.z), 16 per chunk staged in shared
+// M = 32, N = K = 144, 119072 positions in 170 splits of at most 704 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 32x64 tile,
 // 8x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split352(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split170(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*36 + m
     float* const Xs = smem + 16 * 36;   // x(column n0 + n, position r) at r*68 + n
@@ -1033,10 +1033,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x16x63x63_o
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 32;
-    // split z: chunks [z·7442/352, (z+1)·7442/352) of 16 positions (balanced: every split has
-    // 7442/352 rounded down or up)
-    const int qBegin = (int)((long long)blockIdx.z * 7442 / 352) * 16;
-    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 7442 / 352) * 16;
+    // split z: chunks [z·7442/170, (z+1)·7442/170) of 16 positions (balanced: every split has
+    // 7442/170 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 7442 / 170) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 7442 / 170) * 16;
     const int qEnd = qSplitEnd < 119072 ? qSplitEnd : 119072;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
@@ -1180,24 +1180,24 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x16x63x63_o
     }
 }
 
-// conv_block_wgrad_reduce_o32_k144_bias_split352_sgd_mom0p9: sums 352 split partials of the 32x144 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
-// A block of 32 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
-// w, w + 32, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
-// on scheduling, and the splits are read by 32 warps at once instead of one thread.
-extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o32_k144_bias_split352_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
-    __shared__ float warpSums[32][32];
+// conv_block_wgrad_reduce_o32_k144_bias_split170_sgd_mom0p9: sums 170 split partials of the 32x144 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
+// A block of 22 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 22, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 22 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(704) conv_block_wgrad_reduce_o32_k144_bias_split170_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+    __shared__ float warpSums[22][32];
     const float lr = scalars->lr;
     const long long step = scalars->step;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int e = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (e < 4640)
-        for (int sp = warp; sp < 352; sp += 32) sum += partial[(int)sp * 4640 + e];
+        for (int sp = warp; sp < 170; sp += 22) sum += partial[(int)sp * 4640 + e];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && e < 4640) {
         float gradSum = warpSums[0][lane];
-        for (int w = 1; w < 32; w++) gradSum += warpSums[w][lane];
+        for (int w = 1; w < 22; w++) gradSum += warpSums[w][lane];
         if (e < 4608) {
             const int at = e;  // weight element (o, c, ky, kx)
 
@@ -1222,12 +1222,12 @@ extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o32_k
     }
 }
 
-// conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split1056: weight gradient of conv 3x3 stride 1x1 pad 0x0 of u8 [B,128,128,3] (HWC, /255 in the loads) to [B,16,126,126] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,16,63,63]; dy from the output gradient routed through the packed argmax.
+// conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split504: weight gradient of conv 3x3 stride 1x1 pad 0x0 of u8 [B,128,128,3] (HWC, /255 in the loads) to [B,16,126,126] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,16,63,63]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 16, N = K = 27, 508032 positions in 1056 splits of at most 496 (blockIdx.z), 16 per chunk staged in shared
+// M = 16, N = K = 27, 508032 positions in 504 splits of at most 1008 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 16x64 tile,
 // 4x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split1056(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split504(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*20 + m
     float* const Xs = smem + 16 * 20;   // x(column n0 + n, position r) at r*68 + n
@@ -1235,10 +1235,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x3x128x128u
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 16;
-    // split z: chunks [z·31752/1056, (z+1)·31752/1056) of 16 positions (balanced: every split has
-    // 31752/1056 rounded down or up)
-    const int qBegin = (int)((long long)blockIdx.z * 31752 / 1056) * 16;
-    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 31752 / 1056) * 16;
+    // split z: chunks [z·31752/504, (z+1)·31752/504) of 16 positions (balanced: every split has
+    // 31752/504 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 31752 / 504) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 31752 / 504) * 16;
     const int qEnd = qSplitEnd < 508032 ? qSplitEnd : 508032;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
@@ -1382,11 +1382,11 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x3x128x128u
     }
 }
 
-// conv_block_wgrad_reduce_o16_k27_bias_split1056_sgd_mom0p9: sums 1056 split partials of the 16x27 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
+// conv_block_wgrad_reduce_o16_k27_bias_split504_sgd_mom0p9: sums 504 split partials of the 16x27 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
 // A block of 32 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
 // w, w + 32, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
 // on scheduling, and the splits are read by 32 warps at once instead of one thread.
-extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o16_k27_bias_split1056_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o16_k27_bias_split504_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
     __shared__ float warpSums[32][32];
     const float lr = scalars->lr;
     const long long step = scalars->step;
@@ -1394,7 +1394,7 @@ extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o16_k
     const int e = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (e < 448)
-        for (int sp = warp; sp < 1056; sp += 32) sum += partial[(int)sp * 448 + e];
+        for (int sp = warp; sp < 504; sp += 32) sum += partial[(int)sp * 448 + e];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && e < 448) {
