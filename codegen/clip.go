@@ -22,7 +22,7 @@ const (
 
 func init() {
 	register(ops.ClipGradNormOp, clipRule)
-	registerScratch(ops.ClipGradNormOp, func(n *ir.Node, _ int64, _ Precision) (int64, error) {
+	registerScratch(ops.ClipGradNormOp, func(n *ir.Node, _ int64, _ sizing) (int64, error) {
 		return ScratchAligned(clipPartialsType(n).Bytes(1)), nil
 	})
 }

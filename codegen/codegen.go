@@ -142,7 +142,31 @@ type Options struct {
 	// Target generates the kernels for a device other than CUDA (see
 	// Target); nil: CUDA.
 	Target Target
+	// SMs is the streaming-multiprocessor count of the GPU the launch
+	// geometry is sized for: the reductions split until their grids fill
+	// it (fillBlocks). 0 — no GPU named — keeps the memory-first geometry
+	// (fixed split targets: wgradLegacyBlocks, gemmLegacyBlocks), whose
+	// smaller split partials keep the planned peak (the memory figures
+	// README and BENCHMARKS.md quote) where it was. The kernels are correct
+	// on a GPU of any SM count; only how well a grid fills it depends on
+	// this.
+	SMs int64
 }
+
+// fillWarpsPerSM is the resident warps per SM the grids of kernels that
+// can split their work (the weight gradients' and split-K GEMMs'
+// reductions) aim for: four per scheduler, what compiler/perf takes to
+// hide issue and shared-memory latency.
+const fillWarpsPerSM = 16
+
+// fillBlocks is how many blocks of threads threads put fillWarpsPerSM
+// warps on each of sms SMs.
+func fillBlocks(sms, threads int64) int64 {
+	return sms * divUp(fillWarpsPerSM*32, threads)
+}
+
+// smsOr is sms, or 0 (no GPU named) when it is not positive.
+func smsOr(sms int64) int64 { return max(sms, 0) }
 
 // Precision is how GEMM-shaped kernels multiply.
 type Precision string
@@ -238,6 +262,7 @@ type emitter struct {
 	eval    bool // evaluation's kernels (Options.Eval)
 	kernels map[string]*Kernel
 	prec    Precision
+	sms     int64 // the target's SM count (Options.SMs; 0: none named)
 	// accumulate: the node being generated adds its unbatched outputs to
 	// the buffers (genItem.accumulate)
 	accumulate bool
@@ -310,7 +335,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 		return nil, fmt.Errorf("codegen: %v", err)
 	}
 	p := &Program{Model: model, Batch: opts.Batch, Views: map[*ir.Value]*ir.Value{}}
-	e := &emitter{prog: p, batch: opts.Batch, eval: opts.Eval, kernels: map[string]*Kernel{}, prec: prec}
+	e := &emitter{prog: p, batch: opts.Batch, eval: opts.Eval, kernels: map[string]*Kernel{}, prec: prec, sms: smsOr(opts.SMs)}
 	for seq, it := range items {
 		n := it.node
 		e.batch, e.accumulate = it.batch, it.accumulate
@@ -370,17 +395,36 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 // scratch registers the pure function of the node's shapes that its rule
 // sizes its scratch buffers by (registerScratch).
 func Workspace(n *ir.Node, samples int64) int64 {
-	return scratchBytes(n, samples, FP32)
+	return scratchBytes(n, samples, sizing{FP32, 0})
 }
 
-// scratchBytes is Workspace at a precision (the tensor-core kernels tile
-// differently, and so split their reductions differently).
-func scratchBytes(n *ir.Node, samples int64, prec Precision) int64 {
+// WorkspaceOn is Workspace for kernels generated at precision prec for a
+// GPU of sms SMs (Options.Precision and SMs: the reductions' splits
+// follow the tiles and the SM count).
+func WorkspaceOn(prec Precision, sms int64) func(n *ir.Node, samples int64) int64 {
+	return func(n *ir.Node, samples int64) int64 {
+		return scratchBytes(n, samples, sizing{prec, smsOr(sms)})
+	}
+}
+
+// sizing is what a kernel rule's scratch depends on besides the node and
+// the samples: the precision (the tensor-core kernels tile differently,
+// and so split their reductions differently) and the SM count.
+type sizing struct {
+	prec Precision
+	sms  int64
+}
+
+// sizing is the emitter's.
+func (e *emitter) sizing() sizing { return sizing{e.prec, e.sms} }
+
+// scratchBytes is Workspace at a sizing.
+func scratchBytes(n *ir.Node, samples int64, sz sizing) int64 {
 	f, ok := scratchRules[n.Op]
 	if !ok {
 		return 0
 	}
-	b, err := f(n, samples, prec)
+	b, err := f(n, samples, sz)
 	if err != nil {
 		return 0 // generation fails for this node, and says why
 	}
@@ -388,8 +432,8 @@ func scratchBytes(n *ir.Node, samples int64, prec Precision) int64 {
 }
 
 // scratchRule gives the bytes of the scratch buffers the op's kernel rule
-// makes for node n over samples samples at precision prec.
-type scratchRule func(n *ir.Node, samples int64, prec Precision) (int64, error)
+// makes for node n over samples samples at sizing sz.
+type scratchRule func(n *ir.Node, samples int64, sz sizing) (int64, error)
 
 var scratchRules = map[ir.Op]scratchRule{}
 

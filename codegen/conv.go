@@ -224,11 +224,12 @@ type convData struct {
 	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
 	// per phase, OC output channels per chunk, an RH x RW dy region
 	TH, TW, OC, KHP, KWP, TilesPerPhase int64
-	// wgrad: BQ positions per chunk, Splits of QPerSplit positions; the
-	// reduce: RedWarps warps (RedThreads threads) per block of 32 elements
-	BQ, G, XPT, DPT, XS, DS, Splits, QPerSplit, Q, WE int64
-	RedWarps, RedThreads                              int64
-	Accumulate                                        bool // the reduce adds to dw/db
+	// wgrad: BQ positions per chunk, Chunks of them, Splits of at most
+	// QPerSplit positions (whole chunks, balanced); the reduce: RedWarps
+	// warps (RedThreads threads) per block of 32 elements
+	BQ, G, XPT, DPT, XS, DS, Splits, QPerSplit, Q, WE, Chunks int64
+	RedWarps, RedThreads                                      int64
+	Accumulate                                                bool // the reduce adds to dw/db
 	// conv_mma: Rows staged rows per chunk; RowSum: also sum A's rows (the bias gradient)
 	Rows           int64
 	RowSum         bool
@@ -249,6 +250,33 @@ type convData struct {
 	ColOff, DsumOff int64
 	DsumSeparate    bool
 	DsOff, BtOff    int64
+	// MinBlocks is __launch_bounds__'s minimum of resident blocks per SM
+	// (convMinBlocks): it caps the registers ptxas may use
+	MinBlocks int64
+}
+
+// convMinBlocks is the resident blocks per SM a conv kernel's
+// __launch_bounds__ asks for, which caps its registers at 65536 /
+// (threads x blocks): fillWarpsPerSM warps' worth (8 blocks of 64 threads:
+// 128 registers) when each thread keeps at most 32 accumulators (FFMA
+// tiles TM x TN; tensor-core tiles FM x FN fragments of 8 per thread) —
+// ptxas then fits every conv kernel of the examples and tests without
+// spills — except the TF32 forward kernel, which also holds its operand
+// fragments rounded in registers and gets 6 (168 registers); a bigger tile
+// (64 accumulators) asks for 4, no cap below the 255 registers a thread
+// may have.
+func convMinBlocks(tile gemmTile, tc *tcConv, tf32Forward bool) int64 {
+	acc := tile.TM * tile.TN
+	if tc != nil {
+		acc = tc.FM * tc.FN * 8
+	}
+	switch {
+	case acc > 32:
+		return 4
+	case tf32Forward:
+		return 6
+	}
+	return max(1, fillWarpsPerSM*32/tile.T)
 }
 
 func convBlockForwardRule(e *emitter, n *ir.Node) error {
@@ -315,6 +343,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	if sharedBytes > maxStaticShared {
 		return fmt.Errorf("codegen: %s: the conv tile needs %d bytes of shared memory", n.Text(), sharedBytes)
 	}
+	d.MinBlocks = convMinBlocks(d.gemmTile, d.TC, e.prec == TF32)
 	d.LoadA = fragLoad("a", "Ws", fmt.Sprintf("r * %d + tm * %d", d.WS, d.TM), d.TM)
 	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.BN, d.TN), d.TN)
 	d.Name = fmt.Sprintf("conv_block_fwd_%s_b%d%s", g.name(), g.B, precName(e.prec))
@@ -425,6 +454,7 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 	if sharedBytes > maxStaticShared {
 		return fmt.Errorf("codegen: %s: the input-gradient tile needs %d bytes of shared memory", n.Text(), sharedBytes)
 	}
+	d.MinBlocks = convMinBlocks(d.gemmTile, d.TC, false)
 	d.TilesW = (wu + d.TW - 1) / d.TW
 	d.TilesPerPhase = (hu + d.TH - 1) / d.TH * d.TilesW
 	d.TilesPerSample = g.SH * g.SW * d.TilesPerPhase
@@ -506,17 +536,17 @@ func wgradTile(o int64, prec Precision) gemmTile {
 // partial weight gradient (and bias gradient) per split of the reduction,
 // sized for the most splits any batch up to g.B takes, so that the
 // workspace planned for a micro-batch also holds a smaller last one's.
-func wgradPartials(g *convGeom, tile gemmTile) ir.Type {
+func wgradPartials(g *convGeom, tile gemmTile, sms int64) ir.Type {
 	we := g.O * g.K
 	if g.Bias {
 		we += g.O
 	}
-	splits := maxOver(g.B, func(b int64) int64 { s, _ := wgradSplits(g, tile, wgradBQ, b); return s })
+	splits := maxOver(g.B, func(b int64) int64 { s, _ := wgradSplits(g, tile, wgradBQ, b, sms); return s })
 	return ir.F32Fixed(splits, we)
 }
 
 // convBlockGradWeightScratch is convBlockGradWeightRule's scratch.
-func convBlockGradWeightScratch(n *ir.Node, b int64, prec Precision) (int64, error) {
+func convBlockGradWeightScratch(n *ir.Node, b int64, sz sizing) (int64, error) {
 	p, err := n.Parts()
 	if err != nil {
 		return 0, err
@@ -525,12 +555,8 @@ func convBlockGradWeightScratch(n *ir.Node, b int64, prec Precision) (int64, err
 	if err != nil {
 		return 0, err
 	}
-	return ScratchAligned(wgradPartials(g, wgradTile(g.O, prec)).Bytes(b)), nil
+	return ScratchAligned(wgradPartials(g, wgradTile(g.O, sz.prec), sz.sms).Bytes(b)), nil
 }
-
-// wgradTargetBlocks is how many blocks the split reduction aims for: a few
-// per SM of an A100/H100, enough to hide latency.
-const wgradTargetBlocks = 512
 
 func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	p, err := n.Parts()
@@ -568,10 +594,12 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 		}
 		sharedBytes = max(4*end, 4*d.BM*d.TCLDC) + tcAlignSlack
 	}
+	d.MinBlocks = convMinBlocks(d.gemmTile, d.TC, false)
 	d.LoadA = fragLoad("a", "Ds", fmt.Sprintf("r * %d + tm * %d", d.DS, d.TM), d.TM)
 	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.XS, d.TN), d.TN)
 	d.Q = g.B * g.HWO
-	d.Splits, d.QPerSplit = wgradSplits(g, d.gemmTile, d.BQ, g.B)
+	d.Splits, d.QPerSplit = wgradSplits(g, d.gemmTile, d.BQ, g.B, e.sms)
+	d.Chunks = wgradChunks(g, d.BQ, g.B)
 	d.WE = g.O * g.K
 	if g.Bias {
 		d.WE += g.O
@@ -588,7 +616,7 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	params := []string{"const float* __restrict__ dout", "const " + xt + "* __restrict__ x"}
 	args := []Arg{buf(p.DOut), buf(p.X)}
 	params, args = appendDYArgs(g, p, params, args)
-	partial := e.scratch(n, "dw_partials", wgradPartials(g, d.gemmTile))
+	partial := e.scratch(n, "dw_partials", wgradPartials(g, d.gemmTile, e.sms))
 	params = append(params, "float* __restrict__ partial")
 	args = append(args, buf(partial))
 	params, args = augParams(g.Aug, params, args)
@@ -610,16 +638,36 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 }
 
 // wgradSplits splits the weight gradient's reduction over the positions of
-// batch samples so that the grid fills the GPU, with at least 4 chunks of
-// bq positions per split, no split empty: the number of splits and the
-// positions of each.
-func wgradSplits(g *convGeom, tile gemmTile, bq, batch int64) (splits, perSplit int64) {
-	chunks := (batch*g.HWO + bq - 1) / bq
+// batch samples so that the grid fills a GPU of sms SMs: fillBlocks (16
+// warps per SM; one full wave when 8 blocks are resident, as the kernel's
+// __launch_bounds__ asks) rounded up to whole splits, with at least 4
+// chunks of bq positions per split: the number of splits and the most
+// positions one takes. The kernel divides the chunks between the splits
+// evenly (split z takes chunks z·chunks/splits up to the next's), so no
+// split is empty and a grid of exactly the wanted blocks leaves no tail.
+//
+// With no GPU named (sms 0) the grid aims for wgradLegacyBlocks, and the
+// chunks per split round up (fewer splits, smaller partials).
+func wgradSplits(g *convGeom, tile gemmTile, bq, batch, sms int64) (splits, perSplit int64) {
+	chunks := wgradChunks(g, bq, batch)
 	tiles := (g.O + tile.BM - 1) / tile.BM * ((g.K + tile.BN - 1) / tile.BN)
-	want := min((wgradTargetBlocks+tiles-1)/tiles, max(1, chunks/4), 65535)
-	chunksPer := (chunks + want - 1) / want
-	return (chunks + chunksPer - 1) / chunksPer, chunksPer * bq
+	if sms <= 0 {
+		want := min(divUp(wgradLegacyBlocks, tiles), max(1, chunks/4), 65535)
+		chunksPer := divUp(chunks, want)
+		splits = divUp(chunks, chunksPer)
+	} else {
+		splits = min(divUp(fillBlocks(sms, tile.T), tiles), max(1, chunks/4), 65535)
+	}
+	return splits, divUp(chunks, splits) * bq
 }
+
+// wgradLegacyBlocks is the blocks the weight gradient's split aims for
+// when no GPU is named: a few per SM of an A100/H100, about 8 warps per SM
+// (Options.SMs).
+const wgradLegacyBlocks = 512
+
+// wgradChunks is how many chunks of bq positions batch samples have.
+func wgradChunks(g *convGeom, bq, batch int64) int64 { return divUp(batch*g.HWO, bq) }
 
 // maxOver is the largest f(s) over s = 1..n: a scratch buffer sized for it
 // serves every batch up to n (a micro-batch loop's last iteration may be
@@ -638,8 +686,9 @@ func maxOver(n int64, f func(s int64) int64) int64 {
 func convWeightReduce(e *emitter, n *ir.Node, p ir.BlockParts, wd *convData, partial *ir.Value) error {
 	g := wd.convGeom
 	d := &convData{convGeom: g, Splits: wd.Splits, WE: wd.WE}
-	// warps reading the splits of a block's 32 elements: about 8 splits each
-	d.RedWarps = min(16, max(1, (d.Splits+7)/8))
+	// warps reading the splits of a block's 32 elements: about 8 splits
+	// each, up to a block of 1024 threads (a small layer's few blocks)
+	d.RedWarps = min(32, max(1, (d.Splits+7)/8))
 	d.RedThreads = 32 * d.RedWarps
 	params := []string{"const float* __restrict__ partial"}
 	args := []Arg{buf(partial)}

@@ -1,5 +1,7 @@
 package codegen
 
+import "github.com/cnnc/cnnc/compiler/ir"
+
 // SetForceLongIndex makes the conv and pool kernels generated from now on
 // use 64-bit indices (on) and returns the function that restores the
 // previous setting.
@@ -9,5 +11,8 @@ func SetForceLongIndex(on bool) (restore func()) {
 	return func() { forceLongIndex = old }
 }
 
-// ScratchBytesAt is the planner's scratch function at a precision.
-var ScratchBytesAt = scratchBytes
+// ScratchBytesAt is the planner's scratch function at a precision and an
+// SM count.
+func ScratchBytesAt(n *ir.Node, samples int64, prec Precision, sms int64) int64 {
+	return scratchBytes(n, samples, sizing{prec, smsOr(sms)})
+}

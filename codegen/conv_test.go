@@ -49,7 +49,7 @@ func runKernelChecksAt(t *testing.T, prec codegen.Precision, batch int64, checks
 			nodes = append(nodes, c.n)
 		}
 	}
-	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec})
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: testSMs(prec)})
 	require.NoError(t, err)
 	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
 	require.NoError(t, err)
@@ -69,6 +69,18 @@ func runKernelChecksAt(t *testing.T, prec codegen.Precision, batch int64, checks
 		worst = max(worst, r.Worst)
 	}
 	return worst
+}
+
+// testSMs is the SM count the kernel tests generate for: the fill
+// geometry of a named GPU (an H100's 132 SMs: balanced weight-gradient
+// splits, narrowed tensor-core GEMM tiles, k slices down to 2 tiles) at the
+// tensor-core precisions, the geometry of no GPU named at FP32, so that
+// both are checked against the reference.
+func testSMs(prec codegen.Precision) int64 {
+	if prec == codegen.FP32 {
+		return 0
+	}
+	return 132
 }
 
 // win is a pooling window (kernelcases.Window, shared with codegen/cpu).

@@ -27,12 +27,20 @@ const (
 	gemmThreads = 256 // a 16x16 grid of threads; each computes TMxTN outputs
 	gemmBK      = 16  // k depth of the shared-memory tiles
 	// Split-K (forward and input gradient only): when the output has fewer
-	// tiles than gemmTargetBlocks (two waves of a 132-SM H100/H200), the k
-	// range is split into slices of at least gemmMinSliceTiles tiles, at
-	// most gemmMaxSplits of them, summed by a reduce kernel in slice order.
-	gemmTargetBlocks  = 264
-	gemmMinSliceTiles = 8
-	gemmMaxSplits     = 128
+	// tiles than fillBlocks asks of the target's SMs (16 warps per SM) and
+	// k has at least gemmSplitMinTiles tiles (a smaller GEMM is not worth
+	// a second launch), the k range is split into slices of at least
+	// gemmMinSliceTiles tiles, at most gemmMaxSplits of them, summed by a
+	// reduce kernel in slice order.
+	gemmSplitMinTiles = 16
+	gemmMinSliceTiles = 2
+	gemmMaxSplits     = 512
+	// With no GPU named (Options.SMs 0): split below gemmLegacyBlocks (two
+	// waves of 132 SMs at 1 block each), slices of at least 8 tiles, at most
+	// 128 of them, and no tile narrowing — the memory-first geometry.
+	gemmLegacyBlocks     = 264
+	gemmLegacySliceTiles = 8
+	gemmLegacyMaxSplits  = 128
 )
 
 func init() {
@@ -45,42 +53,42 @@ func init() {
 
 // linearBlockScratch is linearBlockRule's scratch: the split-K partial
 // sums of y[b, out] = x[b, in]·Wᵀ.
-func linearBlockScratch(n *ir.Node, b int64, prec Precision) (int64, error) {
+func linearBlockScratch(n *ir.Node, b int64, sz sizing) (int64, error) {
 	p, err := n.Parts()
 	if err != nil {
 		return 0, err
 	}
-	return splitKScratch(b, p.W.Type.Dims[0], p.W.Type.Dims[1], prec), nil
+	return splitKScratch(b, p.W.Type.Dims[0], p.W.Type.Dims[1], sz), nil
 }
 
 // linearGradInputScratch is linearGradInputRule's scratch: the split-K
 // partial sums of dX[b, in] = dY[b, out]·W.
-func linearGradInputScratch(n *ir.Node, b int64, prec Precision) (int64, error) {
+func linearGradInputScratch(n *ir.Node, b int64, sz sizing) (int64, error) {
 	p, err := n.Parts()
 	if err != nil {
 		return 0, err
 	}
-	return splitKScratch(b, p.W.Type.Dims[1], p.W.Type.Dims[0], prec), nil
+	return splitKScratch(b, p.W.Type.Dims[1], p.W.Type.Dims[0], sz), nil
 }
 
 // splitKScratch is the workspace of an [m, n] = [m, k]·[k, n] GEMM that
 // emitGemm splits along k (none when it does not split).
-func splitKScratch(m, n, k int64, prec Precision) int64 {
+func splitKScratch(m, n, k int64, sz sizing) int64 {
 	g := &gemmKernel{M: m, N: n, K: k}
-	g.plan(true, prec)
+	g.plan(true, sz)
 	if g.Splits == 1 {
 		return 0
 	}
-	return ScratchAligned(ir.F32Fixed(splitKRows(g, prec), n).Bytes(m))
+	return ScratchAligned(ir.F32Fixed(splitKRows(g, sz), n).Bytes(m))
 }
 
 // splitKRows is how many partial rows of k.N floats a split-K GEMM keeps:
 // the most (splits x M) of any M up to k.M (M is the batch), so that the
 // workspace planned for a micro-batch also holds a smaller last one's.
-func splitKRows(k *gemmKernel, prec Precision) int64 {
+func splitKRows(k *gemmKernel, sz sizing) int64 {
 	return maxOver(k.M, func(m int64) int64 {
 		km := gemmKernel{M: m, N: k.N, K: k.K}
-		km.plan(true, prec)
+		km.plan(true, sz)
 		return km.Splits * m
 	})
 }
@@ -174,20 +182,44 @@ func linearTileEdge(d int64) int64 {
 func divUp(a, b int64) int64 { return (a + b - 1) / b }
 
 // plan fills the tiling and, if split, the split-K slices; on tensor cores
-// (precision p) the tile edges are 32 or 64 and the k depth tcBK.
-func (k *gemmKernel) plan(split bool, p Precision) {
+// (precision sz.prec) the tile edges are 32 or 64 and the k depth tcBK;
+// the splits fill sz.sms SMs.
+func (k *gemmKernel) plan(split bool, sz sizing) {
+	p := sz.prec
 	k.MN = k.M * k.N
 	k.BM, k.BN, k.BK = linearTileEdge(k.M), linearTileEdge(k.N), int64(gemmBK)
 	k.TM, k.TN = k.BM/16, k.BN/16
 	if p.tensor() {
 		k.BM, k.BN, k.BK = max(k.BM, 32), max(k.BN, 32), tcBK
 	}
+	legacy := sz.sms <= 0
+	target := fillBlocks(sz.sms, int64(gemmThreads))
+	minSlice, maxSplits := int64(gemmMinSliceTiles), int64(gemmMaxSplits)
+	if legacy {
+		target, minSlice, maxSplits = gemmLegacyBlocks, gemmLegacySliceTiles, gemmLegacyMaxSplits
+	}
+	if p.tensor() && !legacy {
+		target = fillBlocks(sz.sms, tcThreads)
+		// a grid short of the fill target takes 32-wide tiles (4 warps of
+		// 16x16 fragments) before it splits k
+		for divUp(k.M, k.BM)*divUp(k.N, k.BN) < target && (k.BN > 32 || k.BM > 32) {
+			if k.BN > 32 {
+				k.BN = 32
+			} else {
+				k.BM = 32
+			}
+		}
+	}
 	kTiles := divUp(k.K, k.BK)
 	k.Splits, k.KPerSplit = 1, kTiles*k.BK
 	blocks := divUp(k.M, k.BM) * divUp(k.N, k.BN)
-	if split && blocks < gemmTargetBlocks && kTiles >= 2*gemmMinSliceTiles {
-		s := min(divUp(gemmTargetBlocks, blocks), kTiles/gemmMinSliceTiles, gemmMaxSplits)
-		k.KPerSplit = divUp(kTiles, s) * k.BK
+	if split && blocks < target && kTiles >= gemmSplitMinTiles {
+		// slices round down, so the splits are at least s
+		s := min(divUp(target, blocks), kTiles/minSlice, maxSplits)
+		k.KPerSplit = max(1, kTiles/s) * k.BK
+		if legacy {
+			k.KPerSplit = divUp(kTiles, s) * k.BK
+		}
 		k.Splits = divUp(k.K, k.KPerSplit) // no empty slice
 	}
 	k.Idx = indexType(k.M*k.K, k.K*k.N, k.Splits*k.MN+k.MN)
@@ -261,7 +293,7 @@ func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, 
 			Args: append(mainArgs, epilogueArgs...), FLOPs: flops, MinBytes: mainBytes + epilogueBytes})
 		return nil
 	}
-	scratch := e.scratch(n, k.Epilogue+"_splitk", ir.F32Fixed(splitKRows(k, e.prec), k.N))
+	scratch := e.scratch(n, k.Epilogue+"_splitk", ir.F32Fixed(splitKRows(k, e.sizing()), k.N))
 	partial := *k
 	partial.Name = partialName
 	partial.Doc = "the partial sums of " + name + " per k slice."
@@ -274,7 +306,7 @@ func (e *emitter) emitGemm(n *ir.Node, k *gemmKernel, name, partialName string, 
 		Args: append(mainArgs, buf(scratch)), FLOPs: 2 * k.M * k.N * k.K, MinBytes: mainBytes + scratchBytes})
 	reduce := *k
 	reduce.Name = name
-	reduce.RW = min(16, max(1, (k.Splits+7)/8)) // about 8 slices per warp
+	reduce.RW = min(32, max(1, (k.Splits+7)/8)) // about 8 slices per warp, up to 1024 threads
 	reduce.RT = 32 * reduce.RW
 	reduce.Params = strings.Join(append([]string{inParam("partial")}, epilogueParams...), ", ")
 	if err := e.kernel("linear_splitk_reduce", reduce.Name, &reduce); err != nil {
@@ -302,7 +334,7 @@ func linearBlockRule(e *emitter, n *ir.Node) error {
 	a := n.Attrs
 	in, outF, b := p.W.Type.Dims[1], p.W.Type.Dims[0], e.batch
 	k := &gemmKernel{M: b, N: outF, K: in, A: "x", B: "w", BNK: true, Epilogue: "forward", Bias: a.Bias, ReLU: a.ReLU}
-	k.plan(true, e.prec)
+	k.plan(true, e.sizing())
 	shape := fmt.Sprintf("b%d_in%d_out%d", b, in, outF)
 	k.Doc = fmt.Sprintf("linear block forward: y[%d,%d] = x[%d,%d]·Wᵀ", b, outF, b, in)
 	if a.Bias {
@@ -341,7 +373,7 @@ func linearGradInputRule(e *emitter, n *ir.Node) error {
 		k.AMask = "y"
 		mainParams, mainArgs = append(mainParams, inParam("y")), append(mainArgs, buf(p.Y))
 	}
-	k.plan(true, e.prec)
+	k.plan(true, e.sizing())
 	k.Doc = fmt.Sprintf("linear block input gradient: dX[%d,%d] = dY[%d,%d]·W", b, in, b, outF)
 	if p.Y != nil {
 		k.Doc += ", dY masked by the block's ReLU (y > 0)"
@@ -382,7 +414,7 @@ func linearGradWeightRule(e *emitter, n *ir.Node) error {
 		k.AMask = "y"
 		params, args = append(params, inParam("y")), append(args, buf(p.Y))
 	}
-	k.plan(false, e.prec)
+	k.plan(false, e.sizing())
 	k.Doc = fmt.Sprintf("linear block weight gradient: dW[%d,%d] = dYᵀ·x over a batch of %d", outF, in, b)
 	if p.Y != nil {
 		k.Doc += ", dY masked by the block's ReLU (y > 0)"

@@ -43,7 +43,7 @@ func checkNodesAt(t *testing.T, prec codegen.Precision, batch int64, seed uint64
 	for _, c := range cases {
 		nodes = append(nodes, c.n)
 	}
-	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec})
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: testSMs(prec)})
 	require.NoError(t, err)
 	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
 	require.NoError(t, err, string(prog.Source))

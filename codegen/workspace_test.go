@@ -38,7 +38,8 @@ func exampleGraphs(t *testing.T) map[string]*ir.Graph {
 // node's shapes) are exactly the scratch generation allocates, for every
 // node of every example model, at batches that split the reductions
 // differently (1, an odd one, 32, 96) and at each precision (the tensor
-// cores tile differently): a node whose kernels fail to generate (a
+// cores tile differently), for the default SM count and two others (the
+// splits follow the SM count: Options.SMs): a node whose kernels fail to generate (a
 // precision its shapes do not allow) is left out, generation reports it.
 func TestWorkspaceIsTheGeneratedScratch(t *testing.T) {
 	withScratch := 0
@@ -49,18 +50,21 @@ func TestWorkspaceIsTheGeneratedScratch(t *testing.T) {
 				batches = []int64{7, 32}
 			}
 			for _, b := range batches {
-				for _, n := range g.Nodes {
-					p, err := codegen.GenerateNodes(name, []*ir.Node{n}, codegen.Options{Batch: b, Precision: prec})
-					if err != nil {
-						continue
-					}
-					want := p.ScratchBytes(p.Scratch)
-					assert.Equal(t, want, codegen.ScratchBytesAt(n, b, prec), "%s %s batch %d: %s", name, prec, b, n.Text())
-					if prec == codegen.FP32 {
-						assert.Equal(t, want, codegen.Workspace(n, b))
-					}
-					if want > 0 {
-						withScratch++
+				for _, sms := range []int64{0, 1, 1000} {
+					for _, n := range g.Nodes {
+						p, err := codegen.GenerateNodes(name, []*ir.Node{n}, codegen.Options{Batch: b, Precision: prec, SMs: sms})
+						if err != nil {
+							continue
+						}
+						want := p.ScratchBytes(p.Scratch)
+						assert.Equal(t, want, codegen.ScratchBytesAt(n, b, prec, sms), "%s %s batch %d, %d SMs: %s", name, prec, b, sms, n.Text())
+						assert.Equal(t, want, codegen.WorkspaceOn(prec, sms)(n, b))
+						if prec == codegen.FP32 && sms == 0 {
+							assert.Equal(t, want, codegen.Workspace(n, b))
+						}
+						if want > 0 {
+							withScratch++
+						}
 					}
 				}
 			}

@@ -33,7 +33,12 @@ type TrainConfig struct {
 	// L2 norm of all gradients before each update scales them down, as
 	// torch.nn.utils.clip_grad_norm_(params, max_norm); 0 without it.
 	ClipGradNorm float64
-	Pos          map[string]dsl.Pos // where each setting was written
+	// SMs is the SM count of the GPU the CUDA kernels' launch geometry is
+	// sized for (codegen.Options.SMs): not a train-block setting — cnnc
+	// plan --gpu sets it from compiler/perf's spec table; 0 is codegen's
+	// default (an H100/H200's).
+	SMs int64
+	Pos map[string]dsl.Pos // where each setting was written
 }
 
 // StepBatch is the samples one optimizer update trains on: the batch

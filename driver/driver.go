@@ -53,13 +53,15 @@ func (t Target) generator() codegen.Target {
 }
 
 // Workspace is the planner's scratch function for t's kernels
-// (plan.Config.Workspace): the CPU target's plan reserves the larger of
-// both targets' needs, so that cnnc plan's peak is its arena too.
-func (t Target) Workspace() func(n *ir.Node, samples int64) int64 {
+// (plan.Config.Workspace) generated as tc says (the precision, and the
+// SM count of the GPU: 0 is codegen's default): the CPU target's plan
+// reserves the larger of both targets' needs, so that cnnc plan's peak is
+// its arena too.
+func (t Target) Workspace(tc compiler.TrainConfig) func(n *ir.Node, samples int64) int64 {
 	if t == CPU {
 		return cpu.Workspace
 	}
-	return codegen.Workspace
+	return codegen.WorkspaceOn(codegen.Precision(tc.Precision), tc.SMs)
 }
 
 // Load parses a model file's text and runs the passes (compiler.Options
@@ -92,14 +94,14 @@ func Plan(res *compiler.Result, cfg plan.Config, t Target) (*plan.Plan, error) {
 	if res.Graph.Infer {
 		cfg.Batch, cfg.Accumulate = res.Train.Batch, 0
 	}
-	cfg.Workspace = t.Workspace()
+	cfg.Workspace = t.Workspace(res.Train)
 	return plan.Build(res.Graph, cfg)
 }
 
 // MaxBatch is the largest batch of res within budget for t's kernels,
 // without recomputation, with it, and with micro-batching.
 func MaxBatch(res *compiler.Result, budget int64, t Target) (*plan.MaxBatch, error) {
-	return plan.FindMaxBatch(res.Graph, budget, res.BatchLimit, t.Workspace())
+	return plan.FindMaxBatch(res.Graph, budget, res.BatchLimit, t.Workspace(res.Train))
 }
 
 // Compile plans res's memory (cfg's budget or micro-batch; the batch and

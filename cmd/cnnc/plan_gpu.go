@@ -32,6 +32,8 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 		}
 		res.Train.Precision = string(prec)
 	}
+	res.Train.SMs = int64(gpu.SMs) // launch geometry sized for the GPU predicted
+
 	alts, unbudgeted, err := driver.Alternatives(res, cfg, driver.CUDA)
 	if err != nil {
 		return planError(path, err, stderr)

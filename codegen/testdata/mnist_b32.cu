@@ -30,7 +30,7 @@ static_assert(sizeof(CnncStepScalars) == 32, "CnncStepScalars is runtime/device.
 // K = C*KH*KW = 9 in 1 chunks of 1 channel(s) x 3 kernel row(s). 64 threads compute a 8x64 tile,
 // 2x4 accumulators each; thread t gathers im2col column t (bounds decided once, as bit masks) and loads the next chunk
 // into registers while the staged one is multiplied. The pool runs on the tile kept in shared memory: only pooled values and argmax bits are stored.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32(const unsigned char* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32(const unsigned char* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                      // w(m0 + m, chunk row r) at r*12 + m
     float* const Xs = smem + 9 * 12;  // im2col(chunk row r, column n) at r*64 + n
@@ -207,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x1x28x28u8_o8
 // K = C*KH*KW = 72 in 3 chunks of 3 channel(s) x 3 kernel row(s). 64 threads compute a 16x64 tile,
 // 4x4 accumulators each; thread t gathers im2col column t (bounds decided once, as bit masks) and loads the next chunk
 // into registers while the staged one is multiplied. The pool runs on the tile kept in shared memory: only pooled values and argmax bits are stored.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                      // w(m0 + m, chunk row r) at r*20 + m
     float* const Xs = smem + 27 * 20;  // im2col(chunk row r, column n) at r*64 + n
@@ -931,7 +931,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b3
 // 3x3 taps with no per-tap tests and no zero products. Per chunk of 7 output channel(s) it gathers the 10x10 dy
 // region the tile reads into shared memory (dy is formed there from the output gradient; it never exists in global memory) and the
 // phase's weights of its 8 input channels; 64 threads keep 2 channels x 4 pixels (tn + 16j) in registers.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_dgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_maskout_b32(const float* __restrict__ dout, const float* __restrict__ w, const unsigned int* __restrict__ argmax, const float* xmask, float* dx) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_dgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_maskout_b32(const float* __restrict__ dout, const float* __restrict__ w, const unsigned int* __restrict__ argmax, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                                  // w(o0 + oc, c0 + m, ky0 + SH*a, kx0 + SW*b) at ((oc*KHP + a)*KWP + b)*12 + m
     float* const Ds = smem + 7 * 3 * 3 * 12;  // dy(o0 + oc, oyLo + ry, oxLo + rx) at (oc*10 + ry)*10 + rx
@@ -1024,10 +1024,10 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_dgrad_x8x14x14_o1
 
 // conv_block_wgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split98: weight gradient of conv 3x3 stride 1x1 pad 1x1 of f32 [B,8,14,14] to [B,16,14,14] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,16,7,7]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 16, N = K = 72, 6272 positions in 98 splits of 64 (blockIdx.z), 16 per chunk staged in shared
+// M = 16, N = K = 72, 6272 positions in 98 splits of at most 64 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 16x64 tile,
 // 4x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split98(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split98(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*20 + m
     float* const Xs = smem + 16 * 20;   // x(column n0 + n, position r) at r*68 + n
@@ -1035,8 +1035,11 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x8x14x14_o1
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 16;
-    const int qBegin = (int)blockIdx.z * 64;
-    const int qEnd = qBegin + 64 < 6272 ? qBegin + 64 : 6272;
+    // split z: chunks [z·392/98, (z+1)·392/98) of 16 positions (balanced: every split has
+    // 392/98 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 392 / 98) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 392 / 98) * 16;
+    const int qEnd = qSplitEnd < 6272 ? qSplitEnd : 6272;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
         colOff[n] = k < 72 ? c * 196 + ky * 14 + kx : -1;
@@ -1223,10 +1226,10 @@ extern "C" __global__ void __launch_bounds__(416) conv_block_wgrad_reduce_o16_k7
 
 // conv_block_wgrad_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split392: weight gradient of conv 3x3 stride 1x1 pad 1x1 of u8 [B,28,28,1] (HWC, /255 in the loads) to [B,8,28,28] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,8,14,14]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 8, N = K = 9, 25088 positions in 392 splits of 64 (blockIdx.z), 16 per chunk staged in shared
+// M = 8, N = K = 9, 25088 positions in 392 splits of at most 64 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 8x64 tile,
 // 2x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split392(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x1x28x28u8_o8_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b32_split392(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*12 + m
     float* const Xs = smem + 16 * 12;   // x(column n0 + n, position r) at r*68 + n
@@ -1234,8 +1237,11 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x1x28x28u8_
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 8;
-    const int qBegin = (int)blockIdx.z * 64;
-    const int qEnd = qBegin + 64 < 25088 ? qBegin + 64 : 25088;
+    // split z: chunks [z·1568/392, (z+1)·1568/392) of 16 positions (balanced: every split has
+    // 1568/392 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 1568 / 392) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 1568 / 392) * 16;
+    const int qEnd = qSplitEnd < 25088 ? qSplitEnd : 25088;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
         colOff[n] = k < 9 ? (ky * 28 + kx) * 1 + c : -1;
@@ -1379,23 +1385,23 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x1x28x28u8_
 }
 
 // conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9: sums 392 split partials of the 8x9 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
-// A block of 16 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
-// w, w + 16, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
-// on scheduling, and the splits are read by 16 warps at once instead of one thread.
-extern "C" __global__ void __launch_bounds__(512) conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
-    __shared__ float warpSums[16][32];
+// A block of 32 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 32, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 32 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o8_k9_bias_split392_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+    __shared__ float warpSums[32][32];
     const float lr = scalars->lr;
     const long long step = scalars->step;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int e = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (e < 80)
-        for (int sp = warp; sp < 392; sp += 16) sum += partial[(int)sp * 80 + e];
+        for (int sp = warp; sp < 392; sp += 32) sum += partial[(int)sp * 80 + e];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && e < 80) {
         float gradSum = warpSums[0][lane];
-        for (int w = 1; w < 16; w++) gradSum += warpSums[w][lane];
+        for (int w = 1; w < 32; w++) gradSum += warpSums[w][lane];
         if (e < 72) {
             const int at = e;  // weight element (o, c, ky, kx)
 

@@ -30,7 +30,7 @@ static_assert(sizeof(CnncStepScalars) == 32, "CnncStepScalars is runtime/device.
 // K = C*KH*KW = 27 in 1 chunks of 3 channel(s) x 3 kernel row(s). 64 threads compute a 16x64 tile,
 // 4x4 accumulators each; thread t gathers im2col column t (bounds decided once, as bit masks) and loads the next chunk
 // into registers while the staged one is multiplied. The pool runs on the tile kept in shared memory: only pooled values and argmax bits are stored.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32(const unsigned char* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32(const unsigned char* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                      // w(m0 + m, chunk row r) at r*20 + m
     float* const Xs = smem + 27 * 20;  // im2col(chunk row r, column n) at r*64 + n
@@ -207,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x3x128x128u8_
 // K = C*KH*KW = 144 in 6 chunks of 3 channel(s) x 3 kernel row(s). 64 threads compute a 32x64 tile,
 // 8x4 accumulators each; thread t gathers im2col column t (bounds decided once, as bit masks) and loads the next chunk
 // into registers while the staged one is multiplied. The pool runs on the tile kept in shared memory: only pooled values and argmax bits are stored.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_fwd_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, unsigned int* __restrict__ argmax) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                      // w(m0 + m, chunk row r) at r*36 + m
     float* const Xs = smem + 27 * 36;  // im2col(chunk row r, column n) at r*64 + n
@@ -929,7 +929,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b3
 // 3x3 taps with no per-tap tests and no zero products. Per chunk of 7 output channel(s) it gathers the 10x10 dy
 // region the tile reads into shared memory (dy is formed there from the output gradient; it never exists in global memory) and the
 // phase's weights of its 16 input channels; 64 threads keep 4 channels x 4 pixels (tn + 16j) in registers.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_dgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_maskout_b32(const float* __restrict__ dout, const float* __restrict__ w, const unsigned int* __restrict__ argmax, const float* xmask, float* dx) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_dgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_maskout_b32(const float* __restrict__ dout, const float* __restrict__ w, const unsigned int* __restrict__ argmax, const float* xmask, float* dx) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ws = smem;                                  // w(o0 + oc, c0 + m, ky0 + SH*a, kx0 + SW*b) at ((oc*KHP + a)*KWP + b)*20 + m
     float* const Ds = smem + 7 * 3 * 3 * 20;  // dy(o0 + oc, oyLo + ry, oxLo + rx) at (oc*10 + ry)*10 + rx
@@ -1022,10 +1022,10 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_dgrad_x16x63x63_o
 
 // conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split170: weight gradient of conv 3x3 stride 1x1 pad 0x0 of f32 [B,16,63,63] to [B,32,61,61] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,32,30,30]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 32, N = K = 144, 119072 positions in 170 splits of 704 (blockIdx.z), 16 per chunk staged in shared
+// M = 32, N = K = 144, 119072 positions in 170 splits of at most 704 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 32x64 tile,
 // 8x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split170(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x16x63x63_o32_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split170(const float* __restrict__ dout, const float* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*36 + m
     float* const Xs = smem + 16 * 36;   // x(column n0 + n, position r) at r*68 + n
@@ -1033,8 +1033,11 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x16x63x63_o
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 32;
-    const int qBegin = (int)blockIdx.z * 704;
-    const int qEnd = qBegin + 704 < 119072 ? qBegin + 704 : 119072;
+    // split z: chunks [z·7442/170, (z+1)·7442/170) of 16 positions (balanced: every split has
+    // 7442/170 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 7442 / 170) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 7442 / 170) * 16;
+    const int qEnd = qSplitEnd < 119072 ? qSplitEnd : 119072;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
         colOff[n] = k < 144 ? c * 3969 + ky * 63 + kx : -1;
@@ -1178,23 +1181,23 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x16x63x63_o
 }
 
 // conv_block_wgrad_reduce_o32_k144_bias_split170_sgd_mom0p9: sums 170 split partials of the 32x144 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
-// A block of 16 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
-// w, w + 16, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
-// on scheduling, and the splits are read by 16 warps at once instead of one thread.
-extern "C" __global__ void __launch_bounds__(512) conv_block_wgrad_reduce_o32_k144_bias_split170_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
-    __shared__ float warpSums[16][32];
+// A block of 22 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 22, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 22 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(704) conv_block_wgrad_reduce_o32_k144_bias_split170_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+    __shared__ float warpSums[22][32];
     const float lr = scalars->lr;
     const long long step = scalars->step;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int e = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (e < 4640)
-        for (int sp = warp; sp < 170; sp += 16) sum += partial[(int)sp * 4640 + e];
+        for (int sp = warp; sp < 170; sp += 22) sum += partial[(int)sp * 4640 + e];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && e < 4640) {
         float gradSum = warpSums[0][lane];
-        for (int w = 1; w < 16; w++) gradSum += warpSums[w][lane];
+        for (int w = 1; w < 22; w++) gradSum += warpSums[w][lane];
         if (e < 4608) {
             const int at = e;  // weight element (o, c, ky, kx)
 
@@ -1221,10 +1224,10 @@ extern "C" __global__ void __launch_bounds__(512) conv_block_wgrad_reduce_o32_k1
 
 // conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split504: weight gradient of conv 3x3 stride 1x1 pad 0x0 of u8 [B,128,128,3] (HWC, /255 in the loads) to [B,16,126,126] + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0 to [B,16,63,63]; dy from the output gradient routed through the packed argmax.
 // Split reduction GEMM: partial(s, o, r) = sum over positions q = (b, oy, ox) of split s of dy(o, q)·x(r, q), r = (c, ky, kx),
-// M = 16, N = K = 27, 508032 positions in 504 splits of 1008 (blockIdx.z), 16 per chunk staged in shared
+// M = 16, N = K = 27, 508032 positions in 504 splits of at most 1008 (blockIdx.z), 16 per chunk staged in shared
 // memory, the next chunk loaded into registers meanwhile. dy is formed while loading. 64 threads compute a 16x64 tile,
 // 4x4 accumulators each, in a fixed order. Column-tile-0 blocks also sum dy per channel: the bias gradient.
-extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split504(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
+extern "C" __global__ void __launch_bounds__(64, 8) conv_block_wgrad_x3x128x128u8_o16_k3x3s1x1p0x0_bias_relu_pool2x2s2x2p0x0_b32_split504(const float* __restrict__ dout, const unsigned char* __restrict__ x, const unsigned int* __restrict__ argmax, float* __restrict__ partial) {
     CNNC_DYNAMIC_SHARED(float, smem);
     float* const Ds = smem;                       // dy(m0 + m, position r of the chunk) at r*20 + m
     float* const Xs = smem + 16 * 20;   // x(column n0 + n, position r) at r*68 + n
@@ -1232,8 +1235,11 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x3x128x128u
     int* const colTap = colOff + 64;                               // column n: ky | kx << 8
     const int t = threadIdx.x, tm = t / 16, tn = t % 16;
     const int n0 = blockIdx.x * 64, m0 = blockIdx.y * 16;
-    const int qBegin = (int)blockIdx.z * 1008;
-    const int qEnd = qBegin + 1008 < 508032 ? qBegin + 1008 : 508032;
+    // split z: chunks [z·31752/504, (z+1)·31752/504) of 16 positions (balanced: every split has
+    // 31752/504 rounded down or up)
+    const int qBegin = (int)((long long)blockIdx.z * 31752 / 504) * 16;
+    const int qSplitEnd = (int)(((long long)blockIdx.z + 1) * 31752 / 504) * 16;
+    const int qEnd = qSplitEnd < 508032 ? qSplitEnd : 508032;
     for (int n = t; n < 64; n += 64) {
         const int k = n0 + n, c = k / 9, ky = k % 9 / 3, kx = k % 3;
         colOff[n] = k < 27 ? (ky * 128 + kx) * 3 + c : -1;
@@ -1377,23 +1383,23 @@ extern "C" __global__ void __launch_bounds__(64, 1) conv_block_wgrad_x3x128x128u
 }
 
 // conv_block_wgrad_reduce_o16_k27_bias_split504_sgd_mom0p9: sums 504 split partials of the 16x27 weight gradient and the bias gradient, then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars.
-// A block of 16 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
-// w, w + 16, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
-// on scheduling, and the splits are read by 16 warps at once instead of one thread.
-extern "C" __global__ void __launch_bounds__(512) conv_block_wgrad_reduce_o16_k27_bias_split504_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
-    __shared__ float warpSums[16][32];
+// A block of 32 warp(s) takes 32 consecutive elements (lane = element, so every read is coalesced): warp w adds splits
+// w, w + 32, ... in order, then warp 0 adds the warps' sums in warp order — a fixed tree, so the result does not depend
+// on scheduling, and the splits are read by 32 warps at once instead of one thread.
+extern "C" __global__ void __launch_bounds__(1024) conv_block_wgrad_reduce_o16_k27_bias_split504_sgd_mom0p9(const float* __restrict__ partial, float* __restrict__ w, float* __restrict__ bias, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
+    __shared__ float warpSums[32][32];
     const float lr = scalars->lr;
     const long long step = scalars->step;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int e = (int)blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (e < 448)
-        for (int sp = warp; sp < 504; sp += 16) sum += partial[(int)sp * 448 + e];
+        for (int sp = warp; sp < 504; sp += 32) sum += partial[(int)sp * 448 + e];
     warpSums[warp][lane] = sum;
     __syncthreads();
     if (warp == 0 && e < 448) {
         float gradSum = warpSums[0][lane];
-        for (int w = 1; w < 16; w++) gradSum += warpSums[w][lane];
+        for (int w = 1; w < 32; w++) gradSum += warpSums[w][lane];
         if (e < 432) {
             const int at = e;  // weight element (o, c, ky, kx)
 

@@ -105,6 +105,10 @@ type Launch struct {
 	DRAMSeconds    float64 `json:"dram_seconds"`
 	Bound          string  `json:"bound"`
 	Seconds        float64 `json:"predicted_seconds"`
+	// Fill is the fill rule's verdict (fill.go: ok, tiny or UNDER-FILLED)
+	// and FillWhy its reason.
+	Fill    string `json:"fill"`
+	FillWhy string `json:"fill_why"`
 }
 
 // Prediction is a whole step's.
@@ -187,9 +191,11 @@ func predictLaunch(gpu GPU, grid, block [3]uint32, dynShared int, r KernelResour
 		SharedIdeal: a.SharedIdeal}
 	l.BlocksPerSM, l.Limiter = occupancy(gpu, threads, r.Registers, shared)
 	if l.BlocksPerSM == 0 { // does not fit: the launch fails on the device
-		l.Bound, l.Seconds = "does not fit", math.Inf(1)
+		l.Bound, l.Seconds, l.Fill = "does not fit", math.Inf(1), FillShort
 		return l
 	}
+	_, _, fillWaves, avgWarps := residency(gpu, grid, block, dynShared, r)
+	l.Fill, l.FillWhy = fillVerdict(gpu, fillWaves, avgWarps, flops, minBytes)
 	sms := float64(gpu.SMs)
 	clock := gpu.ClockGHz * 1e9
 	perWave := float64(l.BlocksPerSM) * sms
