@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/internal/cachefile"
 	"github.com/cnnc/cnnc/internal/nvcc"
 )
 
@@ -49,7 +50,7 @@ func Resources(source []byte, arch string) (map[string]KernelResources, error) {
 		return nil, err
 	}
 	if data, err := json.Marshal(out); err == nil {
-		writeCache(cache, data)
+		cachefile.Write(cache, data)
 	}
 	return out, nil
 }
@@ -160,23 +161,6 @@ func CacheDir() string {
 		return filepath.Join(d, "cnnc", "perf")
 	}
 	return filepath.Join(os.TempDir(), "cnnc-perf-cache")
-}
-
-// writeCache writes data atomically; a cache that cannot be written is
-// only slower next time.
-func writeCache(path string, data []byte) {
-	if os.MkdirAll(filepath.Dir(path), 0o755) != nil {
-		return
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return
-	}
-	_, werr := tmp.Write(data)
-	cerr := tmp.Close()
-	if werr != nil || cerr != nil || os.Rename(tmp.Name(), path) != nil {
-		os.Remove(tmp.Name())
-	}
 }
 
 func fileExists(p string) bool {

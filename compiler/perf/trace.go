@@ -6,15 +6,16 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/internal/cachefile"
 	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/emu"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -85,7 +86,7 @@ func traceStep(comp *trainergen.Compiled, sample func(emu.Dim3) []emu.BlockSampl
 		out[i] = sumSites(sites)
 	}
 	if data, err := json.Marshal(out); err == nil && cached {
-		writeCache(cache, data)
+		cachefile.Write(cache, data)
 	}
 	return out, nil
 }

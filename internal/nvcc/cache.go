@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/cnnc/cnnc/internal/cachefile"
 )
 
 // CacheEnv names the cache folder; "off" compiles every time. Default:
@@ -128,25 +130,10 @@ func readCached(dir, key string) (report, output []byte, ok bool) {
 	return report, output, true
 }
 
-// writeCached stores an entry; a cache that cannot be written is only
-// slower next time.
+// writeCached stores an entry (report and output); a cache that cannot be
+// written is only slower next time.
 func writeCached(dir, key string, report, output []byte) {
-	if os.MkdirAll(dir, 0o755) != nil {
-		return
-	}
-	for _, f := range []struct {
-		ext  string
-		data []byte
-	}{{".report", report}, {".out", output}} {
-		tmp, err := os.CreateTemp(dir, ".tmp-*")
-		if err != nil {
-			return
-		}
-		_, werr := tmp.Write(f.data)
-		cerr := tmp.Close()
-		if werr != nil || cerr != nil || os.Rename(tmp.Name(), filepath.Join(dir, key+f.ext)) != nil {
-			os.Remove(tmp.Name())
-			return
-		}
+	if cachefile.Write(filepath.Join(dir, key+".report"), report) {
+		cachefile.Write(filepath.Join(dir, key+".out"), output)
 	}
 }
