@@ -3,10 +3,8 @@ package perf
 import (
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
-	"github.com/cnnc/cnnc/compiler/plan"
 )
 
 // Choice is the performance model's pick among the plans that meet a
@@ -83,27 +81,8 @@ func fastest(cs []Considered) int {
 }
 
 func summarise(comp *trainergen.Compiled, p *Prediction) Considered {
-	return Considered{Strategy: comp.Plan.Choices.Strategy, How: describePlan(comp.Plan), PeakBytes: comp.Plan.ArenaBytes,
+	return Considered{Strategy: comp.Plan.Choices.Strategy, How: comp.Plan.StrategyWords(), PeakBytes: comp.Plan.ArenaBytes,
 		Launches: len(p.Launches), PredictedStepSeconds: p.PredictedStepSeconds}
-}
-
-// describePlan says in a few words how a plan saves memory.
-func describePlan(p *plan.Plan) string {
-	c := p.Choices
-	var parts []string
-	switch c.MicroBatched {
-	case "step":
-		parts = append(parts, fmt.Sprintf("the whole step in micro-batches of %d", c.MicroBatch))
-	case "trunk":
-		parts = append(parts, fmt.Sprintf("%s..%s in micro-batches of %d", c.Trunk[0], c.Trunk[len(c.Trunk)-1], c.MicroBatch))
-	}
-	if len(c.Recompute) > 0 {
-		parts = append(parts, "recomputing "+strings.Join(c.Recompute, ", "))
-	}
-	if len(parts) == 0 {
-		return "no recomputation, no micro-batching"
-	}
-	return strings.Join(parts, "; ")
 }
 
 // WriteChoice prints the plans considered for a budget and what the

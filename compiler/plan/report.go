@@ -113,7 +113,7 @@ func (p *Plan) reportSummary(w io.Writer, o ReportOptions) {
 		{"at step", fmt.Sprintf("%d of %d: %s (%s), %s", p.PeakStep, len(p.Steps), peak.Label(), stepPhase(peak), peak.Pos)},
 		{"budget", budget},
 		{"step FLOPs", fmt.Sprintf("%s; recomputation +%s (%.1f%% of the step)", gflops(p.FLOPs), gflops(p.ExtraFLOPs), pct)},
-		{"strategy", p.Choices.Strategy + ": " + p.strategyWords()},
+		{"strategy", p.Choices.Strategy + ": " + p.StrategyWords()},
 	}, []bool{false, false}, "  ")
 }
 
@@ -275,7 +275,9 @@ func (p *Plan) reportBuffers(w io.Writer) {
 	table(w, rows, []bool{true, true, false, false, false, false, false, false}, "  ")
 }
 
-func (p *Plan) strategyWords() string {
+// StrategyWords says in words how the plan meets its budget: what runs in
+// micro-batches, or what is recomputed, or neither.
+func (p *Plan) StrategyWords() string {
 	switch p.Choices.MicroBatched {
 	case "trunk":
 		return fmt.Sprintf("%s..%s run in micro-batches of %d (recomputing the trunk in the backward loop, accumulating its gradients); the rest on the whole batch",
