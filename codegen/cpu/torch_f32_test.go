@@ -17,6 +17,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/internal/torchtest"
+	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -115,16 +116,7 @@ func float32AgreesWithTwin(t *testing.T, tw f32Twin) {
 	compiled := time.Since(start)
 
 	rng := rand.New(rand.NewPCG(seed, uint64(tw.batch)))
-	randomBatch := func() trainer.Batch {
-		b := trainer.Batch{Valid: tw.batch, Pixels: make([]uint8, tw.batch*sp.H*sp.W*sp.C), Labels: make([]int32, tw.batch)}
-		for i := range b.Pixels {
-			b.Pixels[i] = uint8(rng.IntN(256))
-		}
-		for i := range b.Labels {
-			b.Labels[i] = int32(rng.IntN(sp.Classes))
-		}
-		return b
-	}
+	randomBatch := func() trainer.Batch { return trainertest.RandomBatch(sp, tw.batch, rng) }
 	for range tw.before {
 		_, _, err := sess.TrainStep(randomBatch())
 		require.NoError(t, err)

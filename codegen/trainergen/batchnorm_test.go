@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -34,16 +35,7 @@ func TestCPUTrainerBatchNorm(t *testing.T) {
 	sess := newSession(t, c, 2)
 	ref := reference.New(c.Plan.Graph, 2)
 	rng := rand.New(rand.NewPCG(8, 9))
-	batchOf := func() trainer.Batch {
-		b := trainer.Batch{Valid: batch, Pixels: make([]uint8, batch*c.Spec.H*c.Spec.W*c.Spec.C), Labels: make([]int32, batch)}
-		for i := range b.Pixels {
-			b.Pixels[i] = uint8(rng.IntN(256))
-		}
-		for i := range b.Labels {
-			b.Labels[i] = int32(rng.IntN(c.Spec.Classes))
-		}
-		return b
-	}
+	batchOf := func() trainer.Batch { return trainertest.RandomBatch(c.Spec, batch, rng) }
 	checkState := func(what string) {
 		for _, p := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.Buffers...) {
 			if p.DType == trainer.DTypeI64 {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -49,16 +50,7 @@ func TestTrainerEvaluationFoldsBatchNorm(t *testing.T) {
 	sess := newSession(t, c, 4)
 	ref := reference.New(c.Plan.Graph, 4)
 	rng := rand.New(rand.NewPCG(3, 4))
-	batchOf := func() trainer.Batch {
-		b := trainer.Batch{Valid: batch, Pixels: make([]uint8, batch*c.Spec.H*c.Spec.W*c.Spec.C), Labels: make([]int32, batch)}
-		for i := range b.Pixels {
-			b.Pixels[i] = uint8(rng.IntN(256))
-		}
-		for i := range b.Labels {
-			b.Labels[i] = int32(rng.IntN(c.Spec.Classes))
-		}
-		return b
-	}
+	batchOf := func() trainer.Batch { return trainertest.RandomBatch(c.Spec, batch, rng) }
 	for step := 0; step < 3; step++ {
 		b := batchOf()
 		_, _, err := sess.TrainStep(b)

@@ -16,6 +16,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/torchtest"
+	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -129,16 +130,7 @@ func exampleAgreesWithTwin(t *testing.T, ex exampleTwin) {
 	s := newSession(t, c, 3)
 	rng := rand.New(rand.NewPCG(21, uint64(ex.batch)))
 	sp := c.Spec
-	randomBatch := func() trainer.Batch {
-		b := trainer.Batch{Valid: ex.batch, Pixels: make([]uint8, ex.batch*sp.H*sp.W*sp.C), Labels: make([]int32, ex.batch)}
-		for i := range b.Pixels {
-			b.Pixels[i] = uint8(rng.IntN(256))
-		}
-		for i := range b.Labels {
-			b.Labels[i] = int32(rng.IntN(sp.Classes))
-		}
-		return b
-	}
+	randomBatch := func() trainer.Batch { return trainertest.RandomBatch(sp, ex.batch, rng) }
 	for range ex.before {
 		_, _, err := s.TrainStep(randomBatch())
 		require.NoError(t, err)

@@ -162,3 +162,16 @@ func WriteImageFolder(t testing.TB, root string, ds *Memory) {
 		require.NoError(t, f.Close())
 	}
 }
+
+// RandomBatch is a batch of n samples for sp's model: uniform random
+// pixels, then uniform random labels, drawn from rng in that order.
+func RandomBatch(sp *trainer.Spec, n int, rng *rand.Rand) trainer.Batch {
+	b := trainer.Batch{Valid: n, Pixels: make([]uint8, n*sp.H*sp.W*sp.C), Labels: make([]int32, n)}
+	for i := range b.Pixels {
+		b.Pixels[i] = uint8(rng.IntN(256))
+	}
+	for i := range b.Labels {
+		b.Labels[i] = int32(rng.IntN(sp.Classes))
+	}
+	return b
+}
