@@ -17,7 +17,8 @@ package data
 //     WebP (lossless can spend no bits on a pixel) and TIFF (strips may
 //     share bytes, CCITT fax codes whole rows in a bit) have no such
 //     bound;
-//   - a TIFF whose directory or tags lie beyond the file (checkTIFFOffsets);
+//   - a TIFF whose directory, tags or blocks lie beyond the file
+//     (checkTIFFOffsets, checkTIFFBlocks);
 //   - an image whose decoding, channel conversion and resizing together
 //     would allocate more than maxDecodeBytes, estimated from the format,
 //     the pixel layout and the sizes (FuzzDecodeImage checks that the
@@ -86,6 +87,9 @@ type imagePlan struct {
 // maxBytes.
 func inspectImage(encoded []byte, out Shape, maxBytes int64) (imagePlan, error) {
 	if err := checkTIFFOffsets(encoded); err != nil {
+		return imagePlan{}, err
+	}
+	if err := checkTIFFBlocks(encoded); err != nil {
 		return imagePlan{}, err
 	}
 	cfg, format, err := image.DecodeConfig(newPeekReader(encoded))
@@ -260,7 +264,7 @@ func decoderBytes(format string, cfg image.Config, b []byte) int64 {
 		}
 		return n
 	case "tiff":
-		return pixels * bpp * 2 // the image and a decompressed strip
+		return pixels*bpp + tiffBlockBytes(b) // the image, and its blocks (tiff.go)
 	case "bmp":
 		return pixels*4 + w*4 + 4 // RGBA or paletted, and one row
 	}
