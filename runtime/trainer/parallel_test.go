@@ -25,7 +25,7 @@ func TestSpecChecksTheDataParallelSide(t *testing.T) {
 		}
 	}
 	good := trainer.DataParallel{Ranks: 2, GlobalBatch: 2 * m.Spec.Batch, ReduceAfter: 1,
-		Buckets: []trainer.Bucket{{Offset: m.Spec.Params[0].Offset, Bytes: 8}}}
+		Buckets: []trainer.Bucket{{Offset: m.Spec.Params[0].Offset, Bytes: 8, ReadyAfter: 1, NeededAt: 1}}}
 	sp := *m.Spec
 	sp.DataParallel = &good
 	require.NoError(t, sp.Validate())
@@ -33,11 +33,13 @@ func TestSpecChecksTheDataParallelSide(t *testing.T) {
 		edit func(*trainer.DataParallel)
 		want string
 	}{
-		"one rank":          {func(d *trainer.DataParallel) { d.Ranks = 1 }, "do not make the global batch"},
-		"global batch":      {func(d *trainer.DataParallel) { d.GlobalBatch++ }, "do not make the global batch"},
-		"reduce after":      {func(d *trainer.DataParallel) { d.ReduceAfter = len(m.Spec.Train.Launches) + 1 }, "the all-reduce after launch"},
-		"bucket outside":    {func(d *trainer.DataParallel) { d.Buckets[0].Offset = m.Spec.ArenaBytes - 4 }, "is not float32 values inside the arena"},
-		"bucket of 6 bytes": {func(d *trainer.DataParallel) { d.Buckets[0].Bytes = 6 }, "is not float32 values inside the arena"},
+		"one rank":                   {func(d *trainer.DataParallel) { d.Ranks = 1 }, "do not make the global batch"},
+		"global batch":               {func(d *trainer.DataParallel) { d.GlobalBatch++ }, "do not make the global batch"},
+		"reduce after":               {func(d *trainer.DataParallel) { d.ReduceAfter = len(m.Spec.Train.Launches) + 1 }, "the all-reduce after launch"},
+		"bucket outside":             {func(d *trainer.DataParallel) { d.Buckets[0].Offset = m.Spec.ArenaBytes - 4 }, "is not float32 values inside the arena"},
+		"bucket of 6 bytes":          {func(d *trainer.DataParallel) { d.Buckets[0].Bytes = 6 }, "is not float32 values inside the arena"},
+		"bucket read before written": {func(d *trainer.DataParallel) { d.Buckets[0].NeededAt = 0 }, "is written by launch 0 and read by launch 0"},
+		"bucket never written":       {func(d *trainer.DataParallel) { d.Buckets[0].ReadyAfter = 0 }, "is written by launch -1"},
 		"first argument": {func(d *trainer.DataParallel) {
 			d.FirstArgs = []trainer.FirstArg{{Launch: 0, Arg: intArg, PerSample: 1}}
 		}, "is no integer argument"},

@@ -812,6 +812,24 @@ CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags) { ret
 
 static CUresult drain_until(CUevent e);
 
+// A stream waiting for an event, as the driver: work queued on s after the call waits for the
+// event's last record before the call (an event never recorded: no wait; recording it later
+// changes no wait already queued). Here work runs when it is issued, in order, so what the
+// event marks has run unless a queued graph records it: those graphs run now. Waits inside a
+// stream capture (which join another stream into the capture) are not emulated.
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!e) return CUDA_ERROR_INVALID_HANDLE;
+	if (flags != 0) return CUDA_ERROR_INVALID_VALUE; // CU_EVENT_WAIT_DEFAULT; _EXTERNAL is for captures
+	if (capturing || (s && s->graph)) {
+		note("cuStreamWaitEvent during a stream capture is not emulated");
+		if (capturing) capturing->invalidated = 1;
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	return e->pending > 0 ? drain_until(e) : CUDA_SUCCESS;
+}
+
 // Waiting for an event runs the queued graph launches up to the last one that records it.
 CUresult cuEventSynchronize(CUevent e) {
 	CUresult r = ready();
