@@ -43,6 +43,9 @@ func TestSpecChecksTheDataParallelSide(t *testing.T) {
 		"bucket of 6 bytes":          {func(d *trainer.DataParallel) { d.Buckets[0].Bytes = 6 }, "is not float32 values inside the arena"},
 		"bucket read before written": {func(d *trainer.DataParallel) { d.Buckets[0].NeededAt = 0 }, "is written by launch 0 and read by launch 0"},
 		"bucket never written":       {func(d *trainer.DataParallel) { d.Buckets[0].ReadyAfter = 0 }, "is written by launch -1"},
+		"buckets out of order": {func(d *trainer.DataParallel) {
+			d.Buckets = append(d.Buckets, trainer.Bucket{Offset: d.Buckets[0].Offset, Bytes: 4, ReadyAfter: 0, NeededAt: 1})
+		}, "bucket 1 is complete before bucket 0"},
 		"first argument": {func(d *trainer.DataParallel) {
 			d.FirstArgs = []trainer.FirstArg{{Launch: 0, Arg: intArg, PerSample: 1}}
 		}, "is no integer argument"},

@@ -243,7 +243,11 @@ func (s *Spec) validateParallel() error {
 	if dp.ReduceAfter < 0 || dp.ReduceAfter > len(s.Train.Launches) {
 		return fmt.Errorf("trainer: spec %s: the all-reduce after launch %d of %d", s.Model, dp.ReduceAfter, len(s.Train.Launches))
 	}
-	for _, b := range dp.Buckets {
+	for i, b := range dp.Buckets {
+		if i > 0 && b.ReadyAfter < dp.Buckets[i-1].ReadyAfter {
+			// every rank queues its all-reduces in bucket order, NCCL's one order
+			return fmt.Errorf("trainer: spec %s: bucket %d is complete before bucket %d", s.Model, i, i-1)
+		}
 		if b.Offset < 0 || b.Bytes <= 0 || b.Bytes%4 != 0 || b.Offset+b.Bytes > s.ArenaBytes {
 			return fmt.Errorf("trainer: spec %s: bucket [%d, %d) is not float32 values inside the arena of %d bytes", s.Model, b.Offset, b.Offset+b.Bytes, s.ArenaBytes)
 		}
