@@ -3,8 +3,9 @@
 package cuda_test
 
 // The data-parallel rank's step on the device (runtime/trainer's
-// launchOverlapped): ranks are processes of this test binary, one device
-// each, joined by runtime/dist and NCCL (under the fake driver, the fake
+// launchOverlapped): ranks are processes of this test binary, each on GPU
+// LOCAL_RANK (cuda.New; the fake driver is given a device per rank),
+// joined by runtime/dist and NCCL (under the fake driver, the fake
 // libnccl), summing their gradient buckets on a second stream while the
 // backward pass goes on.
 
@@ -151,7 +152,7 @@ func TestDataParallelOnDevices(t *testing.T) {
 	if fakecuda.Dir() != "" {
 		dir := t.TempDir()
 		require.NoError(t, fakenccl.Build(dir))
-		env = fakenccl.Environ(dir, env)
+		env = append(fakenccl.Environ(dir, env), fmt.Sprintf("%s=%d", fakecuda.DevicesEnv, dpRanks)) // a device per rank
 	} else {
 		if _, err := nccl.Load(); err != nil {
 			t.Skipf("!!! SKIPPING: no NCCL on this GPU machine: %v", err)
@@ -318,11 +319,8 @@ func TestDataParallelRankChild(t *testing.T) {
 	cfg, _, err := dist.FromEnv(os.Getenv)
 	require.NoError(t, err)
 	c, fb := dpCompile(t, true)
-	ordinal := cfg.LocalRank
-	if fakecuda.Dir() != "" {
-		ordinal = 0 // the fake driver has one device, which every process has to itself
-	}
-	d, err := cuda.NewWithOptions(fb, cuda.Options{Ordinal: ordinal})
+	d, err := cuda.New(fb) // GPU LOCAL_RANK
+
 	require.NoError(t, err)
 	defer d.Close()
 	s, err := trainer.NewSession(c.Spec, d, dpSeed)
