@@ -66,7 +66,7 @@ IMAGE_OR_DIR..., with the trainer's checkpoints.`,
 	cmd.Flags().StringVar(&bf.emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
 	cmd.Flags().StringVar(&bf.workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
 	cmd.Flags().StringVar(&bf.budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")
-	cmd.Flags().IntVar(&bf.gpus, "gpus", 1, "build a data-parallel trainer of `N` ranks (the plan of one rank: its share batch/N of every batch; the trainer launches them); CPU target only so far")
+	cmd.Flags().IntVar(&bf.gpus, "gpus", 1, "build a data-parallel trainer of `N` ranks (the plan of one rank: its share batch/N of every batch; the trainer launches them, one per GPU, summing gradients with NCCL)")
 	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
 	f.registerInfer(cmd, "build an inference-only binary: forward kernels only (batch norm folded into the conv before it, conv+bias+activation+pool fused, no argmax, gradients or optimizer state) on its own memory plan (cnnc plan --infer), with the trainer's predict command, loading the trainer's checkpoints")
 	return cmd
@@ -127,10 +127,6 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 		return exitError{exitUsage}
 	}
 	if bf.gpus > 1 {
-		if target != "cpu" || bf.emitCUDA != "" {
-			fmt.Fprintf(stderr, "cnnc build: --gpus %d: data-parallel trainers are built for the CPU target only so far (the CUDA step's all-reduce on the device's stream is not built)\n", bf.gpus)
-			return exitError{exitUsage}
-		}
 		cfg.Ranks = bf.gpus
 	}
 	if target == "cpu" && bf.output == "" {

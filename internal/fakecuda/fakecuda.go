@@ -48,6 +48,10 @@ const TraceEnv = "CNNC_FAKECUDA_TRACE"
 // MemoryEnv sets the fake device's total memory in bytes (default 16 GiB).
 const MemoryEnv = "CNNC_FAKECUDA_MEMORY"
 
+// DevicesEnv sets how many devices the fake driver has (default 1): ordinals 0..n-1, alike,
+// for a process per device as data-parallel ranks (LOCAL_RANK) use them.
+const DevicesEnv = "CNNC_FAKECUDA_DEVICES"
+
 // LibName is the file the dynamic loader looks for.
 const LibName = "libcuda.so.1"
 

@@ -15,6 +15,7 @@ import (
 
 	_ "github.com/cnnc/cnnc/runtime/cuda/preflight" // a clear message when the driver cannot start
 	"github.com/cnnc/cnnc/runtime/device"
+	"github.com/cnnc/cnnc/runtime/dist"
 )
 
 // DebugEnv turns on Options.Debug for New when set to "1".
@@ -93,10 +94,21 @@ func (e *MemoryError) Unwrap() error { return cu.OutOfMemory }
 
 func gib(n int64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }
 
-// New opens GPU 0 with the kernels of fatbin (nvcc -fatbin output, or a
-// cubin or PTX image). Options.Debug is set when CNNC_CUDA_DEBUG=1.
+// New opens the process's GPU with the kernels of fatbin (nvcc -fatbin
+// output, or a cubin or PTX image): GPU 0, or in a data-parallel rank
+// (torchrun's variables set: runtime/dist) GPU LOCAL_RANK, one GPU per
+// rank of the machine as torchrun's convention has it. Options.Debug is
+// set when CNNC_CUDA_DEBUG=1.
 func New(fatbin []byte) (*Device, error) {
-	return NewWithOptions(fatbin, Options{Debug: os.Getenv(DebugEnv) == "1"})
+	cfg, isRank, err := dist.FromEnv(os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: which GPU: %w", err)
+	}
+	o := Options{Debug: os.Getenv(DebugEnv) == "1"}
+	if isRank {
+		o.Ordinal = cfg.LocalRank
+	}
+	return NewWithOptions(fatbin, o)
 }
 
 // NewWithOptions opens GPU o.Ordinal with the kernels of fatbin.

@@ -105,3 +105,32 @@ type Replayer interface {
 	SetParams(i int, params []uint64) error
 	Close() error
 }
+
+// SideStreamer is what a device offers when it can run work of a library
+// of its own (NCCL's collectives) on a second stream, ordered with the
+// device's stream by events (CUDA streams and events): a data-parallel
+// trainer sums each gradient bucket there as soon as the launch writing
+// its last gradient is queued, while the device's stream goes on with the
+// backward pass. NewSideStream makes the stream with marks marks.
+type SideStreamer interface {
+	NewSideStream(marks int) (SideStream, error)
+}
+
+// SideStream is a second stream of a device. Its ordering calls act on
+// the work queued so far, as cuEventRecord followed by cuStreamWaitEvent
+// do: none waits on the host.
+type SideStream interface {
+	// WaitForDevice makes the work queued next on the side stream wait
+	// for the work queued on the device's stream so far.
+	WaitForDevice() error
+	// Run calls f on the device's thread (where its context is current)
+	// with the side stream, a CUstream as an address, for f to queue a
+	// library's work on it. f must not call the device's methods.
+	Run(f func(stream uintptr) error) error
+	// Mark places mark i (0 <= i < marks) after the work queued on the
+	// side stream so far; DeviceWaits(i) makes the work queued next on the
+	// device's stream wait for the work before mark i's last placing.
+	Mark(i int) error
+	DeviceWaits(i int) error
+	Close() error
+}

@@ -3,7 +3,8 @@
 // name exactly as cuLaunchKernel takes them, so one launch list drives the
 // CPU emulator (runtime/cpu) and the GPU (runtime/cuda) alike. Optional
 // interfaces (HostAllocator, AsyncCopier, Fencer, Grapher, Timer) let a backend
-// offer more without every backend implementing it.
+// offer more without every backend implementing it (SideStreamer: a second
+// stream for NCCL).
 //
 // The other packages under runtime/ are what generated trainers link:
 // data loading, checkpoints, parameter init, the trainer. None of them

@@ -4,10 +4,12 @@ import (
 	"github.com/cnnc/cnnc/runtime/device"
 )
 
-// Reducer is a trainer's all-reduce (runtime/trainer.Reducer) over an NCCL
-// communicator: float32 sums in place on Stream (0: the default stream; on
-// the CPU target the buffers are host memory, which only the fake libnccl
-// of internal/fakenccl sums — NVIDIA's NCCL needs device memory).
+// Reducer is a trainer's all-reduce (runtime/trainer.Reducer and
+// StreamReducer) over an NCCL communicator: float32 sums in place, on
+// Stream (0: the default stream) or, on a GPU, on the stream the trainer
+// gives (AllReduceOn: its second stream, from the device's thread). On the
+// CPU target the buffers are host memory, which only the fake libnccl of
+// internal/fakenccl sums — NVIDIA's NCCL needs device memory.
 type Reducer struct {
 	Comm   *Comm
 	Stream uintptr
@@ -16,4 +18,10 @@ type Reducer struct {
 // AllReduce sums count float32 values at p over every rank, in place.
 func (r Reducer) AllReduce(p device.Ptr, count int) error {
 	return r.Comm.AllReduce(uintptr(p), uintptr(p), count, Float32, Sum, r.Stream)
+}
+
+// AllReduceOn queues the sum of count float32 values at p over every rank,
+// in place, on stream.
+func (r Reducer) AllReduceOn(stream uintptr, p device.Ptr, count int) error {
+	return r.Comm.AllReduce(uintptr(p), uintptr(p), count, Float32, Sum, stream)
 }

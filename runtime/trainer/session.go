@@ -84,6 +84,9 @@ type Session struct {
 	rank         int
 	reducer      Reducer
 	rankLaunches []Launch
+	// side is the device's second stream, where a rank sums its buckets
+	// overlapped with the backward pass (nil: summed from the host).
+	side device.SideStream
 }
 
 // NewSession allocates exactly the planned arena on dev and initialises
@@ -109,7 +112,7 @@ func NewSession(spec *Spec, dev device.Device, seed uint64) (*Session, error) {
 // dropped: Flush first to have them) and frees the arenas and staging
 // memory.
 func (s *Session) Close() error {
-	errs := []error{s.closeSlots()}
+	errs := []error{s.closeSlots(), s.closeSide()}
 	for i, p := range s.arenas {
 		if p != 0 {
 			errs = append(errs, s.Dev.Free(p))

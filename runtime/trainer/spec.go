@@ -215,8 +215,15 @@ type DataParallel struct {
 }
 
 // Bucket is one all-reduce: Bytes (a multiple of 4) from Offset of the
-// training arena.
-type Bucket struct{ Offset, Bytes int64 }
+// training arena. Its values are all written by the training launches
+// before ReadyAfter (the plan's Bucket.ReadyStep) and first read by launch
+// NeededAt (its NeededStep; len(Train.Launches): only the host reads
+// them): on a device with a second stream its all-reduce runs between the
+// two, overlapped with the launches in between.
+type Bucket struct {
+	Offset, Bytes        int64
+	ReadyAfter, NeededAt int
+}
 
 // FirstArg is argument Arg of training launch Launch (see DataParallel).
 type FirstArg struct {
@@ -236,9 +243,17 @@ func (s *Spec) validateParallel() error {
 	if dp.ReduceAfter < 0 || dp.ReduceAfter > len(s.Train.Launches) {
 		return fmt.Errorf("trainer: spec %s: the all-reduce after launch %d of %d", s.Model, dp.ReduceAfter, len(s.Train.Launches))
 	}
-	for _, b := range dp.Buckets {
+	for i, b := range dp.Buckets {
+		if i > 0 && b.ReadyAfter < dp.Buckets[i-1].ReadyAfter {
+			// every rank queues its all-reduces in bucket order, NCCL's one order
+			return fmt.Errorf("trainer: spec %s: bucket %d is complete before bucket %d", s.Model, i, i-1)
+		}
 		if b.Offset < 0 || b.Bytes <= 0 || b.Bytes%4 != 0 || b.Offset+b.Bytes > s.ArenaBytes {
 			return fmt.Errorf("trainer: spec %s: bucket [%d, %d) is not float32 values inside the arena of %d bytes", s.Model, b.Offset, b.Offset+b.Bytes, s.ArenaBytes)
+		}
+		if b.ReadyAfter < 1 || b.ReadyAfter > dp.ReduceAfter || b.NeededAt < dp.ReduceAfter || b.NeededAt > len(s.Train.Launches) {
+			return fmt.Errorf("trainer: spec %s: bucket [%d, %d) is written by launch %d and read by launch %d, not around the all-reduce after launch %d of %d",
+				s.Model, b.Offset, b.Offset+b.Bytes, b.ReadyAfter-1, b.NeededAt, dp.ReduceAfter, len(s.Train.Launches))
 		}
 	}
 	for _, f := range dp.FirstArgs {

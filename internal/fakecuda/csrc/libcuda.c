@@ -17,7 +17,9 @@
 // so host code that rewrites memory a launched graph has not read yet gets wrong results, as
 // on a GPU; everything else runs when it is called, after the queued graphs, and events
 // measure CPU time. Memory: device pointers are host allocations; the device's total memory is
-// $CNNC_FAKECUDA_MEMORY bytes (default 16 GiB) and allocations beyond it fail.
+// $CNNC_FAKECUDA_MEMORY bytes (default 16 GiB) and allocations beyond it fail. Devices: one, or
+// $CNNC_FAKECUDA_DEVICES alike (a process per GPU, as data-parallel ranks use them; the memory
+// limit is the process's, whichever device allocates).
 //
 // Versions: cuGetProcAddress (CUDA 11.3's) and cuGetProcAddress_v2 (CUDA 12's) hand out the
 // versioned entry points cnnc resolves at run time, by base name and ABI version, as the
@@ -43,6 +45,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
 static CUresult sticky = CUDA_SUCCESS; // a kernel failed: the context is unusable
 static size_t total_memory, used_memory;
+static int device_count = 1; // $CNNC_FAKECUDA_DEVICES: devices alike, sharing the memory
 static __thread CUcontext current;
 static __thread CUstream capturing; // the stream this thread captures into, if any
 
@@ -272,6 +275,8 @@ CUresult cuInit(unsigned int flags) {
 	if (!initialized) {
 		const char* m = getenv("CNNC_FAKECUDA_MEMORY");
 		total_memory = m && *m ? strtoull(m, NULL, 10) : (size_t)16 << 30;
+		const char* n = getenv("CNNC_FAKECUDA_DEVICES");
+		device_count = n && atoi(n) > 0 ? atoi(n) : 1;
 		initialized = 1;
 	}
 	pthread_mutex_unlock(&mu);
@@ -294,21 +299,21 @@ CUresult cuDriverGetVersion(int* v) {
 CUresult cuDeviceGetCount(int* n) {
 	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
 	if (!n) return CUDA_ERROR_INVALID_VALUE;
-	*n = 1;
+	*n = device_count;
 	return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGet(CUdevice* d, int ordinal) {
 	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
 	if (!d) return CUDA_ERROR_INVALID_VALUE;
-	if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-	*d = 0;
+	if (ordinal < 0 || ordinal >= device_count) return CUDA_ERROR_INVALID_DEVICE;
+	*d = ordinal;
 	return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
 	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (d < 0 || d >= device_count) return CUDA_ERROR_INVALID_DEVICE;
 	if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
 	snprintf(name, (size_t)len, "%s", FAKE_NAME);
 	return CUDA_SUCCESS;
@@ -316,7 +321,7 @@ CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
 
 CUresult cuDeviceTotalMem(size_t* bytes, CUdevice d) {
 	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (d < 0 || d >= device_count) return CUDA_ERROR_INVALID_DEVICE;
 	*bytes = total_memory;
 	return CUDA_SUCCESS;
 }
@@ -324,7 +329,7 @@ CUresult cuDeviceTotalMem(size_t* bytes, CUdevice d) {
 // Attributes of an H100/H200-like device (sm_90), for the ones cnnc asks about.
 CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
 	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (d < 0 || d >= device_count) return CUDA_ERROR_INVALID_DEVICE;
 	if (!v) return CUDA_ERROR_INVALID_VALUE;
 	switch (a) {
 	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
@@ -359,10 +364,11 @@ CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
 CUresult cuCtxCreate(CUcontext* c, unsigned int flags, CUdevice d) {
 	(void)flags;
 	if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (d < 0 || d >= device_count) return CUDA_ERROR_INVALID_DEVICE;
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
 	CUcontext ctx = calloc(1, sizeof *ctx);
 	if (!ctx) return CUDA_ERROR_OUT_OF_MEMORY;
+	ctx->device = d;
 	*c = current = ctx;
 	return CUDA_SUCCESS;
 }
@@ -389,7 +395,7 @@ CUresult cuCtxSetCurrent(CUcontext c) {
 
 CUresult cuCtxGetDevice(CUdevice* d) {
 	CUresult r = ready();
-	if (r == CUDA_SUCCESS) *d = 0;
+	if (r == CUDA_SUCCESS) *d = current->device;
 	return r;
 }
 
@@ -811,6 +817,24 @@ CUresult cuEventRecord(CUevent e, CUstream s) { return event_record(e, s, 0); }
 CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags) { return event_record(e, s, flags); }
 
 static CUresult drain_until(CUevent e);
+
+// A stream waiting for an event, as the driver: work queued on s after the call waits for the
+// event's last record before the call (an event never recorded: no wait; recording it later
+// changes no wait already queued). Here work runs when it is issued, in order, so what the
+// event marks has run unless a queued graph records it: those graphs run now. Waits inside a
+// stream capture (which join another stream into the capture) are not emulated.
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+	CUresult r = ready();
+	if (r != CUDA_SUCCESS) return r;
+	if (!e) return CUDA_ERROR_INVALID_HANDLE;
+	if (flags != 0) return CUDA_ERROR_INVALID_VALUE; // CU_EVENT_WAIT_DEFAULT; _EXTERNAL is for captures
+	if (capturing || (s && s->graph)) {
+		note("cuStreamWaitEvent during a stream capture is not emulated");
+		if (capturing) capturing->invalidated = 1;
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	return e->pending > 0 ? drain_until(e) : CUDA_SUCCESS;
+}
 
 // Waiting for an event runs the queued graph launches up to the last one that records it.
 CUresult cuEventSynchronize(CUevent e) {

@@ -103,7 +103,6 @@ STUB(cuStreamAttachMemAsync)
 STUB(cuStreamCreateWithPriority)
 STUB(cuStreamGetFlags)
 STUB(cuStreamGetPriority)
-STUB(cuStreamWaitEvent)
 STUB(cuStreamWaitValue32)
 STUB(cuStreamWaitValue32_v2) // CUDA 12 headers
 STUB(cuStreamWriteValue32)

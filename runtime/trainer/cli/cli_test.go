@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/trainer"
 	"github.com/cnnc/cnnc/runtime/trainer/cli"
 )
@@ -373,4 +375,26 @@ func TestPlotFolderCheckedAtStart(t *testing.T) {
 	assert.Equal(t, 1, r.code)
 	assert.Contains(t, r.err, "--plot "+missing+": the folder "+filepath.Dir(missing)+" does not exist")
 	assert.Empty(t, r.out, "nothing was started")
+}
+
+// A data-parallel rank whose GPU cannot be opened stops, naming why,
+// instead of falling back to the CPU emulator as a one-device trainer
+// started with --device auto does: its all-reduce sums device memory.
+func TestRankDoesNotFallBackToTheCPU(t *testing.T) {
+	spec, root := tiny(t)
+	sp := *spec
+	sp.DataParallel = &trainer.DataParallel{Ranks: 2, GlobalBatch: 2 * sp.Batch, ReduceAfter: 1,
+		Buckets: []trainer.Bucket{{Offset: sp.Params[0].Offset, Bytes: 8, ReadyAfter: 1, NeededAt: 1}}}
+	m := trainertest.Tiny(t)
+	backends := trainer.Backends{"cpu": m.Backends["cpu"], "cuda": func(*trainer.Spec) (device.Device, error) {
+		return nil, errors.New("cuda: no GPU 1: the driver reports 1")
+	}}
+	for k, v := range map[string]string{"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"} {
+		t.Setenv(k, v)
+	}
+	var out, errb bytes.Buffer
+	code := cli.Main(&sp, backends, []string{"--data", root, "--test", ""}, &out, &errb)
+	assert.NotZero(t, code)
+	assert.Contains(t, errb.String(), "no GPU 1")
+	assert.NotContains(t, errb.String(), "using the CPU emulator")
 }

@@ -116,7 +116,20 @@ func (r *runner) joinRanks() error {
 	r.closers = append(r.closers, s.Close)
 	var id nccl.UniqueID
 	copy(id[:], s.ID)
-	comm, err := lib.CommInitRank(id, cfg.WorldSize, cfg.Rank)
+	var comm *nccl.Comm
+	initRank := func(uintptr) error {
+		comm, err = lib.CommInitRank(id, cfg.WorldSize, cfg.Rank)
+		return err
+	}
+	if on, ok := r.dev.(interface {
+		OnStream(func(uintptr) error) error
+	}); ok {
+		// a GPU: NCCL takes the device from the context current on the
+		// calling thread, the device's (runtime/cuda.Device.OnStream)
+		err = on.OnStream(initRank)
+	} else {
+		err = initRank(0)
+	}
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", cfg.Rank, err)
 	}

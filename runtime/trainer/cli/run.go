@@ -261,7 +261,13 @@ func (r *runner) lockFile(flag, path string) error {
 // openSession opens the device and allocates the planned arena on it.
 func (r *runner) openSession() error {
 	o, spec := r.o, r.spec
-	dev, err := trainer.OpenDevice(spec, r.backends, o.device, r.warn)
+	warn := r.warn
+	if r.rank != nil {
+		// a data-parallel rank trains on its GPU or stops: NVIDIA's NCCL
+		// sums device memory, not the CPU emulator's host memory
+		warn = nil
+	}
+	dev, err := trainer.OpenDevice(spec, r.backends, o.device, warn)
 	if err != nil {
 		return fmt.Errorf("--device %w", err)
 	}
