@@ -19,7 +19,7 @@ import (
 
 // The fill rule (fill.go) holds for every launch of the examples'
 // training steps — SimpleCNN and the MNIST net, at batch 32 and 256, fp32
-// and tf32 (bf16's kernels have tf32's grids) — on H100 and H200, from
+// tf32 and bf16 — on H100 and H200, from
 // ptxas and the grids of kernels generated for their SM count: each launch
 // runs >= 2 waves or >= 16 warps per SM, or is tiny by nature. A launch
 // that breaks it is named — except those in knownUnderFilled, which the
@@ -48,7 +48,7 @@ func TestExamplesFillTheGPU(t *testing.T) {
 		src, err := os.ReadFile(file)
 		require.NoError(t, err)
 		for _, batch := range []int64{32, 256} {
-			for _, prec := range []codegen.Precision{codegen.TF32, codegen.FP32} {
+			for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16, codegen.FP32} {
 				res, err := compiler.CompileSource(file, src, compiler.Options{Batch: batch})
 				require.NoError(t, err)
 				res.Train.Precision = string(prec)
@@ -107,6 +107,8 @@ var knownUnderFilled = map[string]string{
 	"conv_block_fwd_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b256_tf32":           "MNIST conv2 forward, batch 256",
 	"conv_block_dgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_maskout_b256":      "MNIST conv2 input gradient, batch 256",
 	"conv_block_dgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_maskout_b256_tf32": "MNIST conv2 input gradient, batch 256",
+	"conv_block_fwd_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_b256_bf16":           "MNIST conv2 forward, batch 256",
+	"conv_block_dgrad_x8x14x14_o16_k3x3s1x1p1x1_bias_relu_pool2x2s2x2p0x0_maskout_b256_bf16": "MNIST conv2 input gradient, batch 256",
 }
 
 // The verdicts of the rule on launches worked by hand (H200: 132 SMs).
