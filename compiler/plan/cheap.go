@@ -61,11 +61,11 @@ func (a *analysis) recomputable(n *ir.Node) (elems int64, ok bool) {
 // or linear layer's forward kernel run again) that cheapRecompute may add:
 // at most 1/computeRecomputeShare of the step's FLOPs. Such a kernel is
 // recomputed, like the memory-bound ones, from values the backward pass
-// keeps anyway (its saved input), bit for bit — typically a stem conv
-// with few input channels or a 1x1 projection shortcut, whose large
-// outputs cost few FLOPs each; at 5% of the step this is what lets
-// VGG-small and ResNet-18 hold about half of PyTorch's saved activations
-// (BENCHMARKS.md).
+// keeps anyway (its saved input), bit for bit — a stem conv with few
+// input channels or a 1x1 projection shortcut has a large output for few
+// FLOPs; ResNet-18's first block's 3x3 convs fit the share too. At 5% of
+// the step this is what lets VGG-small and ResNet-18 hold about half of
+// PyTorch's saved activations (BENCHMARKS.md).
 const computeRecomputeShare = 20
 
 // cheapClosure is the set of forward node IDs to drop so that unit u is
