@@ -24,9 +24,10 @@ import (
 // is replaced, not patched.
 // A block's backward kernels read the gradient of its output at output
 // resolution and route it through the argmax on the fly. A grad_input whose
-// input comes from a ReLU block with no other reader applies that ReLU's
-// mask in its epilogue (maskout), and that block's backward then takes the
-// gradient as already masked. Each parameter's update is fused into the
+// input comes from a ReLU block (or a standalone ReLU) with no other reader
+// applies that ReLU's mask in its epilogue (maskout), and that block's
+// backward then takes the gradient as already masked (the standalone ReLU
+// adds no gradient kernel). Each parameter's update is fused into the
 // weight-gradient kernel, scheduled after the layer's grad_input (which
 // still reads the old weights) — except with gradient clipping, which
 // needs every gradient before any update: the weight gradients then go to

@@ -134,7 +134,7 @@ func TestInferBuildPredictsAsTheTrainer(t *testing.T) {
 
 // cnnc plan --infer prints the inference plan (the forward pass at
 // --batch, batch norm folded), far below the training step's peak at the
-// same batch: vgg_small at batch 128, 23.6 MB against 127.5 MB (the CUDA
+// same batch: vgg_small at batch 128, 23.6 MB against 64.5 MB (the CUDA
 // target's plan, which cnnc plan shows); --json carries inference: true.
 // The options that search training plans are refused with it.
 func TestPlanInfer(t *testing.T) {
@@ -154,7 +154,7 @@ func TestPlanInfer(t *testing.T) {
 	assert.False(t, trainInf)
 	assert.True(t, inferInf)
 	t.Logf("vgg_small, batch 128: training peak %d bytes, inference peak %d bytes", train, infer)
-	assert.Less(t, infer, train/3) // 23.6 MB of 81.2 MB (training recomputes batch norm's normalisation)
+	assert.Less(t, infer, train*2/5) // 23.6 MB of 64.5 MB (training recomputes batch norm's normalisation and conv1)
 
 	code, out, _ := cnnc("plan", "--infer", "--batch", "16", "../../examples/vgg_small.cnn")
 	require.Equal(t, 0, code)

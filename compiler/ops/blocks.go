@@ -134,9 +134,11 @@ func gradWeightOuts(n *ir.Node, p ir.BlockParts, wt ir.Type) ([]ir.Type, error) 
 // ReLU mask already applied (by its reader's maskout epilogue).
 const maskedKey = "relu-masked"
 
-// maskSource returns the ReLU block output whose mask x's gradient can take
-// in its reader's epilogue: x itself, or the input of a flatten view of it,
-// when nothing else reads it.
+// maskSource returns the ReLU block or ReLU output whose mask x's gradient
+// can take in its reader's epilogue: x itself, or the input of a flatten
+// view of it, when nothing else reads it. The masked gradient may then
+// overwrite x in place (maskOutInput): the ReLU's own gradient kernel, which
+// would read x beside a separate gradient buffer, is not needed.
 func maskSource(b GradBuilder, x *ir.Value) *ir.Value {
 	src := x
 	if len(b.Readers(src)) != 1 {
@@ -150,6 +152,9 @@ func maskSource(b GradBuilder, x *ir.Value) *ir.Value {
 	}
 	if d := src.Def; d != nil && (d.Op == ir.OpConvBlock || d.Op == ir.OpLinearBlock) && d.Attrs.ReLU && src == d.Out() {
 		return src
+	}
+	if d := src.Def; d != nil && d.Op == ir.OpReLU {
+		return src // a standalone ReLU (after batch norm): y > 0 is its mask too
 	}
 	return nil
 }

@@ -7,7 +7,9 @@ import (
 )
 
 // relu: max(x, 0), nn.ReLU. Its gradient reads the mask from the output,
-// y > 0, as PyTorch does. The fuse pass folds a ReLU after a conv or
+// y > 0, as PyTorch does; when a conv or linear block is its only reader,
+// that block's input gradient applies the mask in its epilogue (maskout,
+// blocks.go) and the ReLU adds no gradient kernel. The fuse pass folds a ReLU after a conv or
 // linear layer into that layer's block; other ReLUs run these kernels.
 
 var _ = Register(ir.OpReLU, &Def{
@@ -20,6 +22,9 @@ var _ = Register(ir.OpReLU, &Def{
 		Torch:    []string{"F.relu(x)"},
 	},
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
+		if b.Marked(maskedKey, n.Out()) {
+			return []*ir.Value{dy} // its reader's input gradient applied the mask (maskout)
+		}
 		return []*ir.Value{b.Emit(ir.OpReLUGrad, n, ir.Attrs{}, n.Ins[0], dy, n.Out())}
 	},
 	Ref:    elementwiseRef(func(x float64) float64 { return math.Max(x, 0) }),

@@ -27,28 +27,53 @@ import (
 // back to values the backward pass keeps anyway (saved outputs, inputs,
 // parameters), so a recomputation never keeps a forward-only value alive
 // into the backward pass.
+//
+// Compute-bound kernels (convs, linear layers) may be recomputed too, the
+// same way, while their FLOPs stay within computeRecomputeShare of the
+// step: the greedy takes the largest saved values first, so a stem conv's
+// or a projection shortcut's output (many bytes, few FLOPs) goes before a
+// 3x3 conv's deeper in the network.
 const cheapFLOPsPerElement = 4
 
 // cheap: n's kernel is memory-bound and recomputing it changes nothing
 // but time (no buffers written, not the loss).
 func (a *analysis) cheap(n *ir.Node) bool {
+	elems, ok := a.recomputable(n)
+	return ok && n.FLOPs(a.batch) <= ir.MulSat(cheapFLOPsPerElement, elems)
+}
+
+// recomputable: running forward node n again changes nothing but time (no
+// buffers written, not the loss); elems is the batched elements it reads
+// and writes.
+func (a *analysis) recomputable(n *ir.Node) (elems int64, ok bool) {
 	if n.Phase != ir.Forward || isView(n) || len(n.MutatedInputs()) > 0 || (a.g.Loss != nil && n == a.g.Loss.Def) {
-		return false
+		return 0, false
 	}
-	var elems int64
 	for _, v := range append(append([]*ir.Value{}, n.Ins...), n.Outs...) {
 		if v.Type.Batched {
 			elems += v.Type.Elems(a.batch)
 		}
 	}
-	return elems > 0 && n.FLOPs(a.batch) <= ir.MulSat(cheapFLOPsPerElement, elems)
+	return elems, elems > 0
 }
 
+// computeRecomputeShare bounds the compute-bound recomputation (a conv's
+// or linear layer's forward kernel run again) that cheapRecompute may add:
+// at most 1/computeRecomputeShare of the step's FLOPs. Such a kernel is
+// recomputed, like the memory-bound ones, from values the backward pass
+// keeps anyway (its saved input), bit for bit — a stem conv with few
+// input channels or a 1x1 projection shortcut has a large output for few
+// FLOPs; ResNet-18's first block's 3x3 convs fit the share too. At 5% of
+// the step this is what lets VGG-small and ResNet-18 hold about half of
+// PyTorch's saved activations (BENCHMARKS.md).
+const computeRecomputeShare = 20
+
 // cheapClosure is the set of forward node IDs to drop so that unit u is
-// recomputed from values the backward pass keeps anyway: u and the cheap
-// forward nodes it depends on whose outputs are not saved. ok is false
-// when one of those is not cheap.
-func (a *analysis) cheapClosure(u int, isUnitOut map[*ir.Value]bool) (ids []int, ok bool) {
+// recomputed from values the backward pass keeps anyway: u and the
+// forward nodes it depends on whose outputs are not saved; cost is the
+// FLOPs of those that are not cheap. ok is false when one of them cannot
+// run again (it writes buffers, or is the loss).
+func (a *analysis) cheapClosure(u int, isUnitOut map[*ir.Value]bool) (ids []int, cost int64, ok bool) {
 	seen := map[*ir.Node]bool{}
 	stack := []*ir.Node{a.fwd[u]}
 	for len(stack) > 0 {
@@ -58,8 +83,11 @@ func (a *analysis) cheapClosure(u int, isUnitOut map[*ir.Value]bool) (ids []int,
 			continue
 		}
 		seen[n] = true
+		if _, ok := a.recomputable(n); !ok {
+			return nil, 0, false
+		}
 		if !a.cheap(n) {
-			return nil, false
+			cost += n.FLOPs(a.batch)
 		}
 		ids = append(ids, n.ID)
 		for _, v := range n.Ins {
@@ -70,14 +98,33 @@ func (a *analysis) cheapClosure(u int, isUnitOut map[*ir.Value]bool) (ids []int,
 			stack = append(stack, r.Def)
 		}
 	}
-	return ids, true
+	return ids, cost, true
 }
 
-// cheapRecompute drops cheap saved values from cur while that lowers the
-// arena (or, at an equal arena, the bytes live at the peak: a plateau the
-// next drop may cross), largest first, then takes back the drops the
-// final plan does not need (fewest recomputed FLOPs for that arena).
+// cheapRecompute is the plan from cur that recomputes what is cheap to
+// recompute, its updates split where that helps (descend): recomputing
+// memory-bound kernels only, or — where that lowers the arena by at least
+// 1/minComputeGain more — compute-bound ones too within
+// computeRecomputeShare of the step (searched from cur and from the
+// memory-bound plan: the greedy's start decides where it ends).
 func (a *analysis) cheapRecompute(cur *candidate) *candidate {
+	mem := a.descend(a.cheapDrops(cur, 0))
+	best := mem
+	allowance := (cur.flops - cur.extra) / computeRecomputeShare
+	for _, from := range []*candidate{cur, mem} {
+		if c := a.descend(a.cheapDrops(from, allowance)); worthFLOPs(c, mem) && better(c, best) {
+			best = c
+		}
+	}
+	return best
+}
+
+// cheapDrops drops cheap saved values from cur while that lowers the
+// arena (or, at an equal arena, the bytes live at the peak: a plateau the
+// next drop may cross), largest first — those recomputed by compute-bound
+// kernels while their FLOPs fit allowance — then takes back the drops the
+// final plan does not need (fewest recomputed FLOPs for that arena).
+func (a *analysis) cheapDrops(cur *candidate, allowance int64) *candidate {
 	isUnitOut := map[*ir.Value]bool{}
 	for _, u := range a.units {
 		for _, o := range a.fwd[u].Outs {
@@ -87,11 +134,12 @@ func (a *analysis) cheapRecompute(cur *candidate) *candidate {
 	type option struct {
 		ids   []int // the unit's node first, then what it is computed from
 		bytes int64
+		cost  int64 // FLOPs of the compute-bound nodes among ids
 	}
 	var opts []option
 	for _, u := range a.units {
-		if ids, ok := a.cheapClosure(u, isUnitOut); ok {
-			opts = append(opts, option{ids, a.saved[u]})
+		if ids, cost, ok := a.cheapClosure(u, isUnitOut); ok {
+			opts = append(opts, option{ids, a.saved[u], cost})
 		}
 	}
 	if len(opts) == 0 {
@@ -114,14 +162,16 @@ func (a *analysis) cheapRecompute(cur *candidate) *candidate {
 	lower := func(c *candidate) bool {
 		return c.arena < cur.arena || (c.arena == cur.arena && c.maxLive < cur.maxLive)
 	}
+	var spent int64
 	for round := 0; round < 3; round++ {
 		improved := false
-		for i := range opts {
-			if chosen[i] {
+		for i, o := range opts {
+			if chosen[i] || spent+o.cost > allowance {
 				continue
 			}
 			if c, err := a.evaluate(with(i)); err == nil && lower(c) {
 				cur, improved, chosen[i] = c, true, true
+				spent += o.cost
 			}
 		}
 		if !improved {
@@ -140,3 +190,13 @@ func (a *analysis) cheapRecompute(cur *candidate) *candidate {
 	}
 	return cur
 }
+
+// worthFLOPs: candidate c, which recomputes compute-bound kernels, has an
+// arena at least 1/minComputeGain below cur's, which recomputes only
+// memory-bound ones (not a few bytes of alignment for a conv's FLOPs).
+func worthFLOPs(c, cur *candidate) bool {
+	return c.extra > cur.extra && c.arena <= cur.arena-cur.arena/minComputeGain
+}
+
+// minComputeGain: see worthFLOPs.
+const minComputeGain = 100

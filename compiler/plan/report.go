@@ -100,7 +100,7 @@ func (p *Plan) reportSummary(w io.Writer, o ReportOptions) {
 	fmt.Fprintln(w, title)
 	fmt.Fprintln(w, strings.Repeat("=", len(title)))
 	pct := p.extraPercent()
-	budget := "none: the smallest peak found recomputing only memory-bound layers (batch norm's normalisation, activations, pools) from saved values, no micro-batching"
+	budget := fmt.Sprintf("none: the smallest peak found recomputing memory-bound layers (batch norm's normalisation, activations, pools), and convs within %d%% of the step's FLOPs, from saved values, no micro-batching", 100/computeRecomputeShare)
 	if p.BudgetBytes > 0 {
 		from := ""
 		if o.BudgetFrom != "" {

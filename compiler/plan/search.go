@@ -21,8 +21,8 @@ const DefaultAlignment = 256
 type Config struct {
 	Batch int64
 	// Budget in bytes; 0 means none (the plan then only minimises the peak,
-	// recomputing only memory-bound values from saved ones (cheap.go), no
-	// micro-batching).
+	// recomputing memory-bound values from saved ones, and compute-bound
+	// ones within 1/20 of the step's FLOPs (cheap.go), no micro-batching).
 	Budget int64
 	// BudgetPos is where the budget is written in the model (the value of
 	// the train block's memory_budget); the error for a budget no plan
@@ -207,7 +207,7 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 	if !cfg.NoRecompute {
 		// memory-bound values saved beside their inputs (cheap.go): the
 		// smallest peak without a budget, the first resort with one
-		cheap := a.descend(a.cheapRecompute(base))
+		cheap := a.cheapRecompute(base)
 		switch {
 		case cfg.Budget <= 0:
 			return a, cheap, "fits", nil
@@ -226,7 +226,7 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 		}
 		if most != nil {
 			// and the memory-bound layers the convs' recomputation keeps
-			if c := a.descend(a.cheapRecompute(most)); c.arena < most.arena {
+			if c := a.cheapRecompute(most); c.arena < most.arena {
 				if c.arena <= cfg.Budget {
 					return a, c, "recompute", nil
 				}

@@ -85,6 +85,20 @@ train { optimizer = adamw(lr=0.01) }
 }
 train { optimizer = sgd(lr=0.2) }
 `,
+		// a standalone ReLU (after batch norm) whose only reader is a conv
+		// or linear block: that block's input gradient applies its mask
+		// (maskout) and the ReLU adds no gradient kernel
+		"batch norm relu into blocks": `model B(image: f32[3,9,8], label: class[4]) {
+    c1 = conv2d(image, out=4, kernel=3, padding=1, bias=false)
+    r1 = relu(batchnorm2d(c1))
+    c2 = conv2d(r1, out=5, kernel=3, stride=2)
+    h  = linear(flatten(c2), out=6, bias=false)
+    r2 = relu(batchnorm1d(h))
+    o  = linear(r2, out=4)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9) }
+`,
 		"label smoothing": `model L(image: f32[1,5,6], label: class[4]) {
     c = conv2d(image, out=2, kernel=3, padding=1)
     o = linear(flatten(relu(c)), out=4)
@@ -104,6 +118,16 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 				}
 			}
 			require.True(t, hasFused, fused.Text())
+			if name == "batch norm relu into blocks" {
+				masked := 0
+				for _, n := range fused.Nodes {
+					assert.NotEqual(t, ir.OpReLUGrad, n.Op, "the blocks' input gradients apply the ReLUs' masks: %s", n.Text())
+					if n.Attrs.MaskOut {
+						masked++
+					}
+				}
+				assert.Equal(t, 2, masked, "c2's and o's input gradients take r1's and r2's masks")
+			}
 			eu, ef := New(unfused, 7), New(fused, 7)
 			rng := rand.New(rand.NewPCG(5, 6))
 			for step := 0; step < 3; step++ {
