@@ -324,6 +324,9 @@ func (l *Loop) saveEpoch(at Position, best bool) error {
 	if !best || l.SaveBest == nil {
 		return l.save(at)
 	}
+	if err := l.Session.GatherOptimizerState(); err != nil {
+		return err
+	}
 	if err := l.checkBeforeSave(); err != nil {
 		return err
 	}
@@ -477,6 +480,10 @@ func (l *Loop) save(at Position) error {
 			return l.saveAfter(at, err) // OnStep failed on a step in flight
 		}
 		return err // a diverging step, or the device's error: nothing is saved
+	}
+	// a sharded optimizer's ranks all take part, whichever of them saves
+	if err := l.Session.GatherOptimizerState(); err != nil {
+		return err
 	}
 	if l.Save == nil {
 		return nil

@@ -47,6 +47,13 @@ func (s *Session) SetParallel(rank int, r Reducer) error {
 		l.Args = slices.Clone(l.Args)
 		l.Args[f.Arg].Int += int64(rank) * int64(s.Spec.Batch) * f.PerSample
 	}
+	if dp.Shard != nil {
+		b, ok := r.(Broadcaster)
+		if !ok {
+			return fmt.Errorf("trainer: rank %d: a sharded optimizer needs a reducer that broadcasts", rank)
+		}
+		s.broadcaster, ls = b, shardLaunches(dp.Shard, ls, rank)
+	}
 	s.rank, s.reducer, s.rankLaunches = rank, r, ls
 	s.UseGraphs = false
 	return s.dropGraphs()
@@ -74,7 +81,10 @@ func (s *Session) launchTrain() error {
 			return fmt.Errorf("rank %d: all-reduce of gradient bucket %d: %w", s.rank, i, err)
 		}
 	}
-	return s.launch(s.rankLaunches[dp.ReduceAfter:])
+	if err := s.launch(s.rankLaunches[dp.ReduceAfter:]); err != nil {
+		return err
+	}
+	return s.broadcastParams()
 }
 
 // stepValid is the valid count a training step's scalar block carries:

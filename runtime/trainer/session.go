@@ -84,6 +84,12 @@ type Session struct {
 	rank         int
 	reducer      Reducer
 	rankLaunches []Launch
+	// broadcaster, with a sharded optimizer: the reducer's broadcasts;
+	// gathered, rank 0's copies of the other ranks' optimizer state at
+	// step gatheredStep (shard.go).
+	broadcaster  Broadcaster
+	gathered     map[int][]byte
+	gatheredStep int64
 }
 
 // NewSession allocates exactly the planned arena on dev and initialises
@@ -291,7 +297,7 @@ const (
 // replace a good one.
 func (s *Session) checkpointTensors() ([]checkpoint.Tensor, error) {
 	var ts []checkpoint.Tensor
-	for _, t := range s.Spec.persistent() {
+	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...) {
 		if t.DType == DTypeI64 {
 			b := make([]byte, t.Bytes())
 			if err := s.Dev.CopyOut(b, s.addr(t.Arena, t.Offset)); err != nil {
@@ -304,6 +310,17 @@ func (s *Session) checkpointTensors() ([]checkpoint.Tensor, error) {
 		if err != nil {
 			return nil, err
 		}
+		if i, bad := firstNonFinite(vals); bad {
+			return nil, fmt.Errorf("%s holds %v at element %d; nothing was written", t.Name, vals[i], i)
+		}
+		ts = append(ts, checkpoint.F32Tensor(t.Name, t.Shape, vals))
+	}
+	for j, t := range s.Spec.State {
+		b, err := s.stateBytes(j)
+		if err != nil {
+			return nil, err
+		}
+		vals := bytesf32(b)
 		if i, bad := firstNonFinite(vals); bad {
 			return nil, fmt.Errorf("%s holds %v at element %d; nothing was written", t.Name, vals[i], i)
 		}
@@ -434,7 +451,14 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 	// the model's state: parameters and buffers; with state, the optimizer's
 	want := append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...)
 	if withState {
-		want = append(want, s.Spec.State...)
+		if dp := s.Spec.DataParallel; dp != nil && dp.Shard != nil && s.broadcaster == nil {
+			return nil, fmt.Errorf("%s: a sharded optimizer's state loads on a rank (after SetParallel): each rank keeps its own share", name)
+		}
+		for j, t := range s.Spec.State {
+			if s.ownsState(j) { // another rank's share would overwrite this one's
+				want = append(want, t)
+			}
+		}
 	}
 	for _, t := range want {
 		if t.Folded() {
