@@ -97,6 +97,31 @@ func TestBuiltDataParallelTrainer(t *testing.T) {
 		assert.Equal(t, tb.Data, ta.Data, "%s: the same bits", tb.Name)
 	}
 
+	// the sharded optimizer: each rank keeps its parameters' momentum; the
+	// checkpoint rank 0 writes after 3 steps holds all of it, and the run
+	// resumed from it ends with the same bits as the one process's
+	t.Run("sharded optimizer", func(t *testing.T) {
+		code, out, errOut := cnnc("build", "../../examples/mnist.cnn", "-o", filepath.Join(dir, "bad"), "--shard-optimizer")
+		assert.Equal(t, 2, code, out)
+		assert.Contains(t, errOut, "--shard-optimizer shares the optimizer state among data-parallel ranks: it needs --gpus 2 or more")
+		zero := buildMNISTVariant(t, dir, "zero", "batch = 16", "--gpus", "2", "--shard-optimizer")
+		ck := filepath.Join(dir, "zero.safetensors")
+		zeroArgs := []string{"--data", mnist, "--test", "", "--quiet", "--checkpoint", ck}
+		code, out = run(zero, append(zeroArgs, "--max-steps", "3")...)
+		require.Equal(t, 0, code, out)
+		code, out = run(zero, append(zeroArgs, "--max-steps", "5", "--resume", ck)...)
+		require.Equal(t, 0, code, out)
+		z, err := checkpoint.Read(ck)
+		require.NoError(t, err)
+		assert.Equal(t, "5", z.Metadata["step"])
+		require.Equal(t, len(b.Tensors), len(z.Tensors))
+		for _, tb := range b.Tensors {
+			tz, ok := z.Tensor(tb.Name)
+			require.True(t, ok, tb.Name)
+			assert.Equal(t, tb.Data, tz.Data, "%s: the same bits", tb.Name)
+		}
+	})
+
 	t.Run("a killed rank", func(t *testing.T) {
 		cmd := exec.Command(dp, "--data", mnist, "--test", "", "--quiet", "--resume", ckDP, "--checkpoint", ckDP, "--log", filepath.Join(dir, "log.jsonl"))
 		cmd.Env = env
