@@ -120,6 +120,40 @@ func TestBuiltDataParallelTrainer(t *testing.T) {
 			require.True(t, ok, tb.Name)
 			assert.Equal(t, tb.Data, tz.Data, "%s: the same bits", tb.Name)
 		}
+
+		// SIGINT to the launcher: every rank stops after the same step
+		// (they agree at each boundary), rank 0 writes the checkpoint of
+		// that step with the whole state, as accumulate = 2 has it then
+		ckI, logI := filepath.Join(dir, "zero-int.safetensors"), filepath.Join(dir, "zero-int.jsonl")
+		cmd := exec.Command(zero, "--data", mnist, "--test", "", "--quiet", "--checkpoint", ckI, "--log", logI)
+		cmd.Env = env
+		var outI bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &outI, &outI
+		require.NoError(t, cmd.Start())
+		waitForRank(t, cmd.Process.Pid, "1", logI)
+		require.NoError(t, cmd.Process.Signal(os.Interrupt))
+		err = cmd.Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, outI.String())
+		assert.Equal(t, 3, ee.ExitCode(), "interrupted, checkpoint written: %s", outI.String())
+		assert.Contains(t, outI.String(), "checkpoint written to "+ckI)
+		zi, err := checkpoint.Read(ckI)
+		require.NoError(t, err)
+		steps := zi.Metadata["step"]
+		n, err := strconv.Atoi(steps)
+		require.NoError(t, err)
+		require.Positive(t, n)
+		ckN := filepath.Join(dir, "acc-n.safetensors")
+		code, out = run(acc, append(common[:len(common)-3], "--quiet", "--max-steps", steps, "--checkpoint", ckN)...)
+		require.Equal(t, 0, code, out)
+		an, err := checkpoint.Read(ckN)
+		require.NoError(t, err)
+		require.Equal(t, len(an.Tensors), len(zi.Tensors))
+		for _, ta := range an.Tensors {
+			tz, ok := zi.Tensor(ta.Name)
+			require.True(t, ok, ta.Name)
+			assert.Equal(t, ta.Data, tz.Data, "%s after %d steps: the same bits", ta.Name, n)
+		}
 	})
 
 	t.Run("a killed rank", func(t *testing.T) {

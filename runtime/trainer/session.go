@@ -90,6 +90,8 @@ type Session struct {
 	broadcaster  Broadcaster
 	gathered     map[int][]byte
 	gatheredStep int64
+	// stopFlag is a data-parallel rank's flag for AgreeStop (stop.go).
+	stopFlag device.Ptr
 }
 
 // NewSession allocates exactly the planned arena on dev and initialises
@@ -116,6 +118,10 @@ func NewSession(spec *Spec, dev device.Device, seed uint64) (*Session, error) {
 // memory.
 func (s *Session) Close() error {
 	errs := []error{s.closeSlots()}
+	if s.stopFlag != 0 {
+		errs = append(errs, s.Dev.Free(s.stopFlag))
+		s.stopFlag = 0
+	}
 	for i, p := range s.arenas {
 		if p != 0 {
 			errs = append(errs, s.Dev.Free(p))
