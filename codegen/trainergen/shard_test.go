@@ -68,6 +68,15 @@ func TestShardedOptimizerEqualsAccumulate(t *testing.T) {
 				require.NoError(t, one.Encode(&want, nil))
 				sameTensors(t, want.Bytes(), saved.Bytes())
 
+				lone := newSession(t, dp, 5)
+				_, err = lone.Decode(bytes.NewReader(saved.Bytes()), true)
+				require.ErrorContains(t, err, "a sharded optimizer's state loads on a rank (after SetParallel)")
+				bad, badDP, badShard := *dp.Spec, *dp.Spec.DataParallel, *sh
+				badShard.Owners = append([]int(nil), sh.Owners...)
+				badShard.Owners[0] = ranks
+				badDP.Shard, bad.DataParallel = &badShard, &badDP
+				require.ErrorContains(t, bad.Validate(), fmt.Sprintf("optimizer state lies with rank %d of %d", ranks, ranks))
+
 				resumed := shardedRanks(t, lib, dp, ranks)
 				for _, s := range resumed {
 					_, err := s.Decode(bytes.NewReader(saved.Bytes()), true)

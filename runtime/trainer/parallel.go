@@ -10,7 +10,9 @@ package trainer
 // updates, after the device has finished the backward pass: on the CPU
 // target (runtime/native), whose launches are synchronous, that is all
 // there is; on a GPU, overlapping each bucket's all-reduce with the rest
-// of the backward pass on a second stream is not built yet.
+// of the backward pass on a second stream is not built yet. With a sharded
+// optimizer a rank runs only its parameters' updates and broadcasts them
+// (shard.go); ranks agree when to stop (stop.go).
 
 import (
 	"fmt"

@@ -456,14 +456,14 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 	var writes []write
 	// the model's state: parameters and buffers; with state, the optimizer's
 	want := append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...)
+	others := map[string]bool{} // other ranks' state: checked, not written (it would overwrite this rank's share)
 	if withState {
 		if dp := s.Spec.DataParallel; dp != nil && dp.Shard != nil && s.broadcaster == nil {
 			return nil, fmt.Errorf("%s: a sharded optimizer's state loads on a rank (after SetParallel): each rank keeps its own share", name)
 		}
+		want = append(want, s.Spec.State...)
 		for j, t := range s.Spec.State {
-			if s.ownsState(j) { // another rank's share would overwrite this one's
-				want = append(want, t)
-			}
+			others[t.Name] = !s.ownsState(j)
 		}
 	}
 	for _, t := range want {
@@ -511,6 +511,9 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 		}
 	}
 	for _, w := range writes {
+		if others[w.t.Name] {
+			continue
+		}
 		if err := s.Dev.CopyIn(s.addr(w.t.Arena, w.t.Offset), w.data); err != nil {
 			return nil, err
 		}
