@@ -104,6 +104,67 @@ func TestBuiltDataParallelTrainer(t *testing.T) {
 		assert.Equal(t, tb.Data, ta.Data, "%s: the same bits", tb.Name)
 	}
 
+	// the sharded optimizer: each rank keeps its parameters' momentum; the
+	// checkpoint rank 0 writes after 3 steps holds all of it, and the run
+	// resumed from it ends with the same bits as the one process's
+	t.Run("sharded optimizer", func(t *testing.T) {
+		code, out, errOut := cnnc("build", "../../examples/mnist.cnn", "-o", filepath.Join(dir, "bad"), "--shard-optimizer")
+		assert.Equal(t, 2, code, out)
+		assert.Contains(t, errOut, "--shard-optimizer shares the optimizer state among data-parallel ranks: it needs --gpus 2 or more")
+		zero := buildMNISTVariant(t, dir, "zero", "batch = 16", "--gpus", "2", "--shard-optimizer")
+		ck := filepath.Join(dir, "zero.safetensors")
+		zeroArgs := []string{"--data", mnist, "--test", "", "--quiet", "--checkpoint", ck}
+		code, out = run(zero, append(zeroArgs, "--max-steps", "3")...)
+		require.Equal(t, 0, code, out)
+		code, out = run(zero, append(zeroArgs, "--max-steps", "5", "--resume", ck)...)
+		require.Equal(t, 0, code, out)
+		z, err := checkpoint.Read(ck)
+		require.NoError(t, err)
+		assert.Equal(t, "5", z.Metadata["step"])
+		require.Equal(t, len(b.Tensors), len(z.Tensors))
+		for _, tb := range b.Tensors {
+			tz, ok := z.Tensor(tb.Name)
+			require.True(t, ok, tb.Name)
+			assert.Equal(t, tb.Data, tz.Data, "%s: the same bits", tb.Name)
+		}
+
+		// SIGINT to one rank (the launcher forwards it to every rank, which
+		// may get it at different steps; here only rank 1 gets it): every
+		// rank stops after the same step (they agree at each boundary),
+		// rank 0 writes the checkpoint of that step with the whole state,
+		// as accumulate = 2 has it then
+		ckI, logI := filepath.Join(dir, "zero-int.safetensors"), filepath.Join(dir, "zero-int.jsonl")
+		cmd := exec.Command(zero, "--data", mnist, "--test", "", "--quiet", "--checkpoint", ckI, "--log", logI)
+		cmd.Env = env
+		var outI bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &outI, &outI
+		require.NoError(t, cmd.Start())
+		rank1 := waitForRank(t, cmd.Process.Pid, "1", logI)
+		require.NoError(t, syscall.Kill(rank1, syscall.SIGINT))
+		err = cmd.Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, outI.String())
+		assert.Equal(t, 3, ee.ExitCode(), "interrupted, checkpoint written: %s", outI.String())
+		assert.Contains(t, outI.String(), "checkpoint written to "+ckI)
+		zi, err := checkpoint.Read(ckI)
+		require.NoError(t, err)
+		steps := zi.Metadata["step"]
+		n, err := strconv.Atoi(steps)
+		require.NoError(t, err)
+		require.Positive(t, n)
+		ckN := filepath.Join(dir, "acc-n.safetensors")
+		code, out = run(acc, append(common[:len(common)-3], "--quiet", "--max-steps", steps, "--checkpoint", ckN)...)
+		require.Equal(t, 0, code, out)
+		an, err := checkpoint.Read(ckN)
+		require.NoError(t, err)
+		require.Equal(t, len(an.Tensors), len(zi.Tensors))
+		for _, ta := range an.Tensors {
+			tz, ok := zi.Tensor(ta.Name)
+			require.True(t, ok, ta.Name)
+			assert.Equal(t, ta.Data, tz.Data, "%s after %d steps: the same bits", ta.Name, n)
+		}
+	})
+
 	t.Run("a killed rank", func(t *testing.T) {
 		cmd := exec.Command(dp, "--data", mnist, "--test", "", "--quiet", "--resume", ckDP, "--checkpoint", ckDP, "--log", filepath.Join(dir, "log.jsonl"))
 		cmd.Env = env

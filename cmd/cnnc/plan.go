@@ -77,7 +77,7 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last `LAYER` of the micro-batched trunk")
 	fl.StringVar(&pf.precision, "precision", "", "with --gpu: the kernels' `PRECISION`, fp32, tf32 or bf16 (overrides the train block's precision)")
 	fl.IntVar(&pf.gpus, "gpus", 1, "plan one rank of data-parallel training on `N` GPUs: each takes 1/N of every batch; gradient buckets, split updates and NCCL's buffers (an estimate) are shown")
-	fl.BoolVar(&pf.shardOpt, "shard-optimizer", false, "with --gpus: also show the rank's peak with a 1/N share of the optimizer state (ZeRO stage 1; planned, the trainer cannot run it yet)")
+	fl.BoolVar(&pf.shardOpt, "shard-optimizer", false, "with --gpus: also show the rank's peak with a 1/N share of the optimizer state (ZeRO stage 1, as cnnc build --shard-optimizer builds it)")
 	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+"): the kernels' grids sized for its SM count: a prediction of the performance model (needs nvcc and g++); under a memory budget, the fastest of the plans that meet it")
 	return cmd
 }

@@ -293,7 +293,7 @@ func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target, eval *c
 		spec.TestData = trainer.DataSource{Kind: d.Kind, Path: d.Path, Where: d.Pos.String()}
 	}
 	spec.PlanSummary = planSummary(p)
-	if spec.DataParallel, err = dataParallel(p, train); err != nil {
+	if spec.DataParallel, err = dataParallel(p, train, spec); err != nil {
 		return nil, err
 	}
 	kernels, err := mergeSources(train, evalProg)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -14,9 +15,10 @@ import (
 // it (an update, the clipping norm), between which its all-reduce runs on
 // a device with a second stream; the launch after which they are all
 // written — the end of the backward pass — and before the first that
-// reads one, where a rank without one sums them all; and the first-sample
-// arguments a rank moves to its share's place.
-func dataParallel(p *plan.Plan, train *codegen.Program) (*trainer.DataParallel, error) {
+// reads one, where a rank without one sums them all; the first-sample
+// arguments a rank moves to its share's place; and, with a sharded
+// optimizer, which rank keeps which parameter's state.
+func dataParallel(p *plan.Plan, train *codegen.Program, spec *trainer.Spec) (*trainer.DataParallel, error) {
 	dp := p.DataParallel
 	if dp == nil {
 		return nil, nil
@@ -49,6 +51,13 @@ func dataParallel(p *plan.Plan, train *codegen.Program) (*trainer.DataParallel, 
 			out.FirstArgs = append(out.FirstArgs, trainer.FirstArg{Launch: i, Arg: arg, PerSample: per})
 		}
 	}
+	if dp.Shard != nil {
+		sh, err := shard(p, train, spec, out.ReduceAfter)
+		if err != nil {
+			return nil, err
+		}
+		out.Shard = sh
+	}
 	return out, nil
 }
 
@@ -75,4 +84,90 @@ func bucketLaunches(b plan.Bucket, launches []*codegen.Launch) (readyAfter, need
 		return 0, 0, fmt.Errorf("trainergen: gradient bucket %d is written by launch %d but read by launch %d", b.Index, readyAfter-1, neededAt)
 	}
 	return readyAfter, neededAt, nil
+}
+
+// shard is a sharded optimizer's assignment: each parameter's owner (the
+// plan's owner of its state buffers), the update launches only the owner
+// runs, and each state tensor's scratch: its parameter's gradient buffer.
+func shard(p *plan.Plan, train *codegen.Program, spec *trainer.Spec, reduceAfter int) (*trainer.Shard, error) {
+	sh := &trainer.Shard{}
+	index := map[string]int{}
+	for i, t := range spec.Params {
+		index[t.Name] = i
+		sh.Owners = append(sh.Owners, -1)
+	}
+	for _, prm := range p.Params {
+		i, ok := index[prm.Name]
+		if !ok {
+			return nil, fmt.Errorf("trainergen: the plan's parameter %s is not in the spec", prm.Name)
+		}
+		for _, id := range prm.State {
+			if o := p.Buffers[id].Owner - 1; o < 0 || (sh.Owners[i] >= 0 && sh.Owners[i] != o) {
+				return nil, fmt.Errorf("trainergen: %s's optimizer state is not one rank's", prm.Name)
+			} else {
+				sh.Owners[i] = o
+			}
+		}
+	}
+	for li, l := range train.Launches {
+		if l.Node == nil {
+			continue
+		}
+		for _, prm := range l.Node.UpdatedParams() {
+			i := index[prm.Name]
+			if sh.Owners[i] < 0 {
+				continue // no state: every rank updates it
+			}
+			if li < reduceAfter || len(l.Node.UpdatedParams()) != 1 {
+				return nil, fmt.Errorf("trainergen: launch %d (%s) updates %s with others or before the all-reduce: a sharded parameter's update runs alone", li, l.Kernel, prm.Name)
+			}
+			sh.Updates = append(sh.Updates, trainer.ShardUpdate{Launch: li, Param: i})
+		}
+	}
+	grads := gradientOffsets(p)
+	for _, t := range spec.State {
+		var owner *ir.Param
+		for _, prm := range p.Graph.Params {
+			for _, s := range prm.State {
+				if "optimizer."+s.Name == t.Name {
+					owner = prm
+				}
+			}
+		}
+		if owner == nil {
+			return nil, fmt.Errorf("trainergen: %s belongs to no parameter", t.Name)
+		}
+		at, ok := grads[owner.Name]
+		if !ok {
+			return nil, fmt.Errorf("trainergen: %s's gradient is in no bucket, where %s would be gathered", owner.Name, t.Name)
+		}
+		sh.StateParams = append(sh.StateParams, index[owner.Name])
+		sh.Scratch = append(sh.Scratch, at)
+	}
+	return sh, nil
+}
+
+// gradientOffsets are where the plan's gradient buckets hold each
+// parameter's gradient.
+func gradientOffsets(p *plan.Plan) map[string]int64 {
+	inBucket := map[int]bool{}
+	for _, b := range p.DataParallel.Buckets {
+		for _, id := range b.Buffers {
+			inBucket[id] = true
+		}
+	}
+	out := map[string]int64{}
+	for _, n := range p.Graph.Nodes {
+		for _, v := range n.Outs {
+			if v.Role != ir.RoleGrad || v.Param == nil {
+				continue
+			}
+			for _, b := range p.Buffers {
+				if inBucket[b.ID] && len(b.Holds) > 0 && b.Holds[0].Value == v.Name {
+					out[v.Param.Name] = b.Offset
+				}
+			}
+		}
+	}
+	return out
 }

@@ -108,6 +108,10 @@ type buffer struct {
 	// pin > 0 places the buffer in the gradient buckets' region, in pin
 	// order, in bucket number bucket (data parallelism: pinBuckets).
 	pin, bucket int
+	// owner > 0: optimizer state that only rank owner−1 keeps (a sharded
+	// optimizer: shardState), placed in the shard region where the ranks'
+	// shares overlap.
+	owner int
 }
 
 func (i *inst) bytes() int64 {
@@ -759,13 +763,24 @@ func (c *candidate) buffers(a *analysis) {
 	}
 	if a.dp != nil {
 		c.pinBuckets(a)
+		if a.dp.shard {
+			c.shardState(a)
+		}
 	}
 	c.workspaceBuffers(a)
 	c.live = make([]int64, len(c.steps))
+	shares := map[int]int64{}
 	for _, b := range c.bufs {
+		if b.owner > 0 { // persistent: live at every step
+			shares[b.owner] += b.bytes
+			continue
+		}
 		for s := b.first; s <= b.last; s++ {
 			c.live[s] += b.bytes
 		}
+	}
+	for s := range c.live {
+		c.live[s] += maxShare(shares)
 	}
 	c.maxLive = 0
 	for _, l := range c.live {

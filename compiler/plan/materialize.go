@@ -35,7 +35,7 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 	for _, b := range c.bufs {
 		first := b.insts[0]
 		pb := &Buffer{ID: b.id, Name: first.v.Name, Category: first.cat, Samples: first.samples, Bytes: b.bytes,
-			Offset: b.offset, FirstStep: b.first, LastStep: b.last, Loop: b.loop, Persistent: first.persistent,
+			Offset: b.offset, FirstStep: b.first, LastStep: b.last, Loop: b.loop, Persistent: first.persistent, Owner: b.owner,
 			Recomputed: first.recomputed, Pos: source(first.v.Pos)}
 		pb.Type = typeAt(first.v.Type, first.samples)
 		if first.recomputed {
@@ -194,6 +194,9 @@ func (p *Plan) Check() error {
 			if y.Offset >= x.Offset+x.Bytes {
 				break
 			}
+			if x.Owner > 0 && y.Owner > 0 && x.Owner != y.Owner {
+				continue // two ranks' shards: no rank holds both
+			}
 			if x.Bytes > 0 && y.Bytes > 0 && x.FirstStep <= y.LastStep && y.FirstStep <= x.LastStep {
 				bad("buffers %s [%d,%d) steps %d..%d and %s [%d,%d) steps %d..%d overlap", x.Name, x.Offset, x.Offset+x.Bytes,
 					x.FirstStep, x.LastStep, y.Name, y.Offset, y.Offset+y.Bytes, y.FirstStep, y.LastStep)
@@ -201,10 +204,21 @@ func (p *Plan) Check() error {
 		}
 	}
 	live := make([]int64, len(p.Steps))
+	shares := map[int]int64{}
 	for _, b := range p.Buffers {
+		if b.Owner > 0 {
+			if !b.Persistent {
+				bad("buffer %s of rank %d's optimizer state is not persistent", b.Name, b.Owner-1)
+			}
+			shares[b.Owner] += b.Bytes
+			continue
+		}
 		for s := b.FirstStep; s <= b.LastStep && s < len(live); s++ {
 			live[s] += b.Bytes
 		}
+	}
+	for s := range live {
+		live[s] += maxShare(shares)
 	}
 	var maxLive int64
 	for i, s := range p.Steps {

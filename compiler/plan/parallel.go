@@ -31,15 +31,26 @@ package plan
 // (float32 scalars the loss kernel writes before any gradient) travel in
 // the first bucket, so the host reads the global batch's.
 //
-// Sharding the optimizer state (Config.ShardOptimizer, ZeRO stage 1 as
-// DeepSpeed partitions it): each rank keeps a flat 1/N share of the
-// optimizer state, updates its share of the parameters after the
-// all-reduce and all-gathers the parameters in place. DataParallel.Shard is
-// that rank's peak: the persistent region holds the share instead of the
-// whole state, and since placement is translation invariant (every other
-// buffer is placed above the persistent region, at offsets relative to it,
-// all multiples of the alignment) the rest of the arena moves down by
-// exactly the difference. The trainer cannot run a sharded step yet.
+// Sharding the optimizer state (Config.ShardOptimizer, ZeRO stage 1): each
+// rank keeps the optimizer state of its share of the parameters, updates
+// those parameters after the all-reduce and broadcasts them to the others.
+// Shards are whole parameters, not DeepSpeed's flat 1/N element ranges: a
+// parameter's update is one kernel compiled for the whole tensor (its
+// element count and state pointers built in), so a rank runs the update
+// kernels of its parameters unchanged and skips the others', and the
+// parameters' ranks broadcast them in place (NCCL's all-gather needs equal
+// contiguous shares, which whole tensors do not make; a broadcast per
+// parameter from its rank is the uneven all-gather). Parameters go to ranks
+// largest state first, each to the rank holding the least so far (LPT
+// scheduling: the largest share is at most 4/3 of the best split), and a
+// parameter without state stays updated by every rank. The state's buffers
+// are placed in one shard region (place) where every rank's share starts at
+// the same offset: buffers of different ranks overlap, which is sound
+// because no rank ever touches another's. So the arena really shrinks: the
+// region is the largest share, and since placement is translation
+// invariant (every other buffer is placed above the persistent region, at
+// offsets relative to it, all multiples of the alignment) the rest of the
+// arena moves down by exactly the state less the share (ShardCost).
 //
 // NCCL's own buffers are outside the arena (NCCL allocates them when the
 // communicator is created); DataParallel.NCCLBytes is an estimate from
@@ -48,6 +59,7 @@ package plan
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -127,17 +139,21 @@ type Bucket struct {
 	NeededStep int `json:"needed_step"`
 }
 
-// ShardCost is the rank's plan with its share of the optimizer state.
+// ShardCost is what sharding the optimizer state saves (the plan's own
+// peak is the sharded one).
 type ShardCost struct {
-	// StateBytes is the whole optimizer state as the plan holds it (each
-	// buffer aligned); ShardBytes one rank's flat share of it (the state's
-	// bytes over the ranks, rounded up to whole float32 values and to the
-	// alignment).
-	StateBytes int64 `json:"state_bytes"`
-	ShardBytes int64 `json:"shard_bytes"`
-	// PeakBytes is the rank's peak with the share in place of the state:
-	// the plan's peak less StateBytes − ShardBytes, exactly.
-	PeakBytes int64 `json:"peak_bytes"`
+	// StateBytes is the whole optimizer state (each buffer aligned), as
+	// one device holds it; RankBytes each rank's share, ShardBytes the
+	// largest: the shard region of the arena.
+	StateBytes int64   `json:"state_bytes"`
+	RankBytes  []int64 `json:"rank_bytes"`
+	ShardBytes int64   `json:"shard_bytes"`
+	// PeakBytes is the plan's peak, with the shard region; UnshardedBytes
+	// the peak of the same plan holding the whole state: PeakBytes +
+	// StateBytes − ShardBytes, exactly (placement is translation
+	// invariant).
+	PeakBytes      int64 `json:"peak_bytes"`
+	UnshardedBytes int64 `json:"unsharded_bytes"`
 }
 
 // dpConfig is the analysis's data-parallel setting (nil: one device).
@@ -258,20 +274,70 @@ func (a *analysis) dataParallel(c *candidate, p *Plan) *DataParallel {
 	return dp
 }
 
-// shardCost is what a flat 1/ranks share of c's optimizer state saves.
+// shardCost is what sharding c's optimizer state over ranks saves.
 func shardCost(c *candidate, align int64, ranks int, peak int64) *ShardCost {
-	var held, raw int64
+	s := &ShardCost{RankBytes: make([]int64, ranks), PeakBytes: peak}
 	for _, b := range c.bufs {
-		if b.insts[0].cat == CatState {
-			held += alignUp(b.bytes, align)
-			raw += b.bytes
+		if b.owner > 0 {
+			s.StateBytes += alignUp(b.bytes, align)
+			s.RankBytes[b.owner-1] += alignUp(b.bytes, align)
 		}
 	}
-	share := alignUp(alignUp((raw+int64(ranks)-1)/int64(ranks), 4), align)
-	if raw == 0 {
-		share = 0
+	s.ShardBytes = slices.Max(s.RankBytes)
+	s.UnshardedBytes = peak + s.StateBytes - s.ShardBytes
+	return s
+}
+
+// shardState gives each parameter's optimizer state to one rank (buffer
+// owner): largest first, to the rank holding the least so far (the first
+// of equals).
+func (c *candidate) shardState(a *analysis) {
+	byValue := map[*ir.Value]*buffer{}
+	for _, b := range c.bufs {
+		if b.insts[0].cat == CatState {
+			byValue[b.insts[0].v] = b
+		}
 	}
-	return &ShardCost{StateBytes: held, ShardBytes: share, PeakBytes: peak - held + share}
+	type param struct {
+		bufs  []*buffer
+		bytes int64
+	}
+	var ps []param
+	for _, p := range c.g.Params {
+		var q param
+		for _, s := range p.State {
+			if b := byValue[s]; b != nil {
+				q.bufs = append(q.bufs, b)
+				q.bytes += alignUp(b.bytes, a.align)
+			}
+		}
+		if len(q.bufs) > 0 {
+			ps = append(ps, q)
+		}
+	}
+	sort.SliceStable(ps, func(i, j int) bool { return ps[i].bytes > ps[j].bytes })
+	load := make([]int64, a.dp.ranks)
+	for _, q := range ps {
+		r := 0
+		for i, l := range load {
+			if l < load[r] {
+				r = i
+			}
+		}
+		load[r] += q.bytes
+		for _, b := range q.bufs {
+			b.owner = r + 1
+		}
+	}
+}
+
+// maxShare is the largest of the ranks' shares (0: none).
+func maxShare(shares map[int]int64) int64 {
+	var m int64
+	for _, s := range shares {
+		m = max(m, s)
+	}
+	return m
 }
 
 // readyAfter is the step after which step s's outputs are final: s, or the
@@ -320,8 +386,8 @@ func (p *Plan) reportDataParallel(w io.Writer) {
 		[]string{"NCCL", fmt.Sprintf("≈%s per rank outside the arena (an estimate: %s)", mb(dp.NCCLBytes), dp.NCCLEstimate)},
 		[]string{"per rank", fmt.Sprintf("≈%s: the arena and NCCL's buffers", mb(p.PeakBytes+dp.NCCLBytes))})
 	if s := dp.Shard; s != nil {
-		rows = append(rows, []string{"--shard-optimizer", fmt.Sprintf("optimizer state %s per rank instead of %s (a flat 1/%d share, ZeRO stage 1): peak %s (-%s); the trainer cannot run it yet",
-			mb(s.ShardBytes), mb(s.StateBytes), dp.Ranks, mb(s.PeakBytes), commas(p.PeakBytes-s.PeakBytes))})
+		rows = append(rows, []string{"--shard-optimizer", fmt.Sprintf("optimizer state at most %s per rank instead of %s (whole parameters' state over %d ranks, ZeRO stage 1): peak %s instead of %s (-%s)",
+			mb(s.ShardBytes), mb(s.StateBytes), dp.Ranks, mb(s.PeakBytes), mb(s.UnshardedBytes), commas(s.UnshardedBytes-s.PeakBytes))})
 	}
 	table(w, rows, []bool{false, false}, "  ")
 	bt := [][]string{{"bucket", "offset", "bytes", "all-reduce after step", "awaited at step", "values"}}

@@ -14,7 +14,10 @@ import (
 // Persistent buffers (parameters, then their optimizer state) go first,
 // contiguous at the bottom, so a checkpoint is one copy; then, with data
 // parallelism, the gradient buckets' buffers in bucket order (pin), so
-// that each bucket is one range for one all-reduce. The others are
+// that each bucket is one range for one all-reduce. With a sharded
+// optimizer the state goes after the parameters and model buffers, each
+// rank's share from the same offset (a rank holds only its own: owner),
+// so the region is the largest share. The others are
 // placed one by one, each at the best-fitting (or lowest fitting) gap among
 // the buffers already placed whose live ranges overlap it, in several
 // orders: largest first (TFLite's greedy-by-size), largest size×lifetime
@@ -24,9 +27,11 @@ import (
 
 // place sets every buffer's offset and returns the arena size.
 func place(bufs []*buffer, align int64, effort int) int64 {
-	var fixed, pinned, rest []*buffer
+	var fixed, shards, pinned, rest []*buffer
 	for _, b := range bufs {
 		switch {
+		case b.owner > 0:
+			shards = append(shards, b)
 		case b.insts[0].persistent:
 			fixed = append(fixed, b)
 		case b.pin > 0:
@@ -36,9 +41,19 @@ func place(bufs []*buffer, align int64, effort int) int64 {
 		}
 	}
 	sort.SliceStable(pinned, func(i, j int) bool { return pinned[i].pin < pinned[j].pin })
-	fixed = append(fixed, pinned...)
 	var base int64
 	for _, b := range fixed {
+		b.offset = base
+		base = alignUp(base+b.bytes, align)
+	}
+	shardBase, top := base, map[int]int64{}
+	for _, b := range shards {
+		at := shardBase + top[b.owner]
+		b.offset = at
+		top[b.owner] = alignUp(at+b.bytes, align) - shardBase
+	}
+	base += maxShare(top)
+	for _, b := range pinned {
 		b.offset = base
 		base = alignUp(base+b.bytes, align)
 	}

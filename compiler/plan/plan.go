@@ -166,6 +166,10 @@ type Buffer struct {
 	// Persistent buffers (parameters, optimizer state) keep their contents
 	// from one training step to the next.
 	Persistent bool `json:"persistent"`
+	// Owner > 0 marks optimizer state that only rank Owner−1 keeps (a
+	// sharded optimizer, DataParallel.Shard): the shards of different
+	// ranks overlap in the arena, and a rank's live bytes count its own.
+	Owner int `json:"owner,omitempty"`
 	// Recomputed: the buffer holds values recomputed in the backward pass.
 	Recomputed bool `json:"recomputed,omitempty"`
 	// Holds lists the IR values the buffer holds, in order.

@@ -57,8 +57,8 @@ type Config struct {
 	// FirstBucketBytes; 0: PyTorch's defaults) and Plan.DataParallel.
 	Ranks                         int
 	BucketBytes, FirstBucketBytes int64
-	// ShardOptimizer (Ranks > 1): also work out the rank's peak with a
-	// flat 1/Ranks share of the optimizer state (DataParallel.Shard).
+	// ShardOptimizer (Ranks > 1): each rank keeps the optimizer state of
+	// its share of the parameters only (DataParallel.Shard).
 	ShardOptimizer bool
 }
 

@@ -35,7 +35,7 @@ func TestBuildDefinesNCCLsFunctions(t *testing.T) {
 			defined = append(defined, f[2])
 		}
 	}
-	assert.ElementsMatch(t, []string{"ncclAllReduce", "ncclCommAbort", "ncclCommCount", "ncclCommDestroy",
+	assert.ElementsMatch(t, []string{"ncclAllReduce", "ncclBroadcast", "ncclCommAbort", "ncclCommCount", "ncclCommDestroy",
 		"ncclCommGetAsyncError", "ncclCommInitRank", "ncclCommUserRank", "ncclGetErrorString", "ncclGetLastError",
 		"ncclGetUniqueId", "ncclGetVersion", "ncclGroupEnd", "ncclGroupStart"}, defined)
 }

@@ -4,7 +4,8 @@
 // In: the library, found as libnccl.so.2 on the dynamic loader's path (or at
 // $CNNC_NCCL_LIBRARY); device buffers and CUDA streams as raw addresses (uintptr: a
 // CUdeviceptr, a CUstream — cudaStream_t is the driver's CUstream). Out: communicators and the
-// calls data-parallel training needs: the unique id, CommInitRank, AllReduce (sum), groups,
+// calls data-parallel training needs: the unique id, CommInitRank, AllReduce (sum), Broadcast
+// (a sharded optimizer's parameters and state, from the rank that holds them), groups,
 // Destroy/Abort, errors with NCCL's own words.
 //
 // Why at run time (dlopen, as a driver is loaded): NCCL is needed only to train on several
@@ -57,6 +58,12 @@ static int cnnc_nccl_all_reduce(void* f, uintptr_t send, uintptr_t recv, size_t 
                                 uintptr_t stream) {
 	return ((int (*)(const void*, void*, size_t, int, int, void*, void*))f)(
 	    (const void*)send, (void*)recv, count, type, op, comm, (void*)stream);
+}
+
+static int cnnc_nccl_broadcast(void* f, uintptr_t send, uintptr_t recv, size_t count, int type, int root, void* comm,
+                               uintptr_t stream) {
+	return ((int (*)(const void*, void*, size_t, int, int, void*, void*))f)(
+	    (const void*)send, (void*)recv, count, type, root, comm, (void*)stream);
 }
 
 static int cnnc_nccl_void_call(void* f) { return ((int (*)(void))f)(); }
@@ -119,7 +126,7 @@ type Library struct {
 // functions are the entry points used; lastError is nil before NCCL 2.13.
 type functions struct {
 	getVersion, getUniqueID, commInitRank, commDestroy, commAbort, commGetAsyncError unsafe.Pointer
-	allReduce, groupStart, groupEnd, getErrorString, lastError                       unsafe.Pointer
+	allReduce, broadcast, groupStart, groupEnd, getErrorString, lastError            unsafe.Pointer
 }
 
 var (
@@ -179,6 +186,7 @@ func Open(path string) (*Library, error) {
 		{"ncclCommAbort", &l.f.commAbort},
 		{"ncclCommGetAsyncError", &l.f.commGetAsyncError},
 		{"ncclAllReduce", &l.f.allReduce},
+		{"ncclBroadcast", &l.f.broadcast},
 		{"ncclGroupStart", &l.f.groupStart},
 		{"ncclGroupEnd", &l.f.groupEnd},
 		{"ncclGetErrorString", &l.f.getErrorString},
@@ -421,6 +429,28 @@ func (c *Comm) AllReduce(send, recv uintptr, count int, t DataType, op Op, strea
 	r := C.cnnc_nccl_all_reduce(c.lib.f.allReduce, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count),
 		C.int(t), C.int(op), h, C.uintptr_t(stream))
 	return c.lib.check("ncclAllReduce", h, r)
+}
+
+// Broadcast enqueues on stream the copy of count elements of type t at send on rank root to
+// recv on every rank (send is read on root only; send == recv: in place). Like AllReduce it
+// returns once the collective is enqueued.
+func (c *Comm) Broadcast(send, recv uintptr, count int, t DataType, root int, stream uintptr) error {
+	if count < 0 {
+		return fmt.Errorf("nccl: Broadcast of %d elements", count)
+	}
+	if !t.valid() {
+		return fmt.Errorf("nccl: Broadcast of unknown data type %d", int(t))
+	}
+	if root < 0 || root >= c.size {
+		return fmt.Errorf("nccl: Broadcast from rank %d of %d ranks", root, c.size)
+	}
+	h, err := c.handle("Broadcast")
+	if err != nil {
+		return err
+	}
+	r := C.cnnc_nccl_broadcast(c.lib.f.broadcast, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count),
+		C.int(t), C.int(root), h, C.uintptr_t(stream))
+	return c.lib.check("ncclBroadcast", h, r)
 }
 
 // AsyncError is the communicator's asynchronous error (ncclCommGetAsyncError): how NCCL

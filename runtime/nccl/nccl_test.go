@@ -136,6 +136,11 @@ func play(role string, cfg dist.Config, comm *Comm) error {
 	case "mismatch": // rank 1 reduces one element more
 		buf := hostBuffer(4 * 1001)
 		return comm.AllReduce(buf.addr, buf.addr, 1000+cfg.Rank, Float32, Sum, 0)
+	case "mismatch-root": // rank 1 broadcasts from another root
+		buf := hostBuffer(4 * 1000)
+		return comm.Broadcast(buf.addr, buf.addr, 1000, Float32, cfg.Rank, 0)
+	case "broadcasts":
+		return broadcasts(cfg, comm)
 	}
 	return fmt.Errorf("unknown role %q", role)
 }
@@ -246,6 +251,93 @@ func sums(cfg dist.Config, comm *Comm) error {
 	return comm.Destroy()
 }
 
+// broadcastCases are the broadcasts "broadcasts" runs, from every root in turn: across the
+// fake's 1 MiB chunks, in place or not, float32 and bfloat16, alone or in a group (where every
+// root broadcasts once).
+var broadcastCases = []struct {
+	name    string
+	t       DataType
+	count   int
+	inPlace bool
+	group   bool
+}{
+	{"f32", Float32, 300_001, false, false},
+	{"f32-inplace", Float32, 70_000, true, false},
+	{"bf16", Bfloat16, 600_001, true, false},
+	{"group", Float32, 999, true, true},
+}
+
+// broadcastInput is rank r's buffer for broadcast case k from root: every rank's differs.
+func broadcastInput(k, root, r int, t DataType, count int) []byte {
+	b := make([]byte, count*t.Size())
+	for i := range count {
+		v := value(100+16*k+root, r, i)
+		if t == Bfloat16 {
+			binary.LittleEndian.PutUint16(b[2*i:], fakenccl.Bfloat16(v))
+		} else {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+		}
+	}
+	return b
+}
+
+// broadcasts is the "broadcasts" role: every case from every root, each result written to
+// $CNNC_NCCL_TEST_OUT as <case>.root<R>.rank<r>.
+func broadcasts(cfg dist.Config, comm *Comm) error {
+	type job struct {
+		k, root   int
+		send, out buffer
+	}
+	var group []job
+	write := func(j job) error {
+		name := filepath.Join(os.Getenv(outDirEnv), fmt.Sprintf("%s.root%d.rank%d", broadcastCases[j.k].name, j.root, cfg.Rank))
+		return os.WriteFile(name, j.out.b, 0o644)
+	}
+	for k, c := range broadcastCases {
+		for root := range cfg.WorldSize {
+			in := broadcastInput(k, root, cfg.Rank, c.t, c.count)
+			j := job{k: k, root: root, send: hostBuffer(len(in))}
+			copy(j.send.b, in)
+			j.out = j.send
+			if !c.inPlace {
+				j.out = hostBuffer(len(in))
+			}
+			if c.group {
+				group = append(group, j)
+				continue
+			}
+			time.Sleep(time.Duration((cfg.Rank*7+root*3)%5) * 20 * time.Millisecond)
+			if err := comm.Broadcast(j.send.addr, j.out.addr, c.count, c.t, root, 0); err != nil {
+				return fmt.Errorf("%s from %d: %w", c.name, root, err)
+			}
+			if err := write(j); err != nil {
+				return err
+			}
+		}
+	}
+	err := comm.Library().Group(func() error {
+		for _, j := range group {
+			c := broadcastCases[j.k]
+			if err := comm.Broadcast(j.send.addr, j.out.addr, c.count, c.t, j.root, 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("group: %w", err)
+	}
+	for _, j := range group {
+		if err := write(j); err != nil {
+			return err
+		}
+	}
+	if err := comm.Broadcast(0, 0, 1, Float32, cfg.WorldSize, 0); err == nil {
+		return errors.New("a broadcast from a rank past the last was accepted")
+	}
+	return comm.Destroy()
+}
+
 // buffer is host memory outside Go's heap, handed to the library by address.
 type buffer struct {
 	b    []byte
@@ -319,6 +411,37 @@ func TestAllReduceSumsInRankOrder(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Every rank receives the root's bits, from every root, in place or not, alone or in a group.
+func TestBroadcastCopiesTheRootsBuffer(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			dir := t.TempDir()
+			err, out := launch(t, n, "broadcasts", outDirEnv+"="+dir)
+			require.NoError(t, err, out)
+			for k, c := range broadcastCases {
+				for root := range n {
+					want := broadcastInput(k, root, root, c.t, c.count)
+					for r := range n {
+						got, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("%s.root%d.rank%d", c.name, root, r)))
+						require.NoError(t, err)
+						require.True(t, equalBytes(want, got), "%s: rank %d did not get root %d's buffer", c.name, r, root)
+						if r != root {
+							require.False(t, equalBytes(want, broadcastInput(k, root, r, c.t, c.count)), "the ranks' inputs must differ")
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// Ranks that broadcast from different roots fail, saying so.
+func TestMismatchedBroadcastRootsFail(t *testing.T) {
+	err, out := launch(t, 2, "mismatch-root")
+	require.Error(t, err, out)
+	assert.Contains(t, out, "rank 1 called collective #0 with 1000 x float32 (Broadcast from rank 1), rank 0 #0 with 1000 x float32 (Broadcast from rank 0)")
 }
 
 // sumInOrder is the sum the fake makes: in rank order (reverse: from the last rank), rounded
@@ -453,7 +576,7 @@ func TestSilentRankTimesOut(t *testing.T) {
 func TestMismatchedCollectivesFail(t *testing.T) {
 	err, out := launch(t, 2, "mismatch")
 	require.Error(t, err, out)
-	const why = "rank 1 called collective #0 with 1001 x float32 (sum), rank 0 AllReduce #0 with 1000 x float32 (sum): every rank must make the same collective calls in the same order"
+	const why = "rank 1 called collective #0 with 1001 x float32 (AllReduce, sum), rank 0 #0 with 1000 x float32 (AllReduce, sum): every rank must make the same collective calls in the same order"
 	assert.Contains(t, out, "rank 0: nccl: ncclAllReduce: ncclInvalidUsage")
 	assert.Contains(t, out, why)
 	assert.Contains(t, out, "[rank 1] rank 1: nccl: ncclAllReduce: ncclRemoteError (remote process exited or there was a network error): rank 1: rank 0 stopped: AllReduce #0: "+why)

@@ -25,3 +25,9 @@ func (r Reducer) AllReduce(p device.Ptr, count int) error {
 func (r Reducer) AllReduceOn(stream uintptr, p device.Ptr, count int) error {
 	return r.Comm.AllReduce(uintptr(p), uintptr(p), count, Float32, Sum, stream)
 }
+
+// BroadcastTo copies count float32 values at from on rank root to to on every rank (a sharded
+// optimizer's parameters and gathered state: runtime/trainer.Broadcaster).
+func (r Reducer) BroadcastTo(from, to device.Ptr, count, root int) error {
+	return r.Comm.Broadcast(uintptr(from), uintptr(to), count, Float32, root, r.Stream)
+}

@@ -147,6 +147,8 @@ type Loop struct {
 	// stepErr is the error OnStep returned: the run stops with it, and the
 	// steps still in flight then skip OnStep.
 	stepErr error
+	// asked is Run's context: its end asks the run to stop (interrupted).
+	asked context.Context
 }
 
 // Result is how a run ended.
@@ -235,12 +237,23 @@ func (l *Loop) Run(ctx context.Context) (Result, error) {
 	if l.Start.Epoch < 0 || l.Start.Batch < 0 || l.Start.Batch >= l.perEpoch {
 		return res, fmt.Errorf("cannot start in epoch %d after batch %d: an epoch has %d batches", l.Start.Epoch+1, l.Start.Batch, l.perEpoch)
 	}
+	l.asked = ctx
+	if l.Session.reducer != nil {
+		// data-parallel ranks stop together, as interrupted agrees: the
+		// loader and evaluation run on
+		ctx = context.WithoutCancel(ctx)
+	}
 	for res.At.Epoch < l.Epochs && res.Stop == Finished {
-		switch {
-		case l.Best != nil && l.Best.Exhausted():
+		if l.Best != nil && l.Best.Exhausted() {
 			res.Stop = EarlyStopped // a resumed run that had stopped early
 			return res, nil
-		case ctx.Err() != nil:
+		}
+		stop, err := l.interrupted()
+		if err != nil {
+			return res, err
+		}
+		switch {
+		case stop:
 			res.Stop = Interrupted
 			return res, l.save(res.At)
 		case l.atStepLimit():
@@ -324,6 +337,9 @@ func (l *Loop) saveEpoch(at Position, best bool) error {
 	if !best || l.SaveBest == nil {
 		return l.save(at)
 	}
+	if err := l.Session.GatherOptimizerState(); err != nil {
+		return err
+	}
 	if err := l.checkBeforeSave(); err != nil {
 		return err
 	}
@@ -360,14 +376,24 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, erro
 		if err != nil {
 			return Finished, l.stopped(*at, err)
 		}
-		if ctx.Err() != nil && at.Batch < l.perEpoch {
-			return Interrupted, nil
+		if at.Batch < l.perEpoch {
+			if stop, err := l.interrupted(); err != nil || stop {
+				return Interrupted, err
+			}
 		}
 	}
 	if ctx.Err() != nil && at.Batch < l.perEpoch {
 		return Interrupted, nil
 	}
 	return Finished, nil
+}
+
+// interrupted says whether the run stops for an interrupt here, at a
+// step boundary: whether the run's context has ended; on data-parallel
+// ranks, whether any rank's has, agreed at every boundary (one all-reduce
+// of a flag: Session.AgreeStop), so that all stop after the same step.
+func (l *Loop) interrupted() (bool, error) {
+	return l.Session.AgreeStop(l.asked.Err() != nil)
 }
 
 // step submits a training step on b at the schedule's rate; the
@@ -477,6 +503,10 @@ func (l *Loop) save(at Position) error {
 			return l.saveAfter(at, err) // OnStep failed on a step in flight
 		}
 		return err // a diverging step, or the device's error: nothing is saved
+	}
+	// a sharded optimizer's ranks all take part, whichever of them saves
+	if err := l.Session.GatherOptimizerState(); err != nil {
+		return err
 	}
 	if l.Save == nil {
 		return nil

@@ -23,6 +23,11 @@ package trainer
 // synchronous) the all-reduces run from the host after the backward pass
 // has finished, one bucket after another, then the updates: nothing could
 // overlap there.
+//
+// With a sharded optimizer a rank runs only its parameters' updates and
+// broadcasts them (shard.go), from the host after the updates (so on the
+// CPU target path only: SetParallel gives a sharded rank no second
+// stream); ranks agree when to stop (stop.go).
 
 import (
 	"fmt"
@@ -73,7 +78,9 @@ func (s *Session) SetParallel(rank int, r Reducer) error {
 	if err := s.closeSide(); err != nil {
 		return err
 	}
-	if ss, ok := s.Dev.(device.SideStreamer); ok {
+	// a sharded rank skips launches (other ranks' updates), which the
+	// buckets' launch numbers count: it sums from the host
+	if ss, ok := s.Dev.(device.SideStreamer); ok && dp.Shard == nil {
 		if _, ok := r.(StreamReducer); ok {
 			side, err := ss.NewSideStream(len(dp.Buckets))
 			if err != nil {
@@ -81,6 +88,13 @@ func (s *Session) SetParallel(rank int, r Reducer) error {
 			}
 			s.side = side
 		}
+	}
+	if dp.Shard != nil {
+		b, ok := r.(Broadcaster)
+		if !ok {
+			return fmt.Errorf("trainer: rank %d: a sharded optimizer needs a reducer that broadcasts", rank)
+		}
+		s.broadcaster, ls = b, shardLaunches(dp.Shard, ls, rank)
 	}
 	s.rank, s.reducer, s.rankLaunches = rank, r, ls
 	s.UseGraphs = false
@@ -124,7 +138,10 @@ func (s *Session) launchTrain() error {
 			return fmt.Errorf("rank %d: all-reduce of gradient bucket %d: %w", s.rank, i, err)
 		}
 	}
-	return s.launch(s.rankLaunches[dp.ReduceAfter:])
+	if err := s.launch(s.rankLaunches[dp.ReduceAfter:]); err != nil {
+		return err
+	}
+	return s.broadcastParams()
 }
 
 // launchOverlapped queues the step's launches on the device's stream and

@@ -87,6 +87,14 @@ type Session struct {
 	// side is the device's second stream, where a rank sums its buckets
 	// overlapped with the backward pass (nil: summed from the host).
 	side device.SideStream
+	// broadcaster, with a sharded optimizer: the reducer's broadcasts;
+	// gathered, rank 0's copies of the other ranks' optimizer state at
+	// step gatheredStep (shard.go).
+	broadcaster  Broadcaster
+	gathered     map[int][]byte
+	gatheredStep int64
+	// stopFlag is a data-parallel rank's flag for AgreeStop (stop.go).
+	stopFlag device.Ptr
 }
 
 // NewSession allocates exactly the planned arena on dev and initialises
@@ -113,6 +121,10 @@ func NewSession(spec *Spec, dev device.Device, seed uint64) (*Session, error) {
 // memory.
 func (s *Session) Close() error {
 	errs := []error{s.closeSlots(), s.closeSide()}
+	if s.stopFlag != 0 {
+		errs = append(errs, s.Dev.Free(s.stopFlag))
+		s.stopFlag = 0
+	}
 	for i, p := range s.arenas {
 		if p != 0 {
 			errs = append(errs, s.Dev.Free(p))
@@ -294,7 +306,7 @@ const (
 // replace a good one.
 func (s *Session) checkpointTensors() ([]checkpoint.Tensor, error) {
 	var ts []checkpoint.Tensor
-	for _, t := range s.Spec.persistent() {
+	for _, t := range append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...) {
 		if t.DType == DTypeI64 {
 			b := make([]byte, t.Bytes())
 			if err := s.Dev.CopyOut(b, s.addr(t.Arena, t.Offset)); err != nil {
@@ -307,6 +319,17 @@ func (s *Session) checkpointTensors() ([]checkpoint.Tensor, error) {
 		if err != nil {
 			return nil, err
 		}
+		if i, bad := firstNonFinite(vals); bad {
+			return nil, fmt.Errorf("%s holds %v at element %d; nothing was written", t.Name, vals[i], i)
+		}
+		ts = append(ts, checkpoint.F32Tensor(t.Name, t.Shape, vals))
+	}
+	for j, t := range s.Spec.State {
+		b, err := s.stateBytes(j)
+		if err != nil {
+			return nil, err
+		}
+		vals := bytesf32(b)
 		if i, bad := firstNonFinite(vals); bad {
 			return nil, fmt.Errorf("%s holds %v at element %d; nothing was written", t.Name, vals[i], i)
 		}
@@ -436,8 +459,15 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 	var writes []write
 	// the model's state: parameters and buffers; with state, the optimizer's
 	want := append(append([]Tensor{}, s.Spec.Params...), s.Spec.Buffers...)
+	others := map[string]bool{} // other ranks' state: checked, not written (it would overwrite this rank's share)
 	if withState {
+		if dp := s.Spec.DataParallel; dp != nil && dp.Shard != nil && s.broadcaster == nil {
+			return nil, fmt.Errorf("%s: a sharded optimizer's state loads on a rank (after SetParallel): each rank keeps its own share", name)
+		}
 		want = append(want, s.Spec.State...)
+		for j, t := range s.Spec.State {
+			others[t.Name] = !s.ownsState(j)
+		}
 	}
 	for _, t := range want {
 		if t.Folded() {
@@ -484,6 +514,9 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 		}
 	}
 	for _, w := range writes {
+		if others[w.t.Name] {
+			continue
+		}
 		if err := s.Dev.CopyIn(s.addr(w.t.Arena, w.t.Offset), w.data); err != nil {
 			return nil, err
 		}

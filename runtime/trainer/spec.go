@@ -212,7 +212,32 @@ type DataParallel struct {
 	// augmentation and the loss's rows are those of one device training
 	// the global batch.
 	FirstArgs []FirstArg
+	// Shard, with a sharded optimizer (cnnc build --shard-optimizer), says
+	// which rank keeps which parameter's optimizer state; nil otherwise.
+	Shard *Shard
 }
+
+// Shard is a sharded optimizer's assignment (ZeRO stage 1 over whole
+// parameters; compiler/plan's DataParallel.Shard): the state of
+// Spec.Params[i] lies with rank Owners[i] only (the ranks' states overlap
+// in the arena), which runs its update launches and then broadcasts the
+// parameter to the others; −1: a parameter without state, updated by every
+// rank.
+type Shard struct {
+	Owners []int
+	// Updates are the training launches (from ReduceAfter on) that update
+	// a parameter: only its owner runs them.
+	Updates []ShardUpdate
+	// Scratch[j] is where State[j] is received when rank 0 gathers the
+	// state for a checkpoint: its parameter's gradient, in a bucket, which
+	// holds nothing between steps.
+	Scratch []int64
+	// StateParams[j] is the index in Params of State[j]'s parameter.
+	StateParams []int
+}
+
+// ShardUpdate is training launch Launch, which updates Params[Param].
+type ShardUpdate struct{ Launch, Param int }
 
 // Bucket is one all-reduce: Bytes (a multiple of 4) from Offset of the
 // training arena. Its values are all written by the training launches
@@ -255,6 +280,9 @@ func (s *Spec) validateParallel() error {
 			return fmt.Errorf("trainer: spec %s: bucket [%d, %d) is written by launch %d and read by launch %d, not around the all-reduce after launch %d of %d",
 				s.Model, b.Offset, b.Offset+b.Bytes, b.ReadyAfter-1, b.NeededAt, dp.ReduceAfter, len(s.Train.Launches))
 		}
+	}
+	if err := s.validateShard(); err != nil {
+		return err
 	}
 	for _, f := range dp.FirstArgs {
 		if f.Launch < 0 || f.Launch >= len(s.Train.Launches) || f.Arg < 0 || f.Arg >= len(s.Train.Launches[f.Launch].Args) ||

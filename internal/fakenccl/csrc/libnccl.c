@@ -27,7 +27,8 @@
 // different collectives (count, type or operation) are reported instead of exchanging garbage.
 // A failed communicator stays failed; ncclGetLastError says why.
 //
-// Emulated: sum of int32, int64, float32, float64 and bfloat16 (rounded to bfloat16 after every
+// Emulated: ncclAllReduce (sum) and ncclBroadcast (the root's data sent to every rank through
+// rank 0), of int32, int64, float32, float64 and bfloat16 (rounded to bfloat16 after every
 // addition, as NCCL's bf16 kernels do). Not emulated (ncclInvalidArgument, said on stderr):
 // other operations and types, one process holding several ranks of one communicator.
 #define _GNU_SOURCE
@@ -219,9 +220,10 @@ static ncclResult_t driver_check(void) {
 
 // ---- communicators -------------------------------------------------------------------------
 
-enum { MSG_HELLO = 1, MSG_WELCOME, MSG_ALLREDUCE, MSG_RESULT, MSG_FAIL };
+enum { MSG_HELLO = 1, MSG_WELCOME, MSG_ALLREDUCE, MSG_RESULT, MSG_FAIL, MSG_BROADCAST };
 
-// Every message starts with this header; chunks of data follow MSG_ALLREDUCE (from a rank to
+// Every message starts with this header (a broadcast's root in op); chunks of data follow
+// MSG_ALLREDUCE and, from its root only, MSG_BROADCAST (from a rank to
 // rank 0, raw) and MSG_RESULT (back).
 typedef struct {
 	uint32_t kind;
@@ -743,8 +745,18 @@ static ncclResult_t gather(ncclComm_t c, char** into, size_t n) {
 	return r;
 }
 
+// call_words describes a collective for messages: "AllReduce, sum", "Broadcast from rank 2".
+static void call_words(char* out, size_t n, uint32_t kind, int op) {
+	if (kind == MSG_BROADCAST)
+		snprintf(out, n, "Broadcast from rank %d", op);
+	else if (kind == MSG_ALLREDUCE)
+		snprintf(out, n, "AllReduce, %s", op_name(op));
+	else
+		snprintf(out, n, "message %u", kind);
+}
+
 // root_check_calls makes sure that every rank is in the same collective as rank 0.
-static ncclResult_t root_check_calls(ncclComm_t c, size_t count, ncclDataType_t t, ncclRedOp_t op) {
+static ncclResult_t root_check_calls(ncclComm_t c, uint32_t kind, size_t count, ncclDataType_t t, int op) {
 	msg* h = calloc((size_t)c->nranks, sizeof(msg));
 	char** into = calloc((size_t)c->nranks, sizeof(char*));
 	if (!h || !into) {
@@ -754,14 +766,17 @@ static ncclResult_t root_check_calls(ncclComm_t c, size_t count, ncclDataType_t 
 	for (int k = 0; k < c->nranks; k++) into[k] = (char*)&h[k];
 	ncclResult_t r = gather(c, into, sizeof(msg));
 	for (int k = 1; k < c->nranks && r == ncclSuccess; k++) {
-		if (h[k].kind == MSG_ALLREDUCE && h[k].seq == c->seq && h[k].count == count && h[k].dtype == (int)t &&
+		if (h[k].kind == kind && h[k].seq == c->seq && h[k].count == count && h[k].dtype == (int)t &&
 		    h[k].op == (int)op)
 			continue;
+		char theirs[96], ours[96];
+		call_words(theirs, sizeof theirs, h[k].kind, h[k].op);
+		call_words(ours, sizeof ours, kind, op);
 		r = root_abort(c, ncclInvalidUsage,
-		               "%s: rank %d called collective #%llu with %llu x %s (%s), rank 0 AllReduce #%llu with %zu x %s "
+		               "%s: rank %d called collective #%llu with %llu x %s (%s), rank 0 #%llu with %zu x %s "
 		               "(%s): every rank must make the same collective calls in the same order",
 		               c->tag, k, (unsigned long long)h[k].seq, (unsigned long long)h[k].count, type_name(h[k].dtype),
-		               op_name(h[k].op), (unsigned long long)c->seq, count, type_name(t), op_name(op));
+		               theirs, (unsigned long long)c->seq, count, type_name(t), ours);
 	}
 	free(h), free(into);
 	return r;
@@ -781,7 +796,7 @@ static ncclResult_t root_send_result(ncclComm_t c, int k, const char* sum, size_
 
 static ncclResult_t root_allreduce(ncclComm_t c, const char* send_p, char* recv_p, size_t count, ncclDataType_t t,
                                    ncclRedOp_t op) {
-	ncclResult_t r = root_check_calls(c, count, t, op);
+	ncclResult_t r = root_check_calls(c, MSG_ALLREDUCE, count, t, op);
 	if (r != ncclSuccess) return r;
 	size_t size = type_size(t), per = CHUNK_BYTES / size;
 	char** staging = calloc((size_t)c->nranks, sizeof(char*));
@@ -806,6 +821,39 @@ static ncclResult_t root_allreduce(ncclComm_t c, const char* send_p, char* recv_
 	return r;
 }
 
+// root_broadcast: chunk by chunk, rank 0 takes the root's data (its own buffer, or from the
+// root's socket) and sends it to every other rank, the root included (which gets its own bits
+// back), then writes it to its receive buffer.
+static ncclResult_t root_broadcast(ncclComm_t c, const char* send_p, char* recv_p, size_t count, ncclDataType_t t,
+                                   int root) {
+	ncclResult_t r = root_check_calls(c, MSG_BROADCAST, count, t, root);
+	if (r != ncclSuccess) return r;
+	size_t size = type_size(t), per = CHUNK_BYTES / size;
+	char* buf = malloc(CHUNK_BYTES);
+	if (!buf) return root_abort(c, ncclSystemError, "out of host memory");
+	for (size_t at = 0; at < count && r == ncclSuccess; at += per) {
+		size_t n = (count - at < per ? count - at : per) * size;
+		int e = 0;
+		if (root == 0) {
+			if ((e = copy_in(buf, send_p + at * size, n)) != 0) {
+				r = root_abort(c, ncclUnhandledCudaError, COPY_IN_FAILED, c->tag, cu_name(e), e);
+				break;
+			}
+		} else {
+			io_result io = recv_all(c->fds[root], buf, n, timeout_s());
+			if (io != IO_OK) {
+				r = root_abort(c, io_code(io), "%s: rank %d (pid %d) %s", c->tag, root, c->pids[root], io_words(io));
+				break;
+			}
+		}
+		for (int k = 1; k < c->nranks && r == ncclSuccess; k++) r = root_send_result(c, k, buf, n);
+		if (r == ncclSuccess && (e = copy_out(recv_p + at * size, buf, n)) != 0)
+			r = root_abort(c, ncclUnhandledCudaError, COPY_OUT_FAILED, c->tag, cu_name(e), e);
+	}
+	free(buf);
+	return r;
+}
+
 // peer_lost explains a failed exchange with rank 0: by rank 0's own message if it sent one.
 static ncclResult_t peer_lost(ncclComm_t c, io_result io) {
 	msg m;
@@ -827,10 +875,14 @@ static ncclResult_t peer_fail(ncclComm_t c, ncclResult_t r, const char* fmt, con
 	return comm_fail(c, r, fmt, c->tag, a, e);
 }
 
-static ncclResult_t peer_allreduce(ncclComm_t c, const char* send_p, char* recv_p, size_t count, ncclDataType_t t,
-                                   ncclRedOp_t op) {
+// peer_collective is a rank's part of an all-reduce (kind MSG_ALLREDUCE, op the operation) or
+// a broadcast (MSG_BROADCAST, op the root): per chunk, it sends its data to rank 0 (an
+// all-reduce's every rank, a broadcast's root) and receives the result.
+static ncclResult_t peer_collective(ncclComm_t c, uint32_t kind, const char* send_p, char* recv_p, size_t count,
+                                    ncclDataType_t t, int op) {
 	double limit = timeout_s();
-	msg h = {.kind = MSG_ALLREDUCE,
+	int sends = kind == MSG_ALLREDUCE || c->rank == op;
+	msg h = {.kind = kind,
 	         .rank = c->rank,
 	         .nranks = c->nranks,
 	         .pid = getpid(),
@@ -846,13 +898,13 @@ static ncclResult_t peer_allreduce(ncclComm_t c, const char* send_p, char* recv_
 	ncclResult_t r = ncclSuccess;
 	for (size_t at = 0; at < count && r == ncclSuccess; at += per) {
 		size_t n = (count - at < per ? count - at : per) * size;
-		int e = copy_in(buf, send_p + at * size, n);
+		int e = sends ? copy_in(buf, send_p + at * size, n) : 0;
 		if (e != 0) {
 			r = peer_fail(c, ncclUnhandledCudaError, COPY_IN_FAILED, cu_name(e), e);
 			break;
 		}
 		msg m;
-		io = send_all(c->root_fd, buf, n, limit);
+		io = sends ? send_all(c->root_fd, buf, n, limit) : IO_OK;
 		if (io == IO_OK) io = recv_all(c->root_fd, &m, sizeof m, limit);
 		if (io == IO_OK && m.kind == MSG_FAIL) {
 			close_all(c);
@@ -904,12 +956,15 @@ static ncclResult_t capture_check(ncclComm_t c, cudaStream_t s) {
 	return ncclSuccess;
 }
 
-static ncclResult_t run_allreduce(const void* send_p, void* recv_p, size_t count, ncclDataType_t t, ncclRedOp_t op,
-                                  ncclComm_t c, cudaStream_t s) {
+// run_collective runs an all-reduce (kind MSG_ALLREDUCE, op the operation) or a broadcast
+// (MSG_BROADCAST, op the root) on the calling rank.
+static ncclResult_t run_collective(uint32_t kind, const void* send_p, void* recv_p, size_t count, ncclDataType_t t,
+                                   int op, ncclComm_t c, cudaStream_t s) {
 	pthread_mutex_lock(&c->mu);
 	c->busy++;
 	pthread_mutex_unlock(&c->mu);
-	snprintf(c->tag, sizeof c->tag, "AllReduce #%llu", (unsigned long long)c->seq);
+	snprintf(c->tag, sizeof c->tag, "%s #%llu", kind == MSG_BROADCAST ? "Broadcast" : "AllReduce",
+	         (unsigned long long)c->seq);
 	ncclResult_t r = ncclSuccess, before = __atomic_load_n(&c->err, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST))
 		r = comm_fail(c, ncclInvalidUsage, "%s on a communicator aborted before (ncclCommAbort)", c->tag);
@@ -919,10 +974,12 @@ static ncclResult_t run_allreduce(const void* send_p, void* recv_p, size_t count
 		;
 	else if (c->nranks == 1)
 		r = send_p == recv_p ? ncclSuccess : local_copy(c, send_p, recv_p, count * type_size(t));
+	else if (c->rank == 0 && kind == MSG_BROADCAST)
+		r = root_broadcast(c, send_p, recv_p, count, t, op);
 	else if (c->rank == 0)
-		r = root_allreduce(c, send_p, recv_p, count, t, op);
+		r = root_allreduce(c, send_p, recv_p, count, t, (ncclRedOp_t)op);
 	else
-		r = peer_allreduce(c, send_p, recv_p, count, t, op);
+		r = peer_collective(c, kind, send_p, recv_p, count, t, op);
 	c->seq++; // every rank numbers its collectives alike, whatever became of them
 	pthread_mutex_lock(&c->mu);
 	c->busy--;
@@ -932,17 +989,32 @@ static ncclResult_t run_allreduce(const void* send_p, void* recv_p, size_t count
 
 // The calling thread's group: collectives queued until ncclGroupEnd.
 typedef struct {
+	uint32_t kind;
 	const void* send;
 	void* recv;
 	size_t count;
 	ncclDataType_t type;
-	ncclRedOp_t op;
+	int op; // a broadcast's root
 	ncclComm_t comm;
 	cudaStream_t stream;
 } queued;
 
 static __thread queued* group_ops;
 static __thread size_t group_len, group_cap;
+
+// enqueue runs a collective now, or queues it inside a group.
+static ncclResult_t enqueue(uint32_t kind, const void* send_p, void* recv_p, size_t count, ncclDataType_t t, int op,
+                            ncclComm_t c, cudaStream_t s) {
+	if (group_depth == 0) return run_collective(kind, send_p, recv_p, count, t, op, c, s);
+	if (group_len == group_cap) {
+		size_t cap = group_cap ? 2 * group_cap : 16;
+		queued* v = realloc(group_ops, cap * sizeof *v);
+		if (!v) return fail(ncclSystemError, "out of host memory");
+		group_ops = v, group_cap = cap;
+	}
+	group_ops[group_len++] = (queued){kind, send_p, recv_p, count, t, op, c, s};
+	return ncclSuccess;
+}
 
 API ncclResult_t ncclAllReduce(const void* send_p, void* recv_p, size_t count, ncclDataType_t t, ncclRedOp_t op,
                                ncclComm_t c, cudaStream_t s) {
@@ -955,15 +1027,24 @@ API ncclResult_t ncclAllReduce(const void* send_p, void* recv_p, size_t count, n
 	}
 	if (count > 0 && (!send_p || !recv_p))
 		return fail(ncclInvalidArgument, "ncclAllReduce: NULL buffer for %zu elements", count);
-	if (group_depth == 0) return run_allreduce(send_p, recv_p, count, t, op, c, s);
-	if (group_len == group_cap) {
-		size_t cap = group_cap ? 2 * group_cap : 16;
-		queued* v = realloc(group_ops, cap * sizeof *v);
-		if (!v) return fail(ncclSystemError, "out of host memory");
-		group_ops = v, group_cap = cap;
+	return enqueue(MSG_ALLREDUCE, send_p, recv_p, count, t, op, c, s);
+}
+
+// ncclBroadcast copies the root's count elements at send_p to recv_p on every rank (send_p is
+// read on the root only; send_p == recv_p: in place).
+API ncclResult_t ncclBroadcast(const void* send_p, void* recv_p, size_t count, ncclDataType_t t, int root, ncclComm_t c,
+                               cudaStream_t s) {
+	if (!c) return fail(ncclInvalidArgument, "ncclBroadcast: comm is NULL");
+	if (root < 0 || root >= c->nranks)
+		return fail(ncclInvalidArgument, "ncclBroadcast: root %d of %d ranks", root, c->nranks);
+	if (!type_size(t)) {
+		char what[96];
+		snprintf(what, sizeof what, "ncclBroadcast of %s", type_name(t));
+		return not_emulated(what);
 	}
-	group_ops[group_len++] = (queued){send_p, recv_p, count, t, op, c, s};
-	return ncclSuccess;
+	if (count > 0 && (!recv_p || (c->rank == root && !send_p)))
+		return fail(ncclInvalidArgument, "ncclBroadcast: NULL buffer for %zu elements", count);
+	return enqueue(MSG_BROADCAST, send_p, recv_p, count, t, root, c, s);
 }
 
 API ncclResult_t ncclGroupStart(void) {
@@ -979,7 +1060,7 @@ API ncclResult_t ncclGroupEnd(void) {
 	ncclResult_t r = ncclSuccess;
 	for (size_t i = 0; i < group_len; i++) {
 		queued* q = &group_ops[i];
-		ncclResult_t e = run_allreduce(q->send, q->recv, q->count, q->type, q->op, q->comm, q->stream);
+		ncclResult_t e = run_collective(q->kind, q->send, q->recv, q->count, q->type, q->op, q->comm, q->stream);
 		if (r == ncclSuccess) r = e;
 	}
 	group_len = 0;

@@ -1,0 +1,175 @@
+package trainergen_test
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/internal/fakenccl"
+	"github.com/cnnc/cnnc/runtime/checkpoint"
+	"github.com/cnnc/cnnc/runtime/nccl"
+	"github.com/cnnc/cnnc/runtime/trainer"
+)
+
+// A sharded optimizer (ZeRO stage 1 over whole parameters) trains bit for
+// bit as one process with accumulate = N, for SGD with momentum and Adam
+// over 2 and 4 ranks: each rank updates its own parameters with the summed
+// gradient (the same kernels on the same bits as the unsharded step, see
+// TestDataParallelRanksEqualAccumulate) and broadcasts them, which copies
+// bits. A checkpoint written by rank 0 after gathering holds the whole
+// state, the same bits as the one process's; resumed from it on fresh
+// ranks, each loading its own share, the run goes on bit for bit (a
+// partial last batch included). So no tolerance.
+func TestShardedOptimizerEqualsAccumulate(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, fakenccl.Build(dir))
+	lib, err := nccl.Open(filepath.Join(dir, fakenccl.LibName))
+	require.NoError(t, err)
+	const global = 8
+	for _, opt := range []string{"sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01, weight_decay=0.01)"} {
+		for _, ranks := range []int{2, 4} {
+			t.Run(fmt.Sprintf("%s/%d", opt[:4], ranks), func(t *testing.T) {
+				one := newSession(t, compileTrainerSrc(t, fmt.Sprintf(accumulateModel, opt, global/ranks, fmt.Sprintf(" accumulate = %d", ranks))), 5)
+				res, err := compiler.CompileSource("d.cnn", []byte(fmt.Sprintf(accumulateModel, opt, global, "")), compiler.Options{})
+				require.NoError(t, err)
+				dp := compileTrainer(t, res, plan.Config{Ranks: ranks, ShardOptimizer: true})
+				sh := dp.Spec.DataParallel.Shard
+				require.NotNil(t, sh)
+				cost := dp.Plan.DataParallel.Shard
+				assert.Less(t, cost.ShardBytes, cost.StateBytes, "the state is shared out")
+				owners := map[int]bool{}
+				for _, o := range sh.Owners {
+					owners[o] = true
+				}
+				assert.Len(t, owners, min(ranks, len(sh.Owners)), "every rank holds some state: %v", sh.Owners)
+
+				rng := rand.New(rand.NewPCG(7, uint64(ranks)))
+				sessions := shardedRanks(t, lib, dp, ranks)
+				for step, valid := range []int{global, global} {
+					stepAll(t, one, sessions, randomBatch(rng, valid), step)
+				}
+				compareShards(t, one, sessions)
+
+				err = sessions[1].Encode(&bytes.Buffer{}, nil)
+				require.Error(t, err, "rank 1 alone cannot save another rank's state")
+				gatherAll(t, sessions)
+				var saved, want bytes.Buffer
+				require.NoError(t, sessions[0].Encode(&saved, nil))
+				require.NoError(t, one.Encode(&want, nil))
+				sameTensors(t, want.Bytes(), saved.Bytes())
+
+				lone := newSession(t, dp, 5)
+				_, err = lone.Decode(bytes.NewReader(saved.Bytes()), true)
+				require.ErrorContains(t, err, "a sharded optimizer's state loads on a rank (after SetParallel)")
+				bad, badDP, badShard := *dp.Spec, *dp.Spec.DataParallel, *sh
+				badShard.Owners = append([]int(nil), sh.Owners...)
+				badShard.Owners[0] = ranks
+				badDP.Shard, bad.DataParallel = &badShard, &badDP
+				require.ErrorContains(t, bad.Validate(), fmt.Sprintf("optimizer state lies with rank %d of %d", ranks, ranks))
+
+				resumed := shardedRanks(t, lib, dp, ranks)
+				for _, s := range resumed {
+					_, err := s.Decode(bytes.NewReader(saved.Bytes()), true)
+					require.NoError(t, err)
+					assert.Equal(t, int64(2), s.Step)
+				}
+				for step, valid := range []int{global, global - 3} {
+					stepAll(t, one, resumed, randomBatch(rng, valid), 2+step)
+				}
+				compareShards(t, one, resumed)
+			})
+		}
+	}
+}
+
+// shardedRanks opens the ranks of c and joins them.
+func shardedRanks(t *testing.T, lib *nccl.Library, dp *trainergen.Compiled, ranks int) []*trainer.Session {
+	t.Helper()
+	sessions := make([]*trainer.Session, ranks)
+	for r := range sessions {
+		sessions[r] = newSession(t, dp, 5)
+	}
+	joinRanks(t, lib, sessions)
+	return sessions
+}
+
+// stepAll trains one step of the one process and of the ranks, and
+// compares the losses and correct counts.
+func stepAll(t *testing.T, one *trainer.Session, sessions []*trainer.Session, b trainer.Batch, step int) {
+	t.Helper()
+	wantLoss, wantCorrect, err := one.TrainStep(b)
+	require.NoError(t, err)
+	losses, corrects := trainRanks(t, sessions, b)
+	for r := range sessions {
+		assert.Equal(t, math.Float32bits(wantLoss), math.Float32bits(losses[r]), "step %d rank %d loss %g, want %g", step, r, losses[r], wantLoss)
+		assert.Equal(t, wantCorrect, corrects[r], "step %d rank %d", step, r)
+	}
+}
+
+// compareShards compares every parameter on every rank, and each state
+// tensor on the rank that holds it, with the one process's.
+func compareShards(t *testing.T, one *trainer.Session, sessions []*trainer.Session) {
+	t.Helper()
+	sh := sessions[0].Spec.DataParallel.Shard
+	read := func(s *trainer.Session, name string, ts []trainer.Tensor) []uint32 {
+		for _, u := range ts {
+			if u.Name == name {
+				v, err := s.ReadTensor(u)
+				require.NoError(t, err)
+				return bitsOf(v)
+			}
+		}
+		t.Fatalf("no tensor %s", name)
+		return nil
+	}
+	for _, p := range sessions[0].Spec.Params {
+		w := read(one, p.Name, one.Spec.Params)
+		for r, s := range sessions {
+			require.Equal(t, w, read(s, p.Name, s.Spec.Params), "%s on rank %d", p.Name, r)
+		}
+	}
+	for j, st := range sessions[0].Spec.State {
+		o := sh.Owners[sh.StateParams[j]]
+		require.Equal(t, read(one, st.Name, one.Spec.State), read(sessions[o], st.Name, sessions[o].Spec.State), "%s on its rank %d", st.Name, o)
+	}
+}
+
+// gatherAll gathers the state to rank 0, every rank at once.
+func gatherAll(t *testing.T, sessions []*trainer.Session) {
+	t.Helper()
+	errs := make([]error, len(sessions))
+	var wg sync.WaitGroup
+	for r, s := range sessions {
+		wg.Go(func() { errs[r] = s.GatherOptimizerState() })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// sameTensors compares two checkpoints' tensors bit for bit.
+func sameTensors(t *testing.T, want, got []byte) {
+	t.Helper()
+	w, err := checkpoint.Decode(want)
+	require.NoError(t, err)
+	g, err := checkpoint.Decode(got)
+	require.NoError(t, err)
+	require.Equal(t, len(w.Tensors), len(g.Tensors))
+	for _, wt := range w.Tensors {
+		gt, ok := g.Tensor(wt.Name)
+		require.True(t, ok, wt.Name)
+		assert.Equal(t, wt.Shape, gt.Shape, wt.Name)
+		assert.True(t, bytes.Equal(wt.Data, gt.Data), "%s differs", wt.Name)
+	}
+}
