@@ -27,6 +27,8 @@ func checkScalingFlags(pf *planFlags) error {
 		return fmt.Errorf("--nnodes %d: want between 1 and %d machines", pf.nnodes, plan.MaxRanks)
 	case pf.scaling != "" && pf.gpu == "":
 		return fmt.Errorf("--scaling predicts steps: it needs --gpu")
+	case pf.gpus > 1 && pf.gpus%pf.nnodes != 0:
+		return fmt.Errorf("--gpus %d: the GPUs do not split evenly over --nnodes %d machines", pf.gpus, pf.nnodes)
 	case pf.scaling != "" && pf.gpus > 1:
 		return fmt.Errorf("--scaling gives the GPU counts itself: drop --gpus")
 	case pf.shardOpt && pf.gpu != "":
