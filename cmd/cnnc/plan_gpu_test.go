@@ -189,6 +189,7 @@ func TestPlanScalingBadFlags(t *testing.T) {
 		{[]string{"--gpu", "h200", "--scaling", "1,two"}, `--scaling "1,two": "two" is not a GPU count between 1 and 65536`},
 		{[]string{"--gpu", "h200", "--scaling", "1,2,4", "--nnodes", "4"}, `--scaling "1,2,4": 2 GPUs do not split evenly over --nnodes 4`},
 		{[]string{"--gpu", "h200", "--gpus", "2", "--nnodes", "0"}, "--nnodes 0: want between 1 and 65536 machines"},
+		{[]string{"--gpu", "l4", "--scaling", "1,2", "--interconnect", "nvlink"}, "--interconnect: the L4 has no NVLink (use pcie)"},
 		{[]string{"--gpu", "h200", "--gpus", "4", "--nnodes", "3"}, "--gpus 4: the GPUs do not split evenly over --nnodes 3 machines"},
 		{[]string{"--gpu", "h200", "--gpus", "2", "--shard-optimizer"}, "--shard-optimizer with --gpu: the performance model predicts the unsharded step only"},
 	} {

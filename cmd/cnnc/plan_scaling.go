@@ -163,7 +163,12 @@ func runScaling(path string, res *compiler.Result, cfg plan.Config, pf *planFlag
 			Note      string       `json:"note"`
 		}{gpu.Name, res.Graph.Name, perGPU, res.Train.Precision, rows, scalingNote})
 	}
-	fmt.Fprintf(stdout, "Predicted data-parallel scaling of %s on %s, batch %d per GPU — PREDICTIONS of cnnc's performance model, not measurements:\n\n", res.Graph.Name, gpu.Name, perGPU)
+	f, _ := perf.LookupFabric(pf.gpu, pf.interconnect, pf.nnodes, pf.nnodes) // checked in runGPUPrediction
+	link := f.Intra.Name
+	if pf.nnodes > 1 {
+		link += fmt.Sprintf(" within each of %d machines, %s between them", pf.nnodes, f.Inter.Name)
+	}
+	fmt.Fprintf(stdout, "Predicted data-parallel scaling of %s on %s over %s, batch %d per GPU — PREDICTIONS of cnnc's performance model, not measurements:\n\n", res.Graph.Name, gpu.Name, link, perGPU)
 	fmt.Fprintf(stdout, "%5s %6s %12s %9s %14s %13s %12s %12s %11s\n", "GPUs", "nodes", "global batch", "launches", "step µs", "all-reduce µs", "exposed µs", "samples/s", "efficiency")
 	for _, r := range rows {
 		fmt.Fprintf(stdout, "%5d %6d %12d %9d %14.1f %13.1f %12.1f %12.0f %10.1f%%\n", r.GPUs, r.Nodes, r.GlobalBatch, r.Launches, 1e6*r.Step, 1e6*r.AllReduce, 1e6*r.Exposed, r.Samples, 100*r.Efficiency)
