@@ -32,8 +32,9 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 		}
 		res.Train.Precision = string(prec)
 	}
-	res.Train.SMs = int64(gpu.SMs)         // launch geometry sized for the GPU predicted
-	if cfg.Ranks > 1 || pf.scaling != "" { // the links exist before anything is predicted
+	res.Train.SMs = int64(gpu.SMs) // launch geometry sized for the GPU predicted
+	// the links must exist before anything is predicted
+	if cfg.Ranks > 1 || pf.scaling != "" {
 		if _, err := perf.LookupFabric(pf.gpu, pf.interconnect, pf.nnodes, pf.nnodes); err != nil {
 			fmt.Fprintf(stderr, "cnnc: --interconnect: %v\n", err)
 			return exitError{exitUsage}
