@@ -13,6 +13,7 @@ import (
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/perf"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/dsl"
@@ -66,6 +67,7 @@ IMAGE_OR_DIR..., with the trainer's checkpoints.`,
 	cmd.Flags().StringVar(&bf.emitCUDA, "emit-cuda", "", "also write the generated CUDA C to `DIR`/NAME.cu (DIR is created)")
 	cmd.Flags().StringVar(&bf.workDir, "work", "", "build the trainer module in this `DIR` and keep it (default: a temporary one)")
 	cmd.Flags().StringVar(&bf.budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")
+	cmd.Flags().StringVar(&bf.gpu, "gpu", "", "CUDA target: size the kernels' launches for this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+") and, under a memory budget, build the plan the performance model predicts fastest of those that meet it (what cnnc plan --gpu reports; needs nvcc and g++)")
 	cmd.Flags().IntVar(&bf.gpus, "gpus", 1, "build a data-parallel trainer of `N` ranks (the plan of one rank: its share batch/N of every batch; the trainer launches them, one per GPU, summing gradients with NCCL)")
 	cmd.Flags().BoolVar(&bf.shardOpt, "shard-optimizer", false, "with --gpus: each rank keeps the optimizer state of its share of the parameters only (ZeRO stage 1), updates them and broadcasts them to the others")
 	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
@@ -76,7 +78,8 @@ IMAGE_OR_DIR..., with the trainer's checkpoints.`,
 // buildFlags are cnnc build's own flags.
 type buildFlags struct {
 	emitCUDA, output, target, workDir, budget string
-	gpus                                      int // data-parallel ranks (plan.Config.Ranks)
+	gpu                                       string // perf's GPU: launch geometry and the fastest plan
+	gpus                                      int    // data-parallel ranks (plan.Config.Ranks)
 	shardOpt                                  bool
 }
 
@@ -147,9 +150,9 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 			return err
 		}
 	}
-	c, err := driver.Compile(res, cfg, driver.Target(target))
+	c, err := b.compile(res, cfg, target, bf.gpu)
 	if err != nil {
-		return backendError(path, res, err, stderr)
+		return err
 	}
 	b.step("planned memory: arena %s B (%s, %s)", compiler.Commas(c.Spec.ArenaBytes), units.FormatBytes(c.Spec.ArenaBytes), c.Plan.Choices.Strategy)
 	b.step("generated %d kernels, %d launches per training step", len(c.Train.Kernels), len(c.Train.Launches))
@@ -164,12 +167,47 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 	return b.buildTrainer(c, target, bf)
 }
 
+// compile plans and generates res's training step for target; with a
+// GPU named, the kernels' launches are sized for it and, of the plans that
+// meet the budget (driver.Alternatives), the one the performance model
+// predicts fastest is built — the plan cnnc plan --gpu shows.
+func (b *builder) compile(res *compiler.Result, cfg plan.Config, target, gpuName string) (*trainergen.Compiled, error) {
+	if gpuName == "" {
+		c, err := driver.Compile(res, cfg, driver.Target(target))
+		if err != nil {
+			return nil, backendError(b.path, res, err, b.stderr)
+		}
+		return c, nil
+	}
+	gpu, err := perf.LookupGPU(gpuName)
+	if err != nil {
+		fmt.Fprintf(b.stderr, "cnnc build: --gpu: %v\n", err)
+		return nil, exitError{exitUsage}
+	}
+	if target != "cuda" {
+		fmt.Fprintf(b.stderr, "cnnc build: --gpu %s chooses among CUDA plans: it needs --target cuda (or auto with nvcc), or --emit-cuda alone\n", gpuName)
+		return nil, exitError{exitUsage}
+	}
+	res.Train.SMs = int64(gpu.SMs)
+	alts, unbudgeted, err := driver.Alternatives(res, cfg, driver.CUDA)
+	if err != nil {
+		return nil, backendError(b.path, res, err, b.stderr)
+	}
+	ch, err := perf.Fastest(alts, unbudgeted, gpu)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	b.step("predicted on %s: %s, %.1f µs a step, the fastest of %d plans that meet the budget (a prediction; cnnc plan --gpu %s shows them)",
+		gpu.Name, ch.Best.Plan.Choices.Strategy, 1e6*ch.Prediction.PredictedStepSeconds, len(alts), gpuName)
+	return ch.Best, nil
+}
+
 // buildInfer is cnnc build --infer: the inference compilation's forward
 // kernels on its own plan, built into a binary whose one command is the
 // trainer's predict.
 func (b *builder) buildInfer(res *compiler.Result, target string, chosen bool, bf *buildFlags) error {
-	if bf.output == "" || bf.emitCUDA != "" || bf.budget != "" {
-		fmt.Fprintf(b.stderr, "cnnc build --infer: give -o BINARY (no --emit-cuda or --memory-budget: the inference plan is the forward pass at --batch)\n")
+	if bf.output == "" || bf.emitCUDA != "" || bf.budget != "" || bf.gpu != "" {
+		fmt.Fprintf(b.stderr, "cnnc build --infer: give -o BINARY (no --emit-cuda, --memory-budget or --gpu: the inference plan is the forward pass at --batch)\n")
 		return exitError{exitUsage}
 	}
 	b.step("checked %s for inference: %s, batch %d, %s parameters", b.path, res.Graph.Name, res.Train.Batch, compiler.Commas(res.Graph.ParamCount()))

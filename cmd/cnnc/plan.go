@@ -32,6 +32,11 @@ type planFlags struct {
 	precision  string
 	gpus       int
 	shardOpt   bool
+	// with --gpu: the data-parallel step's interconnect, machines, and the
+	// scaling table's GPU counts
+	interconnect string
+	nnodes       int
+	scaling      string
 }
 
 func newPlanCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -60,7 +65,9 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
   cnnc plan examples/simplecnn.cnn --batch 256 --json
   cnnc plan --max-batch --memory-budget 40MB examples/simplecnn.cnn
   cnnc plan --gpu h200 --batch 256 examples/simplecnn.cnn
-  cnnc plan --gpus 8 --batch 256 examples/simplecnn.cnn`,
+  cnnc plan --gpus 8 --batch 256 examples/simplecnn.cnn
+  cnnc plan --gpu h200 --gpus 8 --batch 256 examples/simplecnn.cnn
+  cnnc plan --gpu h200 --scaling 1,2,4,8 examples/resnet18.cnn`,
 		Args: exactlyOneFile,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runPlan(args[0], &f, &pf, stdout, stderr)
@@ -78,6 +85,9 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	fl.StringVar(&pf.precision, "precision", "", "with --gpu: the kernels' `PRECISION`, fp32, tf32 or bf16 (overrides the train block's precision)")
 	fl.IntVar(&pf.gpus, "gpus", 1, "plan one rank of data-parallel training on `N` GPUs: each takes 1/N of every batch; gradient buckets, split updates and NCCL's buffers (an estimate) are shown")
 	fl.BoolVar(&pf.shardOpt, "shard-optimizer", false, "with --gpus: also show the rank's peak with a 1/N share of the optimizer state (ZeRO stage 1, as cnnc build --shard-optimizer builds it)")
+	fl.StringVar(&pf.interconnect, "interconnect", "", "with --gpu and --gpus or --scaling: the `LINK` between a machine's GPUs for the all-reduce: nvlink, pcie or ib (default: NVLink where the GPU has it, else PCIe)")
+	fl.IntVar(&pf.nnodes, "nnodes", 1, "with --gpu and --gpus or --scaling: the GPUs are spread evenly over `M` machines, joined by InfiniBand NDR (400 Gb/s per GPU)")
+	fl.StringVar(&pf.scaling, "scaling", "", "with --gpu: predict the data-parallel step, throughput and scaling efficiency for each GPU count of `LIST` (e.g. 1,2,4,8), the batch per GPU fixed at --batch")
 	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+"): the kernels' grids sized for its SM count: a prediction of the performance model (needs nvcc and g++); under a memory budget, the fastest of the plans that meet it")
 	return cmd
 }
@@ -112,8 +122,11 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if pf.shardOpt && pf.gpus < 2 {
 		return usage("--shard-optimizer shares the optimizer state among data-parallel GPUs: it needs --gpus 2 or more")
 	}
-	if pf.gpus > 1 && (f.infer || pf.maxBatch || pf.gpu != "") {
-		return usage("--gpus plans one rank of data-parallel training: not with --infer, --max-batch or --gpu")
+	if pf.gpus > 1 && (f.infer || pf.maxBatch) {
+		return usage("--gpus plans one rank of data-parallel training: not with --infer or --max-batch")
+	}
+	if err := checkScalingFlags(pf); err != nil {
+		return usage("%v", err)
 	}
 	res, err := loadModel(path, f, stdout, stderr)
 	if err != nil {

@@ -33,15 +33,25 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 		res.Train.Precision = string(prec)
 	}
 	res.Train.SMs = int64(gpu.SMs) // launch geometry sized for the GPU predicted
-
-	alts, unbudgeted, err := driver.Alternatives(res, cfg, driver.CUDA)
-	if err != nil {
-		return planError(path, err, stderr)
+	// the links must exist before anything is predicted
+	if cfg.Ranks > 1 || pf.scaling != "" {
+		if _, err := perf.LookupFabric(pf.gpu, pf.interconnect, pf.nnodes, pf.nnodes); err != nil {
+			fmt.Fprintf(stderr, "cnnc: --interconnect: %v\n", err)
+			return exitError{exitUsage}
+		}
 	}
-	ch, err := perf.Fastest(alts, unbudgeted, gpu)
+	if pf.scaling != "" {
+		return runScaling(path, res, cfg, pf, gpu, stdout, stderr)
+	}
+	ch, budgeted, err := fastestPlan(path, res, cfg, gpu, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "cnnc: %v\n", err)
-		return exitError{exitModel}
+		return err
+	}
+	var pp *perf.ParallelPrediction
+	if cfg.Ranks > 1 {
+		if pp, err = parallelPrediction(path, res, cfg, pf, gpu, ch, stderr); err != nil {
+			return err
+		}
 	}
 	comp, p := ch.Best, ch.Prediction
 	if pf.json {
@@ -50,19 +60,44 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 			PeakBytes int64  `json:"peak_bytes"`
 			Strategy  string `json:"strategy"`
 			*perf.Choice
-		}{Prediction: p, PeakBytes: comp.Plan.ArenaBytes, Strategy: comp.Plan.Choices.Strategy}
-		if unbudgeted != nil {
+			// the step; with --gpus the rank's with its all-reduces (the
+			// launches' own sum is then data_parallel.compute_seconds)
+			Step         float64                  `json:"predicted_step_seconds"`
+			DataParallel *perf.ParallelPrediction `json:"data_parallel,omitempty"`
+		}{Prediction: p, PeakBytes: comp.Plan.ArenaBytes, Strategy: comp.Plan.Choices.Strategy, Step: p.PredictedStepSeconds, DataParallel: pp}
+		if budgeted {
 			out.Choice = ch
+		}
+		if pp != nil {
+			out.Step = pp.PredictedStepSeconds
 		}
 		return writeJSON(stdout, out)
 	}
-	if unbudgeted != nil {
+	if budgeted {
 		ch.WriteChoice(stdout, gpu.Name, cfg.Budget)
 	}
 	fmt.Fprintf(stdout, "plan: peak %.2f MB (%d bytes), %s\n\n", float64(comp.Plan.ArenaBytes)/1e6, comp.Plan.ArenaBytes, comp.Plan.Choices.Strategy)
 	p.WriteTable(stdout)
 	writeClipTime(stdout, comp.Plan, p)
+	if pp != nil {
+		pp.WriteParallel(stdout)
+	}
 	return nil
+}
+
+// fastestPlan compiles the plans that meet cfg's budget and chooses the
+// fastest on gpu; budgeted says whether there was a budget to choose for.
+func fastestPlan(path string, res *compiler.Result, cfg plan.Config, gpu perf.GPU, stderr io.Writer) (*perf.Choice, bool, error) {
+	alts, unbudgeted, err := driver.Alternatives(res, cfg, driver.CUDA)
+	if err != nil {
+		return nil, false, planError(path, err, stderr)
+	}
+	ch, err := perf.Fastest(alts, unbudgeted, gpu)
+	if err != nil {
+		fmt.Fprintf(stderr, "cnnc: %v\n", err)
+		return nil, false, exitError{exitModel}
+	}
+	return ch, unbudgeted != nil, nil
 }
 
 // writeClipTime says, with clip_grad_norm, what the prediction gives the

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -77,4 +79,164 @@ func TestPlanGPUPredictsTheStep(t *testing.T) {
 	code, _, errOut = cnnc("plan", "--gpu", "v100", mnist)
 	assert.Equal(t, 2, code)
 	assert.Contains(t, errOut, `unknown GPU "v100" (known: a100, h100, h200, l4, rtx4090)`)
+}
+
+// cnnc plan --gpu h200 --gpus 8: the rank's launches, its buckets'
+// all-reduces overlapped with the backward pass, the step, throughput and
+// scaling efficiency against one GPU at the rank's batch; --json carries
+// them, predicted_step_seconds being the rank's step with its all-reduces.
+func TestPlanGPUPredictsTheDataParallelStep(t *testing.T) {
+	nvcc.Require(t)
+	code, out, errOut := cnnc("plan", "--gpu", "h200", "--gpus", "8", "--batch", "256", simple)
+	require.Equal(t, 0, code, errOut)
+	for _, want := range []string{
+		"Predicted training step of SimpleCNN at batch 32 on H200 SXM",
+		"Data-parallel step (PREDICTION): 8 GPUs over NVLink 4 (NVSwitch) (NCCL bus bandwidth 460 GB/s; link 450 GB/s each way); global batch 256, 32 per GPU",
+		"hidden behind the backward pass",
+		"one GPU at batch 32:",
+		"scaling efficiency",
+	} {
+		assert.Contains(t, out, want)
+	}
+	code, out, errOut = cnnc("plan", "--gpu", "h200", "--gpus", "8", "--batch", "256", "--interconnect", "pcie", "--json", simple)
+	require.Equal(t, 0, code, errOut)
+	var p struct {
+		Step     float64           `json:"predicted_step_seconds"`
+		Launches []json.RawMessage `json:"launches"`
+		DP       struct {
+			Fabric struct {
+				Ranks int `json:"ranks"`
+				Intra struct {
+					Key string `json:"key"`
+				} `json:"intra_node"`
+			} `json:"fabric"`
+			GlobalBatch int     `json:"global_batch"`
+			RankBatch   int     `json:"rank_batch"`
+			Compute     float64 `json:"compute_seconds"`
+			Buckets     []struct {
+				ReadyAfter int     `json:"ready_after_launch"`
+				NeededBy   int     `json:"needed_by_launch"`
+				Seconds    float64 `json:"predicted_seconds"`
+			} `json:"buckets"`
+			AllReduce  float64 `json:"all_reduce_seconds"`
+			Exposed    float64 `json:"exposed_all_reduce_seconds"`
+			Hidden     float64 `json:"hidden_all_reduce_seconds"`
+			Step       float64 `json:"predicted_step_seconds"`
+			Samples    float64 `json:"samples_per_second"`
+			OneDevice  float64 `json:"one_device_step_seconds"`
+			Efficiency float64 `json:"scaling_efficiency"`
+		} `json:"data_parallel"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &p))
+	dp := p.DP
+	assert.Equal(t, 8, dp.Fabric.Ranks)
+	assert.Equal(t, "pcie5", dp.Fabric.Intra.Key)
+	assert.Equal(t, 256, dp.GlobalBatch)
+	assert.Equal(t, 32, dp.RankBatch)
+	assert.Equal(t, dp.Step, p.Step)
+	require.Len(t, dp.Buckets, 2) // fc1's weight gradient alone passes the first 1 MiB; the rest
+	for _, b := range dp.Buckets {
+		assert.Positive(t, b.Seconds)
+		assert.Less(t, b.ReadyAfter, len(p.Launches))
+	}
+	assert.GreaterOrEqual(t, dp.Step, dp.Compute)
+	assert.LessOrEqual(t, dp.Step, dp.Compute+dp.AllReduce)
+	// over PCIe the 14.75 MB bucket alone takes 7/4 × 14.75 MB / 35 GB/s
+	// ≈ 0.74 ms: more than the backward launches after it, so exposed
+	assert.Greater(t, dp.Buckets[0].Seconds, 7.0/4*14.75e6/35e9)
+	assert.Positive(t, dp.Exposed)
+	assert.InDelta(t, dp.AllReduce, dp.Hidden+dp.Exposed, 1e-12)
+	assert.InEpsilon(t, 256/dp.Step, dp.Samples, 1e-9)
+	assert.Positive(t, dp.OneDevice)
+	assert.InEpsilon(t, dp.OneDevice/dp.Step, dp.Efficiency, 1e-9)
+	assert.Less(t, dp.Efficiency, 1.0)
+
+	// the scaling table: one GPU is the ordinary plan, the others ranks
+	code, out, errOut = cnnc("plan", "--gpu", "h200", "--scaling", "1,2,8", "--json", simple)
+	require.Equal(t, 0, code, errOut)
+	var s struct {
+		Rows []struct {
+			GPUs       int     `json:"gpus"`
+			Global     int64   `json:"global_batch"`
+			Step       float64 `json:"predicted_step_seconds"`
+			Samples    float64 `json:"samples_per_second"`
+			Efficiency float64 `json:"scaling_efficiency"`
+		} `json:"scaling"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &s))
+	require.Len(t, s.Rows, 3)
+	assert.Equal(t, 1.0, s.Rows[0].Efficiency)
+	for i, n := range []int{1, 2, 8} {
+		r := s.Rows[i]
+		assert.Equal(t, n, r.GPUs)
+		assert.Equal(t, int64(32*n), r.Global)
+		assert.InEpsilon(t, float64(r.Global)/r.Step, r.Samples, 1e-9)
+		assert.InEpsilon(t, s.Rows[0].Step/r.Step, r.Efficiency, 1e-9)
+	}
+}
+
+func TestPlanScalingBadFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--gpus", "2", "--interconnect", "pcie"}, "--interconnect and --nnodes describe the all-reduce's links: they need --gpu and --gpus N or --scaling"},
+		{[]string{"--gpu", "h200", "--nnodes", "2"}, "they need --gpu and --gpus N or --scaling"},
+		{[]string{"--scaling", "1,2"}, "--scaling predicts steps: it needs --gpu"},
+		{[]string{"--gpu", "h200", "--gpus", "2", "--scaling", "1,2"}, "--scaling gives the GPU counts itself: drop --gpus"},
+		{[]string{"--gpu", "h200", "--gpus", "2", "--interconnect", "infiniband"}, `--interconnect "infiniband": want nvlink, pcie or ib`},
+		{[]string{"--gpu", "h200", "--scaling", "2,1"}, `--scaling "2,1": list the GPU counts in increasing order`},
+		{[]string{"--gpu", "h200", "--scaling", "1,two"}, `--scaling "1,two": "two" is not a GPU count between 1 and 65536`},
+		{[]string{"--gpu", "h200", "--scaling", "1,2,4", "--nnodes", "4"}, `--scaling "1,2,4": 2 GPUs do not split evenly over --nnodes 4`},
+		{[]string{"--gpu", "h200", "--gpus", "2", "--nnodes", "0"}, "--nnodes 0: want between 1 and 65536 machines"},
+		{[]string{"--gpu", "l4", "--scaling", "1,2", "--interconnect", "nvlink"}, "--interconnect: the L4 has no NVLink (use pcie)"},
+		{[]string{"--gpu", "h200", "--gpus", "4", "--nnodes", "3"}, "--gpus 4: the GPUs do not split evenly over --nnodes 3 machines"},
+		{[]string{"--gpu", "h200", "--gpus", "2", "--shard-optimizer"}, "--shard-optimizer with --gpu: the performance model predicts the unsharded step only"},
+	} {
+		code, _, errOut := cnnc(append([]string{"plan", simple}, c.args...)...)
+		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)
+		assert.Contains(t, errOut, c.msg, "%v", c.args)
+	}
+}
+
+// cnnc build --gpu NAME under a budget builds the plan the performance
+// model chooses — the one cnnc plan --gpu NAME reports (same budget, same
+// GPU): the same peak and strategy, and the kernels sized for the GPU.
+func TestBuildGPUBuildsTheFastestPlan(t *testing.T) {
+	nvcc.Require(t)
+	const mnist = "../../examples/mnist.cnn"
+	code, out, errOut := cnnc("plan", "--gpu", "h200", "--json", "--memory-budget", "1.8MB", mnist)
+	require.Equal(t, 0, code, errOut)
+	var p struct {
+		PeakBytes int64   `json:"peak_bytes"`
+		Strategy  string  `json:"strategy"`
+		Step      float64 `json:"predicted_step_seconds"`
+		Alts      []struct {
+			Strategy string `json:"strategy"`
+		} `json:"alternatives"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &p))
+	dir := t.TempDir()
+	code, out, errOut = cnnc("build", "--gpu", "h200", "--memory-budget", "1.8MB", "--emit-cuda", dir, mnist)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, fmt.Sprintf("predicted on H200 SXM: %s, %.1f µs a step, the fastest of %d plans that meet the budget", p.Strategy, 1e6*p.Step, len(p.Alts)))
+	assert.Contains(t, out, p.Strategy+")\n", "the planned-memory line names the chosen plan's strategy")
+	// the same build without --gpu keeps the planner's own order, and the
+	// same --gpu without a budget the one plan there is
+	code, out, errOut = cnnc("build", "--gpu", "h200", "--memory-budget", "none", "--emit-cuda", dir, mnist)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "the fastest of 1 plans that meet the budget")
+
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--gpu", "v100", "--emit-cuda", dir}, `cnnc build: --gpu: unknown GPU "v100"`},
+		{[]string{"--gpu", "h200", "--target", "emu", "-o", filepath.Join(dir, "t")}, "cnnc build: --gpu h200 chooses among CUDA plans: it needs --target cuda"},
+		{[]string{"--gpu", "h200", "--infer", "-o", filepath.Join(dir, "t")}, "no --emit-cuda, --memory-budget or --gpu"},
+	} {
+		code, _, errOut := cnnc(append([]string{"build", mnist}, c.args...)...)
+		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)
+		assert.Contains(t, errOut, c.msg, "%v", c.args)
+	}
 }
