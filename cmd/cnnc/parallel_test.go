@@ -221,6 +221,13 @@ func TestBuiltOneRankDataParallelTrainer(t *testing.T) {
 	require.Error(t, err, out)
 	assert.Contains(t, out, "libnccl.so.2", "the error names the library")
 
+	// gpu_check times its step: --bench on the rank (its share, the global batch's count)
+	bench := exec.Command(dp, "--bench", "2")
+	bench.Env = fakenccl.Environ(lib, os.Environ())
+	bout, err := bench.CombinedOutput()
+	require.NoError(t, err, "%s", bout)
+	assert.Regexp(t, `bench: MNISTNet on .*, batch 16: median step [\d.]+ ms over 2 steps`, string(bout))
+
 	ckDP, ckPlain := filepath.Join(dir, "dp1.safetensors"), filepath.Join(dir, "plain.safetensors")
 	out, err = run(fakenccl.Environ(lib, os.Environ()), dp, "--checkpoint", ckDP)
 	require.NoError(t, err, out)
