@@ -259,7 +259,8 @@ def nccl_job(run, args, gpu, fake, gpu_name):
     """Step 7: the 1-rank NCCL trainers against the real libnccl (the fake
     one under --fake): what the data-parallel step adds to the plain one's,
     and whether 20 MNIST steps give the plain trainer's bits."""
-    result = {"device": gpu_name}
+    result = {"device": gpu_name, "note": "adds: the 1-rank data-parallel step (split updates, the buckets' all-reduces on a second stream, "
+              "the waits for them) less the plain step, both kernel by kernel" + (" (not a GPU: the emulator's times, the fake libnccl)" if fake else "")}
     if not gpu:
         run.row("nccl: 1-rank job", "skipped: the CPU target's all-reduce sums host memory, which only the fake libnccl can (use --fake)")
         return
@@ -287,11 +288,11 @@ def nccl_job(run, args, gpu, fake, gpu_name):
             steps = 3  # the emulator: check that it runs, not how fast
         # back to back, the same steps, the same bench; the plain trainer
         # kernel by kernel, as a rank runs (no CUDA graph)
-        plain_ms, _, _ = bench(run, plain, steps, ("--cuda-graph=false",))
+        plain_ms, plain_arena, _ = bench(run, plain, steps, ("--cuda-graph=false",))
         graph_ms, _, _ = bench(run, plain, steps)
         dp_ms, arena, out = bench(run, dp, steps, env=env)
         row = {"model": name, "steps": steps, "plain_kernel_by_kernel_ms": plain_ms, "plain_cuda_graph_ms": graph_ms,
-               "nccl_1rank_ms": dp_ms, "nccl_arena_bytes": arena}
+               "nccl_1rank_ms": dp_ms, "plain_arena_bytes": plain_arena, "nccl_arena_bytes": arena}
         if dp_ms is None or plain_ms is None:
             run.row(f"nccl {name}: 1 rank vs plain", f"FAIL (nccl {dp_ms}, plain {plain_ms} ms/step)")
         else:
