@@ -16,8 +16,6 @@ package trainer
 import (
 	"fmt"
 	"math"
-
-	"github.com/cnnc/cnnc/runtime/device"
 )
 
 // AgreeStop is called by every data-parallel rank at the same step
@@ -44,7 +42,7 @@ func (s *Session) AgreeStop(asked bool) (bool, error) {
 	if err := s.Dev.CopyIn(s.stopFlag, f32bytes([]float32{flag})); err != nil {
 		return false, err
 	}
-	if err := s.reduceOnDevice(s.stopFlag, 1); err != nil {
+	if err := s.reducer.AllReduce(s.stopFlag, 1); err != nil {
 		return false, fmt.Errorf("rank %d: agreeing whether to stop: %w", s.rank, err)
 	}
 	if err := s.Dev.Sync(); err != nil {
@@ -56,19 +54,4 @@ func (s *Session) AgreeStop(asked bool) (bool, error) {
 	}
 	sum := bytesf32(b)[0]
 	return sum > 0 && !math.IsNaN(float64(sum)), nil
-}
-
-// reduceOnDevice sums count float32 at p over the ranks, queued after the
-// device's work. On a GPU the collective must be queued from the device's
-// thread, where its context is current (runtime/cuda.Device.OnStream):
-// NCCL reads the device and the stream's capture state from there.
-func (s *Session) reduceOnDevice(p device.Ptr, count int) error {
-	on, ok := s.Dev.(interface {
-		OnStream(func(uintptr) error) error
-	})
-	sr, streams := s.reducer.(StreamReducer)
-	if !ok || !streams {
-		return s.reducer.AllReduce(p, count)
-	}
-	return on.OnStream(func(stream uintptr) error { return sr.AllReduceOn(stream, p, count) })
 }
