@@ -121,11 +121,13 @@ func (r *runner) joinRanks() error {
 		comm, err = lib.CommInitRank(id, cfg.WorldSize, cfg.Rank)
 		return err
 	}
+	var onDevice func(func(uintptr) error) error
 	if on, ok := r.dev.(interface {
 		OnStream(func(uintptr) error) error
 	}); ok {
 		// a GPU: NCCL takes the device from the context current on the
 		// calling thread, the device's (runtime/cuda.Device.OnStream)
+		onDevice = on.OnStream
 		err = on.OnStream(initRank)
 	} else {
 		err = initRank(0)
@@ -134,5 +136,5 @@ func (r *runner) joinRanks() error {
 		return fmt.Errorf("rank %d: %w", cfg.Rank, err)
 	}
 	r.closers = append(r.closers, comm.Destroy)
-	return r.sess.SetParallel(cfg.Rank, nccl.Reducer{Comm: comm})
+	return r.sess.SetParallel(cfg.Rank, nccl.Reducer{Comm: comm, On: onDevice})
 }
