@@ -27,7 +27,7 @@
    (split updates, the buckets' all-reduces on a second stream, the waits
    for them), in µs/step and %, beside the performance model's all-reduce
    prediction where `cnnc plan --gpu --gpus 1` gives one; and 20 MNIST steps
-   of the NCCL trainer against the plain one's (step 2's run): the same bits
+   of the NCCL trainer against the plain one's (step 2's data and seed): the same bits
    are expected, an all-reduce over one rank being the identity and a split
    update reading the gradient the fused one held. Written to
    OUT/nccl.json.
