@@ -16,7 +16,21 @@
    and the performance model's calibration: its predicted time per kernel
    and per step (`cnnc plan --gpu`, made when the bundle was built, in
    predicted/) beside the measured ones, written to OUT/calibration.json;
-6. compute-sanitizer memcheck over a few trainer steps.
+6. compute-sanitizer memcheck over a few trainer steps;
+7. the 1-rank NCCL job (issue 15): trainers built with `cnnc build --gpus 1
+   --data-parallel` (SimpleCNN B=32, MNIST B=64) run against the machine's
+   real libnccl.so.2 — $CNNC_NCCL_LIBRARY, else the one PyTorch's wheels
+   bring (nvidia.nccl's lib/ or torch's lib/), else the loader's (ldconfig);
+   none: "skipped: no libnccl", not a failure. Their steady-state step
+   (bench, as step 3) beside the plain trainer's at the same batch, kernel
+   by kernel (a rank runs no CUDA graph): what the data-parallel step adds
+   (split updates, the buckets' all-reduces on a second stream, the waits
+   for them), in µs/step and %, beside the performance model's all-reduce
+   prediction where `cnnc plan --gpu --gpus 1` gives one; and 20 MNIST steps
+   of the NCCL trainer against the plain one's (step 2's data and seed): the same bits
+   are expected, an all-reduce over one rank being the identity and a split
+   update reading the gradient the fused one held. Written to
+   OUT/nccl.json.
 
 It prints one short table last and writes the whole log to OUT/gpu-check.log
 (OUT: $OUT, else ./out). Two modes test the script on a machine without a
@@ -85,8 +99,8 @@ def unpack(run):
             run.log.write(f"unpacked {target}\n")
 
 
-def bench(run, binary, steps, extra=()):
-    code, out = run.sh(f"bench {binary}", [f"bin/{binary}", "--bench", str(steps), "--device", run.dev, *extra], 240)
+def bench(run, binary, steps, extra=(), env=None):
+    code, out = run.sh(f"bench {binary}", [f"bin/{binary}", "--bench", str(steps), "--device", run.dev, *extra], 240, env)
     m = re.search(r"median step ([\d.]+) ms .* ([\d]+) images/s, arena (\d+) bytes", out)
     if code != 0 or not m:
         return None, None, out
@@ -163,12 +177,173 @@ def calibrate(run, name, binary, gpu, steps_ms):
     return {"model": name, "gpu": gpu, "rows": [dict(zip(("kernel", "predicted_us", "measured_us", "ratio"), r)) for r in rows]}
 
 
+def find_nccl():
+    """The libnccl.so.2 to run the NCCL trainers against, and where it was
+    found; (None, why) when the machine has none. No network: only what is
+    installed — $CNNC_NCCL_LIBRARY, PyTorch's pip wheels (nvidia-nccl-cu*'s
+    nvidia/nccl/lib, or torch/lib), the dynamic loader's cache."""
+    import glob
+    import importlib.util
+    env = os.environ.get("CNNC_NCCL_LIBRARY")
+    if env:
+        return (env, "$CNNC_NCCL_LIBRARY") if os.path.exists(env) else (None, f"$CNNC_NCCL_LIBRARY={env} does not exist")
+    candidates = []
+    for mod, sub in (("nvidia.nccl", "lib"), ("torch", "lib")):
+        try:
+            spec = importlib.util.find_spec(mod)
+        except (ImportError, ValueError):
+            spec = None
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            candidates += [(p, f"{mod} ({d})") for p in sorted(glob.glob(os.path.join(d, sub, "libnccl.so*")))]
+    for d in sys.path:  # nvidia-nccl-cu* without an importable nvidia package
+        candidates += [(p, "site-packages") for p in sorted(glob.glob(os.path.join(d, "nvidia", "nccl", "lib", "libnccl.so*")))]
+    try:
+        cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        cache = ""
+    candidates += [(m.group(1), "ldconfig") for m in re.finditer(r"libnccl\.so\.2 \(.*?\) => (\S+)", cache)]
+    for path, where in candidates:
+        if os.path.exists(path):
+            return os.path.realpath(path), where
+    return None, "no libnccl.so.2 in $CNNC_NCCL_LIBRARY, PyTorch's wheels (nvidia.nccl, torch/lib) or the loader's cache"
+
+
+def same_bits(want_path, got_path):
+    """Compares two checkpoints tensor by tensor: (tensors, differing names,
+    the worst difference relative to its tensor's largest magnitude)."""
+    import struct
+    sys.path.insert(0, HERE)
+    from cnnc_checkpoint import read
+    want, got = read(want_path)[0], read(got_path)[0]
+    differ, worst = [], 0.0
+    for name, (_, w) in want.items():
+        g = got.get(name, (None, None))[1]
+        if g == w:
+            continue
+        differ.append(name)
+        if g is None or len(g) != len(w):
+            worst = float("inf")
+            continue
+        wf, gf = struct.unpack(f"<{len(w) // 4}f", w), struct.unpack(f"<{len(g) // 4}f", g)
+        scale = max(max(abs(x) for x in wf), 1e-30)
+        worst = max(worst, max(abs(x - y) for x, y in zip(wf, gf)) / scale)
+    return len(want), differ, worst
+
+
+def predicted_all_reduce(gpu):
+    """The performance model's all-reduce cost for one rank at SimpleCNN
+    B=32, where the bundle's `cnnc plan --gpu --gpus 1 --json` has one: the
+    exposed (not hidden by the backward pass) and total seconds; None when
+    the model predicts none for one rank."""
+    path = os.path.join(HERE, "predicted", f"simplecnn-b32.{gpu}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    found = {}
+
+    def walk(v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k in ("exposed_all_reduce_seconds", "all_reduce_seconds") and isinstance(x, (int, float)):
+                    found.setdefault(k, x)
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+    walk(data)
+    return found or None
+
+
+def nccl_job(run, args, gpu, fake, gpu_name):
+    """Step 7: the 1-rank NCCL trainers against the real libnccl (the fake
+    one under --fake): what the data-parallel step adds to the plain one's,
+    and whether 20 MNIST steps give the plain trainer's bits."""
+    result = {"device": gpu_name, "note": "adds: the 1-rank data-parallel step (split updates, the buckets' all-reduces on a second stream, "
+              "the waits for them) less the plain step, both kernel by kernel" + (" (not a GPU: the emulator's times, the fake libnccl)" if fake else "")}
+    if not gpu:
+        run.row("nccl: 1-rank job", "skipped: the CPU target's all-reduce sums host memory, which only the fake libnccl can (use --fake)")
+        return
+    pairs = [("simplecnn B=32", "simplecnn-b32-cuda", "simplecnn-b32-nccl-cuda", 100), ("mnist B=64", "mnist-cuda", "mnist-nccl-cuda", 100)]
+    if not all(os.path.exists(os.path.join(HERE, "bin", b)) for _, _, b, _ in pairs):
+        run.row("nccl: 1-rank job", "FAIL: the bundle has no NCCL trainers (make-gpu-bundle.sh builds them)")
+        return
+    if fake:
+        lib, where = os.path.join(os.path.abspath(args.fake), "libnccl.so.2"), "the fake libnccl (--fake)"
+        if not os.path.exists(lib):
+            lib = None
+    else:
+        lib, where = find_nccl()
+    result["library"], result["found_in"] = lib, where
+    if lib is None:
+        run.row("nccl: 1-rank job", f"skipped: no libnccl ({where})")
+        result["skipped"] = "no libnccl"
+        write_json(args.out, "nccl.json", result)
+        return
+    run.row("nccl: library", f"{lib} ({where})")
+    env = {"CNNC_NCCL_LIBRARY": lib}
+    result["timing"] = []
+    for name, plain, dp, steps in pairs:
+        if fake:
+            steps = 3  # the emulator: check that it runs, not how fast
+        # back to back, the same steps, the same bench; the plain trainer
+        # kernel by kernel, as a rank runs (no CUDA graph)
+        plain_ms, plain_arena, _ = bench(run, plain, steps, ("--cuda-graph=false",))
+        graph_ms, _, _ = bench(run, plain, steps)
+        dp_ms, arena, out = bench(run, dp, steps, env=env)
+        row = {"model": name, "steps": steps, "plain_kernel_by_kernel_ms": plain_ms, "plain_cuda_graph_ms": graph_ms,
+               "nccl_1rank_ms": dp_ms, "plain_arena_bytes": plain_arena, "nccl_arena_bytes": arena}
+        if dp_ms is None or plain_ms is None:
+            run.row(f"nccl {name}: 1 rank vs plain", f"FAIL (nccl {dp_ms}, plain {plain_ms} ms/step)")
+        else:
+            row["adds_us"] = 1e3 * (dp_ms - plain_ms)
+            row["adds_percent"] = 100 * (dp_ms - plain_ms) / plain_ms
+            run.row(f"nccl {name}: 1 rank vs plain", f"{dp_ms:.3f} vs {plain_ms:.3f} ms/step kernel by kernel: the data-parallel step adds "
+                    f"{row['adds_us']:.1f} µs/step ({row['adds_percent']:+.1f}%)"
+                    + (f"; plain with its CUDA graph {graph_ms:.3f} ms/step" if graph_ms else ""))
+        result["timing"].append(row)
+    mgpu = model_gpu(gpu_name)
+    pred = predicted_all_reduce(mgpu)
+    result["predicted"] = pred
+    if pred:
+        run.row("nccl simplecnn B=32: model's all-reduce for 1 rank (prediction)",
+                ", ".join(f"{k.replace('_seconds', '')} {1e6 * v:.1f} µs" for k, v in sorted(pred.items())))
+    else:
+        run.row("nccl simplecnn B=32: model's all-reduce for 1 rank", f"no prediction in the bundle (`cnnc plan --gpu {mgpu} --gpus 1 --json` gives none)")
+    # the same 20 steps as step 2: the plain trainer's bits expected
+    cks = {}
+    for binary in ("mnist-cuda", "mnist-nccl-cuda"):
+        ck = os.path.join(args.out, f"{binary}-20.safetensors")
+        code, out = run.sh(f"nccl parity {binary}", [f"bin/{binary}", "--device", "cuda", "--data", "data/mnist-small", "--test", "",
+                                                     "--no-shuffle", "--seed", "1", "--max-steps", "20", "--checkpoint", ck, "--quiet"], 180, env)
+        cks[binary] = ck if code == 0 else None
+        if code != 0:
+            run.row(f"nccl parity: {binary} 20 steps", f"FAIL (exit {code})")
+    if all(cks.values()):
+        n, differ, worst = same_bits(cks["mnist-cuda"], cks["mnist-nccl-cuda"])
+        result["parity"] = {"tensors": n, "differing": differ, "worst_relative_difference": worst}
+        if not differ:
+            run.row("nccl parity: 20 mnist steps, 1 rank vs plain", f"the same bits in all {n} tensors")
+        else:
+            # not the identity: say where; a failure only past the fp32
+            # drift step 2 allows between devices (compare_safetensors.py)
+            verdict = "FAIL" if worst >= 1e-3 else "not the same bits, within fp32 drift"
+            run.row("nccl parity: 20 mnist steps, 1 rank vs plain",
+                    f"{verdict}: {len(differ)}/{n} tensors differ (worst relative {worst:.2e}: {', '.join(differ[:3])})")
+    write_json(args.out, "nccl.json", result)
+
+
+def write_json(out, name, value):
+    with open(os.path.join(out, name), "w") as f:
+        json.dump(value, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="run trainers on the CPU emulator (no GPU needed)")
     ap.add_argument("--fake", metavar="DIR", help="run the CUDA binaries under the fake libcuda in DIR (no GPU needed)")
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(os.getcwd(), "out"))
-    ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: kernels parity epoch timing torch profile calibrate memcheck")
+    ap.add_argument("--skip", nargs="*", default=[], help="steps to skip: kernels parity epoch timing torch profile calibrate memcheck nccl")
     args = ap.parse_args()
     args.out = os.path.abspath(args.out)  # the steps run in the bundle's folder
     gpu = not args.cpu
@@ -280,14 +455,14 @@ def main():
 
     # 5b. the performance model against the measurement, kernel by kernel
     if "calibrate" not in args.skip:
-        gpu = model_gpu(gpu_name)
+        mgpu = model_gpu(gpu_name)
         table = []
         for name, binary in [("simplecnn-b32", "simplecnn-b32"), ("simplecnn-b256", "simplecnn-b256"), ("mnist", "mnist")]:
             b = binary + ("-cuda" if gpu else "-cpu")
             if not os.path.exists(os.path.join(HERE, "bin", b)) or (fake and "b256" in b):
                 continue
             label = {"simplecnn-b32": "simplecnn B=32", "simplecnn-b256": "simplecnn B=256", "mnist": "mnist B=64"}[name]
-            r = calibrate(run, name, b, gpu, cnnc.get(label, (None, None))[0])
+            r = calibrate(run, name, b, mgpu, cnnc.get(label, (None, None))[0])
             if r:
                 table.append(r)
         with open(os.path.join(args.out, "calibration.json"), "w") as f:
@@ -302,6 +477,10 @@ def main():
             run.row("compute-sanitizer memcheck (5 steps)", f"{m.group(1) if m else '?'} errors (exit {code})")
         else:
             run.row("compute-sanitizer memcheck", "not installed")
+
+    # 7. the 1-rank NCCL job against the real library
+    if "nccl" not in args.skip:
+        nccl_job(run, args, gpu, fake, gpu_name)
 
     print("\n| check | result |\n|---|---|")
     for what, result in run.rows:

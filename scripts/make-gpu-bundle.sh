@@ -7,7 +7,8 @@
 # --cpu` exercises the whole script on a machine without a GPU. With
 # --fake DIR it builds the fake libcuda into DIR and registers the bundle's
 # kernels with it, so `python3 BUNDLE/gpu_check.py --fake DIR` runs the
-# bundle's CUDA binaries themselves without a GPU (make gpu-bundle-fake).
+# bundle's CUDA binaries themselves without a GPU (make gpu-bundle-fake);
+# the fake libnccl goes into DIR too, for the 1-rank NCCL trainers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=gpu-bundle
@@ -24,6 +25,7 @@ done
 if [ -n "$FAKE" ]; then
   go run ./internal/fakecuda/cmd/fakecuda "$FAKE"
   export CNNC_FAKECUDA="$FAKE" # cnnc build registers each fatbin's kernels
+  go run ./internal/fakenccl/cmd/fakenccl "$FAKE"
 fi
 rm -rf "$B"
 mkdir -p "$B/bin" "$B/data/mnist-small" "$B/expected"
@@ -32,6 +34,11 @@ build() { ./bin/cnnc build "$@" | tail -n 1; }
 build examples/simplecnn.cnn -o "$B/bin/simplecnn-b32-cuda" --target cuda --batch 32
 build examples/simplecnn.cnn -o "$B/bin/simplecnn-b256-cuda" --target cuda --batch 256 --memory-budget none
 build examples/mnist.cnn -o "$B/bin/mnist-cuda" --target cuda
+# the data-parallel step of one rank (--gpus 1 --data-parallel), beside the
+# plain trainers above at the same batch: gpu_check runs it against the
+# GPU machine's NCCL and measures what the all-reduce path adds
+build examples/simplecnn.cnn -o "$B/bin/simplecnn-b32-nccl-cuda" --target cuda --batch 32 --gpus 1 --data-parallel
+build examples/mnist.cnn -o "$B/bin/mnist-nccl-cuda" --target cuda --gpus 1 --data-parallel
 build examples/mnist.cnn -o "bin/mnist-cpu" --target cpu
 if [ "$CPU" = 1 ]; then
   cp bin/mnist-cpu "$B/bin/mnist-cpu"
@@ -53,7 +60,9 @@ bin/mnist-cpu --device cpu --data "$B/data/mnist-small" --test "" --no-shuffle -
 # a few minutes of emulator tracing here).
 mkdir -p "$B/predicted"
 for gpu in ${CNNC_BUNDLE_GPUS:-h200}; do
-  ./bin/cnnc plan --gpu "$gpu" --json --batch 32 examples/simplecnn.cnn > "$B/predicted/simplecnn-b32.$gpu.json"
+  # --gpus 1: where the model predicts the all-reduce of one rank, gpu_check
+  # sets it beside the 1-rank NCCL trainer's measured cost
+  ./bin/cnnc plan --gpu "$gpu" --gpus 1 --json --batch 32 examples/simplecnn.cnn > "$B/predicted/simplecnn-b32.$gpu.json"
   if [ -z "$FAKE" ]; then # the fake rehearsal does not time B=256
     ./bin/cnnc plan --gpu "$gpu" --json --batch 256 --memory-budget none examples/simplecnn.cnn > "$B/predicted/simplecnn-b256.$gpu.json"
   fi

@@ -69,6 +69,7 @@ IMAGE_OR_DIR..., with the trainer's checkpoints.`,
 	cmd.Flags().StringVar(&bf.budget, "memory-budget", "", "memory budget, a `SIZE` such as 40MB or 64MiB (or none), overriding the train block's")
 	cmd.Flags().StringVar(&bf.gpu, "gpu", "", "CUDA target: size the kernels' launches for this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+") and, under a memory budget, build the plan the performance model predicts fastest of those that meet it (what cnnc plan --gpu reports; needs nvcc and g++)")
 	cmd.Flags().IntVar(&bf.gpus, "gpus", 1, "build a data-parallel trainer of `N` ranks (the plan of one rank: its share batch/N of every batch; the trainer launches them, one per GPU, summing gradients with NCCL)")
+	cmd.Flags().BoolVar(&bf.dataParallel, "data-parallel", false, "with --gpus 1: build the data-parallel trainer of one rank all the same (gradient buckets summed by NCCL, split updates), to measure what the NCCL path costs on one GPU")
 	cmd.Flags().BoolVar(&bf.shardOpt, "shard-optimizer", false, "with --gpus: each rank keeps the optimizer state of its share of the parameters only (ZeRO stage 1), updates them and broadcasts them to the others")
 	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
 	f.registerInfer(cmd, "build an inference-only binary: forward kernels only (batch norm folded into the conv before it, conv+bias+activation+pool fused, no argmax, gradients or optimizer state) on its own memory plan (cnnc plan --infer), with the trainer's predict command, loading the trainer's checkpoints")
@@ -80,7 +81,7 @@ type buildFlags struct {
 	emitCUDA, output, target, workDir, budget string
 	gpu                                       string // perf's GPU: launch geometry and the fastest plan
 	gpus                                      int    // data-parallel ranks (plan.Config.Ranks)
-	shardOpt                                  bool
+	shardOpt, dataParallel                    bool
 }
 
 // builder is one run of cnnc build: the model file, where it reports,
@@ -131,12 +132,12 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 		fmt.Fprintf(stderr, "cnnc build: --gpus %d: want between 1 and %d ranks\n", bf.gpus, plan.MaxRanks)
 		return exitError{exitUsage}
 	}
-	if bf.gpus > 1 {
+	if bf.gpus > 1 || bf.dataParallel {
 		if bf.shardOpt && target != "cpu" {
 			fmt.Fprintf(stderr, "cnnc build: --shard-optimizer: the sharded optimizer step is built for the CPU target only so far (its parameter broadcasts are not queued on the GPU's stream)\n")
 			return exitError{exitUsage}
 		}
-		cfg.Ranks, cfg.ShardOptimizer = bf.gpus, bf.shardOpt
+		cfg.Ranks, cfg.ShardOptimizer, cfg.DataParallel = bf.gpus, bf.shardOpt, bf.dataParallel
 	}
 	if bf.shardOpt && bf.gpus < 2 {
 		fmt.Fprintf(stderr, "cnnc build: --shard-optimizer shares the optimizer state among data-parallel ranks: it needs --gpus 2 or more\n")

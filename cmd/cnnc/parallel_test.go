@@ -188,6 +188,64 @@ func TestBuiltDataParallelTrainer(t *testing.T) {
 	})
 }
 
+// A trainer built with --gpus 1 --data-parallel is the data-parallel step
+// of one rank — gradient buckets summed by NCCL, updates split off the
+// weight-gradient kernels — the job gpu_check runs against the real NCCL on
+// one GPU. It needs NCCL (a missing library is a clear error, so the path
+// runs), and its checkpoint holds the bits of the plain trainer at the same
+// batch: an all-reduce over one rank returns its input, a split update
+// reads the fp32 gradient the fused one held in a register, and the loss
+// (rounded once more as a rank's share: __fmul_rn(total, invBatch) into
+// the sum of one) is only reported, never differentiated.
+func TestBuiltOneRankDataParallelTrainer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two trainer binaries")
+	}
+	mnist, err := datasets.MNISTDir()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "nccl")
+	require.NoError(t, fakenccl.Build(lib))
+	dp := buildMNISTVariant(t, dir, "dp1", "batch = 16", "--gpus", "1", "--data-parallel")
+	plain := buildMNISTVariant(t, dir, "plain", "batch = 16")
+	common := []string{"--data", mnist, "--test", "", "--max-steps", "4", "--quiet"}
+	run := func(env []string, bin string, args ...string) (string, error) {
+		cmd := exec.Command(bin, append(common, args...)...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+
+	// without NCCL the job stops, naming the library
+	out, err := run(append(os.Environ(), "CNNC_NCCL_LIBRARY="+filepath.Join(dir, "absent", "libnccl.so.2")), dp)
+	require.Error(t, err, out)
+	assert.Contains(t, out, "libnccl.so.2", "the error names the library")
+
+	// gpu_check times its step: --bench on the rank (its share, the global batch's count)
+	bench := exec.Command(dp, "--bench", "2")
+	bench.Env = fakenccl.Environ(lib, os.Environ())
+	bout, err := bench.CombinedOutput()
+	require.NoError(t, err, "%s", bout)
+	assert.Regexp(t, `bench: MNISTNet on .*, batch 16: median step [\d.]+ ms over 2 steps`, string(bout))
+
+	ckDP, ckPlain := filepath.Join(dir, "dp1.safetensors"), filepath.Join(dir, "plain.safetensors")
+	out, err = run(fakenccl.Environ(lib, os.Environ()), dp, "--checkpoint", ckDP)
+	require.NoError(t, err, out)
+	out, err = run(os.Environ(), plain, "--checkpoint", ckPlain)
+	require.NoError(t, err, out)
+	a, err := checkpoint.Read(ckDP)
+	require.NoError(t, err)
+	b, err := checkpoint.Read(ckPlain)
+	require.NoError(t, err)
+	assert.Equal(t, "4", a.Metadata["step"])
+	require.Equal(t, len(b.Tensors), len(a.Tensors))
+	for _, tb := range b.Tensors {
+		ta, ok := a.Tensor(tb.Name)
+		require.True(t, ok, tb.Name)
+		assert.Equal(t, tb.Data, ta.Data, "%s: the same bits", tb.Name)
+	}
+}
+
 // waitForRank is the pid of the child of launcher whose RANK is rank, once
 // rank 0 has logged a step (the job is training); bounded by a minute.
 func waitForRank(t *testing.T, launcher int, rank, log string) int {

@@ -1,7 +1,8 @@
 package plan
 
 // Data parallelism: the plan of one rank of N, each training on its share
-// of every batch (Config.Ranks > 1; Config.Batch is then the global batch,
+// of every batch (Config.Ranks > 1, or 1 with Config.DataParallel: the
+// NCCL path of one GPU; Config.Batch is then the global batch,
 // which must split evenly: rank r takes samples r·B/N .. (r+1)·B/N−1 of
 // each batch, so N ranks see what one device sees).
 //
@@ -167,7 +168,7 @@ type dpConfig struct {
 // rankConfig checks cfg's ranks and returns the data-parallel setting and
 // the rank's share of the batch.
 func rankConfig(g *ir.Graph, cfg Config) (*dpConfig, int64, error) {
-	if cfg.Ranks <= 1 {
+	if cfg.Ranks < 1 || (cfg.Ranks == 1 && !cfg.DataParallel) {
 		if cfg.Ranks < 0 {
 			return nil, 0, fmt.Errorf("plan: %d ranks: at least 1", cfg.Ranks)
 		}

@@ -187,7 +187,8 @@ func TestDataParallelPlansEveryExample(t *testing.T) {
 	checkBuckets(t, tight, plan.DefaultFirstBucketBytes, plan.DefaultBucketBytes)
 }
 
-// One rank is the one-device plan; bad rank counts are errors.
+// One rank is the one-device plan unless data parallelism is asked for;
+// bad rank counts are errors.
 func TestDataParallelConfig(t *testing.T) {
 	g := compileFile(t, "../../examples/simplecnn.cnn").Graph
 	one := build(t, g, plan.Config{Batch: 32})
@@ -195,6 +196,16 @@ func TestDataParallelConfig(t *testing.T) {
 	assert.Nil(t, r1.DataParallel)
 	assert.Equal(t, one.PeakBytes, r1.PeakBytes)
 	assert.Equal(t, one.Choices, r1.Choices)
+	// asked for, one rank plans the data-parallel step all the same (the
+	// NCCL path on one GPU): buckets, split updates, the whole batch
+	dp1 := build(t, g, plan.Config{Batch: 32, Ranks: 1, DataParallel: true})
+	require.NotNil(t, dp1.DataParallel)
+	assert.Equal(t, 1, dp1.DataParallel.Ranks)
+	assert.EqualValues(t, 32, dp1.DataParallel.GlobalBatch)
+	assert.EqualValues(t, 32, dp1.Batch)
+	assert.NotEmpty(t, dp1.DataParallel.Buckets)
+	assert.Positive(t, dp1.DataParallel.SplitUpdates)
+	checkBuckets(t, dp1, plan.DefaultFirstBucketBytes, plan.DefaultBucketBytes)
 	for _, c := range []struct {
 		cfg plan.Config
 		msg string

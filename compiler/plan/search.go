@@ -60,6 +60,10 @@ type Config struct {
 	// ShardOptimizer (Ranks > 1): each rank keeps the optimizer state of
 	// its share of the parameters only (DataParallel.Shard).
 	ShardOptimizer bool
+	// DataParallel with Ranks 1 plans the data-parallel step of one rank
+	// all the same (buckets, split updates, the all-reduces NCCL runs over
+	// one rank): the job that measures what the NCCL path costs on one GPU.
+	DataParallel bool
 }
 
 // BudgetError says that no plan meets the budget, and what budget would.

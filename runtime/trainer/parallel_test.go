@@ -32,11 +32,15 @@ func TestSpecChecksTheDataParallelSide(t *testing.T) {
 	sp := *m.Spec
 	sp.DataParallel = &good
 	require.NoError(t, sp.Validate())
+	one := trainer.DataParallel{Ranks: 1, GlobalBatch: m.Spec.Batch, ReduceAfter: 1, Buckets: good.Buckets}
+	sp.DataParallel = &one // cnnc build --gpus 1 --data-parallel
+	require.NoError(t, sp.Validate())
 	for name, c := range map[string]struct {
 		edit func(*trainer.DataParallel)
 		want string
 	}{
-		"one rank":                   {func(d *trainer.DataParallel) { d.Ranks = 1 }, "do not make the global batch"},
+		"no rank":                    {func(d *trainer.DataParallel) { d.Ranks = 0 }, "do not make the global batch"},
+		"one rank of the batch 2B":   {func(d *trainer.DataParallel) { d.Ranks = 1 }, "do not make the global batch"},
 		"global batch":               {func(d *trainer.DataParallel) { d.GlobalBatch++ }, "do not make the global batch"},
 		"reduce after":               {func(d *trainer.DataParallel) { d.ReduceAfter = len(m.Spec.Train.Launches) + 1 }, "the all-reduce after launch"},
 		"bucket outside":             {func(d *trainer.DataParallel) { d.Buckets[0].Offset = m.Spec.ArenaBytes - 4 }, "is not float32 values inside the arena"},

@@ -262,7 +262,7 @@ func (s *Spec) validateParallel() error {
 	if dp == nil {
 		return nil
 	}
-	if dp.Ranks < 2 || dp.GlobalBatch != dp.Ranks*s.Batch {
+	if dp.Ranks < 1 || dp.GlobalBatch != dp.Ranks*s.Batch {
 		return fmt.Errorf("trainer: spec %s: %d ranks of batch %d do not make the global batch %d", s.Model, dp.Ranks, s.Batch, dp.GlobalBatch)
 	}
 	if dp.ReduceAfter < 0 || dp.ReduceAfter > len(s.Train.Launches) {

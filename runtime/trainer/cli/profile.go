@@ -119,7 +119,12 @@ func (r *runner) runBench() (int, error) {
 	}
 	sess.LR = lr
 	rng := rand.New(rand.NewPCG(o.seed, 7))
-	b := trainer.Batch{Valid: o.batch, Pixels: make([]uint8, o.batch*sp.H*sp.W*sp.C), Labels: make([]int32, o.batch)}
+	n, global := o.batch, 0
+	if sp.DataParallel != nil && r.rank != nil {
+		// a rank times its share of the global batch (--batch), as it trains
+		n, global = sp.Batch, o.batch
+	}
+	b := trainer.Batch{Valid: n, GlobalValid: global, Pixels: make([]uint8, n*sp.H*sp.W*sp.C), Labels: make([]int32, n)}
 	for i := range b.Pixels {
 		b.Pixels[i] = uint8(rng.IntN(256))
 	}
