@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/codegen/cpu"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/runtime/trainer"
@@ -87,22 +88,33 @@ func bucketLaunches(b plan.Bucket, launches []*codegen.Launch) (readyAfter, need
 }
 
 // shard is a sharded optimizer's assignment: each parameter's owner (the
-// plan's owner of its state buffers), the update launches only the owner
-// runs, and each state tensor's scratch: its parameter's gradient buffer.
+// plan's owner of its state buffers) or the ranges its state is split in
+// (the plan's RangeElems), the update launches only the owner runs or
+// every rank runs on its range (the CPU target's update kernels take one:
+// cpu.UpdateRangeArgs), and each state tensor's scratch: its parameter's
+// gradient buffer.
 func shard(p *plan.Plan, train *codegen.Program, spec *trainer.Spec, reduceAfter int) (*trainer.Shard, error) {
 	sh := &trainer.Shard{}
 	index := map[string]int{}
 	for i, t := range spec.Params {
 		index[t.Name] = i
 		sh.Owners = append(sh.Owners, -1)
+		sh.Split = append(sh.Split, 0)
 	}
 	for _, prm := range p.Params {
 		i, ok := index[prm.Name]
 		if !ok {
 			return nil, fmt.Errorf("trainergen: the plan's parameter %s is not in the spec", prm.Name)
 		}
-		for _, id := range prm.State {
-			if o := p.Buffers[id].Owner - 1; o < 0 || (sh.Owners[i] >= 0 && sh.Owners[i] != o) {
+		for k, id := range prm.State {
+			b := p.Buffers[id]
+			if k > 0 && b.RangeElems != sh.Split[i] {
+				return nil, fmt.Errorf("trainergen: %s's optimizer state is split unalike", prm.Name)
+			}
+			if sh.Split[i] = b.RangeElems; b.RangeElems > 0 {
+				continue
+			}
+			if o := b.Owner - 1; o < 0 || (sh.Owners[i] >= 0 && sh.Owners[i] != o) {
 				return nil, fmt.Errorf("trainergen: %s's optimizer state is not one rank's", prm.Name)
 			} else {
 				sh.Owners[i] = o
@@ -115,13 +127,21 @@ func shard(p *plan.Plan, train *codegen.Program, spec *trainer.Spec, reduceAfter
 		}
 		for _, prm := range l.Node.UpdatedParams() {
 			i := index[prm.Name]
-			if sh.Owners[i] < 0 {
+			if sh.Owners[i] < 0 && sh.Split[i] == 0 {
 				continue // no state: every rank updates it
 			}
 			if li < reduceAfter || len(l.Node.UpdatedParams()) != 1 {
 				return nil, fmt.Errorf("trainergen: launch %d (%s) updates %s with others or before the all-reduce: a sharded parameter's update runs alone", li, l.Kernel, prm.Name)
 			}
-			sh.Updates = append(sh.Updates, trainer.ShardUpdate{Launch: li, Param: i})
+			u := trainer.ShardUpdate{Launch: li, Param: i}
+			if sh.Split[i] > 0 {
+				arg, ok := cpu.UpdateRangeArgs(l)
+				if !ok {
+					return nil, fmt.Errorf("trainergen: launch %d (%s) updates %s, whose optimizer state is split in element ranges, over the whole tensor: only the CPU target's update kernels take a range", li, l.Kernel, prm.Name)
+				}
+				u.RangeArg = arg
+			}
+			sh.Updates = append(sh.Updates, u)
 		}
 	}
 	grads := gradientOffsets(p)
@@ -143,6 +163,9 @@ func shard(p *plan.Plan, train *codegen.Program, spec *trainer.Spec, reduceAfter
 		}
 		sh.StateParams = append(sh.StateParams, index[owner.Name])
 		sh.Scratch = append(sh.Scratch, at)
+	}
+	for j := range spec.State {
+		spec.State[j].RankElems = sh.Split[sh.StateParams[j]]
 	}
 	return sh, nil
 }

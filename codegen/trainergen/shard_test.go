@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -21,12 +23,15 @@ import (
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
-// A sharded optimizer (ZeRO stage 1 over whole parameters) trains bit for
-// bit as one process with accumulate = N, for SGD with momentum and Adam
-// over 2 and 4 ranks: each rank updates its own parameters with the summed
-// gradient (the same kernels on the same bits as the unsharded step, see
+// A sharded optimizer (ZeRO stage 1) trains bit for bit as one process
+// with accumulate = N, for SGD with momentum and Adam over 2 and 4 ranks:
+// each rank updates its own parameters with the summed gradient (the same
+// kernels on the same bits as the unsharded step, see
 // TestDataParallelRanksEqualAccumulate) and broadcasts them, which copies
-// bits. A checkpoint written by rank 0 after gathering holds the whole
+// bits. h.weight (768 of the model's 885 parameters) has its state split in
+// element ranges over the ranks — each rank runs its update on its range —
+// so the largest share is about 1/N of the state: within the even share
+// plus the largest whole parameter's (aligned) state. A checkpoint written by rank 0 after gathering holds the whole
 // state, the same bits as the one process's; resumed from it on fresh
 // ranks, each loading its own share, the run goes on bit for bit (a
 // partial last batch included). So no tolerance.
@@ -47,11 +52,20 @@ func TestShardedOptimizerEqualsAccumulate(t *testing.T) {
 				require.NotNil(t, sh)
 				cost := dp.Plan.DataParallel.Shard
 				assert.Less(t, cost.ShardBytes, cost.StateBytes, "the state is shared out")
-				owners := map[int]bool{}
-				for _, o := range sh.Owners {
-					owners[o] = true
+				assert.Equal(t, []string{"h.weight"}, cost.SplitParams)
+				var largest int64
+				for i, p := range dp.Spec.Params {
+					if p.Name == "h.weight" {
+						assert.Equal(t, int64(768/ranks), sh.Split[i], "ranges of ⌈768/%d⌉ elements, a multiple of %d", ranks, plan.RangeAlignElems)
+						assert.Equal(t, -1, sh.Owners[i])
+						continue
+					}
+					assert.Zero(t, sh.Split[i], p.Name)
+					assert.True(t, sh.Owners[i] >= 0 && sh.Owners[i] < ranks, "%s: rank %d", p.Name, sh.Owners[i])
+					opts := int64(1 + strings.Count(opt, "adam"))
+					largest = max(largest, opts*((p.Bytes()+dp.Plan.Alignment-1)/dp.Plan.Alignment*dp.Plan.Alignment))
 				}
-				assert.Len(t, owners, min(ranks, len(sh.Owners)), "every rank holds some state: %v", sh.Owners)
+				assert.LessOrEqual(t, cost.ShardBytes, (cost.StateBytes+int64(ranks)-1)/int64(ranks)+largest, "about 1/%d of the state: %v", ranks, cost.RankBytes)
 
 				rng := rand.New(rand.NewPCG(7, uint64(ranks)))
 				sessions := shardedRanks(t, lib, dp, ranks)
@@ -76,6 +90,14 @@ func TestShardedOptimizerEqualsAccumulate(t *testing.T) {
 				badShard.Owners[0] = ranks
 				badDP.Shard, bad.DataParallel = &badShard, &badDP
 				require.ErrorContains(t, bad.Validate(), fmt.Sprintf("optimizer state lies with rank %d of %d", ranks, ranks))
+				badShard.Owners = sh.Owners
+				badShard.Split = slices.Clone(sh.Split)
+				for i, k := range badShard.Split {
+					if k > 0 {
+						badShard.Split[i] = k - plan.RangeAlignElems // ranges that miss the tensor's end
+					}
+				}
+				require.ErrorContains(t, bad.Validate(), "h.weight's optimizer state lies with rank -1")
 
 				resumed := shardedRanks(t, lib, dp, ranks)
 				for _, s := range resumed {
@@ -139,8 +161,16 @@ func compareShards(t *testing.T, one *trainer.Session, sessions []*trainer.Sessi
 		}
 	}
 	for j, st := range sessions[0].Spec.State {
+		want := read(one, st.Name, one.Spec.State)
+		if st.RankElems > 0 { // each rank's range
+			for r, s := range sessions {
+				lo, hi := st.RankRange(r)
+				require.Equal(t, want[lo:hi], read(s, st.Name, s.Spec.State), "%s's elements [%d, %d) on rank %d", st.Name, lo, hi, r)
+			}
+			continue
+		}
 		o := sh.Owners[sh.StateParams[j]]
-		require.Equal(t, read(one, st.Name, one.Spec.State), read(sessions[o], st.Name, sessions[o].Spec.State), "%s on its rank %d", st.Name, o)
+		require.Equal(t, want, read(sessions[o], st.Name, sessions[o].Spec.State), "%s on its rank %d", st.Name, o)
 	}
 }
 

@@ -112,6 +112,11 @@ type buffer struct {
 	// optimizer: shardState), placed in the shard region where the ranks'
 	// shares overlap.
 	owner int
+	// rangeElems > 0: optimizer state split in element ranges (a sharded
+	// optimizer: shardState): every rank keeps rangeElems elements of it,
+	// rank r's from element r·rangeElems, so bytes is one range's; the
+	// whole tensor is wholeBytes.
+	rangeElems, wholeBytes int64
 }
 
 func (i *inst) bytes() int64 {

@@ -35,7 +35,7 @@ func (a *analysis) materialize(c *candidate, cfg Config, strategy string) (*Plan
 	for _, b := range c.bufs {
 		first := b.insts[0]
 		pb := &Buffer{ID: b.id, Name: first.v.Name, Category: first.cat, Samples: first.samples, Bytes: b.bytes,
-			Offset: b.offset, FirstStep: b.first, LastStep: b.last, Loop: b.loop, Persistent: first.persistent, Owner: b.owner,
+			Offset: b.offset, FirstStep: b.first, LastStep: b.last, Loop: b.loop, Persistent: first.persistent, Owner: b.owner, RangeElems: b.rangeElems,
 			Recomputed: first.recomputed, Pos: source(first.v.Pos)}
 		pb.Type = typeAt(first.v.Type, first.samples)
 		if first.recomputed {

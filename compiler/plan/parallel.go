@@ -35,23 +35,30 @@ package plan
 // Sharding the optimizer state (Config.ShardOptimizer, ZeRO stage 1): each
 // rank keeps the optimizer state of its share of the parameters, updates
 // those parameters after the all-reduce and broadcasts them to the others.
-// Shards are whole parameters, not DeepSpeed's flat 1/N element ranges: a
-// parameter's update is one kernel compiled for the whole tensor (its
-// element count and state pointers built in), so a rank runs the update
+// A parameter whose state is larger than an eighth of an even share (the
+// state over the ranks, SplitFraction) is split in element ranges, as DeepSpeed's flat 1/N shares:
+// rank r keeps the state of elements [r·k, (r+1)·k) of it, k = ⌈n/N⌉
+// rounded up to RangeAlignElems, runs the update on that range only (the
+// CPU target's update kernels take an element range) and broadcasts the
+// range to the others (a broadcast per range is the all-gather; NCCL's own
+// needs equal shares in one buffer). Its state buffers are one range each,
+// at the same offset on every rank, persistent, placed with the parameters.
+// The smaller parameters' state stays whole: a rank runs the update
 // kernels of its parameters unchanged and skips the others', and the
-// parameters' ranks broadcast them in place (NCCL's all-gather needs equal
-// contiguous shares, which whole tensors do not make; a broadcast per
-// parameter from its rank is the uneven all-gather). Parameters go to ranks
-// largest state first, each to the rank holding the least so far (LPT
-// scheduling: the largest share is at most 4/3 of the best split), and a
-// parameter without state stays updated by every rank. The state's buffers
-// are placed in one shard region (place) where every rank's share starts at
-// the same offset: buffers of different ranks overlap, which is sound
-// because no rank ever touches another's. So the arena really shrinks: the
-// region is the largest share, and since placement is translation
-// invariant (every other buffer is placed above the persistent region, at
-// offsets relative to it, all multiples of the alignment) the rest of the
-// arena moves down by exactly the state less the share (ShardCost).
+// parameters' ranks broadcast them in place. They go to ranks largest
+// state first, each to the rank holding the least so far (LPT scheduling:
+// the largest share is at most the even share plus the last parameter
+// placed: with the large ones split, at most 9/8 of an even share, padding
+// aside), and a parameter
+// without state stays updated by every rank. The whole parameters' state
+// buffers are placed in one shard region (place) where every rank's share
+// starts at the same offset: buffers of different ranks overlap, which is
+// sound because no rank ever touches another's. So the arena really
+// shrinks: the region is the largest share, and since placement is
+// translation invariant (every other buffer is placed above the persistent
+// region, at offsets relative to it, all multiples of the alignment) the
+// rest of the arena moves down by exactly the state less the share
+// (ShardCost).
 //
 // NCCL's own buffers are outside the arena (NCCL allocates them when the
 // communicator is created); DataParallel.NCCLBytes is an estimate from
@@ -149,6 +156,10 @@ type ShardCost struct {
 	StateBytes int64   `json:"state_bytes"`
 	RankBytes  []int64 `json:"rank_bytes"`
 	ShardBytes int64   `json:"shard_bytes"`
+	// SplitParams are the parameters whose state is split in element
+	// ranges over every rank (Buffer.RangeElems); the others' state lies
+	// whole with one rank (Buffer.Owner).
+	SplitParams []string `json:"split_params,omitempty"`
 	// PeakBytes is the plan's peak, with the shard region; UnshardedBytes
 	// the peak of the same plan holding the whole state: PeakBytes +
 	// StateBytes − ShardBytes, exactly (placement is translation
@@ -156,6 +167,18 @@ type ShardCost struct {
 	PeakBytes      int64 `json:"peak_bytes"`
 	UnshardedBytes int64 `json:"unsharded_bytes"`
 }
+
+// RangeElems of a split parameter's state are a multiple of
+// RangeAlignElems (256 bytes of float32): a multiple of every vector width
+// of the update kernels, so that each element takes the vector path it
+// takes in the whole update (bit for bit the same arithmetic).
+const RangeAlignElems = 64
+
+// SplitFraction: a parameter's state is split in element ranges when it
+// is larger than 1/SplitFraction of an even share (and has at least
+// RangeAlignElems elements per rank); smaller ones stay whole, one
+// broadcast each rather than one per rank.
+const SplitFraction = 8
 
 // dpConfig is the analysis's data-parallel setting (nil: one device).
 type dpConfig struct {
@@ -278,10 +301,21 @@ func (a *analysis) dataParallel(c *candidate, p *Plan) *DataParallel {
 // shardCost is what sharding c's optimizer state over ranks saves.
 func shardCost(c *candidate, align int64, ranks int, peak int64) *ShardCost {
 	s := &ShardCost{RankBytes: make([]int64, ranks), PeakBytes: peak}
+	split := map[string]bool{}
 	for _, b := range c.bufs {
-		if b.owner > 0 {
+		switch {
+		case b.owner > 0:
 			s.StateBytes += alignUp(b.bytes, align)
 			s.RankBytes[b.owner-1] += alignUp(b.bytes, align)
+		case b.rangeElems > 0:
+			s.StateBytes += alignUp(b.wholeBytes, align)
+			for r := range s.RankBytes {
+				s.RankBytes[r] += alignUp(b.bytes, align)
+			}
+			if p := b.insts[0].v.Param; p != nil && !split[p.Name] {
+				split[p.Name] = true
+				s.SplitParams = append(s.SplitParams, p.Name)
+			}
 		}
 	}
 	s.ShardBytes = slices.Max(s.RankBytes)
@@ -289,9 +323,10 @@ func shardCost(c *candidate, align int64, ranks int, peak int64) *ShardCost {
 	return s
 }
 
-// shardState gives each parameter's optimizer state to one rank (buffer
-// owner): largest first, to the rank holding the least so far (the first
-// of equals).
+// shardState splits the optimizer state of each parameter whose state
+// outweighs an eighth of an even share in element ranges (buffer rangeElems) and gives
+// each other parameter's to one rank (buffer owner): largest first, to the
+// rank holding the least so far (the first of equals).
 func (c *candidate) shardState(a *analysis) {
 	byValue := map[*ir.Value]*buffer{}
 	for _, b := range c.bufs {
@@ -316,6 +351,24 @@ func (c *candidate) shardState(a *analysis) {
 			ps = append(ps, q)
 		}
 	}
+	var total int64
+	for _, q := range ps {
+		total += q.bytes
+	}
+	ranks := int64(a.dp.ranks)
+	whole := ps[:0]
+	for _, q := range ps {
+		n := q.bufs[0].insts[0].v.Type.Elems(1)
+		if q.bytes*ranks*SplitFraction <= total || n < RangeAlignElems*ranks {
+			whole = append(whole, q)
+			continue
+		}
+		k := alignUp((n+ranks-1)/ranks, RangeAlignElems)
+		for _, b := range q.bufs {
+			b.rangeElems, b.wholeBytes, b.bytes = k, b.bytes, 4*k
+		}
+	}
+	ps = whole
 	sort.SliceStable(ps, func(i, j int) bool { return ps[i].bytes > ps[j].bytes })
 	load := make([]int64, a.dp.ranks)
 	for _, q := range ps {
@@ -387,8 +440,8 @@ func (p *Plan) reportDataParallel(w io.Writer) {
 		[]string{"NCCL", fmt.Sprintf("≈%s per rank outside the arena (an estimate: %s)", mb(dp.NCCLBytes), dp.NCCLEstimate)},
 		[]string{"per rank", fmt.Sprintf("≈%s: the arena and NCCL's buffers", mb(p.PeakBytes+dp.NCCLBytes))})
 	if s := dp.Shard; s != nil {
-		rows = append(rows, []string{"--shard-optimizer", fmt.Sprintf("optimizer state at most %s per rank instead of %s (whole parameters' state over %d ranks, ZeRO stage 1): peak %s instead of %s (-%s)",
-			mb(s.ShardBytes), mb(s.StateBytes), dp.Ranks, mb(s.PeakBytes), mb(s.UnshardedBytes), commas(s.UnshardedBytes-s.PeakBytes))})
+		rows = append(rows, []string{"--shard-optimizer", fmt.Sprintf("optimizer state at most %s per rank instead of %s (%s over %d ranks, ZeRO stage 1): peak %s instead of %s (-%s)",
+			mb(s.ShardBytes), mb(s.StateBytes), splitSays(s.SplitParams), dp.Ranks, mb(s.PeakBytes), mb(s.UnshardedBytes), commas(s.UnshardedBytes-s.PeakBytes))})
 	}
 	table(w, rows, []bool{false, false}, "  ")
 	bt := [][]string{{"bucket", "offset", "bytes", "all-reduce after step", "awaited at step", "values"}}
@@ -400,6 +453,17 @@ func (p *Plan) reportDataParallel(w io.Writer) {
 		bt = append(bt, []string{fmt.Sprint(b.Index), commas(b.Offset), commas(b.Bytes), fmt.Sprint(b.ReadyStep), needed, joinShort(b.Values, 6)})
 	}
 	table(w, bt, []bool{true, true, true, true, true, false}, "  ")
+}
+
+// splitSays says how the state is shared out.
+func splitSays(split []string) string {
+	if len(split) == 0 {
+		return "whole parameters' state"
+	}
+	if len(split) == 1 {
+		return fmt.Sprintf("%s's state split in element ranges, the other parameters' whole", split[0])
+	}
+	return fmt.Sprintf("%d parameters' state split in element ranges (%s), the others' whole", len(split), joinShort(split, 3))
 }
 
 // joinShort joins up to n names, then says how many more.

@@ -170,6 +170,11 @@ type Buffer struct {
 	// sharded optimizer, DataParallel.Shard): the shards of different
 	// ranks overlap in the arena, and a rank's live bytes count its own.
 	Owner int `json:"owner,omitempty"`
+	// RangeElems > 0 marks optimizer state split in element ranges (a
+	// sharded optimizer): every rank keeps RangeElems elements of the
+	// value in this buffer (Bytes), rank r elements [r·RangeElems,
+	// min(n, (r+1)·RangeElems)) of its n.
+	RangeElems int64 `json:"range_elems,omitempty"`
 	// Recomputed: the buffer holds values recomputed in the backward pass.
 	Recomputed bool `json:"recomputed,omitempty"`
 	// Holds lists the IR values the buffer holds, in order.

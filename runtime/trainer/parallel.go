@@ -94,7 +94,7 @@ func (s *Session) SetParallel(rank int, r Reducer) error {
 		if !ok {
 			return fmt.Errorf("trainer: rank %d: a sharded optimizer needs a reducer that broadcasts", rank)
 		}
-		s.broadcaster, ls = b, shardLaunches(dp.Shard, ls, rank)
+		s.broadcaster, ls = b, shardLaunches(dp.Shard, s.Spec.Params, ls, rank)
 	}
 	s.rank, s.reducer, s.rankLaunches = rank, r, ls
 	s.UseGraphs = false

@@ -101,7 +101,7 @@ func (s *Session) ProfileStep(b Batch) (times []LaunchTime, events bool, err err
 	saved := map[string][]byte{}
 	all := s.Spec.persistent()
 	for _, t := range all {
-		saved[t.Name] = make([]byte, t.Bytes())
+		saved[t.Name] = make([]byte, t.ArenaBytes())
 		if err := s.Dev.CopyOut(saved[t.Name], s.addr(t.Arena, t.Offset)); err != nil {
 			return nil, false, err
 		}

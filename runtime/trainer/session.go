@@ -154,7 +154,7 @@ func (s *Session) InitParams(seed uint64) error {
 		}
 	}
 	for _, t := range s.Spec.State {
-		if err := s.Dev.CopyIn(s.addr(t.Arena, t.Offset), make([]byte, 4*t.Elems())); err != nil {
+		if err := s.Dev.CopyIn(s.addr(t.Arena, t.Offset), make([]byte, t.ArenaBytes())); err != nil {
 			return err
 		}
 	}
@@ -196,8 +196,16 @@ func (s *Session) StepLR() float32 {
 }
 
 // ReadTensor returns a tensor's values from the device.
+//
+// Of optimizer state split in element ranges (RankElems) a rank holds its
+// range only: that is what it reads.
 func (s *Session) ReadTensor(t Tensor) ([]float32, error) {
-	b := make([]byte, 4*t.Elems())
+	n := t.Elems()
+	if t.RankElems > 0 {
+		lo, hi := t.RankRange(s.rank)
+		n = hi - lo
+	}
+	b := make([]byte, 4*n)
 	if err := s.Dev.CopyOut(b, s.addr(t.Arena, t.Offset)); err != nil {
 		return nil, err
 	}
@@ -208,6 +216,10 @@ func (s *Session) ReadTensor(t Tensor) ([]float32, error) {
 func (s *Session) WriteTensor(t Tensor, vals []float32) error {
 	if int64(len(vals)) != t.Elems() {
 		return fmt.Errorf("trainer: %s needs %d values, got %d", t.Name, t.Elems(), len(vals))
+	}
+	if t.RankElems > 0 { // the rank's range (see ReadTensor)
+		lo, hi := t.RankRange(s.rank)
+		vals = vals[lo:hi]
 	}
 	s.evalFolded = false
 	return s.Dev.CopyIn(s.addr(t.Arena, t.Offset), f32bytes(vals))
@@ -466,7 +478,7 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 		}
 		want = append(want, s.Spec.State...)
 		for j, t := range s.Spec.State {
-			others[t.Name] = !s.ownsState(j)
+			others[t.Name] = !s.ownsState(j) && t.RankElems == 0
 		}
 	}
 	for _, t := range want {
@@ -516,6 +528,10 @@ func (s *Session) load(f *checkpoint.File, name string, withState bool, check fu
 	for _, w := range writes {
 		if others[w.t.Name] {
 			continue
+		}
+		if w.t.RankElems > 0 { // the rank's range of a split state
+			lo, hi := w.t.RankRange(s.rank)
+			w.data = w.data[4*lo : 4*hi]
 		}
 		if err := s.Dev.CopyIn(s.addr(w.t.Arena, w.t.Offset), w.data); err != nil {
 			return nil, err

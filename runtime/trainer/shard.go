@@ -8,20 +8,24 @@ package trainer
 // parameter is broadcast from the rank that updated it, so that all ranks
 // start the next step with the same parameters: bit for bit those of the
 // unsharded step, which runs the same update kernels on the same summed
-// gradients.
+// gradients. A large parameter's state is split in element ranges
+// (Shard.Split): every rank runs its update launch on its own range (the
+// launch's range arguments set to it), and each range is broadcast from
+// its rank; an element's update is the same arithmetic on any rank.
 //
 // Checkpoints hold the whole state: before a save every rank calls
-// GatherOptimizerState, which broadcasts each state tensor rank 0 lacks
-// from its owner into the tensor's scratch (its parameter's gradient
-// buffer, which holds nothing between steps) and keeps rank 0's copy on
-// the host, where the save reads it. A resume loads each rank's own share
-// of the state from the complete checkpoint.
+// GatherOptimizerState, which broadcasts each state tensor (or range)
+// rank 0 lacks from its owner into the tensor's scratch (its parameter's
+// gradient buffer, which holds nothing between steps) and keeps rank 0's
+// copy on the host, where the save reads it. A resume loads each rank's
+// own share (or range) of the state from the complete checkpoint.
 
 import (
 	"fmt"
 	"slices"
 
 	"github.com/cnnc/cnnc/runtime/device"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 )
 
 // Broadcaster copies count float32 values at from on rank root to to on
@@ -37,23 +41,31 @@ func (s *Spec) validateShard() error {
 	if sh == nil {
 		return nil
 	}
-	if len(sh.Owners) != len(s.Params) || len(sh.Scratch) != len(s.State) || len(sh.StateParams) != len(s.State) {
+	if len(sh.Owners) != len(s.Params) || len(sh.Split) != len(s.Params) || len(sh.Scratch) != len(s.State) || len(sh.StateParams) != len(s.State) {
 		return fmt.Errorf("trainer: spec %s: the sharded optimizer names %d parameters and %d state tensors, the spec has %d and %d", s.Model, len(sh.Owners), len(sh.Scratch), len(s.Params), len(s.State))
 	}
 	for i, o := range sh.Owners {
-		if o < -1 || o >= dp.Ranks {
-			return fmt.Errorf("trainer: spec %s: %s's optimizer state lies with rank %d of %d", s.Model, s.Params[i].Name, o, dp.Ranks)
+		if o < -1 || o >= dp.Ranks || (sh.Split[i] != 0 && (o != -1 || sh.Split[i] < 0 || sh.Split[i]*int64(dp.Ranks) < s.Params[i].Elems())) {
+			return fmt.Errorf("trainer: spec %s: %s's optimizer state lies with rank %d of %d, split in ranges of %d elements", s.Model, s.Params[i].Name, o, dp.Ranks, sh.Split[i])
 		}
 	}
+	sharded := func(p int) bool { return sh.Owners[p] >= 0 || sh.Split[p] > 0 }
 	for _, u := range sh.Updates {
-		if u.Launch < dp.ReduceAfter || u.Launch >= len(s.Train.Launches) || u.Param < 0 || u.Param >= len(s.Params) || sh.Owners[u.Param] < 0 {
+		if u.Launch < dp.ReduceAfter || u.Launch >= len(s.Train.Launches) || u.Param < 0 || u.Param >= len(s.Params) || !sharded(u.Param) {
 			return fmt.Errorf("trainer: spec %s: update launch %d of parameter %d is not a sharded parameter's update after the all-reduce", s.Model, u.Launch, u.Param)
+		}
+		if args := s.Train.Launches[u.Launch].Args; sh.Split[u.Param] > 0 && (u.RangeArg < 0 || u.RangeArg+1 >= len(args) ||
+			args[u.RangeArg].Kind != kernelarg.Int || args[u.RangeArg+1].Kind != kernelarg.Int) {
+			return fmt.Errorf("trainer: spec %s: update launch %d of split parameter %s has no element range at argument %d", s.Model, u.Launch, s.Params[u.Param].Name, u.RangeArg)
 		}
 	}
 	for j, t := range s.State {
 		p := sh.StateParams[j]
-		if p < 0 || p >= len(s.Params) || sh.Owners[p] < 0 {
+		if p < 0 || p >= len(s.Params) || !sharded(p) {
 			return fmt.Errorf("trainer: spec %s: %s belongs to no sharded parameter", s.Model, t.Name)
+		}
+		if t.RankElems != sh.Split[p] || t.Elems() != s.Params[p].Elems() {
+			return fmt.Errorf("trainer: spec %s: %s is split in ranges of %d elements, its parameter %s in ranges of %d", s.Model, t.Name, t.RankElems, s.Params[p].Name, sh.Split[p])
 		}
 		in := false
 		for _, b := range dp.Buckets {
@@ -67,10 +79,17 @@ func (s *Spec) validateShard() error {
 }
 
 // shardLaunches are the training launches rank runs: all but the updates
-// of other ranks' parameters.
-func shardLaunches(sh *Shard, ls []Launch, rank int) []Launch {
+// of other ranks' parameters, a split parameter's on the rank's range.
+func shardLaunches(sh *Shard, params []Tensor, ls []Launch, rank int) []Launch {
 	skip := map[int]bool{}
 	for _, u := range sh.Updates {
+		if k := sh.Split[u.Param]; k > 0 {
+			lo, hi := Tensor{Shape: params[u.Param].Shape, RankElems: k}.RankRange(rank)
+			l := &ls[u.Launch]
+			l.Args = slices.Clone(l.Args)
+			l.Args[u.RangeArg].Int, l.Args[u.RangeArg+1].Int = lo, hi
+			continue
+		}
 		if sh.Owners[u.Param] != rank {
 			skip[u.Launch] = true
 		}
@@ -95,6 +114,19 @@ func (s *Session) broadcastParams() error {
 		return err
 	}
 	for i, p := range s.Spec.Params {
+		if k := sh.Split[i]; k > 0 {
+			for r := range s.Spec.DataParallel.Ranks {
+				lo, hi := Tensor{Shape: p.Shape, RankElems: k}.RankRange(r)
+				if hi == lo {
+					continue
+				}
+				at := s.addr(p.Arena, p.Offset+4*lo)
+				if err := s.broadcaster.BroadcastTo(at, at, int(hi-lo), r); err != nil {
+					return fmt.Errorf("rank %d: broadcasting %s's elements [%d, %d) from rank %d: %w", s.rank, p.Name, lo, hi, r, err)
+				}
+			}
+			continue
+		}
 		if o := sh.Owners[i]; o >= 0 {
 			at := s.addr(p.Arena, p.Offset)
 			if err := s.broadcaster.BroadcastTo(at, at, int(p.Elems()), o); err != nil {
@@ -137,7 +169,17 @@ func (s *Session) GatherOptimizerState() error {
 			continue
 		}
 		to := s.addr(TrainArena, dp.Shard.Scratch[j])
-		if err := s.broadcaster.BroadcastTo(s.addr(t.Arena, t.Offset), to, int(t.Elems()), o); err != nil {
+		if t.RankElems > 0 { // every rank's range, rank 0's too, into place
+			for r := range dp.Ranks {
+				lo, hi := t.RankRange(r)
+				if hi == lo {
+					continue
+				}
+				if err := s.broadcaster.BroadcastTo(s.addr(t.Arena, t.Offset), to+device.Ptr(4*lo), int(hi-lo), r); err != nil {
+					return fmt.Errorf("rank %d: gathering %s's elements [%d, %d) from rank %d: %w", s.rank, t.Name, lo, hi, r, err)
+				}
+			}
+		} else if err := s.broadcaster.BroadcastTo(s.addr(t.Arena, t.Offset), to, int(t.Elems()), o); err != nil {
 			return fmt.Errorf("rank %d: gathering %s from rank %d: %w", s.rank, t.Name, o, err)
 		}
 		if s.rank != 0 {
@@ -168,5 +210,8 @@ func (s *Session) stateBytes(j int) ([]byte, error) {
 		return slices.Clone(b), nil
 	}
 	sh := s.Spec.DataParallel.Shard
+	if t.RankElems > 0 {
+		return nil, fmt.Errorf("%s is split over the ranks: every rank calls GatherOptimizerState after step %d before rank %d can save it", t.Name, s.Step, s.rank)
+	}
 	return nil, fmt.Errorf("%s lies with rank %d: every rank calls GatherOptimizerState after step %d before rank %d can save it", t.Name, sh.Owners[sh.StateParams[j]], s.Step, s.rank)
 }

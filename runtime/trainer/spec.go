@@ -73,6 +73,28 @@ type Tensor struct {
 	// bias with the batch norm after it folded in: not in checkpoints,
 	// computed from their tensors when one is loaded (runtime/bnfold).
 	Fold Fold
+	// RankElems > 0: optimizer state a sharded optimizer splits in element
+	// ranges (Shard.Split): the arena holds RankElems elements of it, the
+	// rank's range (RankRange), not the whole tensor.
+	RankElems int64
+}
+
+// ArenaBytes is what the tensor takes in its arena: Bytes, or one rank's
+// range of a split optimizer state.
+func (t Tensor) ArenaBytes() int64 {
+	if t.RankElems > 0 {
+		return 4 * t.RankElems
+	}
+	return t.Bytes()
+}
+
+// RankRange is the elements [lo, hi) of t rank holds, when t is split in
+// element ranges (RankElems > 0): rank r's RankElems from r·RankElems,
+// fewer (or none) at the end.
+func (t Tensor) RankRange(rank int) (lo, hi int64) {
+	n := t.Elems()
+	lo = min(n, int64(rank)*t.RankElems)
+	return lo, min(n, lo+t.RankElems)
 }
 
 // Fold names the checkpoint tensors a folded parameter is computed from
@@ -217,14 +239,19 @@ type DataParallel struct {
 	Shard *Shard
 }
 
-// Shard is a sharded optimizer's assignment (ZeRO stage 1 over whole
-// parameters; compiler/plan's DataParallel.Shard): the state of
-// Spec.Params[i] lies with rank Owners[i] only (the ranks' states overlap
-// in the arena), which runs its update launches and then broadcasts the
-// parameter to the others; −1: a parameter without state, updated by every
-// rank.
+// Shard is a sharded optimizer's assignment (ZeRO stage 1; compiler/plan's
+// DataParallel.Shard): the state of Spec.Params[i] lies with rank Owners[i]
+// only (the ranks' states overlap in the arena), which runs its update
+// launches and then broadcasts the parameter to the others; −1: a
+// parameter without state, updated by every rank, or one split in element
+// ranges (Split[i] > 0): every rank keeps the state of its range of
+// Split[i] elements (its State tensors' RankRange), runs the update on
+// that range and broadcasts it to the others.
 type Shard struct {
 	Owners []int
+	// Split[i] > 0: Params[i]'s state is split in ranges of Split[i]
+	// elements, rank r's from element r·Split[i].
+	Split []int64
 	// Updates are the training launches (from ReduceAfter on) that update
 	// a parameter: only its owner runs them.
 	Updates []ShardUpdate
@@ -236,8 +263,10 @@ type Shard struct {
 	StateParams []int
 }
 
-// ShardUpdate is training launch Launch, which updates Params[Param].
-type ShardUpdate struct{ Launch, Param int }
+// ShardUpdate is training launch Launch, which updates Params[Param]; a
+// split parameter's update takes its element range [first, end) as
+// arguments RangeArg and RangeArg+1, which each rank sets to its own.
+type ShardUpdate struct{ Launch, Param, RangeArg int }
 
 // Bucket is one all-reduce: Bytes (a multiple of 4) from Offset of the
 // training arena. Its values are all written by the training launches
@@ -318,7 +347,7 @@ func (s *Spec) Validate() error {
 		return nil
 	}
 	for _, p := range append(s.persistent(), s.EvalFolds...) {
-		if err := check("tensor", p, p.Bytes()); err != nil {
+		if err := check("tensor", p, p.ArenaBytes()); err != nil {
 			return err
 		}
 	}
@@ -330,7 +359,7 @@ func (s *Spec) Validate() error {
 	}
 	scalars := span{s.Scalars, device.StepScalarsBytes}
 	for _, p := range s.persistent() {
-		if scalars.overlaps(span{p.Offset, p.Bytes()}) {
+		if scalars.overlaps(span{p.Offset, p.ArenaBytes()}) {
 			return fmt.Errorf("trainer: spec %s: %s overlaps the step's scalar block at %d", s.Model, p.Name, s.Scalars)
 		}
 	}

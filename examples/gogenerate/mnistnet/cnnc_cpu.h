@@ -1880,19 +1880,29 @@ __attribute__((noipa)) static void clip_scale(float* out, const float* in, float
   for (long i = 0; i < n; i++) out[i] = in[i] * coef;
 }
 
+// The update runs on elements [first, end) of the tensor only (the last two arguments; [0, N)
+// unless a sharded optimizer gives a rank a range): param and grad hold the whole tensor, the
+// states elements first.. on (a rank keeps its range's state only). Every element takes the
+// arithmetic it takes in the whole update; a range starting at a multiple of the vector width
+// also takes the same vector or scalar path (tasks keep their CHUNK boundaries).
 template <class E, class O>
-struct Update {  // sgd_update / adam_update: param, grad, states..., [clip coefficient,] the step's scalars
+struct Update {  // sgd_update / adam_update: param, grad, states..., [clip coefficient,] the step's scalars, first, end
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
   static constexpr long RUN = 1024;  // with clipping: gradients scaled a run at a time
   static void run(const uint64_t* p, int64_t task, float*) {
     constexpr int NS = opt_states<O>();
+    constexpr int SC = 2 + NS + (E::CLIP ? 1 : 0);
+    const long first = argi(p, SC + 1), end = argi(p, SC + 2);
     float* param = arg<float>(p, 0);
     const float* grad = arg<const float>(p, 1);
-    float* s0 = NS > 0 ? arg<float>(p, 2) : nullptr;
-    float* s1 = NS > 1 ? arg<float>(p, 3) : nullptr;
-    const CnncStepScalars& sc = argscalars(p, 2 + NS + (E::CLIP ? 1 : 0));
+    // indexed by the tensor's element: valid from first on
+    float* s0 = NS > 0 ? arg<float>(p, 2) - first : nullptr;
+    float* s1 = NS > 1 ? arg<float>(p, 3) - first : nullptr;
+    const CnncStepScalars& sc = argscalars(p, SC);
     const OptRun<O> run(sc.lr, sc.step);
-    CNNC_RANGE(E::N);
+    const long lo = cmax(task * CHUNK, first);
+    const long hi = cmin(cmin(static_cast<long>(E::N), task * CHUNK + CHUNK), end);
+    if (lo >= hi) return;
     if constexpr (E::CLIP) {
       // torch's clip_grad_norm_ multiplies the gradients (rounding) before the step
       const float coef = *arg<const float>(p, 2 + NS);

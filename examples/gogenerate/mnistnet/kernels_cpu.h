@@ -311,7 +311,7 @@ struct update_n16_b163518b_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(update_n16_b163518b, 4, Update<update_n16_b163518b_g, update_n16_b163518b_o>)
+CNNC_CPU_KERNEL(update_n16_b163518b, 6, Update<update_n16_b163518b_g, update_n16_b163518b_o>)
 
 // conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157: input gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax; dx masked by the input's x > 0.
 struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157_g {
@@ -372,7 +372,7 @@ struct update_n1152_196c6407_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(update_n1152_196c6407, 4, Update<update_n1152_196c6407_g, update_n1152_196c6407_o>)
+CNNC_CPU_KERNEL(update_n1152_196c6407, 6, Update<update_n1152_196c6407_g, update_n1152_196c6407_o>)
 
 // conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
 struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d_g {

@@ -254,7 +254,10 @@ var Spec = &trainer.Spec{
 			Kernel:   "conv_wgrad_reduce_o16_k72_s16_grads_977f897a",
 			MinBytes: 79424,
 		}, {
-			Args:     []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: kernelarg.Scalars}},
+			Args: []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}, {
+				Int:  16,
+				Kind: kernelarg.Int,
+			}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    64,
 			Grid:     [3]uint32{1, 1, 1},
@@ -268,7 +271,10 @@ var Spec = &trainer.Spec{
 			Kernel:   "conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157",
 			MinBytes: 512640,
 		}, {
-			Args:     []trainer.Arg{{Offset: 1536}, {Offset: 1221888}, {Offset: 6144}, {Kind: kernelarg.Scalars}},
+			Args: []trainer.Arg{{Offset: 1536}, {Offset: 1221888}, {Offset: 6144}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}, {
+				Int:  1152,
+				Kind: kernelarg.Int,
+			}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    4608,
 			Grid:     [3]uint32{1, 1, 1},
