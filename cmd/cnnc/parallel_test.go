@@ -112,7 +112,7 @@ func TestBuiltDataParallelTrainer(t *testing.T) {
 
 		// SIGINT to one rank (the launcher forwards it to every rank, which
 		// may get it at different steps; here only rank 1 gets it): every
-		// rank stops after the same step (they agree at each boundary),
+		// rank stops after the same step (they agree every 16 steps),
 		// rank 0 writes the checkpoint of that step with the whole state,
 		// as accumulate = 2 has it then
 		ckI, logI := filepath.Join(dir, "zero-int.safetensors"), filepath.Join(dir, "zero-int.jsonl")
