@@ -134,7 +134,7 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 	}
 	if bf.gpus > 1 || bf.dataParallel {
 		if bf.shardOpt && target != "cpu" {
-			fmt.Fprintf(stderr, "cnnc build: --shard-optimizer: the sharded optimizer step is built for the CPU target only so far (its parameter broadcasts are not queued on the GPU's stream)\n")
+			fmt.Fprintf(stderr, "cnnc build: --shard-optimizer: the sharded optimizer step is built for the CPU target only so far (the CUDA update kernels take no element range)\n")
 			return exitError{exitUsage}
 		}
 		cfg.Ranks, cfg.ShardOptimizer, cfg.DataParallel = bf.gpus, bf.shardOpt, bf.dataParallel

@@ -92,17 +92,7 @@ func TestBuiltDataParallelTrainer(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	code, out = run(acc, append(common, "--checkpoint", ckAcc)...)
 	require.Equal(t, 0, code, out)
-	a, err := checkpoint.Read(ckDP)
-	require.NoError(t, err)
-	b, err := checkpoint.Read(ckAcc)
-	require.NoError(t, err)
-	assert.Equal(t, "5", a.Metadata["step"])
-	require.Equal(t, len(b.Tensors), len(a.Tensors))
-	for _, tb := range b.Tensors {
-		ta, ok := a.Tensor(tb.Name)
-		require.True(t, ok, tb.Name)
-		assert.Equal(t, tb.Data, ta.Data, "%s: the same bits", tb.Name)
-	}
+	assertSameCheckpoint(t, ckDP, ckAcc, "5")
 
 	// the sharded optimizer: each rank keeps its parameters' momentum; the
 	// checkpoint rank 0 writes after 3 steps holds all of it, and the run
@@ -118,19 +108,11 @@ func TestBuiltDataParallelTrainer(t *testing.T) {
 		require.Equal(t, 0, code, out)
 		code, out = run(zero, append(zeroArgs, "--max-steps", "5", "--resume", ck)...)
 		require.Equal(t, 0, code, out)
-		z, err := checkpoint.Read(ck)
-		require.NoError(t, err)
-		assert.Equal(t, "5", z.Metadata["step"])
-		require.Equal(t, len(b.Tensors), len(z.Tensors))
-		for _, tb := range b.Tensors {
-			tz, ok := z.Tensor(tb.Name)
-			require.True(t, ok, tb.Name)
-			assert.Equal(t, tb.Data, tz.Data, "%s: the same bits", tb.Name)
-		}
+		assertSameCheckpoint(t, ck, ckAcc, "5")
 
 		// SIGINT to one rank (the launcher forwards it to every rank, which
 		// may get it at different steps; here only rank 1 gets it): every
-		// rank stops after the same step (they agree at each boundary),
+		// rank stops after the same step (they agree every 16 steps),
 		// rank 0 writes the checkpoint of that step with the whole state,
 		// as accumulate = 2 has it then
 		ckI, logI := filepath.Join(dir, "zero-int.safetensors"), filepath.Join(dir, "zero-int.jsonl")
@@ -155,14 +137,7 @@ func TestBuiltDataParallelTrainer(t *testing.T) {
 		ckN := filepath.Join(dir, "acc-n.safetensors")
 		code, out = run(acc, append(common[:len(common)-3], "--quiet", "--max-steps", steps, "--checkpoint", ckN)...)
 		require.Equal(t, 0, code, out)
-		an, err := checkpoint.Read(ckN)
-		require.NoError(t, err)
-		require.Equal(t, len(an.Tensors), len(zi.Tensors))
-		for _, ta := range an.Tensors {
-			tz, ok := zi.Tensor(ta.Name)
-			require.True(t, ok, ta.Name)
-			assert.Equal(t, ta.Data, tz.Data, "%s after %d steps: the same bits", ta.Name, n)
-		}
+		assertSameCheckpoint(t, ckI, ckN, steps)
 	})
 
 	t.Run("a killed rank", func(t *testing.T) {
@@ -233,17 +208,7 @@ func TestBuiltOneRankDataParallelTrainer(t *testing.T) {
 	require.NoError(t, err, out)
 	out, err = run(os.Environ(), plain, "--checkpoint", ckPlain)
 	require.NoError(t, err, out)
-	a, err := checkpoint.Read(ckDP)
-	require.NoError(t, err)
-	b, err := checkpoint.Read(ckPlain)
-	require.NoError(t, err)
-	assert.Equal(t, "4", a.Metadata["step"])
-	require.Equal(t, len(b.Tensors), len(a.Tensors))
-	for _, tb := range b.Tensors {
-		ta, ok := a.Tensor(tb.Name)
-		require.True(t, ok, tb.Name)
-		assert.Equal(t, tb.Data, ta.Data, "%s: the same bits", tb.Name)
-	}
+	assertSameCheckpoint(t, ckDP, ckPlain, "4")
 }
 
 // waitForRank is the pid of the child of launcher whose RANK is rank, once
@@ -307,15 +272,22 @@ func TestBuiltCUDADataParallelTrainer(t *testing.T) {
 	out := run(dp, ckDP)
 	assert.Contains(t, out, "cnnc fake CUDA device (CPU emulator)", "rank 0 trains on the CUDA device")
 	run(acc, ckAcc)
-	a, err := checkpoint.Read(ckDP)
+	assertSameCheckpoint(t, ckDP, ckAcc, "3")
+}
+
+// assertSameCheckpoint checks that the checkpoint at got was written after
+// step and holds the same tensors as want's, bit for bit.
+func assertSameCheckpoint(t *testing.T, got, want, step string) {
+	t.Helper()
+	g, err := checkpoint.Read(got)
 	require.NoError(t, err)
-	b, err := checkpoint.Read(ckAcc)
+	w, err := checkpoint.Read(want)
 	require.NoError(t, err)
-	assert.Equal(t, "3", a.Metadata["step"])
-	require.Equal(t, len(b.Tensors), len(a.Tensors))
-	for _, tb := range b.Tensors {
-		ta, ok := a.Tensor(tb.Name)
-		require.True(t, ok, tb.Name)
-		assert.Equal(t, tb.Data, ta.Data, "%s: the same bits", tb.Name)
+	assert.Equal(t, step, g.Metadata["step"], got)
+	require.Equal(t, len(w.Tensors), len(g.Tensors), "%s against %s", got, want)
+	for _, tw := range w.Tensors {
+		tg, ok := g.Tensor(tw.Name)
+		require.True(t, ok, tw.Name)
+		assert.Equal(t, tw.Data, tg.Data, "%s after step %s: the same bits", tw.Name, step)
 	}
 }

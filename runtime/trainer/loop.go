@@ -376,7 +376,7 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, erro
 		if err != nil {
 			return Finished, l.stopped(*at, err)
 		}
-		if at.Batch < l.perEpoch {
+		if at.Batch < l.perEpoch && l.agreesNow() {
 			if stop, err := l.interrupted(); err != nil || stop {
 				return Interrupted, err
 			}
@@ -390,10 +390,27 @@ func (l *Loop) trainBatches(ctx context.Context, at *Position) (StopReason, erro
 
 // interrupted says whether the run stops for an interrupt here, at a
 // step boundary: whether the run's context has ended; on data-parallel
-// ranks, whether any rank's has, agreed at every boundary (one all-reduce
-// of a flag: Session.AgreeStop), so that all stop after the same step.
+// ranks, whether any rank's has, agreed (one all-reduce of a flag:
+// Session.AgreeStop; every stopAgreeEvery steps, agreesNow), so that all
+// stop after the same step.
 func (l *Loop) interrupted() (bool, error) {
 	return l.Session.AgreeStop(l.asked.Err() != nil)
+}
+
+// stopAgreeEvery is how many steps data-parallel ranks train between two
+// agreements inside an epoch (they also agree at every epoch's start).
+// Agreeing waits for the steps in flight (Session.Flush) and the flag's
+// all-reduce, which on a GPU drains the host loop's pipeline: every 16
+// steps keeps that under a sixteenth of the steps, and an interrupt stops
+// the ranks at most 15 steps after it arrives.
+const stopAgreeEvery = 16
+
+// agreesNow says whether this step boundary checks for an interrupt: every
+// boundary on one device (a context's Err costs nothing), every
+// stopAgreeEvery-th step on data-parallel ranks — the same steps on every
+// rank, as they count the same steps.
+func (l *Loop) agreesNow() bool {
+	return l.Session.reducer == nil || l.Session.Step%stopAgreeEvery == 0
 }
 
 // step submits a training step on b at the schedule's rate; the

@@ -1,6 +1,7 @@
 package trainer_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -213,4 +214,37 @@ type hostReducer struct{ log *[]string }
 func (r *hostReducer) AllReduce(p device.Ptr, count int) error {
 	*r.log = append(*r.log, fmt.Sprintf("host all-reduce of %d", count))
 	return nil
+}
+
+// Data-parallel ranks agree whether to stop (one all-reduce of a single
+// flag) at an epoch's start and every 16th step, not at every step:
+// agreeing drains the host loop's pipeline. Over 2 epochs of 37 steps:
+// at each epoch's start, and after steps 16, 32 (epoch 1), 48, 64 (epoch
+// 2) — 6 agreements; the gradient buckets are summed at every step.
+func TestRanksAgreeToStopEvery16Steps(t *testing.T) {
+	m := trainertest.Tiny(t)
+	n := len(m.Spec.Train.Launches)
+	sp := *m.Spec
+	at := sp.Params[0].Offset
+	sp.DataParallel = &trainer.DataParallel{Ranks: 2, GlobalBatch: 2 * sp.Batch, ReduceAfter: n - 1,
+		Buckets: []trainer.Bucket{{Offset: at, Bytes: 8, ReadyAfter: n - 1, NeededAt: n - 1}}}
+	dev, err := m.Backends["cpu"](&sp)
+	require.NoError(t, err)
+	defer dev.Close()
+	s, err := trainer.NewSession(&sp, dev, 1)
+	require.NoError(t, err)
+	defer s.Close()
+	var log []string
+	require.NoError(t, s.SetParallel(0, &hostReducer{log: &log}))
+	const steps = 37
+	loop := &trainer.Loop{Session: s, Train: trainertest.Data(&sp, steps*2*sp.Batch, 3), Epochs: 2}
+	res, err := loop.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, trainer.Finished, res.Stop)
+	require.Equal(t, int64(2*steps), s.Step)
+	count := map[string]int{}
+	for _, l := range log {
+		count[l]++
+	}
+	assert.Equal(t, map[string]int{"host all-reduce of 2": 2 * steps, "host all-reduce of 1": 6}, count)
 }

@@ -5,7 +5,8 @@ package trainer
 // at the same moment: ranks that each stopped at their own step boundary
 // would leave the others waiting in the next all-reduce, and rank 0's
 // checkpoint might not be the step the others finished. So a rank does
-// not stop on its own: at every step boundary all ranks sum a flag — 1
+// not stop on its own: at agreed step boundaries (every epoch's start and
+// every stopAgreeEvery-th step, loop.go) all ranks sum a flag — 1
 // where the rank was asked to stop — with one all-reduce of one float32,
 // and all stop when the sum is positive, after the same step; rank 0 then
 // writes the checkpoint (with a sharded optimizer, after every rank
