@@ -211,6 +211,11 @@ func (b *builder) buildInfer(res *compiler.Result, target string, chosen bool, b
 		fmt.Fprintf(b.stderr, "cnnc build --infer: give -o BINARY (no --emit-cuda, --memory-budget or --gpu: the inference plan is the forward pass at --batch)\n")
 		return exitError{exitUsage}
 	}
+	if bf.gpus != 1 || bf.dataParallel || bf.shardOpt {
+		// an inference binary predicts on one device: nothing to sum
+		fmt.Fprintf(b.stderr, "cnnc build --infer: --gpus, --data-parallel and --shard-optimizer are for trainers (data-parallel training); an inference binary runs on one device\n")
+		return exitError{exitUsage}
+	}
 	b.step("checked %s for inference: %s, batch %d, %s parameters", b.path, res.Graph.Name, res.Train.Batch, compiler.Commas(res.Graph.ParamCount()))
 	if target == "cpu" {
 		var err error

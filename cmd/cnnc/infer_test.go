@@ -222,3 +222,15 @@ func TestInferBuildCUDAUnderFakeDriver(t *testing.T) {
 		}
 	}
 }
+
+// An inference binary runs on one device: the data-parallel flags are a
+// usage error with --infer, not silently ignored.
+func TestInferBuildRefusesDataParallelFlags(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "infer")
+	for _, flags := range [][]string{{"--gpus", "2"}, {"--data-parallel"}, {"--gpus", "2", "--shard-optimizer"}} {
+		code, _, errOut := cnnc(append([]string{"build", "--infer", "../../examples/mnist.cnn", "-o", out}, flags...)...)
+		assert.Equal(t, 2, code, "%v: %s", flags, errOut)
+		assert.Contains(t, errOut, "cnnc build --infer: --gpus, --data-parallel and --shard-optimizer are for trainers", "%v", flags)
+		assert.NoFileExists(t, out)
+	}
+}

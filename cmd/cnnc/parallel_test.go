@@ -211,6 +211,20 @@ func TestBuiltOneRankDataParallelTrainer(t *testing.T) {
 	assertSameCheckpoint(t, ckDP, ckPlain, "4")
 }
 
+// childrenOf are the pids of a process's children: those of every one of
+// its threads (/proc/PID/task/TID/children lists a thread's own, and the
+// Go runtime starts a child from whichever thread runs the goroutine).
+func childrenOf(pid int) []string {
+	tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
+	var out []string
+	for _, task := range tasks {
+		if b, err := os.ReadFile(task); err == nil {
+			out = append(out, strings.Fields(string(b))...)
+		}
+	}
+	return out
+}
+
 // waitForRank is the pid of the child of launcher whose RANK is rank, once
 // rank 0 has logged a step (the job is training); bounded by a minute.
 func waitForRank(t *testing.T, launcher int, rank, log string) int {
@@ -221,11 +235,7 @@ func waitForRank(t *testing.T, launcher int, rank, log string) int {
 		if b, err := os.ReadFile(log); err != nil || !bytes.Contains(b, []byte("\n")) {
 			continue
 		}
-		kids, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(launcher), "task", strconv.Itoa(launcher), "children"))
-		if err != nil {
-			continue
-		}
-		for _, k := range strings.Fields(string(kids)) {
+		for _, k := range childrenOf(launcher) {
 			environ, err := os.ReadFile(filepath.Join("/proc", k, "environ"))
 			if err == nil && bytes.Contains(append([]byte{0}, environ...), []byte("\x00RANK="+rank+"\x00")) {
 				pid, err := strconv.Atoi(k)

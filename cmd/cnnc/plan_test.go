@@ -156,6 +156,9 @@ func TestPlanForcedMicroBatch(t *testing.T) {
 	code, out, errOut := cnnc("plan", simple, "--micro-batch", "8", "--trunk", "conv2", "--memory-budget", "none")
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, "4 micro-batches of 8: forward of conv1..conv2")
+	// the budget line says the micro-batching was asked for, not that there is none
+	assert.Contains(t, out, "budget      none: micro-batches of 8 as asked (the search micro-batches only under a budget)")
+	assert.NotContains(t, out, "no micro-batching")
 }
 
 // A train block's accumulate shows in the plan: the update's batch, the

@@ -101,6 +101,10 @@ func (p *Plan) reportSummary(w io.Writer, o ReportOptions) {
 	fmt.Fprintln(w, strings.Repeat("=", len(title)))
 	pct := p.extraPercent()
 	budget := fmt.Sprintf("none: the smallest peak found recomputing memory-bound layers (batch norm's normalisation, activations, pools), and convs within %d%% of the step's FLOPs, from saved values, no micro-batching", 100/computeRecomputeShare)
+	if p.Choices.MicroBatched != "" && p.Accumulate <= 1 {
+		// asked for (--micro-batch): the search never micro-batches without a budget
+		budget = fmt.Sprintf("none: micro-batches of %d as asked (the search micro-batches only under a budget)", p.Choices.MicroBatch)
+	}
 	if p.BudgetBytes > 0 {
 		from := ""
 		if o.BudgetFrom != "" {
