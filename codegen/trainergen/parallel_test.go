@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -136,4 +137,80 @@ func bitsOf(vals []float32) []uint32 {
 		out[i] = math.Float32bits(v)
 	}
 	return out
+}
+
+// bnModel has a batch norm: data-parallel ranks normalise by their own
+// share's statistics, as PyTorch's DistributedDataParallel does without
+// SyncBatchNorm.
+const bnModel = `model B(image: f32[3,7,6], label: class[3]) {
+    c    = conv2d(image, out=4, kernel=3, padding=1, bias=false)
+    bn   = batchnorm2d(c)
+    h    = linear(flatten(relu(bn)), out=3)
+    loss = cross_entropy(h, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9) batch = %d }
+`
+
+// Batch norm on data-parallel ranks keeps per-rank statistics (what
+// docs/architecture.md says, as DDP without SyncBatchNorm): after one step
+// from the same initialisation, rank r's running mean and variance are
+// exactly those of a one-device trainer at the share's batch that took
+// the step on rank r's share alone — the same forward kernels on the same
+// samples and parameters — so the two ranks' differ, while every
+// parameter is the same on both ranks (its gradient is summed).
+func TestDataParallelBatchNormKeepsPerRankStatistics(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, fakenccl.Build(dir))
+	lib, err := nccl.Open(filepath.Join(dir, fakenccl.LibName))
+	require.NoError(t, err)
+	const global, ranks = 8, 2
+	res, err := compiler.CompileSource("b.cnn", []byte(fmt.Sprintf(bnModel, global)), compiler.Options{})
+	require.NoError(t, err)
+	dp := compileTrainer(t, res, plan.Config{Ranks: ranks})
+	sessions := []*trainer.Session{newSession(t, dp, 5), newSession(t, dp, 5)}
+	joinRanks(t, lib, sessions)
+	single := compileTrainerSrc(t, fmt.Sprintf(bnModel, global/ranks))
+
+	rng := rand.New(rand.NewPCG(9, 9))
+	n := dp.Spec.H * dp.Spec.W * dp.Spec.C
+	b := trainer.Batch{Valid: global, Pixels: make([]uint8, global*n), Labels: make([]int32, global)}
+	for i := range b.Pixels {
+		b.Pixels[i] = uint8(rng.IntN(256))
+	}
+	for i := range b.Labels {
+		b.Labels[i] = int32(rng.IntN(dp.Spec.Classes))
+	}
+	trainRanks(t, sessions, b)
+
+	stats := 0
+	for _, ten := range dp.Spec.Params {
+		got := make([][]uint32, ranks)
+		for r, s := range sessions {
+			v, err := s.ReadTensor(ten)
+			require.NoError(t, err)
+			got[r] = bitsOf(v)
+		}
+		assert.Equal(t, got[0], got[1], "%s: the same on every rank", ten.Name)
+	}
+	for _, ten := range dp.Spec.Buffers {
+		if !strings.HasSuffix(ten.Name, ".running_mean") && !strings.HasSuffix(ten.Name, ".running_var") {
+			continue
+		}
+		stats++
+		var per [ranks][]uint32
+		for r, s := range sessions {
+			one := newSession(t, single, 5)
+			share := global / ranks
+			_, _, err := one.TrainStep(trainer.Batch{Valid: share, Pixels: b.Pixels[r*share*n : (r+1)*share*n], Labels: b.Labels[r*share : (r+1)*share]})
+			require.NoError(t, err)
+			want, err := one.ReadTensor(ten)
+			require.NoError(t, err)
+			got, err := s.ReadTensor(ten)
+			require.NoError(t, err)
+			assert.Equal(t, bitsOf(want), bitsOf(got), "%s on rank %d: its own share's statistics", ten.Name, r)
+			per[r] = bitsOf(got)
+		}
+		assert.NotEqual(t, per[0], per[1], "%s: the ranks' statistics differ (no synchronised batch norm)", ten.Name)
+	}
+	assert.Equal(t, 2, stats, "bn's running mean and variance")
 }
