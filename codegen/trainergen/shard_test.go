@@ -209,11 +209,11 @@ func sameTensors(t *testing.T, want, got []byte) {
 // The same on the CUDA target's kernels (on the emulator, the kernels'
 // oracle): each rank runs the CUDA update kernel of h.weight on its own
 // element range, its state buffer holding the range only, and the
-// updates of its whole parameters, on a device with a second stream (a
-// synchronous one: the emulator's launches finish before they return), so
-// that the rank sums its buckets overlapped as on a GPU — the buckets'
-// launch numbers counted in the launches the sharded rank runs — and
-// broadcasts its parameters after its updates. Bit for bit the one
+// updates of its whole parameters, on a device with a second stream
+// (sideDevice: its all-reduces run as late as the events allow), so that
+// the rank sums its buckets overlapped as on a GPU — the buckets' launch
+// numbers counted in the launches the sharded rank runs — and broadcasts
+// its parameters after its updates. Bit for bit the one
 // process's with accumulate = 2 on the same kernels, gathered checkpoint
 // and resumed run included (the per-element argument above).
 func TestShardedOptimizerOnCUDAKernelsEqualsAccumulate(t *testing.T) {
@@ -227,9 +227,12 @@ func TestShardedOptimizerOnCUDAKernelsEqualsAccumulate(t *testing.T) {
 			one := newSession(t, compileSrc(t, fmt.Sprintf(accumulateModel, opt, global/ranks, fmt.Sprintf(" accumulate = %d", ranks))), 5)
 			res, err := compiler.CompileSource("d.cnn", []byte(fmt.Sprintf(accumulateModel, opt, global, "")), compiler.Options{})
 			require.NoError(t, err)
-			dp, err := driver.Compile(res, plan.Config{Ranks: ranks, ShardOptimizer: true}, driver.CUDA)
+			// small buckets, one or two gradients each: some skipped updates come
+			// before a later bucket's first reader
+			dp, err := driver.Compile(res, plan.Config{Ranks: ranks, ShardOptimizer: true, FirstBucketBytes: 64, BucketBytes: 256}, driver.CUDA)
 			require.NoError(t, err)
 			require.Equal(t, []string{"h.weight"}, dp.Plan.DataParallel.Shard.SplitParams)
+			require.Greater(t, len(dp.Spec.DataParallel.Buckets), 2)
 			open := func() ([]*trainer.Session, []*sideDevice) {
 				sessions, devs := make([]*trainer.Session, ranks), make([]*sideDevice, ranks)
 				for r := range sessions {
@@ -269,23 +272,53 @@ func TestShardedOptimizerOnCUDAKernelsEqualsAccumulate(t *testing.T) {
 	}
 }
 
-// sideDevice is a device with a second stream on which work runs at once
-// (the emulator's launches are synchronous, so every ordering call holds
-// already); sums counts the all-reduces run there.
+// sideDevice is a device with a second stream that runs its work as late
+// as the ordering calls allow: an all-reduce queued there runs only when
+// the device's stream waits for a mark placed after it (the emulator's own
+// launches finish before they return, so the side stream's wait for the
+// device always holds). A rank that launched a bucket's reader before
+// waiting for its mark would read the unsummed gradient; one that never
+// waits leaves the all-reduce pending at Close, an error. sums counts the
+// all-reduces queued there.
 type sideDevice struct {
 	device.Device
 	sums int
 }
 
-func (d *sideDevice) NewSideStream(int) (device.SideStream, error) { return syncSide{d}, nil }
-
-type syncSide struct{ d *sideDevice }
-
-func (syncSide) WaitForDevice() error { return nil }
-func (s syncSide) Run(f func(stream uintptr) error) error {
-	s.d.sums++
-	return f(0)
+func (d *sideDevice) NewSideStream(marks int) (device.SideStream, error) {
+	return &lateSide{d: d, marks: make([]int, marks)}, nil
 }
-func (syncSide) Mark(int) error        { return nil }
-func (syncSide) DeviceWaits(int) error { return nil }
-func (syncSide) Close() error          { return nil }
+
+// lateSide is sideDevice's stream: pending work, run up to marks[i] (a
+// count of pending work) when the device waits for mark i.
+type lateSide struct {
+	d       *sideDevice
+	pending []func() error
+	done    int
+	marks   []int
+}
+
+func (s *lateSide) WaitForDevice() error { return nil }
+func (s *lateSide) Run(f func(stream uintptr) error) error {
+	s.d.sums++
+	s.pending = append(s.pending, func() error { return f(0) })
+	return nil
+}
+func (s *lateSide) Mark(i int) error {
+	s.marks[i] = len(s.pending)
+	return nil
+}
+func (s *lateSide) DeviceWaits(i int) error {
+	for ; s.done < s.marks[i]; s.done++ {
+		if err := s.pending[s.done](); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+func (s *lateSide) Close() error {
+	if s.done < len(s.pending) {
+		return fmt.Errorf("%d all-reduces of the side stream were never waited for", len(s.pending)-s.done)
+	}
+	return nil
+}
