@@ -7,6 +7,7 @@ import (
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
+	"github.com/cnnc/cnnc/runtime/kernelarg"
 )
 
 // Optimizer updates: the standalone sgd_update / adam_update kernels (for
@@ -15,7 +16,11 @@ import (
 // the "opt_step" template. Hyper-parameters are compiled in; the learning
 // rate (trainers may schedule it) and the step are read at run time from
 // the step's scalar block: a kernel that updates parameters takes
-// scalarsParam, which "opt_prologue" reads.
+// scalarsParam, which "opt_prologue" reads. The standalone kernels update
+// the elements [first, end) of their last two arguments only (the whole
+// tensor unless a sharded optimizer's rank gives its range: UpdateRangeArgs),
+// each element with the same arithmetic, so a range's bits are the whole
+// update's.
 
 const updateBlock = 256
 
@@ -64,6 +69,24 @@ func newOptSite(opt *ir.Optimizer, g, param string, states []string, at string) 
 		s.S1 = states[1] + "[" + at + "]"
 	}
 	return s
+}
+
+// UpdateRangeArgs locates the element range of a standalone update launch
+// (either target's: both take it after the step's scalars): its arguments
+// first and first+1 are the first element it updates and the end of its
+// range ([0, N) as generated; a sharded optimizer's rank sets its own
+// range there, with the state arguments pointing at the range's first
+// element, as the rank keeps only the range's state). ok is false for any
+// other launch.
+func UpdateRangeArgs(l *Launch) (first int, ok bool) {
+	if l.Node == nil || (l.Node.Op != ir.OpSGDUpdate && l.Node.Op != ir.OpAdamUpdate) || len(l.Args) < 5 {
+		return 0, false
+	}
+	first = len(l.Args) - 2
+	if l.Args[first].Kind != kernelarg.Int || l.Args[first+1].Kind != kernelarg.Int || l.Args[first-1].Kind != kernelarg.Scalars {
+		return 0, false
+	}
+	return first, true
 }
 
 // cFloat is v as a C float literal (rounded to float32 as the kernel uses it).
@@ -162,12 +185,22 @@ func updateRule(e *emitter, n *ir.Node) error {
 		params = append(params, "const float* __restrict__ clip")
 		g, doc = "__fmul_rn(grad[at], clipCoef)", doc+"; the gradient times the clipping coefficient *clip"
 	}
-	params = append(params, scalarsParam)
+	// the element range [first, end) it updates: the whole tensor, unless a
+	// sharded optimizer's rank sets its own range there (UpdateRangeArgs);
+	// the state holds the range's elements only
+	params = append(params, scalarsParam, "long long first", "long long end")
+	site := newOptSite(opt, g, "param", states, "at")
+	if len(states) > 0 {
+		site.S0 = states[0] + "[at - first]"
+	}
+	if len(states) > 1 {
+		site.S1 = states[1] + "[at - first]"
+	}
 	data := map[string]any{
 		"Name": name, "Elems": elems, "Idx": indexType(elems), "Clip": clip,
 		"Doc":    fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, doc),
 		"Params": strings.Join(params, ", "),
-		"Site":   newOptSite(opt, g, "param", states, "at"),
+		"Site":   site,
 	}
 	if err := e.kernel("update", name, data); err != nil {
 		return err
@@ -176,7 +209,7 @@ func updateRule(e *emitter, n *ir.Node) error {
 	for _, v := range n.Ins {
 		args = append(args, buf(v))
 	}
-	args = append(args, scalarsArg)
+	args = append(args, scalarsArg, Arg{Kind: kernelarg.Int, Int: 0}, Arg{Kind: kernelarg.Int, Int: elems})
 	e.launch(&Launch{Node: n, Kernel: name, Grid: gridFor(elems, updateBlock), Block: [3]uint32{updateBlock, 1, 1},
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch) + int64(len(n.Ins)-1)*p.Type.Bytes(e.batch)})
 	return nil

@@ -133,10 +133,6 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 		return exitError{exitUsage}
 	}
 	if bf.gpus > 1 || bf.dataParallel {
-		if bf.shardOpt && target != "cpu" {
-			fmt.Fprintf(stderr, "cnnc build: --shard-optimizer: the sharded optimizer step is built for the CPU target only so far (the CUDA update kernels take no element range)\n")
-			return exitError{exitUsage}
-		}
 		cfg.Ranks, cfg.ShardOptimizer, cfg.DataParallel = bf.gpus, bf.shardOpt, bf.dataParallel
 	}
 	if bf.shardOpt && bf.gpus < 2 {

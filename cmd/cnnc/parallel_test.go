@@ -256,6 +256,15 @@ func waitForRank(t *testing.T, launcher int, rank, log string) int {
 // TestDataParallelOnDevices checks the order of its driver calls): rank
 // 0's checkpoint holds the same bits as a CUDA trainer with accumulate =
 // 2 — the same kernels, the same roundings (the argument above).
+//
+// With --shard-optimizer each rank keeps the momentum of its share only —
+// fc1.weight's split in element ranges, which each rank's update kernel
+// runs on — updates it on its device after the bucket's all-reduce and
+// broadcasts it: every element takes the arithmetic of the unsharded
+// update on the same summed gradient, so rank 0's checkpoint after 3
+// steps (the whole state gathered from the ranks), and that of a run
+// resumed from step 2 (each rank loading its share), hold the same bits
+// as accumulate = 2's.
 func TestBuiltCUDADataParallelTrainer(t *testing.T) {
 	nvcc.Require(t)
 	if testing.Short() {
@@ -270,9 +279,10 @@ func TestBuiltCUDADataParallelTrainer(t *testing.T) {
 	t.Setenv(fakecuda.Env, fake) // cnnc build registers the fatbin's kernels with the fake
 	dp := buildMNISTVariant(t, dir, "dp", "batch = 16", "--gpus", "2", "--target", "cuda")
 	acc := buildMNISTVariant(t, dir, "acc", "batch = 8\n    accumulate = 2", "--target", "cuda")
+	zero := buildMNISTVariant(t, dir, "zero", "batch = 16", "--gpus", "2", "--shard-optimizer", "--target", "cuda")
 	env := append(fakecuda.Environ(fake, fakenccl.Environ(lib, os.Environ())), fakecuda.DevicesEnv+"=2")
-	run := func(bin, ck string) string {
-		cmd := exec.Command(bin, "--data", mnist, "--test", "", "--max-steps", "3", "--device", "cuda", "--checkpoint", ck)
+	run := func(bin, ck string, extra ...string) string {
+		cmd := exec.Command(bin, append([]string{"--data", mnist, "--test", "", "--max-steps", "3", "--device", "cuda", "--checkpoint", ck}, extra...)...)
 		cmd.Env = env
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s", out)
@@ -283,6 +293,15 @@ func TestBuiltCUDADataParallelTrainer(t *testing.T) {
 	assert.Contains(t, out, "cnnc fake CUDA device (CPU emulator)", "rank 0 trains on the CUDA device")
 	run(acc, ckAcc)
 	assertSameCheckpoint(t, ckDP, ckAcc, "3")
+
+	ckZero, ckResumed := filepath.Join(dir, "zero.safetensors"), filepath.Join(dir, "zero-resumed.safetensors")
+	out = run(zero, ckZero)
+	assert.Contains(t, out, "cnnc fake CUDA device (CPU emulator)", "the sharded rank 0 trains on the CUDA device")
+	assertSameCheckpoint(t, ckZero, ckAcc, "3")
+	ck2 := filepath.Join(dir, "zero-2.safetensors")
+	run(zero, ck2, "--max-steps", "2")
+	run(zero, ckResumed, "--resume", ck2)
+	assertSameCheckpoint(t, ckResumed, ckAcc, "3")
 }
 
 // assertSameCheckpoint checks that the checkpoint at got was written after

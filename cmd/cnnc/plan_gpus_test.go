@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -54,6 +56,22 @@ func TestPlanGPUs(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	// fc1.weight's momentum, nearly all of the state, split in element ranges: about a quarter each
 	assert.Regexp(t, `--shard-optimizer +optimizer state at most 3\.70 MB per rank instead of 14\.77 MB \(fc1\.weight's state split in element ranges, the other parameters' whole over 4 ranks, ZeRO stage 1\): peak 39\.94 MB instead of 51\.00 MB \(-11,067,392 B\)`, out)
+	// the CUDA target's rank allocates that peak (its arena: trainer.NewSession allocates
+	// exactly Spec.ArenaBytes), its update kernels taking the element ranges
+	code, out, errOut = cnnc("plan", "--gpus", "4", "--shard-optimizer", "--json", simple)
+	require.Equal(t, 0, code, errOut)
+	var sharded struct {
+		Peak int64 `json:"peak_bytes"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &sharded))
+	require.Equal(t, int64(39_936_768), sharded.Peak, "39.94 MB, as above")
+	dir := t.TempDir()
+	code, out, errOut = cnnc("build", "--emit-cuda", dir, "--gpus", "4", "--shard-optimizer", "--target", "cuda", simple)
+	require.Equal(t, 0, code, out+errOut)
+	assert.Contains(t, out+errOut, "planned memory: arena 39,936,768 B", "the CUDA rank's arena is the plan's peak")
+	cu, err := os.ReadFile(filepath.Join(dir, "simplecnn.cu"))
+	require.NoError(t, err)
+	assert.Regexp(t, `void sgd_update_\w+\([^)]*long long first, long long end\)`, string(cu))
 	// one GPU is the ordinary plan
 	code, out, errOut = cnnc("plan", "--gpus", "1", simple)
 	require.Equal(t, 0, code, errOut)

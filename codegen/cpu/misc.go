@@ -295,24 +295,9 @@ func update(e codegen.Emitter, n *ir.Node) error {
 		args = append(args, buf(v))
 	}
 	// the element range [first, end) it updates: the whole tensor, unless a sharded
-	// optimizer's rank sets its range there (UpdateRangeArgs)
+	// optimizer's rank sets its range there (codegen.UpdateRangeArgs)
 	args = append(args, codegen.Arg{Kind: kernelarg.Scalars}, codegen.Arg{Kind: kernelarg.Int, Int: 0}, codegen.Arg{Kind: kernelarg.Int, Int: elems})
 	name := emit(e, kernelSpec{family: "update", shape: fmt.Sprintf("n%d", elems), doc: fmt.Sprintf("%s of %d parameters: %s.", n.Op, elems, opt),
 		structs: []structSpec{{"g", []def{{"N", elems}, {"CLIP", clip}}}, {"o", optDefs(opt)}}, impl: "Update<%s, %s>", nparams: len(args)})
 	return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch())+int64(len(n.Ins)-1)*n.Ins[0].Type.Bytes(e.Batch()))
-}
-
-// UpdateRangeArgs locates the element range of a standalone update launch of this target: its
-// arguments first and first+1 are the first element it updates and the end of its range ([0, N)
-// as generated; a sharded optimizer's rank sets its own range there, with the state arguments
-// pointing at the range's first element). ok is false for any other launch.
-func UpdateRangeArgs(l *codegen.Launch) (first int, ok bool) {
-	if l.Node == nil || (l.Node.Op != ir.OpSGDUpdate && l.Node.Op != ir.OpAdamUpdate) || len(l.Args) < 5 {
-		return 0, false
-	}
-	first = len(l.Args) - 2
-	if l.Args[first].Kind != kernelarg.Int || l.Args[first+1].Kind != kernelarg.Int || l.Args[first-1].Kind != kernelarg.Scalars {
-		return 0, false
-	}
-	return first, true
 }

@@ -84,7 +84,7 @@ func updateLaunch(t *testing.T, prog *codegen.Program, n *ir.Node) *codegen.Laun
 		}
 	}
 	require.NotNil(t, out, "no launch for %s", n.Name)
-	first, ok := cpu.UpdateRangeArgs(out)
+	first, ok := codegen.UpdateRangeArgs(out)
 	require.True(t, ok, "%s's launch has no element range", n.Name)
 	require.Equal(t, int64(0), out.Args[first].Int)
 	require.Equal(t, n.Ins[0].Type.SampleElems(), out.Args[first+1].Int)
@@ -96,7 +96,7 @@ func updateLaunch(t *testing.T, prog *codegen.Program, n *ir.Node) *codegen.Laun
 // elements, as a rank keeps it), and returns param and the states reassembled.
 func runRanges(t *testing.T, dev device.Device, l *codegen.Launch, data [][]byte, states int, block device.Ptr, ranges [][2]int64) [][]byte {
 	t.Helper()
-	first, _ := cpu.UpdateRangeArgs(l)
+	first, _ := codegen.UpdateRangeArgs(l)
 	alloc := func(b []byte) device.Ptr {
 		p, err := dev.Alloc(int64(max(len(b), 4)))
 		require.NoError(t, err)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/cnnc/cnnc/codegen"
-	"github.com/cnnc/cnnc/codegen/cpu"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/runtime/trainer"
@@ -91,7 +90,7 @@ func bucketLaunches(b plan.Bucket, launches []*codegen.Launch) (readyAfter, need
 // plan's owner of its state buffers) or the ranges its state is split in
 // (the plan's RangeElems), the update launches only the owner runs or
 // every rank runs on its range (the CPU target's update kernels take one:
-// cpu.UpdateRangeArgs), and each state tensor's scratch: its parameter's
+// codegen.UpdateRangeArgs), and each state tensor's scratch: its parameter's
 // gradient buffer.
 func shard(p *plan.Plan, train *codegen.Program, spec *trainer.Spec, reduceAfter int) (*trainer.Shard, error) {
 	sh := &trainer.Shard{}
@@ -135,9 +134,9 @@ func shard(p *plan.Plan, train *codegen.Program, spec *trainer.Spec, reduceAfter
 			}
 			u := trainer.ShardUpdate{Launch: li, Param: i}
 			if sh.Split[i] > 0 {
-				arg, ok := cpu.UpdateRangeArgs(l)
+				arg, ok := codegen.UpdateRangeArgs(l)
 				if !ok {
-					return nil, fmt.Errorf("trainergen: launch %d (%s) updates %s, whose optimizer state is split in element ranges, over the whole tensor: only the CPU target's update kernels take a range", li, l.Kernel, prm.Name)
+					return nil, fmt.Errorf("trainergen: launch %d (%s) updates %s, whose optimizer state is split in element ranges, over the whole tensor: its kernel takes no element range", li, l.Kernel, prm.Name)
 				}
 				u.RangeArg = arg
 			}

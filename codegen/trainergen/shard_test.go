@@ -17,8 +17,10 @@ import (
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
+	"github.com/cnnc/cnnc/driver"
 	"github.com/cnnc/cnnc/internal/fakenccl"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/nccl"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -202,4 +204,121 @@ func sameTensors(t *testing.T, want, got []byte) {
 		assert.Equal(t, wt.Shape, gt.Shape, wt.Name)
 		assert.True(t, bytes.Equal(wt.Data, gt.Data), "%s differs", wt.Name)
 	}
+}
+
+// The same on the CUDA target's kernels (on the emulator, the kernels'
+// oracle): each rank runs the CUDA update kernel of h.weight on its own
+// element range, its state buffer holding the range only, and the
+// updates of its whole parameters, on a device with a second stream
+// (sideDevice: its all-reduces run as late as the events allow), so that
+// the rank sums its buckets overlapped as on a GPU — the buckets' launch
+// numbers counted in the launches the sharded rank runs — and broadcasts
+// its parameters after its updates. Bit for bit the one
+// process's with accumulate = 2 on the same kernels, gathered checkpoint
+// and resumed run included (the per-element argument above).
+func TestShardedOptimizerOnCUDAKernelsEqualsAccumulate(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, fakenccl.Build(dir))
+	lib, err := nccl.Open(filepath.Join(dir, fakenccl.LibName))
+	require.NoError(t, err)
+	const global, ranks = 8, 2
+	for _, opt := range []string{"sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01, weight_decay=0.01)"} {
+		t.Run(opt[:4], func(t *testing.T) {
+			one := newSession(t, compileSrc(t, fmt.Sprintf(accumulateModel, opt, global/ranks, fmt.Sprintf(" accumulate = %d", ranks))), 5)
+			res, err := compiler.CompileSource("d.cnn", []byte(fmt.Sprintf(accumulateModel, opt, global, "")), compiler.Options{})
+			require.NoError(t, err)
+			// small buckets, one or two gradients each: some skipped updates come
+			// before a later bucket's first reader
+			dp, err := driver.Compile(res, plan.Config{Ranks: ranks, ShardOptimizer: true, FirstBucketBytes: 64, BucketBytes: 256}, driver.CUDA)
+			require.NoError(t, err)
+			require.Equal(t, []string{"h.weight"}, dp.Plan.DataParallel.Shard.SplitParams)
+			require.Greater(t, len(dp.Spec.DataParallel.Buckets), 2)
+			open := func() ([]*trainer.Session, []*sideDevice) {
+				sessions, devs := make([]*trainer.Session, ranks), make([]*sideDevice, ranks)
+				for r := range sessions {
+					devs[r] = &sideDevice{Device: openDevice(t, dp)}
+					sessions[r], err = trainer.NewSession(dp.Spec, devs[r], 5)
+					require.NoError(t, err)
+					t.Cleanup(func() { sessions[r].Close() })
+				}
+				joinRanks(t, lib, sessions)
+				return sessions, devs
+			}
+			rng := rand.New(rand.NewPCG(9, ranks))
+			sessions, devs := open()
+			for step := range 2 {
+				stepAll(t, one, sessions, randomBatch(rng, global), step)
+			}
+			compareShards(t, one, sessions)
+			for r, d := range devs {
+				assert.Equal(t, 2*len(dp.Spec.DataParallel.Buckets), d.sums, "rank %d sums every bucket on the second stream", r)
+			}
+			gatherAll(t, sessions)
+			var saved, want bytes.Buffer
+			require.NoError(t, sessions[0].Encode(&saved, nil))
+			require.NoError(t, one.Encode(&want, nil))
+			sameTensors(t, want.Bytes(), saved.Bytes())
+
+			resumed, _ := open()
+			for _, s := range resumed {
+				_, err := s.Decode(bytes.NewReader(saved.Bytes()), true)
+				require.NoError(t, err)
+			}
+			for step, valid := range []int{global, global - 3} {
+				stepAll(t, one, resumed, randomBatch(rng, valid), 2+step)
+			}
+			compareShards(t, one, resumed)
+		})
+	}
+}
+
+// sideDevice is a device with a second stream that runs its work as late
+// as the ordering calls allow: an all-reduce queued there runs only when
+// the device's stream waits for a mark placed after it (the emulator's own
+// launches finish before they return, so the side stream's wait for the
+// device always holds). A rank that launched a bucket's reader before
+// waiting for its mark would read the unsummed gradient; one that never
+// waits leaves the all-reduce pending at Close, an error. sums counts the
+// all-reduces queued there.
+type sideDevice struct {
+	device.Device
+	sums int
+}
+
+func (d *sideDevice) NewSideStream(marks int) (device.SideStream, error) {
+	return &lateSide{d: d, marks: make([]int, marks)}, nil
+}
+
+// lateSide is sideDevice's stream: pending work, run up to marks[i] (a
+// count of pending work) when the device waits for mark i.
+type lateSide struct {
+	d       *sideDevice
+	pending []func() error
+	done    int
+	marks   []int
+}
+
+func (s *lateSide) WaitForDevice() error { return nil }
+func (s *lateSide) Run(f func(stream uintptr) error) error {
+	s.d.sums++
+	s.pending = append(s.pending, func() error { return f(0) })
+	return nil
+}
+func (s *lateSide) Mark(i int) error {
+	s.marks[i] = len(s.pending)
+	return nil
+}
+func (s *lateSide) DeviceWaits(i int) error {
+	for ; s.done < s.marks[i]; s.done++ {
+		if err := s.pending[s.done](); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+func (s *lateSide) Close() error {
+	if s.done < len(s.pending) {
+		return fmt.Errorf("%d all-reduces of the side stream were never waited for", len(s.pending)-s.done)
+	}
+	return nil
 }

@@ -38,8 +38,8 @@ package plan
 // A parameter whose state is larger than an eighth of an even share (the
 // state over the ranks, SplitFraction) is split in element ranges, as DeepSpeed's flat 1/N shares:
 // rank r keeps the state of elements [r·k, (r+1)·k) of it, k = ⌈n/N⌉
-// rounded up to RangeAlignElems, runs the update on that range only (the
-// CPU target's update kernels take an element range) and broadcasts the
+// rounded up to RangeAlignElems, runs the update on that range only (both
+// targets' update kernels take an element range) and broadcasts the
 // range to the others (a broadcast per range is the all-gather; NCCL's own
 // needs equal shares in one buffer). Its state buffers are one range each,
 // at the same offset on every rank, persistent, placed with the parameters.

@@ -24,10 +24,13 @@ package trainer
 // has finished, one bucket after another, then the updates: nothing could
 // overlap there.
 //
-// With a sharded optimizer a rank runs only its parameters' updates and
-// broadcasts them (shard.go), from the host after the updates (so on the
-// CPU target path only: SetParallel gives a sharded rank no second
-// stream); ranks agree when to stop (stop.go).
+// With a sharded optimizer a rank runs only its parameters' updates (and
+// a split parameter's on its element range), each after its bucket's
+// all-reduce as above — the buckets' launch numbers counted in the
+// launches the rank runs — and broadcasts them once they have finished
+// (shard.go): on a GPU on the device's stream, after the updates, before
+// the next step's all-reduces, which wait for the device's stream; ranks
+// agree when to stop (stop.go).
 
 import (
 	"fmt"
@@ -78,9 +81,17 @@ func (s *Session) SetParallel(rank int, r Reducer) error {
 	if err := s.closeSide(); err != nil {
 		return err
 	}
-	// a sharded rank skips launches (other ranks' updates), which the
-	// buckets' launch numbers count: it sums from the host
-	if ss, ok := s.Dev.(device.SideStreamer); ok && dp.Shard == nil {
+	buckets, bc := dp.Buckets, Broadcaster(nil)
+	if dp.Shard != nil {
+		var ok bool
+		if bc, ok = r.(Broadcaster); !ok {
+			return fmt.Errorf("trainer: rank %d: a sharded optimizer needs a reducer that broadcasts", rank)
+		}
+		// a sharded rank skips other ranks' updates: the buckets' launch
+		// numbers are counted in the launches it runs
+		ls, buckets = shardLaunches(dp.Shard, s.Spec.Params, ls, dp.Buckets, rank)
+	}
+	if ss, ok := s.Dev.(device.SideStreamer); ok {
 		if _, ok := r.(StreamReducer); ok {
 			side, err := ss.NewSideStream(len(dp.Buckets))
 			if err != nil {
@@ -89,14 +100,7 @@ func (s *Session) SetParallel(rank int, r Reducer) error {
 			s.side = side
 		}
 	}
-	if dp.Shard != nil {
-		b, ok := r.(Broadcaster)
-		if !ok {
-			return fmt.Errorf("trainer: rank %d: a sharded optimizer needs a reducer that broadcasts", rank)
-		}
-		s.broadcaster, ls = b, shardLaunches(dp.Shard, s.Spec.Params, ls, rank)
-	}
-	s.rank, s.reducer, s.rankLaunches = rank, r, ls
+	s.rank, s.reducer, s.rankLaunches, s.rankBuckets, s.broadcaster = rank, r, ls, buckets, bc
 	s.UseGraphs = false
 	return s.dropGraphs()
 }
@@ -124,7 +128,10 @@ func (s *Session) launchTrain() error {
 		return s.launch(s.Spec.Train.Launches)
 	}
 	if s.side != nil {
-		return s.launchOverlapped()
+		if err := s.launchOverlapped(); err != nil {
+			return err
+		}
+		return s.broadcastParams()
 	}
 	dp := s.Spec.DataParallel
 	if err := s.launch(s.rankLaunches[:dp.ReduceAfter]); err != nil {
@@ -151,16 +158,16 @@ func (s *Session) launchTrain() error {
 // reader. Buckets only the host reads are waited for at the step's end
 // (the host reads the loss; the next step writes the gradients again).
 func (s *Session) launchOverlapped() error {
-	dp := s.Spec.DataParallel
+	buckets := s.rankBuckets
 	r := s.reducer.(StreamReducer)
 	ls, next := s.rankLaunches, 0 // next: the next bucket to sum
 	for i := 0; i <= len(ls); i++ {
-		for ; next < len(dp.Buckets) && dp.Buckets[next].ReadyAfter == i; next++ {
+		for ; next < len(buckets) && buckets[next].ReadyAfter == i; next++ {
 			if err := s.allReduceOnSide(r, next); err != nil {
 				return err
 			}
 		}
-		for k, b := range dp.Buckets[:next] {
+		for k, b := range buckets[:next] {
 			if b.NeededAt == i {
 				if err := s.side.DeviceWaits(k); err != nil {
 					return err
@@ -173,7 +180,7 @@ func (s *Session) launchOverlapped() error {
 			}
 		}
 	}
-	if next < len(dp.Buckets) { // Spec.Validate rules it out
+	if next < len(buckets) { // Spec.Validate rules it out
 		return fmt.Errorf("rank %d: gradient bucket %d is never complete", s.rank, next)
 	}
 	return nil

@@ -78,12 +78,14 @@ type Session struct {
 	// the fold of the current parameters (cleared whenever those change or
 	// a training step may have overwritten the space they borrow).
 	evalFolded bool
-	// rank, reducer and rankLaunches: a data-parallel rank (SetParallel),
-	// its all-reduce and its training launches (first-sample arguments
-	// placed in the global batch).
+	// rank, reducer, rankLaunches and rankBuckets: a data-parallel rank
+	// (SetParallel), its all-reduce, its training launches (first-sample
+	// arguments placed in the global batch; a sharded optimizer's own
+	// updates) and the buckets with launch numbers counted in those.
 	rank         int
 	reducer      Reducer
 	rankLaunches []Launch
+	rankBuckets  []Bucket
 	// side is the device's second stream, where a rank sums its buckets
 	// overlapped with the backward pass (nil: summed from the host).
 	side device.SideStream

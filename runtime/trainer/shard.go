@@ -79,8 +79,11 @@ func (s *Spec) validateShard() error {
 }
 
 // shardLaunches are the training launches rank runs: all but the updates
-// of other ranks' parameters, a split parameter's on the rank's range.
-func shardLaunches(sh *Shard, params []Tensor, ls []Launch, rank int) []Launch {
+// of other ranks' parameters, a split parameter's on the rank's range;
+// and the buckets with their launch numbers counted in those (a bucket
+// whose first reader is skipped is waited for before the next launch the
+// rank runs), for the overlapped step.
+func shardLaunches(sh *Shard, params []Tensor, ls []Launch, buckets []Bucket, rank int) ([]Launch, []Bucket) {
 	skip := map[int]bool{}
 	for _, u := range sh.Updates {
 		if k := sh.Split[u.Param]; k > 0 {
@@ -95,12 +98,19 @@ func shardLaunches(sh *Shard, params []Tensor, ls []Launch, rank int) []Launch {
 		}
 	}
 	var out []Launch
+	kept := make([]int, len(ls)+1) // kept[i]: the launches before launch i the rank runs
 	for i, l := range ls {
+		kept[i] = len(out)
 		if !skip[i] {
 			out = append(out, l)
 		}
 	}
-	return out
+	kept[len(ls)] = len(out)
+	bs := slices.Clone(buckets)
+	for k := range bs {
+		bs[k].ReadyAfter, bs[k].NeededAt = kept[bs[k].ReadyAfter], kept[bs[k].NeededAt]
+	}
+	return out, bs
 }
 
 // broadcastParams sends every sharded parameter from the rank that updated
