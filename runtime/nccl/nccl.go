@@ -6,7 +6,8 @@
 // CUdeviceptr, a CUstream — cudaStream_t is the driver's CUstream). Out: communicators and the
 // calls data-parallel training needs: the unique id, CommInitRank, AllReduce (sum), Broadcast
 // (a sharded optimizer's parameters and state, from the rank that holds them), groups,
-// Destroy/Abort, errors with NCCL's own words.
+// Destroy/Abort (and AbortOn: abort when a job's watch says a rank died, which NCCL's
+// collectives would wait for forever), errors with NCCL's own words.
 //
 // Why at run time (dlopen, as a driver is loaded): NCCL is needed only to train on several
 // GPUs, so building cnnc, and training on one GPU or on the CPU, needs neither NCCL nor its
