@@ -372,6 +372,33 @@ func TestBuiltDataParallelRanksSurviveAKilledRank(t *testing.T) {
 			assert.Equal(t, "3", f.Metadata["step"])
 		})
 	}
+
+	// a rank that stops with an error of its own (here rank 1's data, after it
+	// joined) tells the job so rather than goodbye: the others stop too
+	t.Run("rank 1 fails", func(t *testing.T) {
+		missing := filepath.Join(dir, "no-such-data")
+		ranks := startRanksWith(t, 3, dp, env, func(r int) []string {
+			if r == 1 {
+				return []string{"--data", missing, "--test", "", "--quiet"}
+			}
+			return append(common, "--resume", ck)
+		})
+		for r, rk := range ranks {
+			err := rk.wait(30 * time.Second)
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee, "rank %d: %s", r, rk.out)
+			assert.NotZero(t, ee.ExitCode())
+			if r != 1 {
+				assert.Contains(t, rk.out.String(), fmt.Sprintf("rank %d stopped: rank 1 (", r), "rank %d", r)
+				assert.Contains(t, rk.out.String(), "failed: ", "rank %d", r)
+				assert.Contains(t, rk.out.String(), missing, "rank %d: rank 1's own error", r)
+			}
+			t.Logf("rank %d: %s", r, rk.out)
+		}
+		after, err := os.ReadFile(ck)
+		require.NoError(t, err)
+		assert.Equal(t, before, after)
+	})
 }
 
 // The same on the CUDA target, under the fake driver with two devices: a
@@ -456,6 +483,12 @@ func (p *rankProcess) wait(limit time.Duration) error {
 // loopback port; they are killed at the test's end.
 func startRanks(t *testing.T, n int, bin string, env []string, args ...string) []*rankProcess {
 	t.Helper()
+	return startRanksWith(t, n, bin, env, func(int) []string { return args })
+}
+
+// startRanksWith is startRanks with the arguments of each rank.
+func startRanksWith(t *testing.T, n int, bin string, env []string, argsOf func(r int) []string) []*rankProcess {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	port := l.Addr().(*net.TCPAddr).Port
@@ -463,7 +496,7 @@ func startRanks(t *testing.T, n int, bin string, env []string, args ...string) [
 	var ranks []*rankProcess
 	for r := range n {
 		cfg := dist.Config{Rank: r, WorldSize: n, LocalRank: r, LocalWorldSize: n, MasterAddr: "127.0.0.1", MasterPort: port}
-		cmd := exec.Command(bin, args...)
+		cmd := exec.Command(bin, argsOf(r)...)
 		cmd.Env = cfg.Environ(env)
 		p := &rankProcess{cmd: cmd, out: &syncBuffer{}, done: make(chan error, 1)}
 		cmd.Stdout, cmd.Stderr = p.out, p.out

@@ -473,8 +473,9 @@ func (w watchStop) Error() string { return w.err.Error() }
 // await waits on the device's thread for work of the device: in the driver
 // (block: cuStreamSynchronize, cuEventSynchronize) or, while WatchWaits
 // has set a check, by polling (query: cuStreamQuery, cuEventQuery), with
-// the check between polls — every 20 µs at first, then every millisecond
-// at most — and once more after the work is done: a collective that an
+// the check between polls — every 20 µs at first, then every 200 µs at
+// most (a wait ends at most that late; the check is a few reads) — and
+// once more after the work is done: a collective that an
 // abort ended completes too, without having summed anything. The check's
 // error is returned as a watchStop.
 func (d *Device) await(query, block func() error) error {
@@ -497,7 +498,7 @@ func (d *Device) await(query, block func() error) error {
 			return err
 		}
 		time.Sleep(pause)
-		pause = min(2*pause, time.Millisecond)
+		pause = min(2*pause, 200*time.Microsecond)
 	}
 }
 

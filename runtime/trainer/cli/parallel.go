@@ -123,7 +123,7 @@ func (r *runner) joinRanks() error {
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", cfg.Rank, err)
 	}
-	r.closers = append(r.closers, s.Close)
+	r.closers = append(r.closers, func() error { return r.leaveJob(s) })
 	var id nccl.UniqueID
 	copy(id[:], s.ID)
 	var comm *nccl.Comm
@@ -176,7 +176,7 @@ func (r *runner) watchJob(s *dist.Session, comm *nccl.Comm) error {
 	r.closers = append(r.closers, func() error { // before Destroy
 		stop()
 		if ok && s.Err() == nil {
-			return ww.WatchWaits(nil) // the device's last waits block, as after a job
+			return ww.WatchWaits(nil) // the device's last waits block, as on one device
 		}
 		return nil // (after a failure the check returns it at once, calling nothing)
 	})
@@ -192,6 +192,19 @@ func (r *runner) watchJob(s *dist.Session, comm *nccl.Comm) error {
 		}
 		return nil
 	})
+}
+
+// leaveJob ends this rank's membership in the job: a goodbye when the rank
+// is done, or stops with the others (an agreed interrupt, a loss that
+// diverged on every rank alike, the job's failure); when it stops with an
+// error of its own (r.failure) it tells the job so (Session.Fail), since
+// the others would wait for it in their next collective forever — on
+// several machines no launcher stops them.
+func (r *runner) leaveJob(s *dist.Session) error {
+	if r.failure != nil && s.Err() == nil {
+		return s.Fail(r.failure)
+	}
+	return s.Close()
 }
 
 // jobFailed is why this rank's job failed — a rank died, or rank 0 said
