@@ -475,9 +475,9 @@ func (w watchStop) Error() string { return w.err.Error() }
 // has set a check, by polling (query: cuStreamQuery, cuEventQuery), with
 // the check between polls — every 20 µs at first, then every 200 µs at
 // most (a wait ends at most that late; the check is a few reads) — and
-// once more after the work is done: a collective that an
-// abort ended completes too, without having summed anything. The check's
-// error is returned as a watchStop.
+// once more after the work is done: a collective that an abort ended
+// completes too, without having summed anything. The check's error is
+// returned as a watchStop.
 func (d *Device) await(query, block func() error) error {
 	if d.watch == nil {
 		return block()

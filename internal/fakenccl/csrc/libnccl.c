@@ -26,8 +26,10 @@
 // real NCCL does at worst (NVLink P2P, where no network layer notices): a collective that
 // meets a rank that is gone (its connection closed) blocks, keeps its sockets open (so the
 // ranks waiting on it block too) and leaves ncclCommGetAsyncError at ncclSuccess, until
-// ncclCommAbort from another thread (then it fails, naming the abort) or the timeout below. A rank that stays silent for $CNNC_FAKENCCL_TIMEOUT
-// seconds (default 600, as PyTorch's NCCL timeout) fails the collective too. Ranks that call
+// ncclCommAbort from another thread (then it fails, naming the abort; an aborting rank tells
+// no one, so the others hang in turn) or the timeout below. A rank that stays silent for
+// $CNNC_FAKENCCL_TIMEOUT seconds (default 600, as PyTorch's NCCL timeout) fails the collective
+// too. Ranks that call
 // different collectives (count, type or operation) are reported instead of exchanging garbage.
 // A failed communicator stays failed; ncclGetLastError says why.
 //
