@@ -419,7 +419,10 @@ func (d *Device) launch(kernel string, grid, block device.Dim3, sharedBytes int,
 		}
 	}
 	if d.opts.Debug {
-		if err := d.stream.Synchronize(); err != nil {
+		if err := d.await(d.stream.Query, d.stream.Synchronize); err != nil {
+			if w, ok := err.(watchStop); ok {
+				return w.err
+			}
 			return fail("failed while running (grid %v, block %v, %d bytes dynamic shared memory, %d params; %s=1 checks every launch): %w", grid, block, sharedBytes, len(params), DebugEnv, err)
 		}
 	}

@@ -136,7 +136,8 @@ type SideStream interface {
 }
 
 // WaitWatcher is what a device offers when its host waits — Sync, a
-// Fence's Wait, the copies that wait, a SideStream's Close — can poll
+// Fence's Wait, the copies that wait, a SideStream's Close, a Timer's
+// wait — can poll
 // instead of blocking in the driver (cuStreamQuery, cuEventQuery): a
 // data-parallel rank's waits cover collectives queued on the device,
 // which wait forever for a rank that died, so the rank watches its job
