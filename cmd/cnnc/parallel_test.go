@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +22,7 @@ import (
 	"github.com/cnnc/cnnc/internal/fakenccl"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
+	"github.com/cnnc/cnnc/runtime/dist"
 )
 
 // buildMNISTVariant builds examples/mnist.cnn with its train block's
@@ -319,4 +323,243 @@ func assertSameCheckpoint(t *testing.T, got, want, step string) {
 		require.True(t, ok, tw.Name)
 		assert.Equal(t, tw.Data, tg.Data, "%s after step %s: the same bits", tw.Name, step)
 	}
+}
+
+// Ranks started one by one, as on several machines (each its own process
+// with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, no launcher to kill
+// the rest), under the fake libnccl hanging as real NCCL does when a rank
+// dies (fakenccl.PeerDeathEnv: collectives wait forever, the asynchronous
+// error stays ncclSuccess; its own timeout is 600 s): when one rank is
+// killed mid-training, the others abort their communicators on the
+// rendezvous's word and exit within seconds, naming the dead rank, and the
+// checkpoint written before stays the one to resume from. rank 1 killed:
+// rank 0 (the writer) and rank 2 (told by rank 0) survive; rank 0 killed:
+// ranks 1 and 2, each seeing rank 0 gone.
+func TestBuiltDataParallelRanksSurviveAKilledRank(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a trainer binary")
+	}
+	mnist, err := datasets.MNISTDir()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "nccl")
+	require.NoError(t, fakenccl.Build(lib))
+	dp := buildMNISTVariant(t, dir, "dp3", "batch = 24", "--gpus", "3")
+	env := append(fakenccl.Environ(lib, os.Environ()), fakenccl.PeerDeathEnv+"=hang", fakenccl.TimeoutEnv+"=600")
+	ck := filepath.Join(dir, "dp3.safetensors")
+	common := []string{"--data", mnist, "--test", "", "--quiet", "--checkpoint", ck}
+	ranks := startRanks(t, 3, dp, env, append(common, "--max-steps", "3")...)
+	for r, rk := range ranks {
+		require.NoError(t, rk.wait(time.Minute), "rank %d: %s", r, rk.out)
+	}
+	before, err := os.ReadFile(ck)
+	require.NoError(t, err)
+
+	for _, victim := range []int{1, 0} {
+		t.Run(fmt.Sprintf("rank %d killed", victim), func(t *testing.T) {
+			log := filepath.Join(dir, fmt.Sprintf("log%d.jsonl", victim))
+			ranks := startRanks(t, 3, dp, env, append(common, "--resume", ck, "--log", log)...)
+			waitForLog(t, log, ranks)
+			require.NoError(t, ranks[victim].cmd.Process.Kill())
+			killed := time.Now()
+			ranks[victim].cmd.Wait()
+			for r, rk := range ranks {
+				if r == victim {
+					continue
+				}
+				err := rk.wait(30 * time.Second)
+				var ee *exec.ExitError
+				require.ErrorAs(t, err, &ee, "rank %d: %s", r, rk.out)
+				assert.NotZero(t, ee.ExitCode())
+				out := rk.out.String()
+				if victim == 0 {
+					assert.Contains(t, out, fmt.Sprintf("rank %d stopped: rank 0 (at 127.0.0.1:", r), "rank %d names the rank that died", r)
+				} else {
+					assert.Contains(t, out, fmt.Sprintf("rank %d stopped: rank 1 (", r), "rank %d names the rank that died", r)
+					assert.Contains(t, out, fmt.Sprintf("pid %d) is gone", ranks[1].cmd.Process.Pid))
+				}
+				// aborted inside its all-reduce, or (the watch was quicker) before the next
+				assert.Regexp(t, abortedWords, out, "rank %d", r)
+				t.Logf("rank %d: %s", r, out)
+			}
+			assert.Less(t, time.Since(killed), 30*time.Second, "the fake's timeout is 600 s: the ranks' own aborts freed them")
+			after, err := os.ReadFile(ck)
+			require.NoError(t, err)
+			assert.Equal(t, before, after, "the checkpoint written before the kill stays, untouched")
+			f, err := checkpoint.Read(ck)
+			require.NoError(t, err, "the last checkpoint stays loadable")
+			assert.Equal(t, "3", f.Metadata["step"])
+		})
+	}
+
+	// a rank that stops with an error of its own (here rank 1's data, after it
+	// joined) tells the job so rather than goodbye: the others stop too
+	t.Run("rank 1 fails", func(t *testing.T) {
+		missing := filepath.Join(dir, "no-such-data")
+		ranks := startRanksWith(t, 3, dp, env, func(r int) []string {
+			if r == 1 {
+				return []string{"--data", missing, "--test", "", "--quiet"}
+			}
+			return append(common, "--resume", ck)
+		})
+		for r, rk := range ranks {
+			err := rk.wait(30 * time.Second)
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee, "rank %d: %s", r, rk.out)
+			assert.NotZero(t, ee.ExitCode())
+			if r != 1 {
+				assert.Contains(t, rk.out.String(), fmt.Sprintf("rank %d stopped: rank 1 (", r), "rank %d", r)
+				assert.Contains(t, rk.out.String(), "failed: ", "rank %d", r)
+				assert.Contains(t, rk.out.String(), missing, "rank %d: rank 1's own error", r)
+			}
+			t.Logf("rank %d: %s", r, rk.out)
+		}
+		after, err := os.ReadFile(ck)
+		require.NoError(t, err)
+		assert.Equal(t, before, after)
+	})
+}
+
+// The same on the CUDA target, under the fake driver with two devices: a
+// rank's all-reduces are queued on its side stream from the device's
+// thread, where the fake NCCL runs them at once — so the device's thread
+// is the one blocked, and the abort comes from a thread of its own with
+// the device's context (cuda.Device.OffThread); on a GPU the collective
+// would spin in a kernel while the host polls its events (WatchWaits:
+// runtime/cuda's TestWatchedWaits). Rank 1 is killed; rank 0 exits within
+// seconds naming it, and its checkpoint stays the one written before.
+func TestBuiltCUDADataParallelRanksSurviveAKilledRank(t *testing.T) {
+	nvcc.Require(t)
+	if testing.Short() {
+		t.Skip("builds a CUDA trainer binary")
+	}
+	mnist, err := datasets.MNISTDir()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	fake, lib := filepath.Join(dir, "fakecuda"), filepath.Join(dir, "nccl")
+	require.NoError(t, fakecuda.Build(fake))
+	require.NoError(t, fakenccl.Build(lib))
+	t.Setenv(fakecuda.Env, fake) // cnnc build registers the fatbin's kernels with the fake
+	dp := buildMNISTVariant(t, dir, "dp", "batch = 16", "--gpus", "2", "--target", "cuda")
+	env := append(fakecuda.Environ(fake, fakenccl.Environ(lib, os.Environ())), fakecuda.DevicesEnv+"=2",
+		fakenccl.PeerDeathEnv+"=hang", fakenccl.TimeoutEnv+"=600")
+	ck, log := filepath.Join(dir, "dp.safetensors"), filepath.Join(dir, "log.jsonl")
+	common := []string{"--data", mnist, "--test", "", "--quiet", "--device", "cuda", "--checkpoint", ck}
+	ranks := startRanks(t, 2, dp, env, append(common, "--max-steps", "2")...)
+	for r, rk := range ranks {
+		require.NoError(t, rk.wait(5*time.Minute), "rank %d: %s", r, rk.out)
+	}
+	before, err := os.ReadFile(ck)
+	require.NoError(t, err)
+
+	ranks = startRanks(t, 2, dp, env, append(common, "--resume", ck, "--log", log)...)
+	waitForLog(t, log, ranks)
+	require.NoError(t, ranks[1].cmd.Process.Kill())
+	killed := time.Now()
+	err = ranks[0].wait(30 * time.Second)
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, ranks[0].out.String())
+	assert.NotZero(t, ee.ExitCode())
+	out := ranks[0].out.String()
+	t.Log(out)
+	assert.Contains(t, out, "rank 0 stopped: rank 1 (", "rank 0 names the rank that died")
+	assert.Contains(t, out, fmt.Sprintf("pid %d) is gone", ranks[1].cmd.Process.Pid))
+	assert.Regexp(t, abortedWords, out)
+	assert.Less(t, time.Since(killed), 30*time.Second, "the fake's timeout is 600 s: the rank's own abort freed it")
+	after, err := os.ReadFile(ck)
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "the checkpoint written before the kill stays, untouched")
+	f, err := checkpoint.Read(ck)
+	require.NoError(t, err, "the last checkpoint stays loadable")
+	assert.Equal(t, "2", f.Metadata["step"])
+}
+
+// abortedWords are a rank's words for its aborted communicator: a
+// collective that the abort ended (the fake's), or one called after it
+// (runtime/nccl's).
+const abortedWords = `this rank aborted the communicator \(ncclCommAbort\)|the communicator was aborted`
+
+// rankProcess is one rank of a job started by startRanks.
+type rankProcess struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan error
+}
+
+// wait is the rank's exit, failing the test when it runs longer than limit.
+func (p *rankProcess) wait(limit time.Duration) error {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return err
+	case <-time.After(limit):
+		return fmt.Errorf("still running after %v", limit)
+	}
+}
+
+// startRanks starts the n ranks of the data-parallel trainer bin, each a
+// process of its own with torchrun's variables (no launcher), on a free
+// loopback port; they are killed at the test's end.
+func startRanks(t *testing.T, n int, bin string, env []string, args ...string) []*rankProcess {
+	t.Helper()
+	return startRanksWith(t, n, bin, env, func(int) []string { return args })
+}
+
+// startRanksWith is startRanks with the arguments of each rank.
+func startRanksWith(t *testing.T, n int, bin string, env []string, argsOf func(r int) []string) []*rankProcess {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	var ranks []*rankProcess
+	for r := range n {
+		cfg := dist.Config{Rank: r, WorldSize: n, LocalRank: r, LocalWorldSize: n, MasterAddr: "127.0.0.1", MasterPort: port}
+		cmd := exec.Command(bin, argsOf(r)...)
+		cmd.Env = cfg.Environ(env)
+		p := &rankProcess{cmd: cmd, out: &syncBuffer{}, done: make(chan error, 1)}
+		cmd.Stdout, cmd.Stderr = p.out, p.out
+		require.NoError(t, cmd.Start())
+		go func() { p.done <- cmd.Wait() }()
+		ranks = append(ranks, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range ranks {
+			p.cmd.Process.Kill()
+		}
+	})
+	return ranks
+}
+
+// waitForLog returns once rank 0 has logged a step (the job is training);
+// bounded by a minute.
+func waitForLog(t *testing.T, log string, ranks []*rankProcess) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(log); err == nil && bytes.Contains(b, []byte("\n")) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("rank 0 logged no step within a minute: %s", ranks[0].out)
+}
+
+// syncBuffer is a bytes.Buffer that a process's output and the test may
+// use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -10,7 +10,9 @@
 // instead: ranks are processes that meet over Unix sockets keyed by the unique id; an
 // all-reduce sums on rank 0 in rank order ((x0 + x1) + x2 ...), so results are the same bits on
 // every rank and in every run; a rank that dies makes the others fail at once with a message
-// naming it, where real NCCL would hang. Under cnnc's fake CUDA driver (internal/fakecuda),
+// naming it, where real NCCL would hang — unless PeerDeathEnv=hang, which makes the fake hang
+// as real NCCL does, for tests of what frees a job's survivors (their own watch of the
+// rendezvous and ncclCommAbort). Under cnnc's fake CUDA driver (internal/fakecuda),
 // buffers are its device pointers, read and written through the driver's copies; without a
 // driver they are host memory. What it cannot show: NCCL's speed, its ring and tree orders of
 // summation (so its sums may differ from real NCCL's in the last bits), real transports.
@@ -32,6 +34,15 @@ const LibName = "libnccl.so.2"
 // communicator, or any exchange of a collective) before the collective fails; default 600, as
 // PyTorch's NCCL timeout.
 const TimeoutEnv = "CNNC_FAKENCCL_TIMEOUT"
+
+// PeerDeathEnv set to "hang" makes the fake behave as real NCCL at worst when a rank dies:
+// a collective that finds a rank gone blocks — and so do the ranks waiting on it — with
+// ncclCommGetAsyncError still ncclSuccess (as over NVLink, where no network layer notices),
+// until ncclCommAbort from another thread makes it fail ("this rank aborted the
+// communicator"), or TimeoutEnv's seconds pass (ncclTimeout). An aborting rank then only
+// closes its connections, telling the others nothing, so they hang in turn until they abort.
+// Unset (or any other value), a rank's death makes the others fail at once, naming it.
+const PeerDeathEnv = "CNNC_FAKENCCL_PEER_DEATH"
 
 // VersionEnv makes the fake report another NCCL version code (ncclGetVersion), for tests of
 // version checks.

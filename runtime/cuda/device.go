@@ -9,6 +9,7 @@ import (
 	goruntime "runtime"
 	"sort"
 	"sync"
+	"time"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -55,6 +56,7 @@ type Device struct {
 	argPtrs []unsafe.Pointer // &args[i]: what cuLaunchKernel reads
 	last    string           // the last kernel launched
 	capture *Graph           // non-nil while launches are being captured
+	watch   func() error     // WatchWaits' check: host waits poll while it is set
 }
 
 // function is a kernel looked up once.
@@ -73,6 +75,7 @@ var (
 	_ device.AsyncCopier   = (*Device)(nil)
 	_ device.Grapher       = (*Device)(nil)
 	_ device.Timer         = (*Device)(nil)
+	_ device.WaitWatcher   = (*Device)(nil)
 )
 
 // errClosed is returned by every call after Close.
@@ -416,7 +419,10 @@ func (d *Device) launch(kernel string, grid, block device.Dim3, sharedBytes int,
 		}
 	}
 	if d.opts.Debug {
-		if err := d.stream.Synchronize(); err != nil {
+		if err := d.await(d.stream.Query, d.stream.Synchronize); err != nil {
+			if w, ok := err.(watchStop); ok {
+				return w.err
+			}
 			return fail("failed while running (grid %v, block %v, %d bytes dynamic shared memory, %d params; %s=1 checks every launch): %w", grid, block, sharedBytes, len(params), DebugEnv, err)
 		}
 	}
@@ -440,14 +446,83 @@ func (d *Device) function(kernel string) (*function, error) {
 // sync waits for the stream; a failure names the last kernel launched,
 // the likely culprit of an asynchronous fault.
 func (d *Device) sync(what string) error {
-	err := d.stream.Synchronize()
+	err := d.await(d.stream.Query, d.stream.Synchronize)
 	if err == nil {
 		return nil
+	}
+	if w, ok := err.(watchStop); ok {
+		return w.err
 	}
 	if d.last != "" && !d.opts.Debug {
 		return fmt.Errorf("cuda: %s: cuStreamSynchronize: %w (the last kernel launched was %s; faults surface at the next synchronisation: run with %s=1 to check every launch and name the kernel)", what, err, d.last, DebugEnv)
 	}
 	return fmt.Errorf("cuda: %s: cuStreamSynchronize: %w", what, err)
+}
+
+// WatchWaits makes the device's host waits poll, calling check between
+// polls (device.WaitWatcher); nil makes them block in the driver again.
+func (d *Device) WatchWaits(check func() error) error {
+	return d.do(func() error {
+		d.watch = check
+		return nil
+	})
+}
+
+// watchStop is the error of WatchWaits' check that ended a wait.
+type watchStop struct{ err error }
+
+func (w watchStop) Error() string { return w.err.Error() }
+
+// await waits on the device's thread for work of the device: in the driver
+// (block: cuStreamSynchronize, cuEventSynchronize) or, while WatchWaits
+// has set a check, by polling (query: cuStreamQuery, cuEventQuery), with
+// the check between polls — every 20 µs at first, then every 200 µs at
+// most (a wait ends at most that late; the check is a few reads) — and
+// once more after the work is done: a collective that an abort ended
+// completes too, without having summed anything. The check's error is
+// returned as a watchStop.
+func (d *Device) await(query, block func() error) error {
+	if d.watch == nil {
+		return block()
+	}
+	pause := 20 * time.Microsecond
+	for {
+		if err := d.watch(); err != nil {
+			return watchStop{err}
+		}
+		err := query()
+		if err == nil {
+			if err := d.watch(); err != nil {
+				return watchStop{err}
+			}
+			return nil
+		}
+		if !errors.Is(err, cu.NotReady) {
+			return err
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 200*time.Microsecond)
+	}
+}
+
+// OffThread runs f on an OS thread of its own with the device's context
+// current, and waits for it: a way to make driver-dependent calls while
+// the device's thread may be blocked — a watchdog's ncclCommAbort, which
+// ends the collective the device's thread waits in. f must not call the
+// device's methods, and OffThread must not be called after Close (it does
+// not wait for the device's lock, which a blocked call holds). The thread
+// ends with f (it is never reused with the context current).
+func (d *Device) OffThread(f func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		if err := d.ctx.makeCurrent(); err != nil {
+			done <- fmt.Errorf("cuda: cuCtxSetCurrent on a thread of its own: %w", err)
+			return
+		}
+		done <- f()
+	}()
+	return <-done
 }
 
 // Sync waits for every launch and copy issued so far.

@@ -102,3 +102,7 @@ func createContext(dev cu.Device) (context, error) {
 }
 
 func (ctx context) destroy() error { return check(C.cnncCtxDestroy(ctx.c)) }
+
+// makeCurrent makes ctx current on the calling (locked) thread
+// (cuCtxSetCurrent: one version since CUDA 4).
+func (ctx context) makeCurrent() error { return check(C.cuCtxSetCurrent(ctx.c)) }

@@ -90,9 +90,12 @@ func (f *fence) Record() error {
 // naming the last kernel launched as Sync does.
 func (f *fence) Wait() error {
 	return f.d.do(func() error {
-		err := f.ev.Synchronize()
+		err := f.d.await(f.ev.Query, f.ev.Synchronize)
 		if err == nil {
 			return nil
+		}
+		if w, ok := err.(watchStop); ok {
+			return w.err
 		}
 		if f.d.last != "" && !f.d.opts.Debug {
 			return fmt.Errorf("cuda: cuEventSynchronize: %w (the last kernel launched was %s; faults surface at the next synchronisation: run with %s=1 to check every launch and name the kernel)", err, f.d.last, DebugEnv)

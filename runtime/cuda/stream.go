@@ -115,10 +115,17 @@ func order(e cu.Event, from, to cu.Stream) error {
 	return nil
 }
 
-// Close waits for the work queued on the stream, then destroys it and its
-// events.
+// Close waits for the work queued on the stream (polling under
+// WatchWaits: a failed job's collective may never end), then destroys it
+// and its events.
 func (s *sideStream) Close() error {
-	return s.d.do(func() error { return errors.Join(s.stream.Synchronize(), s.destroy()) })
+	return s.d.do(func() error {
+		err := s.d.await(s.stream.Query, s.stream.Synchronize)
+		if w, ok := err.(watchStop); ok {
+			err = w.err
+		}
+		return errors.Join(err, s.destroy())
+	})
 }
 
 // destroy destroys the stream and the events made (on the device's thread).

@@ -40,7 +40,10 @@ func (d *Device) TimeLaunches(run func() error) (time.Duration, error) {
 		if err := stop.Record(d.stream); err != nil {
 			return fmt.Errorf("cuda: cuEventRecord: %w", err)
 		}
-		if err := stop.Synchronize(); err != nil {
+		if err := d.await(stop.Query, stop.Synchronize); err != nil {
+			if w, ok := err.(watchStop); ok {
+				return w.err
+			}
 			return fmt.Errorf("cuda: waiting for the timed kernels: %w", err)
 		}
 		var err error

@@ -134,3 +134,18 @@ type SideStream interface {
 	DeviceWaits(i int) error
 	Close() error
 }
+
+// WaitWatcher is what a device offers when its host waits — Sync, a
+// Fence's Wait, the copies that wait, a SideStream's Close, a Timer's
+// wait — can poll
+// instead of blocking in the driver (cuStreamQuery, cuEventQuery): a
+// data-parallel rank's waits cover collectives queued on the device,
+// which wait forever for a rank that died, so the rank watches its job
+// while it waits. WatchWaits sets check (nil: block again, without
+// polling); it is called between polls on the device's thread, where the
+// device's context is current, and after the work is done (work that a
+// failed job's abort cut short also completes): its error ends the wait
+// and is returned as it is.
+type WaitWatcher interface {
+	WatchWaits(check func() error) error
+}

@@ -332,6 +332,42 @@ func TestSessionNamesTheRankThatDied(t *testing.T) {
 	})
 }
 
+// A rank that stops with an error of its own says so (Fail) instead of goodbye: the others'
+// sessions end naming it and why, as for a death — their collectives would wait for it.
+func TestSessionNamesTheRankThatFailed(t *testing.T) {
+	for _, failing := range []int{2, 0} {
+		t.Run(fmt.Sprintf("rank %d", failing), func(t *testing.T) {
+			port := freeTestPort(t)
+			s, errs := meet(t, port, 3, []int{0, 1, 2}, 10*time.Second, nil)
+			for _, err := range errs {
+				require.NoError(t, err)
+			}
+			require.NoError(t, s[failing].Fail(errors.New("reading batch 7: input/output error")))
+			assert.NoError(t, s[failing].Err(), "its own failure is no news to it")
+			want := "rank 2 ("
+			if failing == 0 {
+				want = fmt.Sprintf("rank 0 (at 127.0.0.1:%d)", port)
+			}
+			for r := range 3 {
+				if r == failing {
+					continue
+				}
+				select {
+				case <-s[r].Done():
+					assert.ErrorContains(t, s[r].Err(), want, "rank %d", r)
+					assert.ErrorContains(t, s[r].Err(), "failed: reading batch 7: input/output error", "rank %d", r)
+				case <-time.After(10 * time.Second):
+					t.Fatalf("rank %d did not hear of rank %d's failure", r, failing)
+				}
+			}
+			for _, ss := range s {
+				ss.Close()
+			}
+			require.NoError(t, s[failing].Fail(errors.New("again")), "after Close: nothing")
+		})
+	}
+}
+
 // launchSelf launches n ranks of this test binary in role, with its output.
 func launchSelf(t *testing.T, n int, role string, grace time.Duration) (error, string, time.Duration) {
 	t.Helper()

@@ -22,7 +22,7 @@ const (
 	hostBytes    = 64
 	maxAnswer    = 64 << 10
 	noticeBye    = 'B' // a clean goodbye: the sender is done
-	noticeFailed = 'F' // from rank 0: the job failed; a length and the reason follow
+	noticeFailed = 'F' // the job failed (from rank 0), or the sender did (to rank 0); a length and the reason follow
 )
 
 type hello struct {
@@ -352,7 +352,12 @@ func (s *Session) watchPeer(r int) {
 		return
 	}
 	why := fmt.Sprintf("%s is gone: its connection to rank 0 closed without a goodbye (it died or was killed)", s.names[r])
-	if err == nil {
+	if err == nil && b[0] == noticeFailed {
+		why = fmt.Sprintf("%s failed", s.names[r])
+		if text, ok := readReason(s.peers[r]); ok {
+			why += ": " + text
+		}
+	} else if err == nil {
 		why = fmt.Sprintf("%s sent %q: not a cnnc rank", s.names[r], b[0])
 	}
 	if s.failed(errors.New(why)) {
@@ -362,8 +367,7 @@ func (s *Session) watchPeer(r int) {
 
 // tellOthers is rank 0 telling every rank but r (and those gone) that the job failed.
 func (s *Session) tellOthers(r int, why string) {
-	msg := binary.LittleEndian.AppendUint32([]byte{noticeFailed}, uint32(len(why)))
-	msg = append(msg, why...)
+	msg := failedNotice(why)
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	for k := 1; k < len(s.peers); k++ {
@@ -393,18 +397,71 @@ func (s *Session) watchRoot() {
 	why := fmt.Sprintf("rank 0 (at %s) is gone: its connection closed without a goodbye (it died or was killed)", s.Config.Addr())
 	if err == nil && b[0] == noticeFailed {
 		why = fmt.Sprintf("rank 0 (at %s) stopped the job", s.Config.Addr())
-		if _, err := io.ReadFull(c, b[1:5]); err == nil {
-			if n := binary.LittleEndian.Uint32(b[1:5]); n <= maxAnswer {
-				text := make([]byte, n)
-				if _, err := io.ReadFull(c, text); err == nil {
-					why = string(text)
-				}
-			}
+		if text, ok := readReason(c); ok {
+			why = text
 		}
 	} else if err == nil {
 		why = fmt.Sprintf("rank 0 (at %s) sent %q: not a cnnc rank 0", s.Config.Addr(), b[0])
 	}
 	s.failed(errors.New(why))
+}
+
+// readReason reads the length and text that follow a noticeFailed.
+func readReason(c net.Conn) (string, bool) {
+	var n [4]byte
+	if _, err := io.ReadFull(c, n[:]); err != nil {
+		return "", false
+	}
+	size := binary.LittleEndian.Uint32(n[:])
+	if size > maxAnswer {
+		return "", false
+	}
+	text := make([]byte, size)
+	if _, err := io.ReadFull(c, text); err != nil {
+		return "", false
+	}
+	return string(text), true
+}
+
+// failedNotice is a noticeFailed with its reason (cut to maxAnswer bytes).
+func failedNotice(why string) []byte {
+	if len(why) > maxAnswer {
+		why = why[:maxAnswer]
+	}
+	msg := binary.LittleEndian.AppendUint32([]byte{noticeFailed}, uint32(len(why)))
+	return append(msg, why...)
+}
+
+// Fail ends the session of a rank that stops with an error of its own while the others
+// would go on: instead of Close's goodbye, which says the rank is done, it tells the job that
+// it failed and why — rank 0 tells every other rank, another rank tells rank 0, which tells
+// the rest — so that every other rank's Done closes, naming this rank (their collectives
+// would otherwise wait for it forever). Then it closes the connections. After Close, or a
+// second time, it does nothing.
+func (s *Session) Fail(why error) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closing = true
+	s.mu.Unlock()
+	text := why.Error()
+	if s.Config.Rank == 0 {
+		s.tellOthers(0, fmt.Sprintf("rank 0 (at %s) failed: %s", s.Config.Addr(), text))
+	} else if len(s.peers) > 0 {
+		s.writeMu.Lock()
+		s.peers[0].SetWriteDeadline(time.Now().Add(5 * time.Second))
+		s.peers[0].Write(failedNotice(text))
+		s.writeMu.Unlock()
+	}
+	for _, c := range s.peers {
+		if c != nil {
+			c.Close()
+		}
+	}
+	s.monitors.Wait()
+	return nil
 }
 
 // Close ends the session: a goodbye to the ranks it is connected to (so that they do not take

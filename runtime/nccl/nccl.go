@@ -6,7 +6,8 @@
 // CUdeviceptr, a CUstream — cudaStream_t is the driver's CUstream). Out: communicators and the
 // calls data-parallel training needs: the unique id, CommInitRank, AllReduce (sum), Broadcast
 // (a sharded optimizer's parameters and state, from the rank that holds them), groups,
-// Destroy/Abort, errors with NCCL's own words.
+// Destroy/Abort (and AbortOn: abort when a job's watch says a rank died, which NCCL's
+// collectives would wait for forever), errors with NCCL's own words.
 //
 // Why at run time (dlopen, as a driver is loaded): NCCL is needed only to train on several
 // GPUs, so building cnnc, and training on one GPU or on the CPU, needs neither NCCL nor its
@@ -454,11 +455,16 @@ func (c *Comm) Broadcast(send, recv uintptr, count int, t DataType, root int, st
 }
 
 // AsyncError is the communicator's asynchronous error (ncclCommGetAsyncError): how NCCL
-// reports a failure after the call that enqueued the work, such as a rank that died.
+// reports a failure after the call that enqueued the work, such as a rank that died — though
+// not always: over NVLink a dead peer may leave it ncclSuccess while collectives wait forever
+// (AbortOn is the way out then). It holds the communicator against Abort from another
+// goroutine (which frees it) during the call.
 func (c *Comm) AsyncError() error {
-	h, err := c.handle("AsyncError")
-	if err != nil {
-		return err
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.c
+	if h == nil {
+		return fmt.Errorf("nccl: AsyncError on rank %d: the communicator was %s", c.rank, c.gone)
 	}
 	var e C.int
 	if err := c.lib.check("ncclCommGetAsyncError", h, C.cnnc_nccl_async_error(c.lib.f.commGetAsyncError, h, &e)); err != nil {
@@ -493,6 +499,32 @@ func (c *Comm) Wait(done func() (bool, error), timeout time.Duration) error {
 		}
 		time.Sleep(pause)
 		pause = min(2*pause, 10*time.Millisecond)
+	}
+}
+
+// AbortOn aborts the communicator when done is closed — a job's watch of its ranks saying one
+// died (runtime/dist.Session.Done) — so that a collective waiting for that rank returns with
+// an error (called on the host), or its kernels end (queued on a GPU's stream), instead of
+// waiting forever, as NCCL's do for a dead peer. The abort is made through on (nil: from the
+// watching goroutine): on a GPU, a thread of its own with the device's context current (the
+// device's thread may be the one blocked). stop ends the watch, after an abort in progress.
+func (c *Comm) AbortOn(done <-chan struct{}, on func(func() error) error) (stop func()) {
+	if on == nil {
+		on = func(f func() error) error { return f() }
+	}
+	quit, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		select {
+		case <-done:
+			on(c.Abort) // its error is no news: the job failed already
+		case <-quit:
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(quit) })
+		<-ended
 	}
 }
 

@@ -68,10 +68,13 @@ func actAs(role string) int {
 		return load()
 	}
 	var comm *Comm
+	var s *dist.Session
 	if err == nil {
-		comm, err = join(cfg)
+		comm, s, err = join(cfg)
 	}
-	if err == nil {
+	if err == nil && role == "hang-watch" {
+		err = hangWatch(comm, s)
+	} else if err == nil {
 		err = play(role, cfg, comm)
 	}
 	if err != nil {
@@ -92,21 +95,54 @@ func load() int {
 }
 
 // join meets the other ranks (rank 0's NCCL id handed out over TCP) and joins the communicator.
-func join(cfg dist.Config) (*Comm, error) {
+func join(cfg dist.Config) (*Comm, *dist.Session, error) {
 	lib, err := Load()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s, err := dist.Rendezvous(context.Background(), cfg, func() ([]byte, error) {
 		id, err := lib.UniqueID()
 		return id[:], err
 	}, 30*time.Second)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var id UniqueID
 	copy(id[:], s.ID)
-	return lib.CommInitRank(id, cfg.WorldSize, cfg.Rank)
+	comm, err := lib.CommInitRank(id, cfg.WorldSize, cfg.Rank)
+	return comm, s, err
+}
+
+// hangWatch is the "hang-watch" role, for the fake's hang mode: all-reduces until stopped (as
+// "loop"), while a watchdog waits for the rendezvous to say a rank died; a second later it
+// says whether the rank is still inside an all-reduce and what the asynchronous error is,
+// then aborts the communicator, which must end that all-reduce.
+func hangWatch(comm *Comm, s *dist.Session) error {
+	var inCall sync.Mutex // held during each all-reduce
+	go func() {
+		<-s.Done()
+		time.Sleep(time.Second)
+		blocked := !inCall.TryLock()
+		if !blocked {
+			inCall.Unlock()
+		}
+		fmt.Fprintf(os.Stderr, "1 s after the session failed: blocked in an all-reduce %v, asynchronous error %v\n", blocked, comm.AsyncError())
+		comm.Abort()
+	}()
+	start := time.Now()
+	buf := hostBuffer(4096 * 4)
+	for i := 0; time.Since(start) < time.Minute; i++ {
+		inCall.Lock()
+		err := comm.AllReduce(buf.addr, buf.addr, 4096, Float32, Sum, 0)
+		inCall.Unlock()
+		if err != nil {
+			return fmt.Errorf("%w (the session: %v)", err, s.Err())
+		}
+		if i == 3 {
+			fmt.Println("ready")
+		}
+	}
+	return errors.New("not stopped within a minute")
 }
 
 func play(role string, cfg dist.Config, comm *Comm) error {
@@ -492,41 +528,7 @@ func TestKilledRankStopsTheOthers(t *testing.T) {
 	for _, victim := range []int{1, 0} {
 		t.Run(fmt.Sprintf("rank %d killed", victim), func(t *testing.T) {
 			const n = 3
-			port, err := freePort()
-			require.NoError(t, err)
-			cmds := make([]*exec.Cmd, n)
-			stderr := make([]*lockedBuffer, n)
-			ready := make(chan int, n)
-			for r := range n {
-				cfg := dist.Config{Rank: r, WorldSize: n, LocalRank: r, LocalWorldSize: n, MasterAddr: "127.0.0.1", MasterPort: port}
-				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(cfg.Environ(fakenccl.Environ(fakeDir, os.Environ())), roleEnv+"=loop", fakenccl.TimeoutEnv+"=120")
-				stderr[r] = &lockedBuffer{}
-				cmd.Stderr = stderr[r]
-				stdout, err := cmd.StdoutPipe()
-				require.NoError(t, err)
-				require.NoError(t, cmd.Start())
-				cmds[r] = cmd
-				go func() {
-					line, _ := bufio.NewReader(stdout).ReadString('\n')
-					if line == "ready\n" {
-						ready <- r
-					}
-					io.Copy(io.Discard, stdout)
-				}()
-			}
-			defer func() {
-				for _, c := range cmds {
-					c.Process.Kill()
-				}
-			}()
-			for range n {
-				select {
-				case <-ready:
-				case <-time.After(60 * time.Second):
-					t.Fatalf("the ranks did not get going: %q %q %q", stderr[0], stderr[1], stderr[2])
-				}
-			}
+			cmds, stderr := startRanks(t, n, "loop", fakenccl.TimeoutEnv+"=120")
 			require.NoError(t, cmds[victim].Process.Kill())
 			killed := time.Now()
 			cmds[victim].Wait()
@@ -534,22 +536,126 @@ func TestKilledRankStopsTheOthers(t *testing.T) {
 				if r == victim {
 					continue
 				}
-				done := make(chan error, 1)
-				go func() { done <- cmds[r].Wait() }()
-				select {
-				case err := <-done:
-					t.Logf("%s", stderr[r])
-					var ee *exec.ExitError
-					require.ErrorAs(t, err, &ee, "rank %d: %s", r, stderr[r])
-					assert.Equal(t, 1, ee.ExitCode(), "rank %d failed on its own: %s", r, stderr[r])
-					assert.Contains(t, stderr[r].String(), fmt.Sprintf("rank %d (pid %d) closed its connection", victim, cmds[victim].Process.Pid))
-					assert.Contains(t, stderr[r].String(), "ncclRemoteError")
-				case <-time.After(30 * time.Second):
-					t.Fatalf("rank %d still runs 30 s after rank %d was killed (timeout 120 s): %s", r, victim, stderr[r])
-				}
+				err := waitBounded(t, cmds[r], 30*time.Second, "rank %d still runs 30 s after rank %d was killed (timeout 120 s): %s", r, victim, stderr[r])
+				t.Logf("%s", stderr[r])
+				var ee *exec.ExitError
+				require.ErrorAs(t, err, &ee, "rank %d: %s", r, stderr[r])
+				assert.Equal(t, 1, ee.ExitCode(), "rank %d failed on its own: %s", r, stderr[r])
+				assert.Contains(t, stderr[r].String(), fmt.Sprintf("rank %d (pid %d) closed its connection", victim, cmds[victim].Process.Pid))
+				assert.Contains(t, stderr[r].String(), "ncclRemoteError")
 			}
 			assert.Less(t, time.Since(killed), 30*time.Second)
 		})
+	}
+}
+
+// With fakenccl.PeerDeathEnv=hang the fake hangs as real NCCL does: a rank that dies leaves
+// the others blocked inside their all-reduce, the asynchronous error still ncclSuccess, until
+// each aborts its communicator — here a watchdog of the rendezvous (role hang-watch), well
+// before the fake's own timeout (600 s).
+func TestHangModeBlocksUntilAbort(t *testing.T) {
+	for _, victim := range []int{1, 0} {
+		t.Run(fmt.Sprintf("rank %d killed", victim), func(t *testing.T) {
+			const n = 3
+			cmds, stderr := startRanks(t, n, "hang-watch", fakenccl.TimeoutEnv+"=600", fakenccl.PeerDeathEnv+"=hang")
+			require.NoError(t, cmds[victim].Process.Kill())
+			cmds[victim].Wait()
+			for r := range n {
+				if r == victim {
+					continue
+				}
+				err := waitBounded(t, cmds[r], 30*time.Second, "rank %d still runs 30 s after rank %d was killed: %s", r, victim, stderr[r])
+				t.Logf("%s", stderr[r])
+				var ee *exec.ExitError
+				require.ErrorAs(t, err, &ee, "rank %d: %s", r, stderr[r])
+				out := stderr[r].String()
+				assert.Contains(t, out, "1 s after the session failed: blocked in an all-reduce true, asynchronous error <nil>")
+				assert.Contains(t, out, "this rank aborted the communicator (ncclCommAbort)")
+				assert.Contains(t, out, fmt.Sprintf("rank %d (", victim), "the session names the rank that died")
+				assert.Contains(t, out, "is gone")
+				assert.NotContains(t, out, "closed its connection", "the fake said nothing of the death: it hung")
+			}
+		})
+	}
+	t.Run("in one process", func(t *testing.T) {
+		t.Setenv(fakenccl.PeerDeathEnv, "hang")
+		comms := inProcess(t, 2)
+		require.NoError(t, comms[1].Abort()) // rank 1 leaves, telling no one
+		buf := hostBuffer(64)
+		done := make(chan error, 1)
+		go func() { done <- comms[0].AllReduce(buf.addr, buf.addr, 16, Float32, Sum, 0) }()
+		select {
+		case err := <-done:
+			t.Fatalf("the all-reduce returned without an abort: %v", err)
+		case <-time.After(500 * time.Millisecond):
+		}
+		assert.NoError(t, comms[0].AsyncError(), "hanging, as over NVLink: no asynchronous error")
+		require.NoError(t, comms[0].Abort())
+		select {
+		case err := <-done:
+			assert.ErrorContains(t, err, "AllReduce #0: this rank aborted the communicator (ncclCommAbort)")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the all-reduce still blocks 10 s after Abort")
+		}
+	})
+}
+
+// startRanks starts n processes of this test binary as the ranks of a job playing role (env:
+// more variables), directly rather than through the launcher, and returns once each has said
+// it is ready; the ranks are killed at the test's end.
+func startRanks(t *testing.T, n int, role string, env ...string) ([]*exec.Cmd, []*lockedBuffer) {
+	t.Helper()
+	port, err := freePort()
+	require.NoError(t, err)
+	cmds := make([]*exec.Cmd, n)
+	stderr := make([]*lockedBuffer, n)
+	ready := make(chan int, n)
+	t.Cleanup(func() {
+		for _, c := range cmds {
+			if c != nil {
+				c.Process.Kill()
+			}
+		}
+	})
+	for r := range n {
+		cfg := dist.Config{Rank: r, WorldSize: n, LocalRank: r, LocalWorldSize: n, MasterAddr: "127.0.0.1", MasterPort: port}
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(cfg.Environ(fakenccl.Environ(fakeDir, os.Environ())), append([]string{roleEnv + "=" + role}, env...)...)
+		stderr[r] = &lockedBuffer{}
+		cmd.Stderr = stderr[r]
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		cmds[r] = cmd
+		go func() {
+			line, _ := bufio.NewReader(stdout).ReadString('\n')
+			if line == "ready\n" {
+				ready <- r
+			}
+			io.Copy(io.Discard, stdout)
+		}()
+	}
+	for range n {
+		select {
+		case <-ready:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("the ranks did not get going: %q", stderr)
+		}
+	}
+	return cmds, stderr
+}
+
+// waitBounded waits for cmd to exit, failing the test (msg) when it runs longer than limit.
+func waitBounded(t *testing.T, cmd *exec.Cmd, limit time.Duration, msg string, args ...any) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		t.Fatalf(msg, args...)
+		return nil
 	}
 }
 

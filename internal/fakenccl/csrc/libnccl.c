@@ -22,8 +22,14 @@
 //
 // Failure, on purpose unlike real NCCL (which hangs): a rank that exits, is killed or aborts
 // closes its sockets; rank 0 sees it at once, fails the collective naming that rank, and tells
-// every other rank why before closing. A rank that stays silent for $CNNC_FAKENCCL_TIMEOUT
-// seconds (default 600, as PyTorch's NCCL timeout) fails the collective too. Ranks that call
+// every other rank why before closing. With $CNNC_FAKENCCL_PEER_DEATH=hang the fake behaves as
+// real NCCL does at worst (NVLink P2P, where no network layer notices): a collective that
+// meets a rank that is gone (its connection closed) blocks, keeps its sockets open (so the
+// ranks waiting on it block too) and leaves ncclCommGetAsyncError at ncclSuccess, until
+// ncclCommAbort from another thread (then it fails, naming the abort; an aborting rank tells
+// no one, so the others hang in turn) or the timeout below. A rank that stays silent for
+// $CNNC_FAKENCCL_TIMEOUT seconds (default 600, as PyTorch's NCCL timeout) fails the collective
+// too. Ranks that call
 // different collectives (count, type or operation) are reported instead of exchanging garbage.
 // A failed communicator stays failed; ncclGetLastError says why.
 //
@@ -268,6 +274,12 @@ static double now_s(void) {
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+// hang_mode is $CNNC_FAKENCCL_PEER_DEATH=hang: a peer's death blocks collectives (see the top).
+static int hang_mode(void) {
+	const char* e = getenv("CNNC_FAKENCCL_PEER_DEATH");
+	return e && strcmp(e, "hang") == 0;
+}
+
 static double timeout_s(void) {
 	const char* e = getenv("CNNC_FAKENCCL_TIMEOUT");
 	double t = e && *e ? atof(e) : 600;
@@ -287,7 +299,8 @@ static int wait_fd(int fd, short events, double deadline) {
 }
 
 // io_result is what a blocking step of the protocol ended with.
-typedef enum { IO_OK, IO_CLOSED, IO_TIMEOUT, IO_ERROR } io_result;
+// IO_HUNG: in hang mode, a rank was gone and nothing aborted the communicator within the timeout.
+typedef enum { IO_OK, IO_CLOSED, IO_TIMEOUT, IO_ERROR, IO_HUNG } io_result;
 
 static io_result send_all(int fd, const void* buf, size_t n, double limit) {
 	const char* p = buf;
@@ -402,12 +415,13 @@ static ncclResult_t root_abort(ncclComm_t c, ncclResult_t r, const char* fmt, ..
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof why, fmt, ap);
 	va_end(ap);
-	if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST))
-		snprintf(why, sizeof why, "%s: this rank aborted the communicator (ncclCommAbort)", c->tag);
+	int aborted = __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST);
+	if (aborted) snprintf(why, sizeof why, "%s: this rank aborted the communicator (ncclCommAbort)", c->tag);
 	comm_fail(c, r, "%s", why);
 	char told[480];
 	snprintf(told, sizeof told, "rank 0 stopped: %s", why);
-	for (int k = 1; k < c->nranks; k++)
+	// in hang mode an abort only closes the connections: the others hang, as with real NCCL
+	for (int k = 1; k < c->nranks && !(aborted && hang_mode()); k++)
 		if (c->fds[k] >= 0 && !c->partial[k]) tell_fail(c->fds[k], told); // else it would read it as data
 	close_all(c);
 	return r;
@@ -417,11 +431,29 @@ static const char* io_words(io_result io) {
 	switch (io) {
 	case IO_CLOSED: return "closed its connection (it exited, was killed or aborted its communicator)";
 	case IO_TIMEOUT: return "sent nothing within the timeout ($CNNC_FAKENCCL_TIMEOUT seconds)";
+	case IO_HUNG:
+		return "closed its connection, and with $CNNC_FAKENCCL_PEER_DEATH=hang the collective waited "
+		       "$CNNC_FAKENCCL_TIMEOUT seconds for ncclCommAbort";
 	default: return "failed";
 	}
 }
 
-static ncclResult_t io_code(io_result io) { return io == IO_TIMEOUT ? ncclTimeout : ncclRemoteError; }
+static ncclResult_t io_code(io_result io) { return io == IO_TIMEOUT || io == IO_HUNG ? ncclTimeout : ncclRemoteError; }
+
+// hang_on_death is what a collective does in hang mode when an exchange found a rank gone
+// (io: IO_CLOSED): as real NCCL's kernels spin on a peer that never answers, it blocks until
+// ncclCommAbort (returns IO_CLOSED, the failure then naming the abort) or the timeout (returns
+// IO_HUNG). The asynchronous error stays ncclSuccess meanwhile. Other results, and every
+// result outside hang mode, are returned as they are.
+static io_result hang_on_death(ncclComm_t c, io_result io) {
+	if (io != IO_CLOSED || !hang_mode()) return io;
+	double limit = timeout_s(), deadline = now_s() + limit;
+	while (!__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) {
+		if (now_s() > deadline) return IO_HUNG;
+		usleep(5000);
+	}
+	return IO_CLOSED;
+}
 
 static ncclResult_t root_init(ncclComm_t c, const ncclUniqueId* id) {
 	struct sockaddr_un a;
@@ -736,7 +768,8 @@ static ncclResult_t gather(ncclComm_t c, char** into, size_t n) {
 				got[k] += (size_t)m;
 				deadline = now_s() + limit;
 			} else if (m == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-				r = root_abort(c, ncclRemoteError, "%s: rank %d (pid %d) %s", c->tag, k, c->pids[k], io_words(IO_CLOSED));
+				io_result io = hang_on_death(c, IO_CLOSED);
+				r = root_abort(c, io_code(io), "%s: rank %d (pid %d) %s", c->tag, k, c->pids[k], io_words(io));
 			}
 		}
 		if (r != ncclSuccess) break;
@@ -789,6 +822,7 @@ static ncclResult_t root_send_result(ncclComm_t c, int k, const char* sum, size_
 	c->partial[k] = 1;
 	io_result io = send_all(c->fds[k], &res, sizeof res, limit);
 	if (io == IO_OK) io = send_all(c->fds[k], sum, n, limit);
+	io = hang_on_death(c, io);
 	if (io != IO_OK) return root_abort(c, io_code(io), "%s: rank %d (pid %d) %s", c->tag, k, c->pids[k], io_words(io));
 	c->partial[k] = 0;
 	return ncclSuccess;
@@ -840,7 +874,7 @@ static ncclResult_t root_broadcast(ncclComm_t c, const char* send_p, char* recv_
 				break;
 			}
 		} else {
-			io_result io = recv_all(c->fds[root], buf, n, timeout_s());
+			io_result io = hang_on_death(c, recv_all(c->fds[root], buf, n, timeout_s()));
 			if (io != IO_OK) {
 				r = root_abort(c, io_code(io), "%s: rank %d (pid %d) %s", c->tag, root, c->pids[root], io_words(io));
 				break;
@@ -864,6 +898,11 @@ static ncclResult_t peer_lost(ncclComm_t c, io_result io) {
 	if (io == IO_CLOSED && c->root_fd >= 0 && recv_all(c->root_fd, &m, sizeof m, 1.0) == IO_OK && m.kind == MSG_FAIL) {
 		close_all(c);
 		return comm_fail(c, ncclRemoteError, "%s", m.text);
+	}
+	io = hang_on_death(c, io); // rank 0 is gone without a word: in hang mode, wait for an abort
+	if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) {
+		close_all(c);
+		return comm_fail(c, ncclRemoteError, "%s: this rank aborted the communicator (ncclCommAbort)", c->tag);
 	}
 	close_all(c);
 	return comm_fail(c, io_code(io), "%s: rank 0 (pid %d) %s", c->tag, c->pids[0], io_words(io));

@@ -10,6 +10,15 @@ package cli
 // Only rank 0 writes: checkpoints, --keep-best, --log, --plot, progress.
 // Every rank evaluates (the same parameters give the same result), so
 // that the best epoch and early stopping agree without a message.
+//
+// A rank that dies stops the others (watchJob): NCCL's collectives wait for
+// every rank, and for a dead one forever (a GPU's kernels spin; the
+// communicator's asynchronous error may never say so, as over NVLink), and
+// on several machines no launcher is there to kill the rest. The
+// rendezvous's connections say at once that a rank is gone; each rank
+// then aborts its communicator, which ends the collective it waits in, and
+// exits naming the rank that died. Nothing is saved after that: the last
+// checkpoint (written atomically) stays the one to resume from.
 
 import (
 	"context"
@@ -22,6 +31,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/dist"
 	"github.com/cnnc/cnnc/runtime/nccl"
 )
@@ -113,7 +123,7 @@ func (r *runner) joinRanks() error {
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", cfg.Rank, err)
 	}
-	r.closers = append(r.closers, s.Close)
+	r.closers = append(r.closers, func() error { return r.leaveJob(s) })
 	var id nccl.UniqueID
 	copy(id[:], s.ID)
 	var comm *nccl.Comm
@@ -136,5 +146,83 @@ func (r *runner) joinRanks() error {
 		return fmt.Errorf("rank %d: %w", cfg.Rank, err)
 	}
 	r.closers = append(r.closers, comm.Destroy)
+	if err := r.watchJob(s, comm); err != nil {
+		return fmt.Errorf("rank %d: %w", cfg.Rank, err)
+	}
 	return r.sess.SetParallel(cfg.Rank, nccl.Reducer{Comm: comm, On: onDevice})
+}
+
+// watchJob makes every wait of this rank that a dead rank could make
+// endless end when the job fails (see the file's comment): the
+// communicator is aborted as soon as the session says a rank is gone —
+// from a thread of its own with the device's context current on a GPU
+// (runtime/cuda.Device.OffThread), as the device's thread may be the one
+// waiting — which ends a collective called from the host (the CPU target;
+// NCCL's enqueue, when it blocks); and on a device whose waits can poll
+// (device.WaitWatcher: the CUDA rank, whose collectives run on a stream
+// the host waits for through events and stream synchronisations) each
+// wait checks the session and the communicator's asynchronous error
+// (aborting on it), so that it returns the job's failure rather than
+// block, and a step that an abort cut short is never taken for done.
+// One device, or the CPU target, waits as before: nothing polls.
+func (r *runner) watchJob(s *dist.Session, comm *nccl.Comm) error {
+	r.job = s
+	var on func(func() error) error
+	if ot, ok := r.dev.(interface{ OffThread(func() error) error }); ok {
+		on = ot.OffThread
+	}
+	stop := comm.AbortOn(s.Done(), on)
+	ww, ok := r.dev.(device.WaitWatcher)
+	r.closers = append(r.closers, func() error { // before Destroy
+		stop()
+		if ok && s.Err() == nil {
+			return ww.WatchWaits(nil) // the device's last waits block, as on one device
+		}
+		return nil // (after a failure the check returns it at once, calling nothing)
+	})
+	if !ok {
+		return nil
+	}
+	return ww.WatchWaits(func() error {
+		if err := s.Err(); err != nil {
+			return err // the watch aborts the communicator
+		}
+		if err := comm.AsyncError(); err != nil {
+			return errors.Join(err, comm.Abort())
+		}
+		return nil
+	})
+}
+
+// leaveJob ends this rank's membership in the job: a goodbye when the rank
+// is done, or stops with the others (an agreed interrupt, a loss that
+// diverged on every rank alike, the job's failure); when it stops with an
+// error of its own (r.failure) it tells the job so (Session.Fail), since
+// the others would wait for it in their next collective forever — on
+// several machines no launcher stops them.
+func (r *runner) leaveJob(s *dist.Session) error {
+	if r.failure != nil && s.Err() == nil {
+		return s.Fail(r.failure)
+	}
+	return s.Close()
+}
+
+// jobFailed is why this rank's job failed — a rank died, or rank 0 said
+// the job failed (runtime/dist.Session.Err) — or nil (one device too).
+func (r *runner) jobFailed() error {
+	if r.job == nil {
+		return nil
+	}
+	return r.job.Err()
+}
+
+// namingTheJob makes err, this rank's error, start with the job's failure
+// when the job failed: the rank stopped because another died, and the
+// error it saw (an aborted collective) does not say which.
+func (r *runner) namingTheJob(err error) error {
+	jerr := r.jobFailed()
+	if err == nil || jerr == nil {
+		return err
+	}
+	return fmt.Errorf("rank %d stopped: %v (this rank's communicator was aborted; nothing was saved after it: %w)", r.rank.Rank, jerr, err)
 }

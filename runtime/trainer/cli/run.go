@@ -54,13 +54,21 @@ type runner struct {
 	test     data.Dataset
 	log      *jsonLog
 	closers  []func() error
-	rank     *dist.Config // a data-parallel rank's (nil: one device)
+	rank     *dist.Config  // a data-parallel rank's (nil: one device)
+	job      *dist.Session // a data-parallel rank's membership in its job
+	failure  error         // the run's error, unless every rank stops alike (an interrupt, a diverging loss)
 }
 
 // run carries out the command line: the steps below, in order.
-func run(spec *trainer.Spec, backends trainer.Backends, o *options) (int, error) {
+func run(spec *trainer.Spec, backends trainer.Backends, o *options) (code int, err error) {
 	r := &runner{spec: spec, backends: backends, o: o, out: o.stdout}
 	defer r.close()
+	defer func() {
+		err = r.namingTheJob(err)
+		if code != ExitInterrupted && code != ExitDiverged { // (every rank stops alike then)
+			r.failure = err
+		}
+	}()
 	if code, err, done := r.parallel(); done {
 		return code, err
 	}

@@ -123,7 +123,7 @@ func (r *runner) runTraining() (int, error) {
 		return ExitError, err
 	}
 	if o.checkpoint != "" {
-		loop.Save = func(at trainer.Position) error { return r.sess.Save(o.checkpoint, r.runMeta(at)) }
+		loop.Save = func(at trainer.Position) error { return r.save(o.checkpoint, at) }
 	}
 	if err := r.followBest(loop); err != nil {
 		return ExitError, err
@@ -136,6 +136,16 @@ func (r *runner) runTraining() (int, error) {
 	res, err := loop.Run(ctx)
 	rec.progress.done()
 	return r.report(res, err, rec, loop.BatchesPerEpoch())
+}
+
+// save writes the checkpoint of the run at position at to path, unless
+// the data-parallel job has failed: a collective that an abort cut short
+// may have left the parameters half summed.
+func (r *runner) save(path string, at trainer.Position) error {
+	if err := r.jobFailed(); err != nil {
+		return err
+	}
+	return r.sess.Save(path, r.runMeta(at))
 }
 
 // runMeta is what a checkpoint of the run at position at says besides the
@@ -168,7 +178,7 @@ func (r *runner) followBest(loop *trainer.Loop) error {
 	}
 	loop.Best = r.best
 	if o.keepBest != "" {
-		loop.SaveBest = func(at trainer.Position) error { return r.sess.Save(o.keepBest, r.runMeta(at)) }
+		loop.SaveBest = func(at trainer.Position) error { return r.save(o.keepBest, at) }
 	}
 	if r.meta == nil {
 		return nil
