@@ -9,7 +9,6 @@ import (
 	goruntime "runtime"
 	"sort"
 	"sync"
-	"time"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -56,7 +55,7 @@ type Device struct {
 	argPtrs []unsafe.Pointer // &args[i]: what cuLaunchKernel reads
 	last    string           // the last kernel launched
 	capture *Graph           // non-nil while launches are being captured
-	watch   func() error     // WatchWaits' check: host waits poll while it is set
+	watch   func() error     // WatchWaits' check, around every host wait
 }
 
 // function is a kernel looked up once.
@@ -419,7 +418,7 @@ func (d *Device) launch(kernel string, grid, block device.Dim3, sharedBytes int,
 		}
 	}
 	if d.opts.Debug {
-		if err := d.await(d.stream.Query, d.stream.Synchronize); err != nil {
+		if err := d.await(d.stream.Synchronize); err != nil {
 			if w, ok := err.(watchStop); ok {
 				return w.err
 			}
@@ -446,7 +445,7 @@ func (d *Device) function(kernel string) (*function, error) {
 // sync waits for the stream; a failure names the last kernel launched,
 // the likely culprit of an asynchronous fault.
 func (d *Device) sync(what string) error {
-	err := d.await(d.stream.Query, d.stream.Synchronize)
+	err := d.await(d.stream.Synchronize)
 	if err == nil {
 		return nil
 	}
@@ -459,8 +458,8 @@ func (d *Device) sync(what string) error {
 	return fmt.Errorf("cuda: %s: cuStreamSynchronize: %w", what, err)
 }
 
-// WatchWaits makes the device's host waits poll, calling check between
-// polls (device.WaitWatcher); nil makes them block in the driver again.
+// WatchWaits makes the device's host waits call check before and after
+// they block (device.WaitWatcher); nil removes the check.
 func (d *Device) WatchWaits(check func() error) error {
 	return d.do(func() error {
 		d.watch = check
@@ -473,36 +472,28 @@ type watchStop struct{ err error }
 
 func (w watchStop) Error() string { return w.err.Error() }
 
-// await waits on the device's thread for work of the device: in the driver
-// (block: cuStreamSynchronize, cuEventSynchronize) or, while WatchWaits
-// has set a check, by polling (query: cuStreamQuery, cuEventQuery), with
-// the check between polls — every 20 µs at first, then every 200 µs at
-// most (a wait ends at most that late; the check is a few reads) — and
-// once more after the work is done: a collective that an abort ended
-// completes too, without having summed anything. The check's error is
-// returned as a watchStop.
-func (d *Device) await(query, block func() error) error {
+// await waits on the device's thread for work of the device, in the
+// driver (block: cuStreamSynchronize, cuEventSynchronize). While
+// WatchWaits has set a check, the check runs before the wait (a job that
+// failed already waits for nothing) and after it: work that an abort of
+// the communicator cut short (a collective whose peer died, ended from
+// another thread by the job's watchdog) completes without having summed
+// anything, and must not be taken for done. The wait itself blocks, as
+// PyTorch's does beside its NCCL watchdog thread: a poll would wake the
+// host late on every step. The check's error is returned as a watchStop,
+// also in place of the driver's error of a wait that the abort ended.
+func (d *Device) await(block func() error) error {
 	if d.watch == nil {
 		return block()
 	}
-	pause := 20 * time.Microsecond
-	for {
-		if err := d.watch(); err != nil {
-			return watchStop{err}
-		}
-		err := query()
-		if err == nil {
-			if err := d.watch(); err != nil {
-				return watchStop{err}
-			}
-			return nil
-		}
-		if !errors.Is(err, cu.NotReady) {
-			return err
-		}
-		time.Sleep(pause)
-		pause = min(2*pause, 200*time.Microsecond)
+	if err := d.watch(); err != nil {
+		return watchStop{err}
 	}
+	err := block()
+	if werr := d.watch(); werr != nil {
+		return watchStop{werr}
+	}
+	return err
 }
 
 // OffThread runs f on an OS thread of its own with the device's context

@@ -90,7 +90,7 @@ func (f *fence) Record() error {
 // naming the last kernel launched as Sync does.
 func (f *fence) Wait() error {
 	return f.d.do(func() error {
-		err := f.d.await(f.ev.Query, f.ev.Synchronize)
+		err := f.d.await(f.ev.Synchronize)
 		if err == nil {
 			return nil
 		}

@@ -115,12 +115,12 @@ func order(e cu.Event, from, to cu.Stream) error {
 	return nil
 }
 
-// Close waits for the work queued on the stream (polling under
-// WatchWaits: a failed job's collective may never end), then destroys it
-// and its events.
+// Close waits for the work queued on the stream (watched under
+// WatchWaits: a failed job's collective ends only when the watchdog
+// aborts it), then destroys it and its events.
 func (s *sideStream) Close() error {
 	return s.d.do(func() error {
-		err := s.d.await(s.stream.Query, s.stream.Synchronize)
+		err := s.d.await(s.stream.Synchronize)
 		if w, ok := err.(watchStop); ok {
 			err = w.err
 		}

@@ -40,7 +40,7 @@ func (d *Device) TimeLaunches(run func() error) (time.Duration, error) {
 		if err := stop.Record(d.stream); err != nil {
 			return fmt.Errorf("cuda: cuEventRecord: %w", err)
 		}
-		if err := d.await(stop.Query, stop.Synchronize); err != nil {
+		if err := d.await(stop.Synchronize); err != nil {
 			if w, ok := err.(watchStop); ok {
 				return w.err
 			}

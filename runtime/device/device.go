@@ -137,15 +137,13 @@ type SideStream interface {
 
 // WaitWatcher is what a device offers when its host waits — Sync, a
 // Fence's Wait, the copies that wait, a SideStream's Close, a Timer's
-// wait — can poll
-// instead of blocking in the driver (cuStreamQuery, cuEventQuery): a
-// data-parallel rank's waits cover collectives queued on the device,
-// which wait forever for a rank that died, so the rank watches its job
-// while it waits. WatchWaits sets check (nil: block again, without
-// polling); it is called between polls on the device's thread, where the
-// device's context is current, and after the work is done (work that a
-// failed job's abort cut short also completes): its error ends the wait
-// and is returned as it is.
+// wait — can be watched: a data-parallel rank's waits cover collectives
+// queued on the device, which wait forever for a rank that died until a
+// watchdog aborts the communicator (nccl.Comm.AbortOn), and a wait that
+// the abort ended must not be taken for finished work. WatchWaits sets
+// check (nil: no check); it is called on the device's thread, where the
+// device's context is current, before each wait blocks and after it
+// returns: its error ends the wait and is returned as it is.
 type WaitWatcher interface {
 	WatchWaits(check func() error) error
 }

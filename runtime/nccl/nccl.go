@@ -389,6 +389,8 @@ type Comm struct {
 	mu   sync.Mutex
 	c    unsafe.Pointer // ncclComm_t; nil once destroyed or aborted
 	gone string         // "destroyed" or "aborted"
+	// failure is the asynchronous error AbortOn's watchdog aborted for
+	failure error
 }
 
 // Rank is this process's rank in the communicator.
@@ -502,12 +504,19 @@ func (c *Comm) Wait(done func() (bool, error), timeout time.Duration) error {
 	}
 }
 
-// AbortOn aborts the communicator when done is closed — a job's watch of its ranks saying one
-// died (runtime/dist.Session.Done) — so that a collective waiting for that rank returns with
-// an error (called on the host), or its kernels end (queued on a GPU's stream), instead of
-// waiting forever, as NCCL's do for a dead peer. The abort is made through on (nil: from the
-// watching goroutine): on a GPU, a thread of its own with the device's context current (the
-// device's thread may be the one blocked). stop ends the watch, after an abort in progress.
+// asyncErrorEvery is how often AbortOn's watchdog reads the communicator's asynchronous error
+// while the job is alive (PyTorch's NCCL watchdog polls every 100 ms as well).
+const asyncErrorEvery = 100 * time.Millisecond
+
+// AbortOn is the communicator's watchdog: it aborts the communicator when done is closed — a
+// job's watch of its ranks saying one died (runtime/dist.Session.Done) — or when the
+// communicator's asynchronous error (read every asyncErrorEvery) reports a failure, so that a
+// collective waiting for a dead rank returns with an error (called on the host), or its
+// kernels end (queued on a GPU's stream) and the host's blocking wait for them returns,
+// instead of waiting forever, as NCCL's do for a dead peer. The abort is made through on
+// (nil: from the watching goroutine): on a GPU, a thread of its own with the device's
+// context current (the device's thread may be the one blocked). The asynchronous error that
+// caused an abort is then Failure's. stop ends the watch, after an abort in progress.
 func (c *Comm) AbortOn(done <-chan struct{}, on func(func() error) error) (stop func()) {
 	if on == nil {
 		on = func(f func() error) error { return f() }
@@ -515,10 +524,22 @@ func (c *Comm) AbortOn(done <-chan struct{}, on func(func() error) error) (stop 
 	quit, ended := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(ended)
-		select {
-		case <-done:
-			on(c.Abort) // its error is no news: the job failed already
-		case <-quit:
+		tick := time.NewTicker(asyncErrorEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				on(c.Abort) // its error is no news: the job failed already
+				return
+			case <-quit:
+				return
+			case <-tick.C:
+				if err := c.AsyncError(); err != nil {
+					c.fail(err)
+					on(c.Abort)
+					return
+				}
+			}
 		}
 	}()
 	var once sync.Once
@@ -526,6 +547,23 @@ func (c *Comm) AbortOn(done <-chan struct{}, on func(func() error) error) (stop 
 		once.Do(func() { close(quit) })
 		<-ended
 	}
+}
+
+// fail records the asynchronous error that made AbortOn's watchdog abort the communicator.
+func (c *Comm) fail(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failure == nil {
+		c.failure = err
+	}
+}
+
+// Failure is the asynchronous error for which AbortOn's watchdog aborted the communicator, or
+// nil: what a wait that the abort ended reports.
+func (c *Comm) Failure() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failure
 }
 
 // Destroy frees the communicator once its work has finished (ncclCommDestroy). It must not

@@ -840,6 +840,26 @@ func TestAbortEndsAWaitingCollective(t *testing.T) {
 	assert.ErrorContains(t, comms[1].AllReduce(buf1.addr, buf1.addr, 16, Float32, Sum, 0), "the communicator was aborted")
 }
 
+// AbortOn's watchdog also reads the asynchronous error: a failure NCCL reports there (here a
+// peer that closed its connection, as the fake reports it without hang mode) aborts the
+// communicator within about asyncErrorEvery, and Failure says why — a wait that the abort
+// ended reports that, not the driver's error.
+func TestAbortOnWatchesTheAsynchronousError(t *testing.T) {
+	comms := inProcess(t, 2)
+	stop := comms[1].AbortOn(make(chan struct{}), nil)
+	defer stop()
+	require.NoError(t, comms[1].Failure())
+	require.NoError(t, comms[0].Abort()) // rank 0 leaves
+	buf := hostBuffer(64)
+	assert.ErrorContains(t, comms[1].AllReduce(buf.addr, buf.addr, 16, Float32, Sum, 0), "closed its connection")
+	deadline := time.Now().Add(10 * time.Second)
+	for comms[1].Failure() == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	assert.ErrorContains(t, comms[1].Failure(), "ncclRemoteError", "the watchdog saw the asynchronous error")
+	assert.ErrorContains(t, comms[1].AllReduce(buf.addr, buf.addr, 16, Float32, Sum, 0), "the communicator was aborted", "and aborted the communicator")
+}
+
 func TestWait(t *testing.T) {
 	comms := inProcess(t, 1)
 	calls := 0

@@ -153,18 +153,20 @@ func (r *runner) joinRanks() error {
 }
 
 // watchJob makes every wait of this rank that a dead rank could make
-// endless end when the job fails (see the file's comment): the
-// communicator is aborted as soon as the session says a rank is gone —
-// from a thread of its own with the device's context current on a GPU
-// (runtime/cuda.Device.OffThread), as the device's thread may be the one
-// waiting — which ends a collective called from the host (the CPU target;
-// NCCL's enqueue, when it blocks); and on a device whose waits can poll
-// (device.WaitWatcher: the CUDA rank, whose collectives run on a stream
-// the host waits for through events and stream synchronisations) each
-// wait checks the session and the communicator's asynchronous error
-// (aborting on it), so that it returns the job's failure rather than
-// block, and a step that an abort cut short is never taken for done.
-// One device, or the CPU target, waits as before: nothing polls.
+// endless end when the job fails (see the file's comment): a watchdog
+// (nccl.Comm.AbortOn) aborts the communicator as soon as the session says
+// a rank is gone, or the communicator's asynchronous error reports a
+// failure — from a thread of its own with the device's context current on
+// a GPU (runtime/cuda.Device.OffThread), as the device's thread may be the
+// one waiting — which ends a collective called from the host (the CPU
+// target; NCCL's enqueue, when it blocks) or the kernels of one queued on
+// a GPU's stream, so the host's blocking wait for them returns; and on a
+// device whose waits are watched (device.WaitWatcher: the CUDA rank, whose
+// collectives run on a stream the host waits for through events and
+// stream synchronisations) each wait checks the job before and after
+// blocking, so that it returns the job's failure, and a step that an
+// abort cut short is never taken for done. No wait polls: the host wakes
+// as soon as the device's work is done, as on one device.
 func (r *runner) watchJob(s *dist.Session, comm *nccl.Comm) error {
 	r.job = s
 	var on func(func() error) error
@@ -185,12 +187,9 @@ func (r *runner) watchJob(s *dist.Session, comm *nccl.Comm) error {
 	}
 	return ww.WatchWaits(func() error {
 		if err := s.Err(); err != nil {
-			return err // the watch aborts the communicator
+			return err // the watchdog aborts the communicator
 		}
-		if err := comm.AsyncError(); err != nil {
-			return errors.Join(err, comm.Abort())
-		}
-		return nil
+		return comm.Failure() // the watchdog aborted for it
 	})
 }
 
