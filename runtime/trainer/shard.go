@@ -125,23 +125,25 @@ func shardLaunches(sh *Shard, params []Tensor, ls []Launch, buckets []Bucket, ra
 
 // broadcastParams sends every sharded parameter from the rank that updated
 // it to the others, after the updates. On a GPU (the overlapped step,
-// s.side) nothing waits on the host: a GroupBroadcaster queues the
-// broadcasts on the device's stream behind the updates, as one NCCL group
-// (one launch); the next step's all-reduces wait for the device's stream,
-// so they follow them. Elsewhere the host waits for the device before it
-// broadcasts (a Broadcaster may read the arena from the host; the CPU
-// target's launches have finished when they return, so its Sync is free).
+// s.side) with a GroupBroadcaster nothing waits on the host: the
+// broadcasts are queued on the device's stream behind the updates, as one
+// NCCL group (one launch); the next step's all-reduces wait for the
+// device's stream, so they follow them. Otherwise the host waits for the
+// device before it broadcasts (a plain Broadcaster may read the arena from
+// the host; the CPU target's launches have finished when they return, so
+// its Sync is free).
 func (s *Session) broadcastParams() error {
 	sh := s.Spec.DataParallel.Shard
 	if sh == nil {
 		return nil
 	}
-	if s.side == nil {
+	g, grouped := s.broadcaster.(GroupBroadcaster)
+	if s.side == nil || !grouped {
 		if err := s.Dev.Sync(); err != nil {
 			return err
 		}
 	}
-	if g, ok := s.broadcaster.(GroupBroadcaster); ok {
+	if grouped {
 		return g.BroadcastGroup(s.queueParamBroadcasts)
 	}
 	return s.queueParamBroadcasts(s.broadcaster.BroadcastTo)
