@@ -196,7 +196,34 @@ func (b *builder) compile(res *compiler.Result, cfg plan.Config, target, gpuName
 	}
 	b.step("predicted on %s: %s, %.1f µs a step, the fastest of %d plans that meet the budget (a prediction; cnnc plan --gpu %s shows them)",
 		gpu.Name, ch.Best.Plan.Choices.Strategy, 1e6*ch.Prediction.PredictedStepSeconds, len(alts), gpuName)
+	if dp := ch.Best.Plan.DataParallel; dp != nil && dp.Ranks > 1 {
+		if err := b.predictParallel(ch, gpuName, dp.Ranks); err != nil {
+			return nil, err
+		}
+	}
 	return ch.Best, nil
+}
+
+// predictParallel prints a data-parallel rank's predicted step on one
+// machine's default links (NVLink where the GPU has it): the launches'
+// step above leaves out the all-reduces and, sharded, counts every update
+// and no broadcast.
+func (b *builder) predictParallel(ch *perf.Choice, gpuName string, ranks int) error {
+	f, err := perf.LookupFabric(gpuName, "", ranks, 1)
+	if err != nil {
+		return b.fail(err)
+	}
+	pp, err := perf.ParallelStep(ch.Best, ch.Prediction, f)
+	if err != nil {
+		return b.fail(err)
+	}
+	what := "all-reduces overlapped with the backward pass"
+	if pp.Shard != nil {
+		what += fmt.Sprintf(", the rank's share of the updates, then %d parameter broadcasts (%.1f µs)", pp.Shard.Broadcasts, 1e6*pp.Shard.Broadcast.Seconds)
+	}
+	b.step("predicted data-parallel step on %s: %.1f µs with its %s (a prediction; cnnc plan --gpu %s --gpus %d shows it)",
+		f.Describe(), 1e6*pp.PredictedStepSeconds, what, gpuName, ranks)
+	return nil
 }
 
 // buildInfer is cnnc build --infer: the inference compilation's forward

@@ -84,7 +84,7 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	fl.StringVar(&pf.trunk, "trunk", "", "with --micro-batch: the last `LAYER` of the micro-batched trunk")
 	fl.StringVar(&pf.precision, "precision", "", "with --gpu: the kernels' `PRECISION`, fp32, tf32 or bf16 (overrides the train block's precision)")
 	fl.IntVar(&pf.gpus, "gpus", 1, "plan one rank of data-parallel training on `N` GPUs: each takes 1/N of every batch; gradient buckets, split updates and NCCL's buffers (an estimate) are shown")
-	fl.BoolVar(&pf.shardOpt, "shard-optimizer", false, "with --gpus: also show the rank's peak with only its share of the optimizer state (ZeRO stage 1, as cnnc build --shard-optimizer builds it)")
+	fl.BoolVar(&pf.shardOpt, "shard-optimizer", false, "with --gpus (or --scaling): also show the rank's peak with only its share of the optimizer state (ZeRO stage 1, as cnnc build --shard-optimizer builds it) and, with --gpu, predict the sharded step: the rank's share of the updates, then the parameter broadcasts")
 	fl.StringVar(&pf.interconnect, "interconnect", "", "with --gpu and --gpus or --scaling: the `LINK` between a machine's GPUs for the all-reduce: nvlink, pcie or ib (default: NVLink where the GPU has it, else PCIe)")
 	fl.IntVar(&pf.nnodes, "nnodes", 1, "with --gpu and --gpus or --scaling: the GPUs are spread evenly over `M` machines, joined by InfiniBand NDR (400 Gb/s per GPU)")
 	fl.StringVar(&pf.scaling, "scaling", "", "with --gpu: predict the data-parallel step, throughput and scaling efficiency for each GPU count of `LIST` (e.g. 1,2,4,8), the batch per GPU fixed at --batch")
@@ -119,8 +119,8 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	if pf.gpus < 1 || pf.gpus > plan.MaxRanks {
 		return usage("--gpus %d: want between 1 and %d GPUs", pf.gpus, plan.MaxRanks)
 	}
-	if pf.shardOpt && pf.gpus < 2 {
-		return usage("--shard-optimizer shares the optimizer state among data-parallel GPUs: it needs --gpus 2 or more")
+	if pf.shardOpt && pf.gpus < 2 && pf.scaling == "" {
+		return usage("--shard-optimizer shares the optimizer state among data-parallel GPUs: it needs --gpus 2 or more (or --scaling)")
 	}
 	if pf.gpus > 1 && (f.infer || pf.maxBatch) {
 		return usage("--gpus plans one rank of data-parallel training: not with --infer or --max-batch")

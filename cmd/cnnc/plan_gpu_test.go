@@ -191,7 +191,7 @@ func TestPlanScalingBadFlags(t *testing.T) {
 		{[]string{"--gpu", "h200", "--gpus", "2", "--nnodes", "0"}, "--nnodes 0: want between 1 and 65536 machines"},
 		{[]string{"--gpu", "l4", "--scaling", "1,2", "--interconnect", "nvlink"}, "--interconnect: the L4 has no NVLink (use pcie)"},
 		{[]string{"--gpu", "h200", "--gpus", "4", "--nnodes", "3"}, "--gpus 4: the GPUs do not split evenly over --nnodes 3 machines"},
-		{[]string{"--gpu", "h200", "--gpus", "2", "--shard-optimizer"}, "--shard-optimizer with --gpu: the performance model predicts the unsharded step only"},
+		{[]string{"--gpu", "h200", "--shard-optimizer"}, "--shard-optimizer shares the optimizer state among data-parallel GPUs: it needs --gpus 2 or more (or --scaling)"},
 	} {
 		code, _, errOut := cnnc(append([]string{"plan", simple}, c.args...)...)
 		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)

@@ -31,8 +31,6 @@ func checkScalingFlags(pf *planFlags) error {
 		return fmt.Errorf("--gpus %d: the GPUs do not split evenly over --nnodes %d machines", pf.gpus, pf.nnodes)
 	case pf.scaling != "" && pf.gpus > 1:
 		return fmt.Errorf("--scaling gives the GPU counts itself: drop --gpus")
-	case pf.shardOpt && pf.gpu != "":
-		return fmt.Errorf("--shard-optimizer with --gpu: the performance model predicts the unsharded step only")
 	}
 	switch pf.interconnect {
 	case "", "nvlink", "pcie", "ib":
@@ -103,8 +101,11 @@ type scalingRow struct {
 	Step        float64 `json:"predicted_step_seconds"`
 	AllReduce   float64 `json:"all_reduce_seconds"`
 	Exposed     float64 `json:"exposed_all_reduce_seconds"`
-	Samples     float64 `json:"samples_per_second"`
-	Efficiency  float64 `json:"scaling_efficiency"`
+	// Broadcast is a sharded optimizer's parameter broadcasts (after the
+	// updates, not overlapped).
+	Broadcast  float64 `json:"broadcast_seconds,omitempty"`
+	Samples    float64 `json:"samples_per_second"`
+	Efficiency float64 `json:"scaling_efficiency"`
 }
 
 // runScaling is `cnnc plan --gpu NAME --scaling 1,2,4,8`: the batch per
@@ -117,7 +118,7 @@ func runScaling(path string, res *compiler.Result, cfg plan.Config, pf *planFlag
 	counts, _ := parseScaling(pf.scaling, pf.nnodes) // checked in runPlan
 	perGPU := res.Train.Batch
 	oneCfg := cfg
-	oneCfg.Ranks = 0
+	oneCfg.Ranks, oneCfg.ShardOptimizer = 0, false // one GPU shares nothing
 	oneCh, _, err := fastestPlan(path, res, oneCfg, gpu, stderr)
 	if err != nil {
 		return err
@@ -150,8 +151,12 @@ func runScaling(path string, res *compiler.Result, cfg plan.Config, pf *planFlag
 			return exitError{exitModel}
 		}
 		pp.CompareOneDevice(oneStep)
-		rows = append(rows, scalingRow{GPUs: n, Nodes: pf.nnodes, GlobalBatch: rank.Train.Batch, Launches: len(ch.Prediction.Launches),
-			Step: pp.PredictedStepSeconds, AllReduce: pp.AllReduceSeconds, Exposed: pp.ExposedSeconds, Samples: pp.SamplesPerSecond, Efficiency: pp.ScalingEfficiency})
+		row := scalingRow{GPUs: n, Nodes: pf.nnodes, GlobalBatch: rank.Train.Batch, Launches: len(ch.Prediction.Launches),
+			Step: pp.PredictedStepSeconds, AllReduce: pp.AllReduceSeconds, Exposed: pp.ExposedSeconds, Samples: pp.SamplesPerSecond, Efficiency: pp.ScalingEfficiency}
+		if pp.Shard != nil {
+			row.Broadcast = pp.Shard.Broadcast.Seconds
+		}
+		rows = append(rows, row)
 	}
 	if pf.json {
 		return writeJSON(stdout, struct {
@@ -169,15 +174,28 @@ func runScaling(path string, res *compiler.Result, cfg plan.Config, pf *planFlag
 		link += fmt.Sprintf(" within each of %d machines, %s between them", pf.nnodes, f.Inter.Name)
 	}
 	fmt.Fprintf(stdout, "Predicted data-parallel scaling of %s on %s over %s, batch %d per GPU — PREDICTIONS of cnnc's performance model, not measurements:\n\n", res.Graph.Name, gpu.Name, link, perGPU)
-	fmt.Fprintf(stdout, "%5s %6s %12s %9s %14s %13s %12s %12s %11s\n", "GPUs", "nodes", "global batch", "launches", "step µs", "all-reduce µs", "exposed µs", "samples/s", "efficiency")
+	if pf.shardOpt {
+		fmt.Fprintf(stdout, "%5s %6s %12s %9s %14s %13s %12s %12s %12s %11s\n", "GPUs", "nodes", "global batch", "launches", "step µs", "all-reduce µs", "exposed µs", "broadcast µs", "samples/s", "efficiency")
+	} else {
+		fmt.Fprintf(stdout, "%5s %6s %12s %9s %14s %13s %12s %12s %11s\n", "GPUs", "nodes", "global batch", "launches", "step µs", "all-reduce µs", "exposed µs", "samples/s", "efficiency")
+	}
 	for _, r := range rows {
-		fmt.Fprintf(stdout, "%5d %6d %12d %9d %14.1f %13.1f %12.1f %12.0f %10.1f%%\n", r.GPUs, r.Nodes, r.GlobalBatch, r.Launches, 1e6*r.Step, 1e6*r.AllReduce, 1e6*r.Exposed, r.Samples, 100*r.Efficiency)
+		fmt.Fprintf(stdout, "%5d %6d %12d %9d %14.1f %13.1f %12.1f ", r.GPUs, r.Nodes, r.GlobalBatch, r.Launches, 1e6*r.Step, 1e6*r.AllReduce, 1e6*r.Exposed)
+		if pf.shardOpt {
+			fmt.Fprintf(stdout, "%12.1f ", 1e6*r.Broadcast)
+		}
+		fmt.Fprintf(stdout, "%12.0f %10.1f%%\n", r.Samples, 100*r.Efficiency)
 	}
 	fmt.Fprintf(stdout, "\n%s\n", scalingNote)
+	if pf.shardOpt {
+		fmt.Fprintf(stdout, "%s\n", shardScalingNote)
+	}
 	return nil
 }
 
 const scalingNote = "efficiency = samples/s over GPUs × one GPU's (the batch per GPU fixed); all-reduces by NCCL's ring cost model over the table's bus bandwidths, overlapped with the backward pass on a second stream (compiler/perf)"
+
+const shardScalingNote = "--shard-optimizer: from 2 GPUs each rank runs its share of the updates and then broadcasts the parameters (one NCCL group, ring broadcast cost, after the updates: not overlapped); the step is the slowest rank's plus the broadcasts"
 
 // scalingChoice is the fastest rank plan for rankCfg; the previous
 // count's prediction is reused when its plan was the only one and this

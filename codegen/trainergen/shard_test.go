@@ -246,12 +246,18 @@ func TestShardedOptimizerOnCUDAKernelsEqualsAccumulate(t *testing.T) {
 			}
 			rng := rand.New(rand.NewPCG(9, ranks))
 			sessions, devs := open()
+			for _, d := range devs {
+				d.syncs = 0
+			}
 			for step := range 2 {
 				stepAll(t, one, sessions, randomBatch(rng, global), step)
 			}
 			compareShards(t, one, sessions)
 			for r, d := range devs {
 				assert.Equal(t, 2*len(dp.Spec.DataParallel.Buckets), d.sums, "rank %d sums every bucket on the second stream", r)
+				// the one wait of a step is its end's, for the loss: the
+				// broadcasts are queued behind the updates without one
+				assert.Equal(t, 2, d.syncs, "rank %d waits on the host once a step", r)
 			}
 			gatherAll(t, sessions)
 			var saved, want bytes.Buffer
@@ -279,10 +285,15 @@ func TestShardedOptimizerOnCUDAKernelsEqualsAccumulate(t *testing.T) {
 // device always holds). A rank that launched a bucket's reader before
 // waiting for its mark would read the unsummed gradient; one that never
 // waits leaves the all-reduce pending at Close, an error. sums counts the
-// all-reduces queued there.
+// all-reduces queued there, syncs the host's waits for the device.
 type sideDevice struct {
 	device.Device
-	sums int
+	sums, syncs int
+}
+
+func (d *sideDevice) Sync() error {
+	d.syncs++
+	return d.Device.Sync()
 }
 
 func (d *sideDevice) NewSideStream(marks int) (device.SideStream, error) {

@@ -157,7 +157,8 @@ func (f Fabric) busGBs() float64 {
 	return math.Min(f.Intra.BusGBs, float64(f.Ranks/f.Nodes)*f.Inter.BusGBs)
 }
 
-// AllReduce is one all-reduce's predicted cost.
+// AllReduce is one all-reduce's predicted cost (or a group of
+// broadcasts', GroupBroadcastSeconds).
 type AllReduce struct {
 	Bytes    int64   `json:"bytes"`
 	Protocol string  `json:"protocol"`
@@ -182,6 +183,74 @@ func (f Fabric) AllReduceSeconds(bytes int64) AllReduce {
 	for _, p := range ncclProtocols {
 		lat := p.baseLat + float64(steps-inter)*p.hopLat[f.Intra.Hop] + float64(inter)*p.hopLat[hopNet]
 		t := lat + moved/(bus*p.bwShare)
+		if t < out.Seconds {
+			out.Seconds, out.Latency, out.Protocol = t, lat, p.name
+		}
+	}
+	return out
+}
+
+// The broadcast: a sharded optimizer's parameters, each sent from the
+// rank that updated it to every other (runtime/trainer/shard.go), by NCCL's
+// ring broadcast. Its cost follows NCCL's model as the all-reduce's does,
+// with a broadcast's counts:
+//
+//   - the latency is the base latency plus N hop latencies (tuning.cc's
+//     nsteps = nRanks for a broadcast: every ring collective but the
+//     all-reduce, reduce-scatter and all-gather), the M of them that cross
+//     between M > 1 nodes at the network's (its nInterSteps = nNodes; on
+//     one machine none, as the all-reduce's 2(M−1) gives none);
+//   - every rank receives (and all but the last send) the whole buffer
+//     once, so time = latency + bytes / bus bandwidth: for a broadcast
+//     nccl-tests' bus bandwidth is its algorithm bandwidth (busBw = algBw,
+//     nccl-tests doc/PERFORMANCE.md, "Broadcast"). The bus bandwidth is
+//     the table's, but no more than the link's peak: the table's
+//     NVLink 4 figure (460 GB/s) passes the 450 GB/s link only by reducing
+//     inside the NVSwitch (NVLS), which a broadcast has nothing to gain
+//     from.
+//
+// The broadcasts are issued as one NCCL group (ncclGroupStart/End), which
+// NCCL launches as one kernel: the group pays the protocol's base latency
+// once and each broadcast its N hops (a broadcast's pipeline fills
+// anew: each has its own root), and the bytes add up at the bus bandwidth.
+// One simplification: the whole group takes one protocol (NCCL chooses
+// per collective).
+
+// broadcastBusGBs is a broadcast's bus bandwidth: the ring's, at most the
+// intra-node link's peak.
+func (f Fabric) broadcastBusGBs() float64 {
+	return math.Min(f.busGBs(), f.Intra.LinkGBs)
+}
+
+// BroadcastSeconds predicts NCCL's ring broadcast of bytes on f: zero on
+// one rank, else the fastest protocol's latency (the base and N hops) +
+// bytes / its share of the bus bandwidth.
+func (f Fabric) BroadcastSeconds(bytes int64) AllReduce {
+	return f.GroupBroadcastSeconds([]int64{bytes})
+}
+
+// GroupBroadcastSeconds predicts broadcasts of the given sizes in one
+// NCCL group: one base latency, N hops per broadcast, the bytes added
+// up over the bus bandwidth, the protocol fastest for the whole.
+func (f Fabric) GroupBroadcastSeconds(sizes []int64) AllReduce {
+	out := AllReduce{}
+	for _, b := range sizes {
+		out.Bytes += b
+	}
+	n := f.Ranks
+	if n <= 1 || len(sizes) == 0 {
+		return out
+	}
+	steps, inter := n, 0
+	if f.Nodes > 1 {
+		inter = f.Nodes
+	}
+	bus := f.broadcastBusGBs() * 1e9
+	out.Seconds = math.Inf(1)
+	for _, p := range ncclProtocols {
+		hops := float64(steps-inter)*p.hopLat[f.Intra.Hop] + float64(inter)*p.hopLat[hopNet]
+		lat := p.baseLat + float64(len(sizes))*hops
+		t := lat + float64(out.Bytes)/(bus*p.bwShare)
 		if t < out.Seconds {
 			out.Seconds, out.Latency, out.Protocol = t, lat, p.name
 		}

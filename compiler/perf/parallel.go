@@ -9,7 +9,9 @@ package perf
 // first reads a bucket (its update, the clipping norm) waits for its sum.
 // The step ends when both streams are done. Assumed: the all-reduce slows
 // no kernel running beside it (NCCL's kernels take a few SMs and some
-// memory bandwidth; gpu_check is to measure what that costs).
+// memory bandwidth; gpu_check is to measure what that costs). With a
+// sharded optimizer each rank runs its share of the updates and the
+// parameters' broadcasts follow them (shard.go).
 
 import (
 	"fmt"
@@ -63,7 +65,12 @@ type ParallelPrediction struct {
 	OneDeviceStepSeconds float64 `json:"one_device_step_seconds,omitempty"`
 	OneDeviceSamplesPerS float64 `json:"one_device_samples_per_second,omitempty"`
 	ScalingEfficiency    float64 `json:"scaling_efficiency,omitempty"`
-	Note                 string  `json:"note"`
+	// Shard is the sharded optimizer's part of the step (shard.go), nil
+	// without one: then ComputeSeconds and Buckets are the slowest rank's,
+	// and PredictedStepSeconds (and NoOverlapStepSeconds) add the
+	// parameters' broadcasts after the updates.
+	Shard *ShardStep `json:"shard_optimizer,omitempty"`
+	Note  string     `json:"note"`
 }
 
 // ParallelStep predicts the data-parallel step of rank (a rank's
@@ -93,18 +100,32 @@ func ParallelStep(rank *trainergen.Compiled, p *Prediction, f Fabric) (*Parallel
 	for i, l := range p.Launches {
 		times[i] = l.Seconds
 	}
-	step, err := Overlap(times, p.GraphLaunchSeconds, pp.Buckets)
-	if err != nil {
+	var step, broadcast float64
+	var err error
+	if sdp := rank.Spec.DataParallel; sdp != nil && sdp.Shard != nil {
+		// the slowest rank's launches and buckets, then the broadcasts
+		var rankTimes []float64
+		pp.Shard, pp.Buckets, rankTimes, step, err = shardedStep(rank.Spec, times, p.GraphLaunchSeconds, pp.Buckets, f)
+		if err != nil {
+			return nil, err
+		}
+		pp.ComputeSeconds = p.GraphLaunchSeconds
+		for _, t := range rankTimes {
+			pp.ComputeSeconds += t
+		}
+		broadcast = pp.Shard.Broadcast.Seconds
+		pp.Note += "; a sharded optimizer's step: the slowest rank's share of the updates, then the parameters' broadcasts in one NCCL group, not overlapped"
+	} else if step, err = Overlap(times, p.GraphLaunchSeconds, pp.Buckets); err != nil {
 		return nil, err
 	}
 	for _, b := range pp.Buckets {
 		pp.AllReduceSeconds += b.Seconds
 	}
-	pp.PredictedStepSeconds = step
 	pp.ExposedSeconds = step - pp.ComputeSeconds
 	pp.HiddenSeconds = pp.AllReduceSeconds - pp.ExposedSeconds
-	pp.NoOverlapStepSeconds = pp.ComputeSeconds + pp.AllReduceSeconds
-	pp.SamplesPerSecond = float64(pp.GlobalBatch) / step
+	pp.PredictedStepSeconds = step + broadcast
+	pp.NoOverlapStepSeconds = pp.ComputeSeconds + pp.AllReduceSeconds + broadcast
+	pp.SamplesPerSecond = float64(pp.GlobalBatch) / pp.PredictedStepSeconds
 	return pp, nil
 }
 
@@ -220,6 +241,10 @@ func (pp *ParallelPrediction) WriteParallel(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  compute (the rank's launches + graph launch): %.1f µs; all-reduce %.1f µs, of which %.1f µs hidden behind the backward pass and %.1f µs exposed\n",
 		1e6*pp.ComputeSeconds, 1e6*pp.AllReduceSeconds, 1e6*pp.HiddenSeconds, 1e6*pp.ExposedSeconds)
+	if sh := pp.Shard; sh != nil {
+		fmt.Fprintf(w, "  sharded optimizer: rank %d (the slowest) runs %d of the %d sharded updates (%.1f of %.1f µs); %d parameter broadcasts after them, %d bytes in one NCCL group (%s): %.1f µs, not overlapped; the same launches unsharded: %.1f µs a step\n",
+			sh.SlowestRank, sh.RankUpdates, sh.Updates, 1e6*sh.RankUpdateSeconds, 1e6*sh.UpdateSeconds, sh.Broadcasts, sh.Broadcast.Bytes, sh.Broadcast.Protocol, 1e6*sh.Broadcast.Seconds, 1e6*sh.UnshardedStepSeconds)
+	}
 	fmt.Fprintf(w, "  predicted step %.1f µs (%.1f µs without overlap): %.0f samples/s", 1e6*pp.PredictedStepSeconds, 1e6*pp.NoOverlapStepSeconds, pp.SamplesPerSecond)
 	if pp.OneDeviceStepSeconds > 0 {
 		fmt.Fprintf(w, "; one GPU at batch %d: %.1f µs, %.0f samples/s; scaling efficiency %.1f%%", pp.RankBatch, 1e6*pp.OneDeviceStepSeconds, pp.OneDeviceSamplesPerS, 100*pp.ScalingEfficiency)

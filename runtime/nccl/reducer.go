@@ -52,3 +52,19 @@ func (r Reducer) run(f func(stream uintptr) error) error {
 	}
 	return f(r.Stream)
 }
+
+// BroadcastGroup queues the broadcasts queue makes (each: count float32
+// values at from on rank root to to on every rank) in one NCCL group, so
+// that NCCL launches them together (runtime/trainer.GroupBroadcaster: a
+// sharded optimizer's parameters after its updates): through On on the
+// device's stream, after the work queued there, or on Stream. The group is
+// ended even when queue fails.
+func (r Reducer) BroadcastGroup(queue func(broadcast func(from, to device.Ptr, count, root int) error) error) error {
+	return r.run(func(stream uintptr) error {
+		return r.Comm.Library().Group(func() error {
+			return queue(func(from, to device.Ptr, count, root int) error {
+				return r.Comm.Broadcast(uintptr(from), uintptr(to), count, Float32, root, stream)
+			})
+		})
+	})
+}

@@ -28,8 +28,9 @@ package trainer
 // a split parameter's on its element range), each after its bucket's
 // all-reduce as above — the buckets' launch numbers counted in the
 // launches the rank runs — and broadcasts them once they have finished
-// (shard.go): on a GPU on the device's stream, after the updates, before
-// the next step's all-reduces, which wait for the device's stream; ranks
+// (shard.go): on a GPU on the device's stream, after the updates, in one
+// NCCL group and without the host waiting, before the next step's
+// all-reduces, which wait for the device's stream; ranks
 // agree when to stop (stop.go).
 
 import (

@@ -34,6 +34,16 @@ type Broadcaster interface {
 	BroadcastTo(from, to device.Ptr, count, root int) error
 }
 
+// GroupBroadcaster is a Broadcaster that queues many broadcasts as one
+// NCCL group (nccl.Reducer's BroadcastGroup): queue calls broadcast for
+// each, and NCCL launches them together when queue returns, on the
+// device's stream after the work queued there (on a GPU, from the
+// device's thread).
+type GroupBroadcaster interface {
+	Broadcaster
+	BroadcastGroup(queue func(broadcast func(from, to device.Ptr, count, root int) error) error) error
+}
+
 // validateShard checks a sharded optimizer's assignment against the spec.
 func (s *Spec) validateShard() error {
 	dp := s.DataParallel
@@ -114,15 +124,36 @@ func shardLaunches(sh *Shard, params []Tensor, ls []Launch, buckets []Bucket, ra
 }
 
 // broadcastParams sends every sharded parameter from the rank that updated
-// it to the others, after the updates have finished.
+// it to the others, after the updates. On a GPU (the overlapped step,
+// s.side) with a GroupBroadcaster nothing waits on the host: the
+// broadcasts are queued on the device's stream behind the updates, as one
+// NCCL group (one launch); the next step's all-reduces wait for the
+// device's stream, so they follow them. Otherwise the host waits for the
+// device before it broadcasts (a plain Broadcaster may read the arena from
+// the host; the CPU target's launches have finished when they return, so
+// its Sync is free).
 func (s *Session) broadcastParams() error {
 	sh := s.Spec.DataParallel.Shard
 	if sh == nil {
 		return nil
 	}
-	if err := s.Dev.Sync(); err != nil {
-		return err
+	g, grouped := s.broadcaster.(GroupBroadcaster)
+	if s.side == nil || !grouped {
+		if err := s.Dev.Sync(); err != nil {
+			return err
+		}
 	}
+	if grouped {
+		return g.BroadcastGroup(s.queueParamBroadcasts)
+	}
+	return s.queueParamBroadcasts(s.broadcaster.BroadcastTo)
+}
+
+// queueParamBroadcasts calls broadcast for every sharded parameter (every
+// rank's range of a split one) from the rank that updated it, in the
+// same order on every rank, as NCCL requires.
+func (s *Session) queueParamBroadcasts(broadcast func(from, to device.Ptr, count, root int) error) error {
+	sh := s.Spec.DataParallel.Shard
 	for i, p := range s.Spec.Params {
 		if k := sh.Split[i]; k > 0 {
 			for r := range s.Spec.DataParallel.Ranks {
@@ -131,7 +162,7 @@ func (s *Session) broadcastParams() error {
 					continue
 				}
 				at := s.addr(p.Arena, p.Offset+4*lo)
-				if err := s.broadcaster.BroadcastTo(at, at, int(hi-lo), r); err != nil {
+				if err := broadcast(at, at, int(hi-lo), r); err != nil {
 					return fmt.Errorf("rank %d: broadcasting %s's elements [%d, %d) from rank %d: %w", s.rank, p.Name, lo, hi, r, err)
 				}
 			}
@@ -139,7 +170,7 @@ func (s *Session) broadcastParams() error {
 		}
 		if o := sh.Owners[i]; o >= 0 {
 			at := s.addr(p.Arena, p.Offset)
-			if err := s.broadcaster.BroadcastTo(at, at, int(p.Elems()), o); err != nil {
+			if err := broadcast(at, at, int(p.Elems()), o); err != nil {
 				return fmt.Errorf("rank %d: broadcasting %s from rank %d: %w", s.rank, p.Name, o, err)
 			}
 		}
