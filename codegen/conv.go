@@ -212,12 +212,7 @@ type convData struct {
 	// the weights' chunk loaded by WL threads per row (consecutive columns)
 	// over WRows rows at a time, WMJ x WRJ = WPT weights per thread
 	BK, CB, KHC, KYChunks, NCH, WL, WRows, WMJ, WRJ, WPT, WS int64
-	// WRes (tensor cores): the block's whole weight tile is staged once, before
-	// the loop, chunk after chunk (each padded to TCRows rows); WSRows is the
-	// staged weight rows (TCRows, or NCH·TCRows when resident)
-	WRes   bool
-	WSRows int64
-	NTotal int64 // unpooled: B·HO·WO columns
+	NTotal                                                   int64 // unpooled: B·HO·WO columns
 	// forward pool epilogue: a tile of TPH x TPW pooled outputs over a
 	// region of RH x RW conv outputs
 	TPH, TPW, RH, RW, TilesW, TilesPerSample int64
@@ -227,11 +222,6 @@ type convData struct {
 	// channel's run each) do not all hit one bank
 	CS             int64
 	Segs, MaxWords int64
-	// StagePool: the pooled values are staged after the conv outputs (PS
-	// apart per item: one row of Per, odd so that the items' stores spread
-	// over the banks) and stored coalesced, not item by item
-	StagePool bool
-	PS        int64
 	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
 	// per phase, OC output channels per chunk, an RH x RW dy region
 	TH, TW, OC, KHP, KWP, TilesPerPhase int64
@@ -348,24 +338,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		// Cs: store_matrix_sync wants a stride of 16 bytes' multiple; BN + 4 also spreads the rows over the banks
 		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.BN, d.BN+4
 		d.CS = d.TCLDC
-		// a tensor-core block leaves the L2 the busier resource, so its
-		// pool stores are coalesced through shared memory; an FFMA block
-		// is bound by shared memory, which the staging would only add to
-		// (the performance model: SimpleCNN's forward convs)
-		d.StagePool = g.Pool
-		d.PS = g.Per | 1
-		tileBytes := func(wsRows int64) int64 {
-			return max((wsRows*d.WS+d.TCRows*d.BN)*tc.Elem, (d.BM*d.TCLDC+d.BM*d.Segs*d.MaxWords*d.PS)*4) + tcAlignSlack
-		}
-		// every block reads the whole weight tile: staged once, before the
-		// loop, its rows are read as runs of K floats (fewer sectors than
-		// chunk by chunk), and the loop holds no weights in registers
-		d.WSRows = d.TCRows
-		if d.NCH > 1 && tileBytes(d.NCH*d.TCRows) <= maxStaticShared {
-			d.WRes, d.WSRows = true, d.NCH*d.TCRows
-			d.TCA = fmt.Sprintf("Ws + chunk * %d", d.TCRows*d.WS)
-		}
-		sharedBytes = tileBytes(d.WSRows)
+		sharedBytes = max(d.TCRows*(d.WS+d.BN)*tc.Elem, d.BM*d.TCLDC*4) + tcAlignSlack
 	}
 	if sharedBytes > maxStaticShared {
 		return fmt.Errorf("codegen: %s: the conv tile needs %d bytes of shared memory", n.Text(), sharedBytes)
