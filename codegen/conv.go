@@ -208,10 +208,11 @@ type convData struct {
 	*convGeom
 	gemmTile
 	Name, Doc, Params string
-	// forward: K chunks of CB channels x KHC kernel rows (BK rows of the GEMM)
-	// and WG threads per weight row loading WPT weights each
-	BK, CB, KHC, KYChunks, NCH, WG, WPT, WS int64
-	NTotal                                  int64 // unpooled: B·HO·WO columns
+	// forward: K chunks of CB channels x KHC kernel rows (BK rows of the GEMM);
+	// the weights' chunk loaded by WL threads per row (consecutive columns)
+	// over WRows rows at a time, WMJ x WRJ = WPT weights per thread
+	BK, CB, KHC, KYChunks, NCH, WL, WRows, WMJ, WRJ, WPT, WS int64
+	NTotal                                                   int64 // unpooled: B·HO·WO columns
 	// forward pool epilogue: a tile of TPH x TPW pooled outputs over a
 	// region of RH x RW conv outputs
 	TPH, TPW, RH, RW, TilesW, TilesPerSample int64
@@ -308,8 +309,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	d.BK = d.CB * d.KHC * g.KW
 	d.KYChunks = (g.KH + d.KHC - 1) / d.KHC
 	d.NCH = (g.C + d.CB - 1) / d.CB * d.KYChunks
-	d.WG = d.T / d.BM
-	d.WPT = (d.BK + d.WG - 1) / d.WG
+	d.weightLoad()
 	d.Rows = d.BK
 	d.WS = d.BM + 4
 	d.SharedFloats = d.BK * (d.WS + d.BN)
@@ -372,6 +372,27 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(sharedBytes),
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 	return nil
+}
+
+// weightLoad picks how a forward block's threads load a chunk of weights
+// (BM rows of BK consecutive floats, K apart): WL consecutive threads take
+// consecutive columns of a row, the widest WL (up to 8: 32 bytes, a
+// sector) that keeps every thread busy and holds at most 2 weights more
+// than T/BM threads along each row would (BM = 32, BK = 27: 16, not 14;
+// ptxas checks the spills). A warp's load then touches
+// 32/WL rows, not 32 (one sector each), and its stores Ws[r*WS + m] land
+// in distinct banks when WS is 4 modulo 8 and WL is 8.
+func (d *convData) weightLoad() {
+	minWL := d.T / d.BM // every thread has a row
+	budget := divUp(d.BK, minWL)
+	for wl := max(8, minWL); wl >= minWL; wl /= 2 {
+		rows := d.T / wl
+		if n := divUp(d.BM, rows) * divUp(d.BK, wl); n <= budget+2 || wl == minWL {
+			d.WL, d.WRows, d.WMJ, d.WRJ = wl, rows, divUp(d.BM, rows), divUp(d.BK, wl)
+			break
+		}
+	}
+	d.WPT = d.WMJ * d.WRJ
 }
 
 // poolTile picks the pooled tile of a forward block: as many pooled

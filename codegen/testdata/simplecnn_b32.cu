@@ -52,16 +52,20 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
             if ((unsigned)(ix0 + kx) < 128u) colOK |= 1u << kx;
     }
     const int xoff = (((int)b * 128 + iy0) * 128 + ix0) * 3;  // HWC pixel (iy0, ix0) of sample b
-    // weights: thread t loads row wm of the tile, 4 threads per row
-    const int wm = t % 16, wg = t / 16;
-    const bool wrowOK = m0 + wm < 16;
-    const float* const wrow = w + (int)(wrowOK ? m0 + wm : 0) * 27 + wg;
+    // weights: 8 consecutive threads load 8 consecutive columns of a row, so that a warp's load touches few
+    // sectors (not one per row) and its stores to Ws hit distinct banks; thread t loads rows wm + 8i of the tile
+    const int wm = t / 8, wg = t % 8;
+    unsigned wrowOK = 0u;  // bit i: row m0 + wm + 8i is a weight row of the tile
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        if (wm + 8 * i < 16 && m0 + wm + 8 * i < 16) wrowOK |= 1u << i;
+    const float* const wrow = w + (int)(wrowOK & 1u ? m0 + wm : 0) * 27 + wg;
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    float xr[27], wr[7];
+    float xr[27], wr[8];
     {
         const int ld = 0;
         {
@@ -79,18 +83,23 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
                             v = (float)x[xoff + (ky * 128 + kx) * 3 + c] * (1.0f / 255.0f);
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: this thread's row, columns wg + 4j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (3 - c0 < 3 ? 3 - c0 : 3) * 9;
 #pragma unroll
-            for (int j = 0; j < 7; j++) wr[j] = wrowOK && wg + 4 * j < kLen ? wrow[kOff + 4 * j] : 0.0f;
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    wr[i * 4 + j] = (wrowOK >> i & 1u) && wg + 8 * j < kLen ? wrow[(int)i * 8 * 27 + kOff + 8 * j] : 0.0f;
         }
     }
 #pragma unroll
         for (int r = 0; r < 27; r++) Xs[r * 64 + t] = xr[r];
 #pragma unroll
-        for (int j = 0; j < 7; j++)
-            if (wg + 4 * j < 27) Ws[(wg + 4 * j) * 20 + wm] = wr[j];
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (wm + 8 * i < 16 && wg + 8 * j < 27) Ws[(wg + 8 * j) * 20 + wm + 8 * i] = wr[i * 4 + j];
     __syncthreads();
     for (int chunk = 0; chunk < 1; chunk++) {
         if (chunk + 1 < 1) {
@@ -110,11 +119,14 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
                             v = (float)x[xoff + (ky * 128 + kx) * 3 + c] * (1.0f / 255.0f);
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: this thread's row, columns wg + 4j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (3 - c0 < 3 ? 3 - c0 : 3) * 9;
 #pragma unroll
-            for (int j = 0; j < 7; j++) wr[j] = wrowOK && wg + 4 * j < kLen ? wrow[kOff + 4 * j] : 0.0f;
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    wr[i * 4 + j] = (wrowOK >> i & 1u) && wg + 8 * j < kLen ? wrow[(int)i * 8 * 27 + kOff + 8 * j] : 0.0f;
         }
         }
 #pragma unroll
@@ -132,8 +144,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
 #pragma unroll
         for (int r = 0; r < 27; r++) Xs[r * 64 + t] = xr[r];
 #pragma unroll
-        for (int j = 0; j < 7; j++)
-            if (wg + 4 * j < 27) Ws[(wg + 4 * j) * 20 + wm] = wr[j];
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (wm + 8 * i < 16 && wg + 8 * j < 27) Ws[(wg + 8 * j) * 20 + wm + 8 * i] = wr[i * 4 + j];
             __syncthreads();
         }
     }
@@ -229,16 +243,20 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
             if ((unsigned)(ix0 + kx) < 63u) colOK |= 1u << kx;
     }
     const int xoff = ((int)b * 16 * 63 + iy0) * 63 + ix0;  // (b, 0, iy0, ix0)
-    // weights: thread t loads row wm of the tile, 2 threads per row
-    const int wm = t % 32, wg = t / 32;
-    const bool wrowOK = m0 + wm < 32;
-    const float* const wrow = w + (int)(wrowOK ? m0 + wm : 0) * 144 + wg;
+    // weights: 8 consecutive threads load 8 consecutive columns of a row, so that a warp's load touches few
+    // sectors (not one per row) and its stores to Ws hit distinct banks; thread t loads rows wm + 8i of the tile
+    const int wm = t / 8, wg = t % 8;
+    unsigned wrowOK = 0u;  // bit i: row m0 + wm + 8i is a weight row of the tile
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (wm + 8 * i < 32 && m0 + wm + 8 * i < 32) wrowOK |= 1u << i;
+    const float* const wrow = w + (int)(wrowOK & 1u ? m0 + wm : 0) * 144 + wg;
     float acc[8][4];
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    float xr[27], wr[14];
+    float xr[27], wr[16];
     {
         const int ld = 0;
         {
@@ -256,18 +274,23 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
                             v = x[xoff + (int)c * 3969 + ky * 63 + kx];
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: this thread's row, columns wg + 2j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (16 - c0 < 3 ? 16 - c0 : 3) * 9;
 #pragma unroll
-            for (int j = 0; j < 14; j++) wr[j] = wrowOK && wg + 2 * j < kLen ? wrow[kOff + 2 * j] : 0.0f;
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    wr[i * 4 + j] = (wrowOK >> i & 1u) && wg + 8 * j < kLen ? wrow[(int)i * 8 * 144 + kOff + 8 * j] : 0.0f;
         }
     }
 #pragma unroll
         for (int r = 0; r < 27; r++) Xs[r * 64 + t] = xr[r];
 #pragma unroll
-        for (int j = 0; j < 14; j++)
-            if (wg + 2 * j < 27) Ws[(wg + 2 * j) * 36 + wm] = wr[j];
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (wm + 8 * i < 32 && wg + 8 * j < 27) Ws[(wg + 8 * j) * 36 + wm + 8 * i] = wr[i * 4 + j];
     __syncthreads();
     for (int chunk = 0; chunk < 6; chunk++) {
         if (chunk + 1 < 6) {
@@ -287,11 +310,14 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
                             v = x[xoff + (int)c * 3969 + ky * 63 + kx];
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: this thread's row, columns wg + 2j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (16 - c0 < 3 ? 16 - c0 : 3) * 9;
 #pragma unroll
-            for (int j = 0; j < 14; j++) wr[j] = wrowOK && wg + 2 * j < kLen ? wrow[kOff + 2 * j] : 0.0f;
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    wr[i * 4 + j] = (wrowOK >> i & 1u) && wg + 8 * j < kLen ? wrow[(int)i * 8 * 144 + kOff + 8 * j] : 0.0f;
         }
         }
 #pragma unroll
@@ -309,8 +335,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
 #pragma unroll
         for (int r = 0; r < 27; r++) Xs[r * 64 + t] = xr[r];
 #pragma unroll
-        for (int j = 0; j < 14; j++)
-            if (wg + 2 * j < 27) Ws[(wg + 2 * j) * 36 + wm] = wr[j];
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (wm + 8 * i < 32 && wg + 8 * j < 27) Ws[(wg + 8 * j) * 36 + wm + 8 * i] = wr[i * 4 + j];
             __syncthreads();
         }
     }
