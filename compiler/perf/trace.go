@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/internal/cachefile"
@@ -32,26 +33,83 @@ type Accesses struct {
 }
 
 // traceSample is how many interior blocks per grid dimension a trace runs
-// (besides the first and last of each): SampleBlocks's argument.
+// at most (besides the first and last of each): SampleBlocks's argument.
 var traceSample = [3]int{6, 3, 3}
 
+// traceReuseFLOPs is the sampled FLOPs from which a launch repeating an
+// earlier one's key takes that one's counts instead of running: the convs
+// that make a trace slow. Cheaper launches, the elementwise ones among
+// them, always run. Where a kernel's loads depend on the data (relu_grad
+// and the gradients of convs fused with a ReLU load dy only where y > 0),
+// a reused launch carries its first occurrence's counts, and the launches
+// after a reused one see other leftover data (a launch not run writes
+// nothing, as the blocks a sample leaves out write nothing): the arena is
+// random, not the model's data, either way.
+const traceReuseFLOPs = 1e7
+
 // traceVersion changes when what a trace counts changes (the cache key).
-const traceVersion = "trace-1"
+const traceVersion = "trace-2"
 
 // TraceStep runs one training step of comp on the CPU emulator built for
 // tracing (emu.TraceFlags) and counts every launch's accesses. The arena
 // holds random floats (valid class labels): access patterns that depend on
 // the data (ReLU masks, max-pool routing) see random data, not the model's.
-// Results are cached by the source and the launches, in CacheDir.
+// Each launch runs a sample of its blocks (launchSample); an expensive one
+// (traceReuseFLOPs) whose kernel, geometry and arguments repeat an earlier
+// one's (launchKey: a ResNet's identical blocks, recomputed forward
+// layers) takes that one's counts without running. Results are cached by
+// the source and the launches, in CacheDir.
 func TraceStep(comp *trainergen.Compiled) ([]Accesses, error) {
-	return traceStep(comp, func(g emu.Dim3) []emu.BlockSample { return emu.SampleBlocks(g, traceSample) }, true)
+	return traceStep(comp, launchSample, expensive, true)
 }
 
-// traceStep traces with the given block sample (nil: every block).
-func traceStep(comp *trainergen.Compiled, sample func(emu.Dim3) []emu.BlockSample, cached bool) ([]Accesses, error) {
+// expensive says whether tracing l costs traceReuseFLOPs or more.
+func expensive(l trainer.Launch) bool {
+	return sampledFLOPs(l, launchSample(l)) >= traceReuseFLOPs
+}
+
+// sampledFLOPs is the FLOPs of l's blocks in sample.
+func sampledFLOPs(l trainer.Launch, sample []emu.BlockSample) float64 {
+	return float64(l.FLOPs) / (float64(l.Grid[0]) * float64(l.Grid[1]) * float64(l.Grid[2])) * float64(len(sample))
+}
+
+// launchSample is the blocks a trace of l runs.
+func launchSample(l trainer.Launch) []emu.BlockSample {
+	return emu.SampleBlocks(emu.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]}, traceSample)
+}
+
+// launchKey is what a launch's access counts depend on besides the data:
+// the kernel, its geometry, its integer and float arguments, each buffer's
+// arena and offset modulo 32 bytes (global memory is counted in 32-byte
+// sectors: moving every access of a buffer by whole sectors leaves each
+// warp's sector count as it was; shared memory is the block's own) and
+// which buffers are the same one (in place). Two launches with the same key
+// run the same accesses on different data.
+func launchKey(l trainer.Launch) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %v %v %d", l.Kernel, l.Grid, l.Block, l.SharedBytes)
+	for i, a := range l.Args {
+		same := -1 // the first earlier buffer argument at the same place
+		if a.Kind == kernelarg.Buffer {
+			for j, e := range l.Args[:i] {
+				if e.Kind == kernelarg.Buffer && e.Arena == a.Arena && e.Offset == a.Offset {
+					same = j
+					break
+				}
+			}
+		}
+		fmt.Fprintf(&b, " %d:%d:%d:%d:%x:%d", a.Kind, a.Arena, a.Offset%32, a.Int, math.Float32bits(a.Float), same)
+	}
+	return b.String()
+}
+
+// traceStep traces each launch with the blocks sample gives (nil: every
+// block); a launch that reuse accepts and that repeats an earlier
+// accepted one's key takes its counts without running (reuse nil: none).
+func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.BlockSample, reuse func(trainer.Launch) bool, cached bool) ([]Accesses, error) {
 	spec := comp.Spec
 	key := sha256.New()
-	fmt.Fprintf(key, "%s\x00%v\x00%s\x00", traceVersion, traceSample, comp.Train.Source)
+	fmt.Fprintf(key, "%s\x00%v\x00%g\x00%s\x00", traceVersion, traceSample, traceReuseFLOPs, comp.Train.Source)
 	for _, l := range spec.Train.Launches {
 		fmt.Fprintf(key, "%s %v %v %d %v\n", l.Kernel, l.Grid, l.Block, l.SharedBytes, l.Args)
 	}
@@ -76,10 +134,19 @@ func traceStep(comp *trainergen.Compiled, sample func(emu.Dim3) []emu.BlockSampl
 		return nil, err
 	}
 	out := make([]Accesses, len(spec.Train.Launches))
+	first := map[string]int{} // launchKey -> the launch traced for it
 	for i, l := range spec.Train.Launches {
+		if reuse != nil && reuse(l) {
+			k := launchKey(l)
+			if j, ok := first[k]; ok {
+				out[i] = out[j]
+				continue
+			}
+			first[k] = i
+		}
 		grid := emu.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]}
 		sites, err := mod.Trace(l.Kernel, grid, emu.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}, l.SharedBytes,
-			StepParams(spec, l, arena), sample(grid))
+			StepParams(spec, l, arena), sample(l))
 		if err != nil {
 			return nil, fmt.Errorf("perf: tracing launch %d (%s): %w", i, l.Kernel, err)
 		}
