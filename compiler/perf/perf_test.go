@@ -126,9 +126,9 @@ func TestPredictExamples(t *testing.T) {
 // sectors and accesses from the sample are within 5% of the full count.
 func TestTraceSampleMatchesEveryBlock(t *testing.T) {
 	comp := compileExample(t, "../../examples/mnist.cnn", 4, plan.Config{})
-	sampled, err := traceStep(comp, sampleWith(traceSample), nil, false)
+	sampled, err := traceStep(comp, sampleWith(traceSample), nil, nil, false)
 	require.NoError(t, err)
-	full, err := traceStep(comp, everyBlock, nil, false)
+	full, err := traceStep(comp, everyBlock, nil, nil, false)
 	require.NoError(t, err)
 	for i := range full {
 		k := comp.Spec.Train.Launches[i].Kernel

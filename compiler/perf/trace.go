@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/internal/cachefile"
@@ -60,7 +62,56 @@ const traceVersion = "trace-2"
 // layers) takes that one's counts without running. Results are cached by
 // the source and the launches, in CacheDir.
 func TraceStep(comp *trainergen.Compiled) ([]Accesses, error) {
-	return traceStep(comp, launchSample, expensive, true)
+	return traceStep(comp, launchSample, expensive, processMemo, true)
+}
+
+// traceMemo is the counts of reusable launches traced so far, by
+// reuseKey: a later launch with the same key — in the same step, or in
+// another step compiling the same kernel, as a data-parallel rank's plan
+// beside the one-GPU plan of cnnc plan --scaling — takes them.
+type traceMemo struct {
+	mu sync.Mutex
+	m  map[string]Accesses
+}
+
+func newTraceMemo() *traceMemo { return &traceMemo{m: map[string]Accesses{}} }
+
+func (t *traceMemo) get(k string) (Accesses, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a, ok := t.m[k]
+	return a, ok
+}
+
+func (t *traceMemo) put(k string, a Accesses) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.m[k]; !ok {
+		t.m[k] = a
+	}
+}
+
+// processMemo is TraceStep's memo for the process: one entry per distinct
+// expensive launch of the steps it traced.
+var processMemo = newTraceMemo()
+
+// reuseKey is launchKey with the code the kernel runs: the source's
+// prelude (its shared definitions) and the kernel's own text.
+func reuseKey(comp *trainergen.Compiled, l trainer.Launch) string {
+	h := sha256.New()
+	src := comp.Train.Source
+	for _, k := range comp.Train.Kernels {
+		if i := bytes.Index(src, []byte(k.Text)); i >= 0 {
+			h.Write(src[:i]) // the prelude: everything before the first kernel
+			break
+		}
+	}
+	for _, k := range comp.Train.Kernels {
+		if k.Name == l.Kernel {
+			h.Write([]byte(k.Text))
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)) + " " + launchKey(l)
 }
 
 // expensive says whether tracing l costs traceReuseFLOPs or more.
@@ -104,9 +155,12 @@ func launchKey(l trainer.Launch) string {
 }
 
 // traceStep traces each launch with the blocks sample gives (nil: every
-// block); a launch that reuse accepts and that repeats an earlier
-// accepted one's key takes its counts without running (reuse nil: none).
-func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.BlockSample, reuse func(trainer.Launch) bool, cached bool) ([]Accesses, error) {
+// block); a launch that reuse accepts and whose reuseKey memo holds takes
+// those counts without running (reuse nil: none), and the ones it traces
+// go into memo.
+func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.BlockSample, reuse func(trainer.Launch) bool, memo *traceMemo,
+	cached bool) ([]Accesses, error) {
+	reusable := func(l trainer.Launch) bool { return reuse != nil && memo != nil && reuse(l) }
 	spec := comp.Spec
 	key := sha256.New()
 	fmt.Fprintf(key, "%s\x00%v\x00%g\x00%s\x00", traceVersion, traceSample, traceReuseFLOPs, comp.Train.Source)
@@ -117,6 +171,11 @@ func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.Bloc
 	if data, err := os.ReadFile(cache); err == nil && cached {
 		var out []Accesses
 		if json.Unmarshal(data, &out) == nil && len(out) == len(spec.Train.Launches) {
+			for i, l := range spec.Train.Launches {
+				if reusable(l) {
+					memo.put(reuseKey(comp, l), out[i])
+				}
+			}
 			return out, nil
 		}
 	}
@@ -134,15 +193,12 @@ func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.Bloc
 		return nil, err
 	}
 	out := make([]Accesses, len(spec.Train.Launches))
-	first := map[string]int{} // launchKey -> the launch traced for it
 	for i, l := range spec.Train.Launches {
-		if reuse != nil && reuse(l) {
-			k := launchKey(l)
-			if j, ok := first[k]; ok {
-				out[i] = out[j]
+		if reusable(l) {
+			if a, ok := memo.get(reuseKey(comp, l)); ok {
+				out[i] = a
 				continue
 			}
-			first[k] = i
 		}
 		grid := emu.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]}
 		sites, err := mod.Trace(l.Kernel, grid, emu.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}, l.SharedBytes,
@@ -151,6 +207,9 @@ func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.Bloc
 			return nil, fmt.Errorf("perf: tracing launch %d (%s): %w", i, l.Kernel, err)
 		}
 		out[i] = sumSites(sites)
+		if reusable(l) {
+			memo.put(reuseKey(comp, l), out[i])
+		}
 	}
 	if data, err := json.Marshal(out); err == nil && cached {
 		cachefile.Write(cache, data)

@@ -56,11 +56,13 @@ train {
 }
 `
 
-func compileTwoBlocks(t *testing.T) *trainergen.Compiled {
+// compileTwoBlocks compiles TwoBlocks' step at batch 4, or with ranks > 1
+// one data-parallel rank's step of batch 4 (the global batch 4 × ranks).
+func compileTwoBlocks(t *testing.T, ranks int) *trainergen.Compiled {
 	t.Helper()
-	res, err := compiler.CompileSource("twoblocks.cnn", []byte(twoBlocks), compiler.Options{})
+	res, err := compiler.CompileSource("twoblocks.cnn", []byte(twoBlocks), compiler.Options{Batch: 4 * int64(max(ranks, 1))})
 	require.NoError(t, err)
-	comp, err := driver.Compile(res, plan.Config{}, driver.CUDA)
+	comp, err := driver.Compile(res, plan.Config{Ranks: ranks}, driver.CUDA)
 	require.NoError(t, err)
 	return comp
 }
@@ -78,7 +80,7 @@ func compileTwoBlocks(t *testing.T) *trainergen.Compiled {
 // in the order the emulator's workers finish, each sum of at most 10^4
 // terms off by at most 10^4 × 2^-53 < 10^-12 of itself.
 func TestTraceReuseMatchesEveryLaunch(t *testing.T) {
-	comp := compileTwoBlocks(t)
+	comp := compileTwoBlocks(t, 0)
 	launches := comp.Spec.Train.Launches
 	isConv := func(l trainer.Launch) bool { return strings.HasPrefix(l.Kernel, "conv_") }
 	distinct, convs := map[string]bool{}, 0
@@ -89,10 +91,41 @@ func TestTraceReuseMatchesEveryLaunch(t *testing.T) {
 		}
 	}
 	require.Less(t, len(distinct)+5, convs, "the net repeats conv launches, else the test shows nothing")
-	reused, err := traceStep(comp, sampleWith(traceSample), isConv, false)
+	reused, err := traceStep(comp, sampleWith(traceSample), isConv, newTraceMemo(), false)
 	require.NoError(t, err)
-	all, err := traceStep(comp, sampleWith(traceSample), nil, false)
+	all, err := traceStep(comp, sampleWith(traceSample), nil, nil, false)
 	require.NoError(t, err)
+	requireSameCounts(t, launches, all, reused)
+}
+
+// A data-parallel rank's step takes the counts of the conv launches the
+// one-GPU step traced before it (the same kernels, geometry and arguments):
+// its trace then equals, launch by launch, its trace run alone, as above.
+func TestTraceReuseAcrossSteps(t *testing.T) {
+	isConv := func(l trainer.Launch) bool { return strings.HasPrefix(l.Kernel, "conv_") }
+	one, rank := compileTwoBlocks(t, 0), compileTwoBlocks(t, 2)
+	memo := newTraceMemo()
+	_, err := traceStep(one, sampleWith(traceSample), isConv, memo, false)
+	require.NoError(t, err)
+	hits := 0
+	for _, l := range rank.Spec.Train.Launches {
+		if _, ok := memo.get(reuseKey(rank, l)); ok && isConv(l) {
+			hits++
+		}
+	}
+	require.Greater(t, hits, 5, "the rank's step repeats the one-GPU step's conv launches, else the test shows nothing")
+	reused, err := traceStep(rank, sampleWith(traceSample), isConv, memo, false)
+	require.NoError(t, err)
+	alone, err := traceStep(rank, sampleWith(traceSample), nil, nil, false)
+	require.NoError(t, err)
+	requireSameCounts(t, rank.Spec.Train.Launches, alone, reused)
+}
+
+// requireSameCounts checks that reused counts equal all's up to rounding,
+// launch by launch, but for relu_grad's (see above).
+func requireSameCounts(t *testing.T, launches []trainer.Launch, all, reused []Accesses) {
+	t.Helper()
+	require.Len(t, reused, len(all))
 	reads, masked := 0, 0
 	for i := range all {
 		if strings.HasPrefix(launches[i].Kernel, "relu_grad") {
@@ -144,7 +177,7 @@ func TestLaunchKey(t *testing.T) {
 
 // comp0 is TwoBlocks' first launch with two buffer arguments.
 func comp0(t *testing.T) trainer.Launch {
-	for _, l := range compileTwoBlocks(t).Spec.Train.Launches {
+	for _, l := range compileTwoBlocks(t, 0).Spec.Train.Launches {
 		n := 0
 		for _, a := range l.Args {
 			if a.Kind == 0 {
