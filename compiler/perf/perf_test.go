@@ -14,7 +14,6 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/internal/nvcc"
-	"github.com/cnnc/cnnc/runtime/emu"
 )
 
 func compileExample(t *testing.T, file string, batch int64, cfg plan.Config) *trainergen.Compiled {
@@ -127,9 +126,9 @@ func TestPredictExamples(t *testing.T) {
 // sectors and accesses from the sample are within 5% of the full count.
 func TestTraceSampleMatchesEveryBlock(t *testing.T) {
 	comp := compileExample(t, "../../examples/mnist.cnn", 4, plan.Config{})
-	sampled, err := traceStep(comp, func(g emu.Dim3) []emu.BlockSample { return emu.SampleBlocks(g, traceSample) }, false)
+	sampled, err := traceStep(comp, sampleWith(traceSample), nil, nil, false)
 	require.NoError(t, err)
-	full, err := traceStep(comp, func(emu.Dim3) []emu.BlockSample { return nil }, false)
+	full, err := traceStep(comp, everyBlock, nil, nil, false)
 	require.NoError(t, err)
 	for i := range full {
 		k := comp.Spec.Train.Launches[i].Kernel

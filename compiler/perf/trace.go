@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -10,6 +11,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 	"github.com/cnnc/cnnc/internal/cachefile"
@@ -32,26 +35,135 @@ type Accesses struct {
 }
 
 // traceSample is how many interior blocks per grid dimension a trace runs
-// (besides the first and last of each): SampleBlocks's argument.
+// at most (besides the first and last of each): SampleBlocks's argument.
 var traceSample = [3]int{6, 3, 3}
 
+// traceReuseFLOPs is the sampled FLOPs from which a launch repeating an
+// earlier one's key takes that one's counts instead of running: the convs
+// that make a trace slow. Cheaper launches, the elementwise ones among
+// them, always run. Where a kernel's loads depend on the data (relu_grad
+// and the gradients of convs fused with a ReLU load dy only where y > 0),
+// a reused launch carries its first occurrence's counts, and the launches
+// after a reused one see other leftover data (a launch not run writes
+// nothing, as the blocks a sample leaves out write nothing): the arena is
+// random, not the model's data, either way.
+const traceReuseFLOPs = 1e7
+
 // traceVersion changes when what a trace counts changes (the cache key).
-const traceVersion = "trace-1"
+const traceVersion = "trace-2"
 
 // TraceStep runs one training step of comp on the CPU emulator built for
 // tracing (emu.TraceFlags) and counts every launch's accesses. The arena
 // holds random floats (valid class labels): access patterns that depend on
 // the data (ReLU masks, max-pool routing) see random data, not the model's.
-// Results are cached by the source and the launches, in CacheDir.
+// Each launch runs a sample of its blocks (launchSample); an expensive one
+// (traceReuseFLOPs) whose kernel, geometry and arguments repeat an earlier
+// one's (launchKey: a ResNet's identical blocks, recomputed forward
+// layers) takes that one's counts without running. Results are cached by
+// the source and the launches, in CacheDir.
 func TraceStep(comp *trainergen.Compiled) ([]Accesses, error) {
-	return traceStep(comp, func(g emu.Dim3) []emu.BlockSample { return emu.SampleBlocks(g, traceSample) }, true)
+	return traceStep(comp, launchSample, expensive, processMemo, true)
 }
 
-// traceStep traces with the given block sample (nil: every block).
-func traceStep(comp *trainergen.Compiled, sample func(emu.Dim3) []emu.BlockSample, cached bool) ([]Accesses, error) {
+// traceMemo is the counts of reusable launches traced so far, by
+// reuseKey: a later launch with the same key — in the same step, or in
+// another step compiling the same kernel, as a data-parallel rank's plan
+// beside the one-GPU plan of cnnc plan --scaling — takes them.
+type traceMemo struct {
+	mu sync.Mutex
+	m  map[string]Accesses
+}
+
+func newTraceMemo() *traceMemo { return &traceMemo{m: map[string]Accesses{}} }
+
+func (t *traceMemo) get(k string) (Accesses, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a, ok := t.m[k]
+	return a, ok
+}
+
+func (t *traceMemo) put(k string, a Accesses) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.m[k]; !ok {
+		t.m[k] = a
+	}
+}
+
+// processMemo is TraceStep's memo for the process: one entry per distinct
+// expensive launch of the steps it traced.
+var processMemo = newTraceMemo()
+
+// reuseKey is launchKey with the code the kernel runs: the source's
+// prelude (its shared definitions) and the kernel's own text.
+func reuseKey(comp *trainergen.Compiled, l trainer.Launch) string {
+	h := sha256.New()
+	src := comp.Train.Source
+	for _, k := range comp.Train.Kernels {
+		if i := bytes.Index(src, []byte(k.Text)); i >= 0 {
+			h.Write(src[:i]) // the prelude: everything before the first kernel
+			break
+		}
+	}
+	for _, k := range comp.Train.Kernels {
+		if k.Name == l.Kernel {
+			h.Write([]byte(k.Text))
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)) + " " + launchKey(l)
+}
+
+// expensive says whether tracing l costs traceReuseFLOPs or more.
+func expensive(l trainer.Launch) bool {
+	return sampledFLOPs(l, launchSample(l)) >= traceReuseFLOPs
+}
+
+// sampledFLOPs is the FLOPs of l's blocks in sample.
+func sampledFLOPs(l trainer.Launch, sample []emu.BlockSample) float64 {
+	return float64(l.FLOPs) / (float64(l.Grid[0]) * float64(l.Grid[1]) * float64(l.Grid[2])) * float64(len(sample))
+}
+
+// launchSample is the blocks a trace of l runs.
+func launchSample(l trainer.Launch) []emu.BlockSample {
+	return emu.SampleBlocks(emu.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]}, traceSample)
+}
+
+// launchKey is what a launch's access counts depend on besides the data:
+// the kernel, its geometry, its integer and float arguments, each buffer's
+// arena and offset modulo 32 bytes (global memory is counted in 32-byte
+// sectors: moving every access of a buffer by whole sectors leaves each
+// warp's sector count as it was; shared memory is the block's own) and
+// which buffers are the same one (in place). Two launches with the same key
+// run the same accesses on different data.
+func launchKey(l trainer.Launch) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %v %v %d", l.Kernel, l.Grid, l.Block, l.SharedBytes)
+	for i, a := range l.Args {
+		same := -1 // the first earlier buffer argument at the same place
+		if a.Kind == kernelarg.Buffer {
+			for j, e := range l.Args[:i] {
+				if e.Kind == kernelarg.Buffer && e.Arena == a.Arena && e.Offset == a.Offset {
+					same = j
+					break
+				}
+			}
+		}
+		fmt.Fprintf(&b, " %d:%d:%d:%d:%x:%d", a.Kind, a.Arena, a.Offset%32, a.Int, math.Float32bits(a.Float), same)
+	}
+	return b.String()
+}
+
+// traceStep traces each launch with the blocks sample gives (nil: every
+// block); a launch that reuse accepts and whose reuseKey memo holds takes
+// those counts without running (reuse nil: none), and the ones it traces
+// go into memo.
+func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.BlockSample, reuse func(trainer.Launch) bool, memo *traceMemo,
+	cached bool) ([]Accesses, error) {
+	reusable := func(l trainer.Launch) bool { return reuse != nil && memo != nil && reuse(l) }
 	spec := comp.Spec
 	key := sha256.New()
-	fmt.Fprintf(key, "%s\x00%v\x00%s\x00", traceVersion, traceSample, comp.Train.Source)
+	fmt.Fprintf(key, "%s\x00%v\x00%g\x00%s\x00", traceVersion, traceSample, traceReuseFLOPs, comp.Train.Source)
 	for _, l := range spec.Train.Launches {
 		fmt.Fprintf(key, "%s %v %v %d %v\n", l.Kernel, l.Grid, l.Block, l.SharedBytes, l.Args)
 	}
@@ -59,6 +171,11 @@ func traceStep(comp *trainergen.Compiled, sample func(emu.Dim3) []emu.BlockSampl
 	if data, err := os.ReadFile(cache); err == nil && cached {
 		var out []Accesses
 		if json.Unmarshal(data, &out) == nil && len(out) == len(spec.Train.Launches) {
+			for i, l := range spec.Train.Launches {
+				if reusable(l) {
+					memo.put(reuseKey(comp, l), out[i])
+				}
+			}
 			return out, nil
 		}
 	}
@@ -77,13 +194,22 @@ func traceStep(comp *trainergen.Compiled, sample func(emu.Dim3) []emu.BlockSampl
 	}
 	out := make([]Accesses, len(spec.Train.Launches))
 	for i, l := range spec.Train.Launches {
+		if reusable(l) {
+			if a, ok := memo.get(reuseKey(comp, l)); ok {
+				out[i] = a
+				continue
+			}
+		}
 		grid := emu.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]}
 		sites, err := mod.Trace(l.Kernel, grid, emu.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}, l.SharedBytes,
-			StepParams(spec, l, arena), sample(grid))
+			StepParams(spec, l, arena), sample(l))
 		if err != nil {
 			return nil, fmt.Errorf("perf: tracing launch %d (%s): %w", i, l.Kernel, err)
 		}
 		out[i] = sumSites(sites)
+		if reusable(l) {
+			memo.put(reuseKey(comp, l), out[i])
+		}
 	}
 	if data, err := json.Marshal(out); err == nil && cached {
 		cachefile.Write(cache, data)
