@@ -310,6 +310,33 @@ func (m *markingReducer) AllReduceOn(stream uintptr, p device.Ptr, count int) er
 	return m.Reducer.AllReduceOn(stream, p, count)
 }
 
+// joinJob makes this process rank cfg.Rank of a job under the fake NCCL: the rendezvous (the
+// unique id from rank 0), then the communicator, created on the device's thread. leave
+// destroys the communicator and closes the rendezvous; call it before closing the device.
+func joinJob(t *testing.T, d *cuda.Device, cfg dist.Config) (comm *nccl.Comm, leave func()) {
+	t.Helper()
+	lib, err := nccl.Load()
+	require.NoError(t, err)
+	rv, err := dist.Rendezvous(context.Background(), cfg, func() ([]byte, error) {
+		id, err := lib.UniqueID()
+		return id[:], err
+	}, time.Minute)
+	require.NoError(t, err)
+	var id nccl.UniqueID
+	copy(id[:], rv.ID)
+	if err := d.OnStream(func(uintptr) error {
+		comm, err = lib.CommInitRank(id, cfg.WorldSize, cfg.Rank)
+		return err
+	}); err != nil {
+		rv.Close()
+		require.NoError(t, err)
+	}
+	return comm, func() {
+		comm.Destroy()
+		rv.Close()
+	}
+}
+
 // TestDataParallelRankChild is one rank of TestDataParallelOnDevices.
 func TestDataParallelRankChild(t *testing.T) {
 	dir := os.Getenv(dpChild)
@@ -320,29 +347,14 @@ func TestDataParallelRankChild(t *testing.T) {
 	require.NoError(t, err)
 	c, fb := dpCompile(t, true)
 	d, err := cuda.New(fb) // GPU LOCAL_RANK
-
 	require.NoError(t, err)
 	defer d.Close()
 	s, err := trainer.NewSession(c.Spec, d, dpSeed)
 	require.NoError(t, err)
 	defer s.Close()
 
-	lib, err := nccl.Load()
-	require.NoError(t, err)
-	rv, err := dist.Rendezvous(context.Background(), cfg, func() ([]byte, error) {
-		id, err := lib.UniqueID()
-		return id[:], err
-	}, time.Minute)
-	require.NoError(t, err)
-	defer rv.Close()
-	var id nccl.UniqueID
-	copy(id[:], rv.ID)
-	var comm *nccl.Comm
-	require.NoError(t, d.OnStream(func(uintptr) error {
-		comm, err = lib.CommInitRank(id, cfg.WorldSize, cfg.Rank)
-		return err
-	}))
-	defer comm.Destroy()
+	comm, leave := joinJob(t, d, cfg)
+	defer leave()
 	red := &markingReducer{Reducer: nccl.Reducer{Comm: comm}, buckets: len(c.Spec.DataParallel.Buckets)}
 	if path := os.Getenv(fakecuda.TraceEnv); path != "" {
 		red.trace, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)

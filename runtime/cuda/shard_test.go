@@ -172,22 +172,8 @@ func TestShardedRankChild(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 
-	lib, err := nccl.Load()
-	require.NoError(t, err)
-	rv, err := dist.Rendezvous(context.Background(), cfg, func() ([]byte, error) {
-		id, err := lib.UniqueID()
-		return id[:], err
-	}, time.Minute)
-	require.NoError(t, err)
-	defer rv.Close()
-	var id nccl.UniqueID
-	copy(id[:], rv.ID)
-	var comm *nccl.Comm
-	require.NoError(t, d.OnStream(func(uintptr) error {
-		comm, err = lib.CommInitRank(id, cfg.WorldSize, cfg.Rank)
-		return err
-	}))
-	defer comm.Destroy()
+	comm, leave := joinJob(t, d, cfg)
+	defer leave()
 	trace, err := os.OpenFile(os.Getenv(fakecuda.TraceEnv), os.O_WRONLY|os.O_APPEND, 0)
 	require.NoError(t, err)
 	defer trace.Close()
