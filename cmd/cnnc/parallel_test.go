@@ -425,7 +425,8 @@ func TestBuiltDataParallelRanksSurviveAKilledRank(t *testing.T) {
 // thread, where the fake NCCL runs them at once — so the device's thread
 // is the one blocked, and the abort comes from a thread of its own with
 // the device's context (cuda.Device.OffThread); on a GPU the collective
-// would spin in a kernel while the host polls its events (WatchWaits:
+// would spin in a kernel while the host blocks on its events until the
+// watchdog's abort ends it (WatchWaits checks the job around the wait:
 // runtime/cuda's TestWatchedWaits). Rank 1 is killed; rank 0 exits within
 // seconds naming it, and its checkpoint stays the one written before.
 func TestBuiltCUDADataParallelRanksSurviveAKilledRank(t *testing.T) {

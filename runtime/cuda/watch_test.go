@@ -13,9 +13,9 @@ import (
 	"gorgonia.org/cu"
 )
 
-// A data-parallel rank's device waits poll under WatchWaits: the check runs between polls and
-// once more after the work is done, and its error ends every host wait — Sync, a fence's Wait,
-// a copy that waits — as it is. Without a check the waits block in the driver again.
+// A data-parallel rank's device waits are watched under WatchWaits: the check runs before the
+// wait blocks and once more after the work is done, and its error ends every host wait — Sync,
+// a fence's Wait, a copy that waits — as it is. Without a check the waits only block.
 func TestWatchedWaits(t *testing.T) {
 	d := open(t, testFatbin(t))
 	p, err := d.Alloc(64)
