@@ -51,7 +51,7 @@ type torchCase struct {
 // 1e-5, after it within 1e-5/min(std) = 5e-5 (std >= 0.2 here). 1e-4 is checked; the measured
 // worst is logged.
 func TestAgainstTorchvision(t *testing.T) {
-	torchtest.Require(t)
+	torchtest.RequireVision(t)
 	norm3 := augment.Step{Kind: augment.Normalize, Mean: []float64{0.485, 0.456, 0.406}, Std: []float64{0.229, 0.224, 0.225}}
 	norm1 := augment.Step{Kind: augment.Normalize, Mean: []float64{0.1307}, Std: []float64{0.3081}}
 	rc := func(h, w, p int64) augment.Step {

@@ -25,11 +25,25 @@ const Python = "/usr/bin/python3"
 // when CNNC_REQUIRE_TORCH=1 (as in CI).
 func Require(t testing.TB) {
 	t.Helper()
-	if err := exec.Command(Python, "-c", "import torch").Run(); err != nil {
+	requireModule(t, "torch", "python3-torch")
+}
+
+// RequireVision is Require for tests that also need torchvision.
+func RequireVision(t testing.TB) {
+	t.Helper()
+	Require(t)
+	requireModule(t, "torchvision", "python3-torchvision")
+}
+
+// requireModule skips t loudly when Python cannot import module, or fails
+// it when CNNC_REQUIRE_TORCH=1; pkg is the Debian package that has it.
+func requireModule(t testing.TB, module, pkg string) {
+	t.Helper()
+	if err := exec.Command(Python, "-c", "import "+module).Run(); err != nil {
 		if os.Getenv("CNNC_REQUIRE_TORCH") == "1" {
-			t.Fatalf("CNNC_REQUIRE_TORCH=1 but %s cannot import torch: %v (apt-get install python3-torch, or bash scripts/install-torch.sh)", Python, err)
+			t.Fatalf("CNNC_REQUIRE_TORCH=1 but %s cannot import %s: %v (apt-get install %s, or bash scripts/install-torch.sh)", Python, module, err, pkg)
 		}
-		t.Skipf("!!! SKIPPING %s: %s cannot import torch (bash scripts/install-torch.sh installs it)", t.Name(), Python)
+		t.Skipf("!!! SKIPPING %s: %s cannot import %s (bash scripts/install-torch.sh installs it)", t.Name(), Python, module)
 	}
 }
 
