@@ -1,8 +1,6 @@
 package codegen_test
 
 import (
-	"bytes"
-	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -17,12 +15,7 @@ import (
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/runtime/cpu"
-	"github.com/cnnc/cnnc/runtime/device"
 )
-
-// rangePoison is the NaN that fills every element an update over a range
-// must leave alone: a payload no arithmetic produces, so any write shows.
-const rangePoison = 0x7fc0dead
 
 // The standalone CUDA updates split into element ranges (a sharded
 // optimizer's ranks on the CUDA target, each holding the state of its
@@ -81,19 +74,9 @@ func TestCUDAUpdateElementRanges(t *testing.T) {
 		require.NoError(t, err, n.Text())
 		require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s\n%s", n.Text(), r)
 
-		var l *codegen.Launch
-		for _, pl := range prog.Launches {
-			if pl.Node == n {
-				require.Nil(t, l, "%s has more than one launch", n.Name)
-				l = pl
-			}
-		}
-		require.NotNil(t, l, "no launch for %s", n.Name)
-		first, ok := codegen.UpdateRangeArgs(l)
-		require.True(t, ok, "%s's launch has no element range", n.Name)
+		l, first, err := kernelcheck.UpdateLaunch(prog, n)
+		require.NoError(t, err)
 		elems := n.Ins[0].Type.SampleElems()
-		require.Equal(t, int64(0), l.Args[first].Int)
-		require.Equal(t, elems, l.Args[first+1].Int, "as generated, the whole tensor")
 
 		var data [][]byte
 		for k, v := range n.Ins {
@@ -102,90 +85,17 @@ func TestCUDAUpdateElementRanges(t *testing.T) {
 		block, err := kernelcheck.ScalarBlock(dev, s, 1)
 		require.NoError(t, err)
 		states := 2 + len(n.Attrs.Opt.StateNames())
-		whole := runCUDARange(t, dev, l, first, data, states, block, 0, elems)
+		whole, err := kernelcheck.UpdateRange(dev, l, first, data, states, block, 0, elems)
+		require.NoError(t, err, n.Name)
 		ranges := [][2]int64{{0, elems}, {0, 0}, {elems - 1, elems}}
 		if elems > 3 {
 			ranges = append(ranges, [2]int64{0, 1}, [2]int64{1, 700}, [2]int64{700, 1333}, [2]int64{1333, elems}, [2]int64{elems / 2, elems/2 + 1})
 		}
 		for _, rg := range ranges {
-			got := runCUDARange(t, dev, l, first, data, states, block, rg[0], rg[1])
-			for k := range got {
-				require.True(t, bytes.Equal(whole[k][4*rg[0]:4*rg[1]], got[k][4*rg[0]:4*rg[1]]),
-					"%s: operand %d of the update over [%d, %d) differs from the whole update's", n.Name, k, rg[0], rg[1])
-				for e := int64(0); e < int64(len(got[k])/4); e++ {
-					if e < rg[0] || e >= rg[1] {
-						require.Equal(t, uint32(rangePoison), binary.LittleEndian.Uint32(got[k][4*e:]),
-							"%s: operand %d's element %d, outside the update's range [%d, %d), was written", n.Name, k, e, rg[0], rg[1])
-					}
-				}
-			}
+			got, err := kernelcheck.UpdateRange(dev, l, first, data, states, block, rg[0], rg[1])
+			require.NoError(t, err, n.Name)
+			require.NoError(t, kernelcheck.CheckUpdateRange(whole, got, rg[0], rg[1]), n.Name)
 		}
 		dev.Free(block)
 	}
-}
-
-// runCUDARange runs update launch l (range arguments at first, first+1)
-// on elements [lo, hi) of data (param, grad, the states, maybe a clipping
-// coefficient) as a sharded rank does: param and grad whole, with every
-// element outside the range poisoned; each state a buffer of the range's
-// elements only, between poisoned guard words. It returns param and the
-// states laid out as whole tensors, the elements outside the range (and,
-// for a state, its guard words' verdict folded in) as they came back:
-// poison unless something wrote there.
-func runCUDARange(t *testing.T, dev device.Device, l *codegen.Launch, first int, data [][]byte, states int, block device.Ptr, lo, hi int64) [][]byte {
-	t.Helper()
-	const guard = 64 // poisoned words on each side of a range's state
-	poisoned := func(b []byte, lo, hi int64) []byte {
-		out := bytes.Clone(b)
-		for e := int64(0); e < int64(len(b)/4); e++ {
-			if e < lo || e >= hi {
-				binary.LittleEndian.PutUint32(out[4*e:], rangePoison)
-			}
-		}
-		return out
-	}
-	alloc := func(b []byte) device.Ptr {
-		p, err := dev.Alloc(int64(max(len(b), 4)))
-		require.NoError(t, err)
-		t.Cleanup(func() { dev.Free(p) })
-		require.NoError(t, dev.CopyIn(p, b))
-		return p
-	}
-	params := make([]uint64, len(l.Args))
-	bufs := make([]device.Ptr, len(data))
-	for k, b := range data {
-		switch {
-		case k < 2:
-			bufs[k] = alloc(poisoned(b, lo, hi))
-			params[k] = uint64(bufs[k])
-		case k < states: // the range's state between guards
-			g := make([]byte, 4*guard)
-			for e := range guard {
-				binary.LittleEndian.PutUint32(g[4*e:], rangePoison)
-			}
-			bufs[k] = alloc(append(append(bytes.Clone(g), b[4*lo:4*hi]...), g...))
-			params[k] = uint64(bufs[k]) + 4*guard
-		default: // the clipping coefficient
-			bufs[k] = alloc(b)
-			params[k] = uint64(bufs[k])
-		}
-	}
-	params[first-1] = uint64(block)
-	params[first], params[first+1] = uint64(lo), uint64(hi)
-	require.NoError(t, dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params))
-	require.NoError(t, dev.Sync())
-	out := [][]byte{make([]byte, len(data[0]))}
-	require.NoError(t, dev.CopyOut(out[0], bufs[0]))
-	for k := 2; k < states; k++ {
-		b := make([]byte, 4*(2*guard+hi-lo))
-		require.NoError(t, dev.CopyOut(b, bufs[k]))
-		for e := range guard {
-			require.Equal(t, uint32(rangePoison), binary.LittleEndian.Uint32(b[4*e:]), "state %d's guard word %d before the range [%d, %d) was written", k, e, lo, hi)
-			require.Equal(t, uint32(rangePoison), binary.LittleEndian.Uint32(b[4*(guard+hi-lo+int64(e)):]), "state %d's guard word %d after the range [%d, %d) was written", k, e, lo, hi)
-		}
-		whole := poisoned(data[k], lo, hi) // the elements outside the range: never written
-		copy(whole[4*lo:4*hi], b[4*guard:4*(guard+hi-lo)])
-		out = append(out, whole)
-	}
-	return out
 }

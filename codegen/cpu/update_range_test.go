@@ -1,7 +1,6 @@
 package cpu_test
 
 import (
-	"bytes"
 	"math/rand/v2"
 	"testing"
 
@@ -12,7 +11,6 @@ import (
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/internal/kernelcases"
-	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/native"
 )
 
@@ -37,7 +35,8 @@ func TestUpdateElementRanges(t *testing.T) {
 		block, err := kernelcheck.ScalarBlock(dev, kernelcheck.Scalars{LR: kernelcases.LR, Step: 5}, 1)
 		require.NoError(t, err)
 		for i, n := range nodes {
-			l := updateLaunch(t, prog, n)
+			l, first, err := kernelcheck.UpdateLaunch(prog, n)
+			require.NoError(t, err)
 			elems := n.Ins[0].Type.SampleElems()
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
 			ins := kernelcheck.RandomInputs(n, 1, rng)
@@ -46,15 +45,13 @@ func TestUpdateElementRanges(t *testing.T) {
 				data = append(data, kernelcheck.Encode(v.Type, ins[k], 1))
 			}
 			states := 2 + optStateCount(n)
-			whole := runRanges(t, dev, l, data, states, block, [][2]int64{{0, elems}})
+			whole, err := kernelcheck.UpdateRange(dev, l, first, data, states, block, 0, elems)
+			require.NoError(t, err, "%s %s", isa, n.Name)
 			for _, cuts := range [][]int64{{0, 64 * ((elems/3 + 63) / 64), 64 * ((2*elems/3 + 63) / 64), elems}, {0, 0, min(16384+64, 64*(elems/128)), elems}} {
-				var ranges [][2]int64
 				for k := 1; k < len(cuts); k++ {
-					ranges = append(ranges, [2]int64{cuts[k-1], cuts[k]})
-				}
-				got := runRanges(t, dev, l, data, states, block, ranges)
-				for k := range whole {
-					require.True(t, bytes.Equal(whole[k], got[k]), "%s %s: operand %d of the update over %v differs from the whole update's", isa, n.Name, k, ranges)
+					got, err := kernelcheck.UpdateRange(dev, l, first, data, states, block, cuts[k-1], cuts[k])
+					require.NoError(t, err, "%s %s", isa, n.Name)
+					require.NoError(t, kernelcheck.CheckUpdateRange(whole, got, cuts[k-1], cuts[k]), "%s %s", isa, n.Name)
 				}
 			}
 		}
@@ -71,65 +68,4 @@ func optStateCount(n *ir.Node) int {
 		}
 	}
 	return k
-}
-
-// updateLaunch is n's one launch in prog, with its range arguments located.
-func updateLaunch(t *testing.T, prog *codegen.Program, n *ir.Node) *codegen.Launch {
-	t.Helper()
-	var out *codegen.Launch
-	for _, l := range prog.Launches {
-		if l.Node == n {
-			require.Nil(t, out, "%s has more than one launch", n.Name)
-			out = l
-		}
-	}
-	require.NotNil(t, out, "no launch for %s", n.Name)
-	first, ok := codegen.UpdateRangeArgs(out)
-	require.True(t, ok, "%s's launch has no element range", n.Name)
-	require.Equal(t, int64(0), out.Args[first].Int)
-	require.Equal(t, n.Ins[0].Type.SampleElems(), out.Args[first+1].Int)
-	return out
-}
-
-// runRanges runs launch l once per range on copies of data (param, grad, the states, maybe a
-// clipping coefficient), each launch given only its range's state (a buffer of the range's
-// elements, as a rank keeps it), and returns param and the states reassembled.
-func runRanges(t *testing.T, dev device.Device, l *codegen.Launch, data [][]byte, states int, block device.Ptr, ranges [][2]int64) [][]byte {
-	t.Helper()
-	first, _ := codegen.UpdateRangeArgs(l)
-	alloc := func(b []byte) device.Ptr {
-		p, err := dev.Alloc(int64(max(len(b), 4)))
-		require.NoError(t, err)
-		t.Cleanup(func() { dev.Free(p) })
-		require.NoError(t, dev.CopyIn(p, b))
-		return p
-	}
-	ptrs := make([]device.Ptr, len(data))
-	for k, b := range data {
-		if k < 2 || k >= states {
-			ptrs[k] = alloc(b)
-		}
-	}
-	out := [][]byte{make([]byte, len(data[0]))}
-	for k := 2; k < states; k++ {
-		out = append(out, make([]byte, len(data[k])))
-	}
-	for _, r := range ranges {
-		params := make([]uint64, len(l.Args))
-		for k := range data {
-			if k >= 2 && k < states {
-				ptrs[k] = alloc(data[k][4*r[0] : 4*r[1]])
-			}
-			params[k] = uint64(ptrs[k])
-		}
-		params[first-1] = uint64(block)
-		params[first], params[first+1] = uint64(r[0]), uint64(r[1])
-		require.NoError(t, dev.Launch(l.Kernel, l.Grid, l.Block, l.SharedBytes, params))
-		require.NoError(t, dev.Sync())
-		for k := 2; k < states; k++ {
-			require.NoError(t, dev.CopyOut(out[k-1][4*r[0]:4*r[1]], ptrs[k]))
-		}
-	}
-	require.NoError(t, dev.CopyOut(out[0], ptrs[0]))
-	return out
 }
