@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/fakenccl"
 	"github.com/cnnc/cnnc/internal/nvcc"
+	"github.com/cnnc/cnnc/internal/syncbuf"
 	"github.com/cnnc/cnnc/runtime/checkpoint"
 	"github.com/cnnc/cnnc/runtime/dist"
 )
@@ -483,7 +483,7 @@ const abortedWords = `this rank aborted the communicator \(ncclCommAbort\)|the c
 // rankProcess is one rank of a job started by startRanks.
 type rankProcess struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *syncbuf.Buffer
 	done chan error
 }
 
@@ -518,7 +518,7 @@ func startRanksWith(t *testing.T, n int, bin string, env []string, argsOf func(r
 		cfg := dist.Config{Rank: r, WorldSize: n, LocalRank: r, LocalWorldSize: n, MasterAddr: "127.0.0.1", MasterPort: port}
 		cmd := exec.Command(bin, argsOf(r)...)
 		cmd.Env = cfg.Environ(env)
-		p := &rankProcess{cmd: cmd, out: &syncBuffer{}, done: make(chan error, 1)}
+		p := &rankProcess{cmd: cmd, out: &syncbuf.Buffer{}, done: make(chan error, 1)}
 		cmd.Stdout, cmd.Stderr = p.out, p.out
 		require.NoError(t, cmd.Start())
 		go func() { p.done <- cmd.Wait() }()
@@ -544,23 +544,4 @@ func waitForLog(t *testing.T, log string, ranks []*rankProcess) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("rank 0 logged no step within a minute: %s", ranks[0].out)
-}
-
-// syncBuffer is a bytes.Buffer that a process's output and the test may
-// use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +24,7 @@ import (
 
 	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/fakenccl"
+	"github.com/cnnc/cnnc/internal/syncbuf"
 	"github.com/cnnc/cnnc/runtime/cuda"
 	"github.com/cnnc/cnnc/runtime/dist"
 	"github.com/cnnc/cnnc/runtime/nccl"
@@ -152,7 +152,7 @@ func TestNCCLOnDevices(t *testing.T) {
 	dir := t.TempDir()
 	fbFile := filepath.Join(dir, "kernels.fatbin")
 	require.NoError(t, os.WriteFile(fbFile, fb, 0o644))
-	var out lockedWriter
+	var out syncbuf.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	err := dist.Launch(ctx, dist.LaunchOptions{
@@ -178,21 +178,4 @@ func TestNCCLOnDevices(t *testing.T) {
 			assert.True(t, string(want) == string(got), "%s: rank %d's sum is not the sum in rank order", c.name, r)
 		}
 	}
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/fakenccl"
 	"github.com/cnnc/cnnc/internal/nvcc"
+	"github.com/cnnc/cnnc/internal/syncbuf"
 	"github.com/cnnc/cnnc/runtime/cuda"
 	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/dist"
@@ -184,7 +185,7 @@ func TestDataParallelOnDevices(t *testing.T) {
 	// each rank's trace in a file of its own: the fake opens it at the
 	// process's first driver call, so the rank's command line sets it
 	script := fmt.Sprintf(`%s="$1/trace.$RANK" exec "$2" -test.run='^TestDataParallelRankChild$' -test.v`, fakecuda.TraceEnv)
-	var out lockedWriter
+	var out syncbuf.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	err = dist.Launch(ctx, dist.LaunchOptions{

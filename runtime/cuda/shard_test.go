@@ -25,6 +25,7 @@ import (
 	"github.com/cnnc/cnnc/internal/fakecuda"
 	"github.com/cnnc/cnnc/internal/fakenccl"
 	"github.com/cnnc/cnnc/internal/nvcc"
+	"github.com/cnnc/cnnc/internal/syncbuf"
 	"github.com/cnnc/cnnc/runtime/cuda"
 	"github.com/cnnc/cnnc/runtime/device"
 	"github.com/cnnc/cnnc/runtime/dist"
@@ -77,7 +78,7 @@ func TestShardedRankStepWaitsOnceOnTheHost(t *testing.T) {
 
 	dir := t.TempDir()
 	script := fmt.Sprintf(`%s="$1/trace.$RANK" exec "$2" -test.run='^TestShardedRankChild$' -test.v`, fakecuda.TraceEnv)
-	var out lockedWriter
+	var out syncbuf.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	err := dist.Launch(ctx, dist.LaunchOptions{

@@ -2,7 +2,6 @@ package dist
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +18,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/internal/syncbuf"
 )
 
 // roleEnv makes the test binary act as a rank (or a launcher) instead of running tests.
@@ -371,30 +372,13 @@ func TestSessionNamesTheRankThatFailed(t *testing.T) {
 // launchSelf launches n ranks of this test binary in role, with its output.
 func launchSelf(t *testing.T, n int, role string, grace time.Duration) (error, string, time.Duration) {
 	t.Helper()
-	var out syncBuffer
+	var out syncbuf.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()
 	err := Launch(ctx, LaunchOptions{Procs: n, Exe: os.Args[0], Args: []string{"-test.run=^$"},
 		Env: append(os.Environ(), roleEnv+"="+role), Stdout: &out, Stderr: &out, StopGrace: grace})
 	return err, out.String(), time.Since(start)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestLaunchSetsEachRanksEnvironment(t *testing.T) {
@@ -465,7 +449,7 @@ func TestLaunchForwardsInterrupts(t *testing.T) {
 	cmd.Env = append(os.Environ(), roleEnv+"=launcher", "CNNC_DIST_TEST_CHILD=waitint")
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	lines := make(chan string, 16)

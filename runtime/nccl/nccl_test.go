@@ -19,7 +19,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -30,6 +29,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/internal/fakenccl"
+	"github.com/cnnc/cnnc/internal/syncbuf"
 	"github.com/cnnc/cnnc/runtime/dist"
 )
 
@@ -394,30 +394,13 @@ func hostBuffer(n int) buffer {
 // error and everything the ranks printed.
 func launch(t *testing.T, n int, role string, extraEnv ...string) (error, string) {
 	t.Helper()
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env := append(fakenccl.Environ(fakeDir, os.Environ()), roleEnv+"="+role, fakenccl.TimeoutEnv+"=60")
 	err := dist.Launch(ctx, dist.LaunchOptions{Procs: n, Exe: os.Args[0], Args: []string{"-test.run=^$"},
 		Env: append(env, extraEnv...), Stdout: &out, Stderr: &out, StopGrace: 5 * time.Second})
 	return err, out.String()
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // The sums of 2 and 4 ranks are the float32 (bfloat16) sums in rank order, bit for bit, on
@@ -603,12 +586,12 @@ func TestHangModeBlocksUntilAbort(t *testing.T) {
 // startRanks starts n processes of this test binary as the ranks of a job playing role (env:
 // more variables), directly rather than through the launcher, and returns once each has said
 // it is ready; the ranks are killed at the test's end.
-func startRanks(t *testing.T, n int, role string, env ...string) ([]*exec.Cmd, []*lockedBuffer) {
+func startRanks(t *testing.T, n int, role string, env ...string) ([]*exec.Cmd, []*syncbuf.Buffer) {
 	t.Helper()
 	port, err := freePort()
 	require.NoError(t, err)
 	cmds := make([]*exec.Cmd, n)
-	stderr := make([]*lockedBuffer, n)
+	stderr := make([]*syncbuf.Buffer, n)
 	ready := make(chan int, n)
 	t.Cleanup(func() {
 		for _, c := range cmds {
@@ -621,7 +604,7 @@ func startRanks(t *testing.T, n int, role string, env ...string) ([]*exec.Cmd, [
 		cfg := dist.Config{Rank: r, WorldSize: n, LocalRank: r, LocalWorldSize: n, MasterAddr: "127.0.0.1", MasterPort: port}
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(cfg.Environ(fakenccl.Environ(fakeDir, os.Environ())), append([]string{roleEnv + "=" + role}, env...)...)
-		stderr[r] = &lockedBuffer{}
+		stderr[r] = &syncbuf.Buffer{}
 		cmd.Stderr = stderr[r]
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)
