@@ -274,13 +274,7 @@ func TestBuiltCUDADataParallelTrainer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two CUDA trainer binaries")
 	}
-	mnist, err := datasets.MNISTDir()
-	require.NoError(t, err)
-	dir := t.TempDir()
-	fake, lib := filepath.Join(dir, "fakecuda"), filepath.Join(dir, "nccl")
-	require.NoError(t, fakecuda.Build(fake))
-	require.NoError(t, fakenccl.Build(lib))
-	t.Setenv(fakecuda.Env, fake) // cnnc build registers the fatbin's kernels with the fake
+	mnist, dir, fake, lib := fakeCUDAWithNCCL(t)
 	dp := buildMNISTVariant(t, dir, "dp", "batch = 16", "--gpus", "2", "--target", "cuda")
 	acc := buildMNISTVariant(t, dir, "acc", "batch = 8\n    accumulate = 2", "--target", "cuda")
 	zero := buildMNISTVariant(t, dir, "zero", "batch = 16", "--gpus", "2", "--shard-optimizer", "--target", "cuda")
@@ -434,13 +428,7 @@ func TestBuiltCUDADataParallelRanksSurviveAKilledRank(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a CUDA trainer binary")
 	}
-	mnist, err := datasets.MNISTDir()
-	require.NoError(t, err)
-	dir := t.TempDir()
-	fake, lib := filepath.Join(dir, "fakecuda"), filepath.Join(dir, "nccl")
-	require.NoError(t, fakecuda.Build(fake))
-	require.NoError(t, fakenccl.Build(lib))
-	t.Setenv(fakecuda.Env, fake) // cnnc build registers the fatbin's kernels with the fake
+	mnist, dir, fake, lib := fakeCUDAWithNCCL(t)
 	dp := buildMNISTVariant(t, dir, "dp", "batch = 16", "--gpus", "2", "--target", "cuda")
 	env := append(fakecuda.Environ(fake, fakenccl.Environ(lib, os.Environ())), fakecuda.DevicesEnv+"=2",
 		fakenccl.PeerDeathEnv+"=hang", fakenccl.TimeoutEnv+"=600")
@@ -544,4 +532,20 @@ func waitForLog(t *testing.T, log string, ranks []*rankProcess) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("rank 0 logged no step within a minute: %s", ranks[0].out)
+}
+
+// fakeCUDAWithNCCL builds the fake libcuda and libnccl in a temporary
+// directory and points cnnc build at the fake driver (it registers the
+// fatbin's kernels with it): the MNIST directory, the temporary directory,
+// and the fakes' directories.
+func fakeCUDAWithNCCL(t *testing.T) (mnist, dir, fake, lib string) {
+	t.Helper()
+	mnist, err := datasets.MNISTDir()
+	require.NoError(t, err)
+	dir = t.TempDir()
+	fake, lib = filepath.Join(dir, "fakecuda"), filepath.Join(dir, "nccl")
+	require.NoError(t, fakecuda.Build(fake))
+	require.NoError(t, fakenccl.Build(lib))
+	t.Setenv(fakecuda.Env, fake)
+	return mnist, dir, fake, lib
 }
