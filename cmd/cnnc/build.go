@@ -70,6 +70,8 @@ IMAGE_OR_DIR..., with the trainer's checkpoints.`,
 	cmd.Flags().StringVar(&bf.gpu, "gpu", "", "CUDA target: size the kernels' launches for this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+") and, under a memory budget, build the plan the performance model predicts fastest of those that meet it (what cnnc plan --gpu reports; needs nvcc and g++)")
 	cmd.Flags().IntVar(&bf.gpus, "gpus", 1, "build a data-parallel trainer of `N` ranks (the plan of one rank: its share batch/N of every batch; the trainer launches them, one per GPU, summing gradients with NCCL)")
 	cmd.Flags().BoolVar(&bf.dataParallel, "data-parallel", false, "with --gpus 1: build the data-parallel trainer of one rank all the same (gradient buckets summed by NCCL, split updates), to measure what the NCCL path costs on one GPU")
+	cmd.Flags().StringVar(&bf.interconnect, "interconnect", "", "with --gpu and --gpus N: the `LINK` between a machine's GPUs (nvlink, pcie or ib) that the choice of plan and the predicted step assume: a rank's plans are judged by their step with the all-reduces (default: NVLink where the GPU has it, else PCIe)")
+	cmd.Flags().IntVar(&bf.nnodes, "nnodes", 1, "with --gpu and --gpus N: the `M` machines the ranks span (InfiniBand between them), for the choice of plan and the predicted step")
 	cmd.Flags().BoolVar(&bf.shardOpt, "shard-optimizer", false, "with --gpus: each rank keeps the optimizer state of its share of the parameters only (ZeRO stage 1), updates them and broadcasts them to the others")
 	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
 	f.registerInfer(cmd, "build an inference-only binary: forward kernels only (batch norm folded into the conv before it, conv+bias+activation+pool fused, no argmax, gradients or optimizer state) on its own memory plan (cnnc plan --infer), with the trainer's predict command, loading the trainer's checkpoints")
@@ -82,6 +84,8 @@ type buildFlags struct {
 	gpu                                       string // perf's GPU: launch geometry and the fastest plan
 	gpus                                      int    // data-parallel ranks (plan.Config.Ranks)
 	shardOpt, dataParallel                    bool
+	interconnect                              string // with --gpu and --gpus: the links the choice assumes
+	nnodes                                    int    // with --gpu and --gpus: the machines the ranks span
 }
 
 // builder is one run of cnnc build: the model file, where it reports,
@@ -139,6 +143,10 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 		fmt.Fprintf(stderr, "cnnc build: --shard-optimizer shares the optimizer state among data-parallel ranks: it needs --gpus 2 or more\n")
 		return exitError{exitUsage}
 	}
+	if err := checkFabricFlags(bf); err != nil {
+		fmt.Fprintf(stderr, "cnnc build: %v\n", err)
+		return exitError{exitUsage}
+	}
 	if target == "cpu" && bf.output == "" {
 		target = "cuda" // only --emit-cuda: the CUDA C is all it writes
 	}
@@ -147,7 +155,7 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 			return err
 		}
 	}
-	c, err := b.compile(res, cfg, target, bf.gpu)
+	c, err := b.compile(res, cfg, target, bf)
 	if err != nil {
 		return err
 	}
@@ -168,7 +176,8 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 // GPU named, the kernels' launches are sized for it and, of the plans that
 // meet the budget (driver.Alternatives), the one the performance model
 // predicts fastest is built — the plan cnnc plan --gpu shows.
-func (b *builder) compile(res *compiler.Result, cfg plan.Config, target, gpuName string) (*trainergen.Compiled, error) {
+func (b *builder) compile(res *compiler.Result, cfg plan.Config, target string, bf *buildFlags) (*trainergen.Compiled, error) {
+	gpuName := bf.gpu
 	if gpuName == "" {
 		c, err := driver.Compile(res, cfg, driver.Target(target))
 		if err != nil {
@@ -185,45 +194,60 @@ func (b *builder) compile(res *compiler.Result, cfg plan.Config, target, gpuName
 		fmt.Fprintf(b.stderr, "cnnc build: --gpu %s chooses among CUDA plans: it needs --target cuda (or auto with nvcc), or --emit-cuda alone\n", gpuName)
 		return nil, exitError{exitUsage}
 	}
+	var fabric *perf.Fabric // a rank's plans are judged with their collectives
+	if cfg.Ranks > 1 {
+		f, err := perf.LookupFabric(gpuName, bf.interconnect, cfg.Ranks, bf.nnodes)
+		if err != nil {
+			fmt.Fprintf(b.stderr, "cnnc build: --gpus %d --interconnect %q --nnodes %d: %v\n", cfg.Ranks, bf.interconnect, bf.nnodes, err)
+			return nil, exitError{exitUsage}
+		}
+		fabric = &f
+	}
 	res.Train.SMs = int64(gpu.SMs)
 	alts, unbudgeted, err := driver.Alternatives(res, cfg, driver.CUDA)
 	if err != nil {
 		return nil, backendError(b.path, res, err, b.stderr)
 	}
-	ch, err := perf.Fastest(alts, unbudgeted, gpu)
+	ch, err := perf.Fastest(alts, unbudgeted, gpu, fabric)
 	if err != nil {
 		return nil, b.fail(err)
 	}
 	b.step("predicted on %s: %s, %.1f µs a step, the fastest of %d plans that meet the budget (a prediction; cnnc plan --gpu %s shows them)",
 		gpu.Name, ch.Best.Plan.Choices.Strategy, 1e6*ch.Prediction.PredictedStepSeconds, len(alts), gpuName)
-	if dp := ch.Best.Plan.DataParallel; dp != nil && dp.Ranks > 1 {
-		if err := b.predictParallel(ch, gpuName, dp.Ranks); err != nil {
-			return nil, err
+	if pp := ch.Parallel; pp != nil {
+		what := "all-reduces overlapped with the backward pass"
+		if pp.Shard != nil {
+			what += fmt.Sprintf(", the rank's share of the updates, then %d parameter broadcasts (%.1f µs)", pp.Shard.Broadcasts, 1e6*pp.Shard.Broadcast.Seconds)
 		}
+		links := ""
+		if bf.interconnect != "" {
+			links += " --interconnect " + bf.interconnect
+		}
+		if bf.nnodes != 1 {
+			links += fmt.Sprintf(" --nnodes %d", bf.nnodes)
+		}
+		b.step("predicted data-parallel step on %s: %.1f µs with its %s (a prediction; cnnc plan --gpu %s --gpus %d%s shows it)",
+			pp.Fabric.Describe(), 1e6*pp.PredictedStepSeconds, what, gpuName, cfg.Ranks, links)
 	}
 	return ch.Best, nil
 }
 
-// predictParallel prints a data-parallel rank's predicted step on one
-// machine's default links (NVLink where the GPU has it): the launches'
-// step above leaves out the all-reduces and, sharded, counts every update
-// and no broadcast.
-func (b *builder) predictParallel(ch *perf.Choice, gpuName string, ranks int) error {
-	f, err := perf.LookupFabric(gpuName, "", ranks, 1)
-	if err != nil {
-		return b.fail(err)
+// checkFabricFlags checks --interconnect and --nnodes: they describe a
+// data-parallel job's links, for the performance model's choice.
+func checkFabricFlags(bf *buildFlags) error {
+	switch {
+	case (bf.interconnect != "" || bf.nnodes != 1) && (bf.gpu == "" || bf.gpus < 2):
+		return fmt.Errorf("--interconnect and --nnodes describe the all-reduce's links for the performance model: they need --gpu and --gpus N")
+	case bf.nnodes < 1 || bf.nnodes > plan.MaxRanks:
+		return fmt.Errorf("--nnodes %d: want between 1 and %d machines", bf.nnodes, plan.MaxRanks)
+	case bf.gpus%bf.nnodes != 0:
+		return fmt.Errorf("--gpus %d: the GPUs do not split evenly over --nnodes %d machines", bf.gpus, bf.nnodes)
 	}
-	pp, err := perf.ParallelStep(ch.Best, ch.Prediction, f)
-	if err != nil {
-		return b.fail(err)
+	switch bf.interconnect {
+	case "", "nvlink", "pcie", "ib":
+		return nil
 	}
-	what := "all-reduces overlapped with the backward pass"
-	if pp.Shard != nil {
-		what += fmt.Sprintf(", the rank's share of the updates, then %d parameter broadcasts (%.1f µs)", pp.Shard.Broadcasts, 1e6*pp.Shard.Broadcast.Seconds)
-	}
-	b.step("predicted data-parallel step on %s: %.1f µs with its %s (a prediction; cnnc plan --gpu %s --gpus %d shows it)",
-		f.Describe(), 1e6*pp.PredictedStepSeconds, what, gpuName, ranks)
-	return nil
+	return fmt.Errorf("--interconnect %q: want nvlink, pcie or ib", bf.interconnect)
 }
 
 // buildInfer is cnnc build --infer: the inference compilation's forward

@@ -43,13 +43,22 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 	if pf.scaling != "" {
 		return runScaling(path, res, cfg, pf, gpu, stdout, stderr)
 	}
-	ch, budgeted, err := fastestPlan(path, res, cfg, gpu, stderr)
+	var fabric *perf.Fabric // a rank's plans are judged with their collectives
+	if cfg.Ranks > 1 {
+		f, err := perf.LookupFabric(pf.gpu, pf.interconnect, cfg.Ranks, pf.nnodes)
+		if err != nil {
+			fmt.Fprintf(stderr, "cnnc: --gpus %d --nnodes %d: %v\n", cfg.Ranks, pf.nnodes, err)
+			return exitError{exitUsage}
+		}
+		fabric = &f
+	}
+	ch, budgeted, err := fastestPlan(path, res, cfg, gpu, fabric, stderr)
 	if err != nil {
 		return err
 	}
 	var pp *perf.ParallelPrediction
 	if cfg.Ranks > 1 {
-		if pp, err = parallelPrediction(path, res, cfg, pf, gpu, ch, stderr); err != nil {
+		if pp, err = parallelPrediction(path, res, cfg, gpu, ch, stderr); err != nil {
 			return err
 		}
 	}
@@ -86,13 +95,14 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 }
 
 // fastestPlan compiles the plans that meet cfg's budget and chooses the
-// fastest on gpu; budgeted says whether there was a budget to choose for.
-func fastestPlan(path string, res *compiler.Result, cfg plan.Config, gpu perf.GPU, stderr io.Writer) (*perf.Choice, bool, error) {
+// fastest on gpu (a data-parallel rank's with its collectives on fabric,
+// when not nil); budgeted says whether there was a budget to choose for.
+func fastestPlan(path string, res *compiler.Result, cfg plan.Config, gpu perf.GPU, fabric *perf.Fabric, stderr io.Writer) (*perf.Choice, bool, error) {
 	alts, unbudgeted, err := driver.Alternatives(res, cfg, driver.CUDA)
 	if err != nil {
 		return nil, false, planError(path, err, stderr)
 	}
-	ch, err := perf.Fastest(alts, unbudgeted, gpu)
+	ch, err := perf.Fastest(alts, unbudgeted, gpu, fabric)
 	if err != nil {
 		fmt.Fprintf(stderr, "cnnc: %v\n", err)
 		return nil, false, exitError{exitModel}

@@ -68,23 +68,14 @@ func parseScaling(list string, nodes int) ([]int, error) {
 }
 
 // parallelPrediction is `cnnc plan --gpu NAME --gpus N`: the rank's plan
-// (chosen, whose launches ch predicts) with its buckets' all-reduces, and
-// one GPU's step at the rank's batch for the scaling efficiency.
-func parallelPrediction(path string, res *compiler.Result, cfg plan.Config, pf *planFlags, gpu perf.GPU, ch *perf.Choice, stderr io.Writer) (*perf.ParallelPrediction, error) {
-	fabric, err := perf.LookupFabric(pf.gpu, pf.interconnect, cfg.Ranks, pf.nnodes)
-	if err != nil {
-		fmt.Fprintf(stderr, "cnnc: --gpus %d --nnodes %d: %v\n", cfg.Ranks, pf.nnodes, err)
-		return nil, exitError{exitUsage}
-	}
-	pp, err := perf.ParallelStep(ch.Best, ch.Prediction, fabric)
-	if err != nil {
-		fmt.Fprintf(stderr, "cnnc: %v\n", err)
-		return nil, exitError{exitModel}
-	}
+// (chosen, with its buckets' all-reduces: ch.Parallel) beside one GPU's
+// step at the rank's batch for the scaling efficiency.
+func parallelPrediction(path string, res *compiler.Result, cfg plan.Config, gpu perf.GPU, ch *perf.Choice, stderr io.Writer) (*perf.ParallelPrediction, error) {
+	pp := ch.Parallel
 	one, oneCfg := *res, cfg
 	one.Train.Batch /= int64(cfg.Ranks)
 	oneCfg.Ranks, oneCfg.ShardOptimizer = 0, false
-	oneCh, _, err := fastestPlan(path, &one, oneCfg, gpu, stderr)
+	oneCh, _, err := fastestPlan(path, &one, oneCfg, gpu, nil, stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +110,7 @@ func runScaling(path string, res *compiler.Result, cfg plan.Config, pf *planFlag
 	perGPU := res.Train.Batch
 	oneCfg := cfg
 	oneCfg.Ranks, oneCfg.ShardOptimizer = 0, false // one GPU shares nothing
-	oneCh, _, err := fastestPlan(path, res, oneCfg, gpu, stderr)
+	oneCh, _, err := fastestPlan(path, res, oneCfg, gpu, nil, stderr)
 	if err != nil {
 		return err
 	}
@@ -135,16 +126,16 @@ func runScaling(path string, res *compiler.Result, cfg plan.Config, pf *planFlag
 		rank, rankCfg := *res, cfg
 		rank.Train.Batch = perGPU * int64(n)
 		rankCfg.Ranks = n
-		ch, err := scalingChoice(path, &rank, rankCfg, gpu, prev, stderr)
-		if err != nil {
-			return err
-		}
-		prev = ch
 		fabric, err := perf.LookupFabric(pf.gpu, pf.interconnect, n, pf.nnodes)
 		if err != nil {
 			fmt.Fprintf(stderr, "cnnc: --scaling: %v\n", err)
 			return exitError{exitUsage}
 		}
+		ch, err := scalingChoice(path, &rank, rankCfg, gpu, &fabric, prev, stderr)
+		if err != nil {
+			return err
+		}
+		prev = ch
 		pp, err := perf.ParallelStep(ch.Best, ch.Prediction, fabric)
 		if err != nil {
 			fmt.Fprintf(stderr, "cnnc: %v\n", err)
@@ -200,7 +191,7 @@ const shardScalingNote = "--shard-optimizer: from 2 GPUs each rank runs its shar
 // scalingChoice is the fastest rank plan for rankCfg; the previous
 // count's prediction is reused when its plan was the only one and this
 // count's launches are the same.
-func scalingChoice(path string, rank *compiler.Result, rankCfg plan.Config, gpu perf.GPU, prev *perf.Choice, stderr io.Writer) (*perf.Choice, error) {
+func scalingChoice(path string, rank *compiler.Result, rankCfg plan.Config, gpu perf.GPU, fabric *perf.Fabric, prev *perf.Choice, stderr io.Writer) (*perf.Choice, error) {
 	if prev != nil && len(prev.Considered) == 1 && prev.Unbudgeted == nil {
 		alts, unbudgeted, err := driver.Alternatives(rank, rankCfg, driver.CUDA)
 		if err != nil {
@@ -210,6 +201,6 @@ func scalingChoice(path string, rank *compiler.Result, rankCfg plan.Config, gpu 
 			return &perf.Choice{Best: alts[0], Prediction: prev.Prediction, Considered: prev.Considered}, nil
 		}
 	}
-	ch, _, err := fastestPlan(path, rank, rankCfg, gpu, stderr)
+	ch, _, err := fastestPlan(path, rank, rankCfg, gpu, fabric, stderr)
 	return ch, err
 }

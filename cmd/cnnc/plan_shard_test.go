@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -88,4 +89,40 @@ func TestBuildGPUPredictsTheShardedStep(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, "with its all-reduces overlapped with the backward pass (a prediction")
 	assert.NotContains(t, out, "parameter broadcasts")
+}
+
+// cnnc build --gpu NAME --gpus N --interconnect LINK judges the rank's
+// plans by their step with the all-reduces over LINK and prints the step
+// cnnc plan predicts for the same flags; the links' flags need --gpu and
+// --gpus, and are checked as cnnc plan checks them.
+func TestBuildGPUChoosesOnTheInterconnect(t *testing.T) {
+	nvcc.Require(t)
+	const mnist = "../../examples/mnist.cnn"
+	code, out, errOut := cnnc("plan", "--gpu", "h200", "--gpus", "2", "--interconnect", "pcie", "--json", mnist)
+	require.Equal(t, 0, code, errOut)
+	var p struct {
+		Step float64 `json:"predicted_step_seconds"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &p))
+	dir := t.TempDir()
+	code, out, errOut = cnnc("build", "--gpu", "h200", "--gpus", "2", "--interconnect", "pcie", "--emit-cuda", dir, mnist)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "predicted data-parallel step on 2 GPUs over PCIe Gen5 x16")
+	assert.Contains(t, out, fmt.Sprintf(": %.1f µs with its all-reduces", 1e6*p.Step))
+	assert.Contains(t, out, "cnnc plan --gpu h200 --gpus 2 --interconnect pcie shows it")
+
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--interconnect", "pcie", "--emit-cuda", dir}, "--interconnect and --nnodes describe the all-reduce's links for the performance model: they need --gpu and --gpus N"},
+		{[]string{"--gpu", "h200", "--nnodes", "2", "--emit-cuda", dir}, "they need --gpu and --gpus N"},
+		{[]string{"--gpu", "h200", "--gpus", "2", "--interconnect", "infiniband", "--emit-cuda", dir}, `--interconnect "infiniband": want nvlink, pcie or ib`},
+		{[]string{"--gpu", "h200", "--gpus", "4", "--nnodes", "3", "--emit-cuda", dir}, "--gpus 4: the GPUs do not split evenly over --nnodes 3 machines"},
+		{[]string{"--gpu", "l4", "--gpus", "2", "--interconnect", "nvlink", "--emit-cuda", dir}, "the L4 has no NVLink (use pcie)"},
+	} {
+		code, _, errOut := cnnc(append([]string{"build", mnist}, c.args...)...)
+		assert.Equal(t, 2, code, "%v: %s", c.args, errOut)
+		assert.Contains(t, errOut, c.msg, "%v", c.args)
+	}
 }

@@ -10,11 +10,16 @@ import (
 // Choice is the performance model's pick among the plans that meet a
 // memory budget (driver.Alternatives): the fastest predicted step, ties
 // going to the smaller peak, then to the earlier alternative (the
-// planner's own choice comes first).
+// planner's own choice comes first). For a data-parallel rank on a known
+// fabric the step compared is the rank's with its all-reduces (and a
+// sharded optimizer's broadcasts): a plan whose backward pass hides them
+// better may win over one whose launches alone are faster.
 type Choice struct {
-	// Best is the chosen plan and Prediction its step.
+	// Best is the chosen plan and Prediction its step; Parallel is its
+	// data-parallel step when Fastest was given a fabric.
 	Best       *trainergen.Compiled `json:"-"`
 	Prediction *Prediction          `json:"-"`
+	Parallel   *ParallelPrediction  `json:"-"`
 	// Considered are all alternatives, in the order given; Chosen marks Best.
 	Considered []Considered `json:"alternatives"`
 	// Unbudgeted is the plan without the budget (nil when there is none),
@@ -32,38 +37,71 @@ type Considered struct {
 	PeakBytes            int64   `json:"peak_bytes"`
 	Launches             int     `json:"launches"`
 	PredictedStepSeconds float64 `json:"predicted_step_seconds"`
-	Chosen               bool    `json:"chosen,omitempty"`
+	// DataParallelStepSeconds is the rank's step with its collectives on
+	// the fabric Fastest was given (0 without one); the choice compares it
+	// when set.
+	DataParallelStepSeconds float64 `json:"data_parallel_step_seconds,omitempty"`
+	Chosen                  bool    `json:"chosen,omitempty"`
+}
+
+// step is the step the choice compares.
+func (c Considered) step() float64 {
+	if c.DataParallelStepSeconds > 0 {
+		return c.DataParallelStepSeconds
+	}
+	return c.PredictedStepSeconds
 }
 
 // Fastest predicts every alternative (and the unbudgeted plan, when given)
-// on gpu and returns the choice.
-func Fastest(alts []*trainergen.Compiled, unbudgeted *trainergen.Compiled, gpu GPU) (*Choice, error) {
+// on gpu and returns the choice. With a fabric (nil: none) the
+// alternatives must be ranks of a data-parallel plan on it, and each is
+// judged by its data-parallel step (ParallelStep).
+func Fastest(alts []*trainergen.Compiled, unbudgeted *trainergen.Compiled, gpu GPU, fabric *Fabric) (*Choice, error) {
 	if len(alts) == 0 {
 		return nil, fmt.Errorf("perf: no plan to choose from")
 	}
 	ch := &Choice{}
 	preds := make([]*Prediction, len(alts))
+	pars := make([]*ParallelPrediction, len(alts))
 	for i, comp := range alts {
-		p, err := Predict(comp, gpu)
+		c, p, pp, err := consider(comp, gpu, fabric)
 		if err != nil {
 			return nil, err
 		}
-		preds[i] = p
-		ch.Considered = append(ch.Considered, summarise(comp, p))
+		preds[i], pars[i] = p, pp
+		ch.Considered = append(ch.Considered, c)
 	}
 	best := fastest(ch.Considered)
-	ch.Best, ch.Prediction = alts[best], preds[best]
+	ch.Best, ch.Prediction, ch.Parallel = alts[best], preds[best], pars[best]
 	ch.Considered[best].Chosen = true
 	if unbudgeted != nil {
-		p, err := Predict(unbudgeted, gpu)
+		u, _, _, err := consider(unbudgeted, gpu, fabric)
 		if err != nil {
 			return nil, err
 		}
-		u := summarise(unbudgeted, p)
 		ch.Unbudgeted = &u
-		ch.BudgetCostSeconds = ch.Prediction.PredictedStepSeconds - p.PredictedStepSeconds
+		ch.BudgetCostSeconds = ch.Considered[best].step() - u.step()
 	}
 	return ch, nil
+}
+
+// consider predicts one plan on gpu, and with a fabric its data-parallel
+// step too.
+func consider(comp *trainergen.Compiled, gpu GPU, fabric *Fabric) (Considered, *Prediction, *ParallelPrediction, error) {
+	p, err := Predict(comp, gpu)
+	if err != nil {
+		return Considered{}, nil, nil, err
+	}
+	c := summarise(comp, p)
+	if fabric == nil {
+		return c, p, nil, nil
+	}
+	pp, err := ParallelStep(comp, p, *fabric)
+	if err != nil {
+		return Considered{}, nil, nil, err
+	}
+	c.DataParallelStepSeconds = pp.PredictedStepSeconds
+	return c, p, pp, nil
 }
 
 // fastest is the index of the alternative with the shortest predicted
@@ -72,8 +110,7 @@ func fastest(cs []Considered) int {
 	best := 0
 	for i, c := range cs {
 		b := cs[best]
-		if c.PredictedStepSeconds < b.PredictedStepSeconds ||
-			c.PredictedStepSeconds == b.PredictedStepSeconds && c.PeakBytes < b.PeakBytes {
+		if c.step() < b.step() || c.step() == b.step() && c.PeakBytes < b.PeakBytes {
 			best = i
 		}
 	}
@@ -94,11 +131,20 @@ func (ch *Choice) WriteChoice(w io.Writer, gpu string, budget int64) {
 		if c.Chosen {
 			mark = "*"
 		}
-		fmt.Fprintf(w, "  %s %-11s peak %8.2f MB  %4d launches  %9.1f µs  %s\n", mark, c.Strategy, float64(c.PeakBytes)/1e6, c.Launches, 1e6*c.PredictedStepSeconds, c.How)
+		fmt.Fprintf(w, "  %s %-11s peak %8.2f MB  %4d launches  %9.1f µs%s  %s\n", mark, c.Strategy, float64(c.PeakBytes)/1e6, c.Launches, 1e6*c.step(), dataParallelWords(c), c.How)
 	}
 	if u := ch.Unbudgeted; u != nil {
-		fmt.Fprintf(w, "  without the budget: peak %.2f MB, %d launches, %.1f µs: the budget costs %+.1f µs a step (%+.0f%%)\n",
-			float64(u.PeakBytes)/1e6, u.Launches, 1e6*u.PredictedStepSeconds, 1e6*ch.BudgetCostSeconds, 100*ch.BudgetCostSeconds/u.PredictedStepSeconds)
+		fmt.Fprintf(w, "  without the budget: peak %.2f MB, %d launches, %.1f µs%s: the budget costs %+.1f µs a step (%+.0f%%)\n",
+			float64(u.PeakBytes)/1e6, u.Launches, 1e6*u.step(), dataParallelWords(*u), 1e6*ch.BudgetCostSeconds, 100*ch.BudgetCostSeconds/u.step())
 	}
 	fmt.Fprintln(w)
+}
+
+// dataParallelWords says, for a rank judged by its data-parallel step,
+// what its launches alone take.
+func dataParallelWords(c Considered) string {
+	if c.DataParallelStepSeconds == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" with its collectives (launches %.1f µs)", 1e6*c.PredictedStepSeconds)
 }

@@ -20,3 +20,14 @@ func TestFastestAlternative(t *testing.T) {
 	assert.Equal(t, 0, fastest([]Considered{planner, micro}), "then to the planner's choice")
 	assert.Equal(t, 0, fastest([]Considered{planner}))
 }
+
+// A data-parallel rank is judged by its step with the collectives: a plan
+// whose launches are slower but hide the all-reduces better wins.
+func TestFastestDataParallelStep(t *testing.T) {
+	hides := Considered{Strategy: "recompute", PeakBytes: 40e6, PredictedStepSeconds: 900e-6, DataParallelStepSeconds: 950e-6}
+	exposes := Considered{Strategy: "micro-batch", PeakBytes: 40e6, PredictedStepSeconds: 800e-6, DataParallelStepSeconds: 1100e-6}
+	assert.Equal(t, 0, fastest([]Considered{hides, exposes}))
+	assert.Equal(t, 1, fastest([]Considered{exposes, hides}))
+	exposes.DataParallelStepSeconds = 0 // no fabric: the launches' step
+	assert.Equal(t, 800e-6, exposes.step())
+}
