@@ -727,6 +727,14 @@ var ConvPoolCases = []ConvPool{
 	{C: 3, H: 6, W: 5, Out: 5, K: k2, S: s2, P: p0, Bias: true, Pool: Window([2]int64{2, 1}, [2]int64{2, 1}, p0)},
 }
 
+// ConvTanhPoolCasesWithLeNet are ConvPoolCases and LeNet-5's two blocks
+// (examples/lenet5.cnn: conv1 on the image recomputing t, conv2 saving it).
+func ConvTanhPoolCasesWithLeNet() []ConvPool {
+	return append(append([]ConvPool{}, ConvPoolCases...),
+		ConvPool{C: 1, H: 28, W: 28, U8: true, Out: 6, K: k5, S: s1, P: [2]int64{2, 2}, Bias: true, Pool: Window(k2, s2, p0)},
+		ConvPool{C: 6, H: 14, W: 14, Out: 16, K: k5, S: s1, P: p0, Bias: true, Pool: Window(k2, s2, p0), SaveAct: true})
+}
+
 func (c ConvPool) attrs() ir.Attrs {
 	return ir.Attrs{Out: c.Out, Kernel: c.K, Stride: c.S, Pad: c.P, Bias: c.Bias, Pool: c.Pool, SaveAct: c.SaveAct}
 }
