@@ -85,6 +85,9 @@ func newConvPoolData(n *ir.Node, x ir.Type, batch int64) (*convPoolData, error) 
 	if d.Bias {
 		d.WE += d.O
 	}
+	if d.K > ops.MaxConvTanhPoolTaps || d.O > 65535 {
+		return nil, fmt.Errorf("codegen: %s: conv_pool blocks take weight rows of at most %d taps and 65535 channels", n.Text(), ops.MaxConvTanhPoolTaps)
+	}
 	d.PooledElems, d.ConvElems, d.InElems = batch*d.O*d.PHWO, batch*d.O*d.HWO, batch*d.C*d.HW
 	d.T = convPoolThreads
 	d.RPT = divUp(d.K+1, d.T)

@@ -234,14 +234,15 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 // its input needs a gradient (it does not read the image): otherwise the
 // weight gradient recomputes it, and neither the conv output nor its
 // gradient ever exists. An augmented image stays with the conv blocks,
-// whose loads apply the augmentation.
+// whose loads apply the augmentation, and so does a conv with a weight row
+// longer than ops.MaxConvTanhPoolTaps.
 func (f *fuser) convTanhPool(n *ir.Node) *ir.Node {
 	t := f.only(n.Out(), ops.Tanh)
 	if t == nil {
 		return nil
 	}
 	p := f.only(t.Out(), ir.OpAvgPool2D)
-	if p == nil || (n.Ins[0] == f.image && f.aug != nil) {
+	if p == nil || (n.Ins[0] == f.image && f.aug != nil) || convTaps(n) > ops.MaxConvTanhPoolTaps {
 		return nil
 	}
 	a := ir.Attrs{Out: n.Attrs.Out, Kernel: n.Attrs.Kernel, Stride: n.Attrs.Stride, Pad: n.Attrs.Pad, Bias: len(n.Ins) > 2,
@@ -260,6 +261,17 @@ func (f *fuser) convTanhPool(n *ir.Node) *ir.Node {
 		b.Outs[1].Pos = t.Out().Pos
 	}
 	return b
+}
+
+// convTaps is conv n's weight row length: its input channels (u8 HWC
+// images: the last dimension) times its kernel window.
+func convTaps(n *ir.Node) int64 {
+	x := n.Ins[0].Type
+	c := x.Dims[0]
+	if x.DType == ir.U8 {
+		c = x.Dims[len(x.Dims)-1]
+	}
+	return c * n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
 }
 
 // replaceOutput makes block b's outputs stand for last's output: later

@@ -26,6 +26,12 @@ import (
 // gradients (separate updates follow). Kernels: codegen/conv_pool.go
 // (templates/conv_pool.cu.tmpl) and the CPU target's conv_pool.go.
 
+// MaxConvTanhPoolTaps is the longest weight row (input channels x kernel
+// window) the fuse pass gives a conv2d_tanh_avgpool block: its direct
+// kernels, meant for LeNet-sized layers, keep a weight-gradient thread's
+// sums of a row in registers (codegen/conv_pool.go).
+const MaxConvTanhPoolTaps = 1024
+
 var attrAvgPool = ir.AttrSpec{Name: "pool", Text: func(a *ir.Attrs) string {
 	if a.Pool == nil {
 		return "none"
