@@ -727,12 +727,18 @@ var ConvPoolCases = []ConvPool{
 	{C: 3, H: 6, W: 5, Out: 5, K: k2, S: s2, P: p0, Bias: true, Pool: Window([2]int64{2, 1}, [2]int64{2, 1}, p0)},
 }
 
-// ConvTanhPoolCasesWithLeNet are ConvPoolCases and LeNet-5's two blocks
-// (examples/lenet5.cnn: conv1 on the image recomputing t, conv2 saving it).
-func ConvTanhPoolCasesWithLeNet() []ConvPool {
+// ConvTanhPoolPtxasCases are ConvPoolCases, LeNet-5's two blocks
+// (examples/lenet5.cnn: conv1 on the image recomputing t, conv2 saving it)
+// and the longest weight row the fuse pass fuses (ops.MaxConvTanhPoolTaps:
+// 64 channels x 4x4), recomputing and saving.
+func ConvTanhPoolPtxasCases() []ConvPool {
+	long := ConvPool{C: 64, H: 7, W: 7, Out: 3, K: [2]int64{4, 4}, S: s1, P: p0, Bias: true, Pool: Window(k2, s2, p0)}
+	longSaved := long
+	longSaved.SaveAct = true
 	return append(append([]ConvPool{}, ConvPoolCases...),
 		ConvPool{C: 1, H: 28, W: 28, U8: true, Out: 6, K: k5, S: s1, P: [2]int64{2, 2}, Bias: true, Pool: Window(k2, s2, p0)},
-		ConvPool{C: 6, H: 14, W: 14, Out: 16, K: k5, S: s1, P: p0, Bias: true, Pool: Window(k2, s2, p0), SaveAct: true})
+		ConvPool{C: 6, H: 14, W: 14, Out: 16, K: k5, S: s1, P: p0, Bias: true, Pool: Window(k2, s2, p0), SaveAct: true},
+		long, longSaved)
 }
 
 func (c ConvPool) attrs() ir.Attrs {
