@@ -40,6 +40,8 @@ func TestPlansPassNoAliasedRestrictPointers(t *testing.T) {
 		// over the recomputed values
 		{"../examples/vgg_small.cnn", 16, plan.Config{}},
 		{"../examples/mobilenet_small.cnn", 16, plan.Config{}},
+		// conv2d_tanh_avgpool blocks, with and without their tanh output
+		{"../examples/lenet5.cnn", 64, plan.Config{}},
 	} {
 		src, err := os.ReadFile(c.file)
 		require.NoError(t, err)

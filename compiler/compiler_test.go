@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/dsl"
 )
 
@@ -342,5 +343,43 @@ func TestLargePoolWindowsAreNotFused(t *testing.T) {
 			}
 		}
 		assert.Equal(t, !c.fused, pools == 1, c.kernel)
+	}
+}
+
+// conv2d -> tanh -> avgpool2d fuses into one conv2d_tanh_avgpool block
+// while the weight row has at most ops.MaxConvTanhPoolTaps taps (32·32 =
+// 1024), saving its tanh output only when its input needs a gradient; a
+// longer row, a tanh or conv output with another reader, or an augmented
+// image keeps the unfused nodes (a conv2d_block, tanh, avgpool2d).
+func TestConvTanhAvgPoolFusion(t *testing.T) {
+	for _, c := range []struct {
+		name, body, data string
+		fused, saved     []string // the conv2d_tanh_avgpool layers, and those that save t
+	}{
+		{"lenet5-like", "  c1 = conv2d(image, out=4, kernel=3)\n  a = avgpool(tanh(c1), kernel=2)\n  c2 = conv2d(a, out=5, kernel=3)\n  b = avgpool(tanh(c2), kernel=2)\n  f = linear(flatten(b), out=10)\n",
+			"", []string{"c1", "c2"}, []string{"c2"}},
+		{"1024 taps", "  a = relu(conv2d(image, out=32, kernel=3, padding=1))\n  c2 = conv2d(a, out=2, kernel=[4, 8])\n  b = avgpool(tanh(c2), kernel=2)\n  f = linear(flatten(b), out=10)\n",
+			"", []string{"c2"}, []string{"c2"}},
+		{"1056 taps", "  a = relu(conv2d(image, out=33, kernel=3, padding=1))\n  c2 = conv2d(a, out=2, kernel=[4, 8])\n  b = avgpool(tanh(c2), kernel=2)\n  f = linear(flatten(b), out=10)\n",
+			"", nil, nil},
+		{"tanh read twice", "  c = conv2d(image, out=4, kernel=3)\n  h = tanh(c)\n  a = avgpool(h, kernel=2)\n  f = linear(flatten(add(a, maxpool(h, kernel=2))), out=10)\n",
+			"", nil, nil},
+		{"augmented image", "  c1 = conv2d(image, out=4, kernel=3)\n  a = avgpool(tanh(c1), kernel=2)\n  f = linear(flatten(a), out=10)\n",
+			"data {\n  train = mnist(\"d\")\n  augment = [random_crop(size=[12, 12], padding=1)]\n}\n", nil, nil},
+	} {
+		src := "model M(image: f32[1,12,12], label: class[10]) {\n" + c.body + "  loss = cross_entropy(f, label)\n}\n" + c.data
+		res, err := CompileSource("m.cnn", []byte(src), Options{AfterPass: verifyAfter(t)})
+		require.NoError(t, err, c.name)
+		var fused, saved []string
+		for _, n := range res.Graph.Nodes {
+			if n.Op == ops.ConvTanhPoolOp {
+				fused = append(fused, n.Name)
+				if n.Attrs.SaveAct {
+					saved = append(saved, n.Name)
+				}
+			}
+		}
+		assert.Equal(t, c.fused, fused, c.name)
+		assert.Equal(t, c.saved, saved, c.name)
 	}
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/cnnc/cnnc/compiler/augment"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // fusePass rewrites the training step into fused kernels.
@@ -13,7 +14,11 @@ import (
 // full-resolution conv output never exists; a pooled block saves its
 // pooled output and a packed argmax) unless the conv is grouped or dilated
 // (then it runs its own direct kernels, and its parameters a separate
-// update), linear [-> relu] one linear_block,
+// update); conv2d -> tanh -> avgpool2d becomes one conv2d_tanh_avgpool
+// (compiler/ops/conv_tanh_pool.go: the pooled output, plus the tanh
+// output only when the conv's input needs a gradient — reading the image,
+// the weight gradient recomputes it; its parameters get separate updates),
+// linear [-> relu] one linear_block,
 // cross_entropy one softmax_cross_entropy that also writes the logits'
 // gradient. Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
@@ -144,7 +149,9 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 	var out *ir.Node
 	switch {
 	case fusableConv(n):
-		out = f.convBlock(n)
+		if out = f.convTanhPool(n); out == nil {
+			out = f.convBlock(n)
+		}
 	case n.Op == ir.OpLinear:
 		out = f.linearBlock(n)
 	case n.Op == ir.OpCrossEntropy:
@@ -219,6 +226,52 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	b.Attrs = a
 	f.replaceOutput(last, b)
 	return b
+}
+
+// convTanhPool fuses conv2d -> tanh -> avgpool2d (each the only reader of
+// the one before) into one conv2d_tanh_avgpool block, or returns nil. The
+// block saves its full-resolution tanh output for the backward only when
+// its input needs a gradient (it does not read the image): otherwise the
+// weight gradient recomputes it, and neither the conv output nor its
+// gradient ever exists. An augmented image stays with the conv blocks,
+// whose loads apply the augmentation, and so does a conv with a weight row
+// longer than ops.MaxConvTanhPoolTaps.
+func (f *fuser) convTanhPool(n *ir.Node) *ir.Node {
+	t := f.only(n.Out(), ops.Tanh)
+	if t == nil {
+		return nil
+	}
+	p := f.only(t.Out(), ir.OpAvgPool2D)
+	if p == nil || (n.Ins[0] == f.image && f.aug != nil) || convTaps(n) > ops.MaxConvTanhPoolTaps {
+		return nil
+	}
+	a := ir.Attrs{Out: n.Attrs.Out, Kernel: n.Attrs.Kernel, Stride: n.Attrs.Stride, Pad: n.Attrs.Pad, Bias: len(n.Ins) > 2,
+		Pool: &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}}
+	a.SaveAct = n.Ins[0] != f.image && !f.g.ForwardOnly()
+	ins := append([]*ir.Value{f.val(n.Ins[0])}, n.Ins[1:]...)
+	outs := []string{p.Out().Name}
+	if a.SaveAct {
+		outs = append(outs, t.Out().Name)
+	}
+	b := f.g.NewNode(ops.ConvTanhPoolOp, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
+	b.Attrs = a
+	f.absorbed[t], f.absorbed[p] = true, true
+	f.replaceOutput(p, b)
+	if a.SaveAct {
+		b.Outs[1].Pos = t.Out().Pos
+	}
+	return b
+}
+
+// convTaps is conv n's weight row length: its input channels (u8 HWC
+// images: the last dimension) times its kernel window.
+func convTaps(n *ir.Node) int64 {
+	x := n.Ins[0].Type
+	c := x.Dims[0]
+	if x.DType == ir.U8 {
+		c = x.Dims[len(x.Dims)-1]
+	}
+	return c * n.Attrs.Kernel[0] * n.Attrs.Kernel[1]
 }
 
 // replaceOutput makes block b's outputs stand for last's output: later

@@ -262,3 +262,13 @@ func TestDirectConvTasksOfSeveralPlanes(t *testing.T) {
 	require.Len(t, prog.Launches, 3, c.String())
 	assert.Equal(t, []uint32{27, 18, 18}, []uint32{prog.Launches[0].Grid[0], prog.Launches[1].Grid[0], prog.Launches[2].Grid[0]})
 }
+
+// The conv2d -> tanh -> avgpool2d block's kernels (kernelcases.ConvPoolCases: forward with and
+// without the saved tanh output, input gradient, weight gradient reading t or recomputing it),
+// at batches 1 and 3.
+func TestConvTanhPoolKernels(t *testing.T) {
+	for bi, batch := range []int64{1, 3} {
+		worst := checkCases(t, batch, 41+uint64(bi), kernelcases.ConvPoolChecks(t))
+		assert.Less(t, worst, kernelcheck.Tolerance)
+	}
+}

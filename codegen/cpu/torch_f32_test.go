@@ -36,6 +36,7 @@ const f32TwinLR = 0.005
 var f32Twins = []f32Twin{
 	{"vgg_small.cnn", "vgg_small", 4, 1, 3},             // batch norm, max-pool, dropout
 	{"mobilenet_small.cnn", "mobilenet_small", 4, 1, 3}, // batch norm, depthwise (grouped) convs, hardswish
+	{"lenet5.cnn", "lenet5", 4, 1, 3},                   // conv2d_tanh_avgpool blocks (t recomputed, t saved), tanh
 	// Not resnet18: at the batch this test can afford (2) its float32 training is
 	// ill-conditioned (TestExamplesFloat32InPyTorch's batch norm point)
 }
@@ -64,8 +65,8 @@ var f32Twins = []f32Twin{
 //     nodes before it: 8·u·S, S = Σ sqrt(K) over the step's nodes (reductionSum: K a node's
 //     FLOPs over twice the elements it writes). vgg_small at batch 4: S = 741 (its longest
 //     reductions conv2's weight gradient over 4·32·32 = 4,096 positions and fc1's 2,048
-//     inputs), 3.5e-4 a step; mobilenet_small at batch 4: S = 583, 2.8e-4 (the test logs
-//     each S).
+//     inputs), 3.5e-4 a step; mobilenet_small at batch 4: S = 583, 2.8e-4; lenet5 at batch
+//     4: S = 222, 1.1e-4 (the test logs each S).
 //   - Over N steps the differences accumulate, each step's update being lr times a gradient
 //     that differs by that much relative: N·8·u·S after N steps, the loss of step s (0-based)
 //     within s+1 steps' worth — provided a parameter difference does not grow through the next
@@ -93,7 +94,7 @@ var f32Twins = []f32Twin{
 // against a bound of 8.3e-4.
 func TestExamplesFloat32InPyTorch(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: two models' float32 steps on the CPU target and in PyTorch (about a minute with the kernels cached)")
+		t.Skip("-short: three models' float32 steps on the CPU target and in PyTorch (about a minute with the kernels cached)")
 	}
 	torchtest.Require(t)
 	for _, tw := range f32Twins {

@@ -16,6 +16,9 @@ import "fmt"
 //	linear_block_grad_weight(dOut, x, y?, [w, b?, state...]) -> dW, dB? (nothing when fused)
 //	softmax_cross_entropy(logits, label)                 -> loss, dlogits, correct
 //
+// and conv2d_tanh_avgpool with its gradients, whose layouts its file
+// (compiler/ops/conv_tanh_pool.go) gives: x, w, b? -> pooled, t? forward.
+//
 // argmax is present iff the block has a pool epilogue; y (the block's saved
 // output, for the ReLU mask) iff relu && !masked; xmask (the block input,
 // whose producer's ReLU mask is applied to dX) iff maskout. The gradient of

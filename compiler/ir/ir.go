@@ -344,6 +344,10 @@ type Attrs struct {
 	// NoArgmax: a pooled block of an inference graph keeps no argmax (no
 	// backward reads it).
 	NoArgmax bool
+	// SaveAct: a conv2d_tanh_avgpool block also writes its full-resolution
+	// tanh output, which its backward reads (its input needs a gradient);
+	// without it the backward recomputes the conv.
+	SaveAct bool
 
 	// Smoothing is cross_entropy's label smoothing ε in [0,1): the target
 	// is (1-ε)·onehot(label) + ε/classes, as PyTorch's label_smoothing.

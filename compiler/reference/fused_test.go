@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 func pixelBatch(g *ir.Graph, n int, rng *rand.Rand) Batch {
@@ -99,6 +100,19 @@ train { optimizer = sgd(lr=0.2) }
 }
 train { optimizer = sgd(lr=0.1, momentum=0.9) }
 `,
+		// LeNet-5's layers on odd shapes: the image's block recomputes its
+		// tanh output in the weight gradient; the second block, whose input
+		// needs a gradient, saves it (an overlapping, padded pool); no bias
+		"tanh avgpool blocks": `model T(image: f32[2,11,9], label: class[4]) {
+    c1 = conv2d(image, out=3, kernel=3, padding=1)
+    p1 = avgpool(tanh(c1), kernel=2)
+    c2 = conv2d(p1, out=5, kernel=[2,3], padding=[0,1], bias=false)
+    p2 = avgpool(tanh(c2), kernel=3, stride=2, padding=1)
+    o  = linear(flatten(p2), out=4)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.2, momentum=0.9) }
+`,
 		"label smoothing": `model L(image: f32[1,5,6], label: class[4]) {
     c = conv2d(image, out=2, kernel=3, padding=1)
     o = linear(flatten(relu(c)), out=4)
@@ -113,7 +127,7 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 			fused := compileWith(t, src)
 			hasFused := false
 			for _, n := range fused.Nodes {
-				if n.Op == ir.OpConvBlock || n.Op == ir.OpLinearBlock {
+				if n.Op == ir.OpConvBlock || n.Op == ir.OpLinearBlock || n.Op == ops.ConvTanhPoolOp {
 					hasFused = true
 				}
 			}
@@ -127,6 +141,17 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 					}
 				}
 				assert.Equal(t, 2, masked, "c2's and o's input gradients take r1's and r2's masks")
+			}
+			if name == "tanh avgpool blocks" {
+				var saves []bool
+				for _, n := range fused.Nodes {
+					assert.NotEqual(t, ops.Tanh, n.Op, n.Text())
+					assert.NotEqual(t, ir.OpAvgPool2D, n.Op, n.Text())
+					if n.Op == ops.ConvTanhPoolOp {
+						saves = append(saves, n.Attrs.SaveAct)
+					}
+				}
+				assert.Equal(t, []bool{false, true}, saves, "c1 (the image's) recomputes, c2 saves its tanh output")
 			}
 			eu, ef := New(unfused, 7), New(fused, 7)
 			rng := rand.New(rand.NewPCG(5, 6))

@@ -11,6 +11,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/runtime/device"
@@ -18,7 +19,7 @@ import (
 
 // AccumulatingNodes are nodes whose kernels a micro-batch loop's steps run in their accumulating
 // form (codegen.Options.Accumulate: each adds its share to what its outputs hold): the conv
-// block's and the linear block's weight gradients, a grouped, dilated, strided conv's weight and
+// block's, the conv2d_tanh_avgpool block's and the linear block's weight gradients, a grouped, dilated, strided conv's weight and
 // bias gradients (the direct kernels), and the loss and correct count, plain and with label
 // smoothing (whose dlogits are written, not added).
 func AccumulatingNodes(t testing.TB) []*ir.Node {
@@ -29,6 +30,7 @@ func AccumulatingNodes(t testing.TB) []*ir.Node {
 	conv := ir.Attrs{Out: 4, Kernel: k3, Stride: s1, Pad: p1, Bias: true, ReLU: true, Pool: pool, DOutMasked: true}
 	direct := ir.Attrs{Out: 6, Kernel: k3, Stride: [2]int64{2, 1}, Pad: [2]int64{1, 2}, Dilation: [2]int64{1, 2}, Groups: 3}
 	dy := val("dy3", ir.F32Batched(6, 5, 7))
+	tpool := ir.Attrs{Out: 3, Kernel: k3, Stride: s1, Pad: p1, Bias: true, Pool: pool} // conv2d_tanh_avgpool, t recomputed
 	return []*ir.Node{
 		Typed(t, g, ir.OpConvBlockGradWeight, "conv", conv,
 			[]*ir.Value{val("dpool", ir.F32Batched(4, 4, 3)), val("x", ir.F32Batched(5, 9, 7)), val("am", ir.ArgmaxType(4, 4, 4, 3))}, "dw", "db"),
@@ -36,6 +38,9 @@ func AccumulatingNodes(t testing.TB) []*ir.Node {
 			[]*ir.Value{val("dy", ir.F32Batched(6)), val("h", ir.F32Batched(17))}, "dw2", "db2"),
 		Typed(t, g, ir.OpConv2DGradWeight, "dconv", direct, []*ir.Value{dy, val("x3", ir.F32Batched(9, 9, 7))}, "dw3"),
 		Typed(t, g, ir.OpConv2DGradBias, "dconv", ir.Attrs{}, []*ir.Value{dy}, "db3"),
+		Typed(t, g, ops.ConvTanhPoolGradWeightOp, "tconv", tpool,
+			[]*ir.Value{val("dtpool", ir.F32Batched(3, 3, 3)), val("x4", ir.F32Batched(2, 7, 6)), val("w4", ir.F32Fixed(3, 2, 3, 3)), val("b4", ir.F32Fixed(3))},
+			"dw4", "db4"),
 		Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{val("logits", ir.F32Batched(7)), label("label")}, "l", "dl", "c"),
 		Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: 0.2},
 			[]*ir.Value{val("logits2", ir.F32Batched(7)), label("label2")}, "l2", "dl2", "c2"),

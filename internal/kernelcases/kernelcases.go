@@ -697,3 +697,117 @@ func ClipChecks(t testing.TB, variant int) []Case {
 	}
 	return cases
 }
+
+// ConvPool is a conv2d -> tanh -> avgpool2d block configuration (ops.ConvTanhPoolOp).
+type ConvPool struct {
+	C, H, W   int64
+	U8        bool // the input is the u8 [H,W,C] image
+	Out       int64
+	K, S, P   [2]int64
+	Bias      bool
+	Pool      *ir.Window
+	SaveAct   bool
+	ValidOnly bool // no gradient: forward only
+}
+
+func (c ConvPool) String() string {
+	return fmt.Sprintf("x%dx%dx%d u8=%v o%d k%v s%v p%v bias=%v avg%v save=%v", c.C, c.H, c.W, c.U8, c.Out, c.K, c.S, c.P, c.Bias, *c.Pool, c.SaveAct)
+}
+
+// ConvPoolCases are odd shapes: windows that leave conv outputs outside
+// every pool window (their gradient is 0), overlapping padded pools,
+// strides, u8 images, a weight row longer than the weight-gradient
+// kernel's block (K + 1 > 128), more positions than its splits' chunks.
+var ConvPoolCases = []ConvPool{
+	{C: 1, H: 7, W: 6, U8: true, Out: 3, K: k3, S: s1, P: p1, Bias: true, Pool: Window(k2, s2, p0)},
+	{C: 1, H: 30, W: 29, U8: true, Out: 2, K: k5, S: s1, P: [2]int64{2, 2}, Bias: true, Pool: Window(k2, s2, p0)},
+	{C: 2, H: 7, W: 9, Out: 4, K: [2]int64{2, 3}, S: [2]int64{1, 2}, P: [2]int64{0, 1}, Pool: Window(k3, s2, p1), SaveAct: true},
+	{C: 6, H: 9, W: 8, Out: 3, K: k5, S: s1, P: [2]int64{2, 2}, Bias: true, Pool: Window(k2, s2, p0), SaveAct: true},
+	{C: 6, H: 9, W: 8, Out: 3, K: k5, S: s1, P: [2]int64{2, 2}, Bias: true, Pool: Window(k2, s2, p0)},
+	{C: 3, H: 6, W: 5, Out: 5, K: k2, S: s2, P: p0, Bias: true, Pool: Window([2]int64{2, 1}, [2]int64{2, 1}, p0)},
+}
+
+// ConvTanhPoolPtxasCases are ConvPoolCases, LeNet-5's two blocks
+// (examples/lenet5.cnn: conv1 on the image recomputing t, conv2 saving it)
+// and the longest weight row the fuse pass fuses (ops.MaxConvTanhPoolTaps:
+// 64 channels x 4x4), recomputing and saving.
+func ConvTanhPoolPtxasCases() []ConvPool {
+	long := ConvPool{C: 64, H: 7, W: 7, Out: 3, K: [2]int64{4, 4}, S: s1, P: p0, Bias: true, Pool: Window(k2, s2, p0)}
+	longSaved := long
+	longSaved.SaveAct = true
+	return append(append([]ConvPool{}, ConvPoolCases...),
+		ConvPool{C: 1, H: 28, W: 28, U8: true, Out: 6, K: k5, S: s1, P: [2]int64{2, 2}, Bias: true, Pool: Window(k2, s2, p0)},
+		ConvPool{C: 6, H: 14, W: 14, Out: 16, K: k5, S: s1, P: p0, Bias: true, Pool: Window(k2, s2, p0), SaveAct: true},
+		long, longSaved)
+}
+
+func (c ConvPool) attrs() ir.Attrs {
+	return ir.Attrs{Out: c.Out, Kernel: c.K, Stride: c.S, Pad: c.P, Bias: c.Bias, Pool: c.Pool, SaveAct: c.SaveAct}
+}
+
+// ConvPoolNodes builds c's forward node, its input gradient (with save)
+// and its weight gradient, each in a graph of its own.
+func ConvPoolNodes(t testing.TB, c ConvPool) []*ir.Node {
+	t.Helper()
+	xt := ir.F32Batched(c.C, c.H, c.W)
+	if c.U8 {
+		xt = ir.ImageU8Type(xt)
+	}
+	wt := ir.F32Fixed(c.Out, c.C, c.K[0], c.K[1])
+	bt := ir.F32Fixed(c.Out)
+	a := c.attrs()
+	g := ir.NewGraph("T")
+	val := func(name string, t ir.Type) *ir.Value { return g.NewValue(name, t, ir.RoleActivation, dsl.Pos{}) }
+	ins := []*ir.Value{val("x", xt), val("w", wt)}
+	if c.Bias {
+		ins = append(ins, val("b", bt))
+	}
+	outs := []string{"pooled"}
+	if c.SaveAct {
+		outs = append(outs, "t")
+	}
+	fwd := Typed(t, g, ops.ConvTanhPoolOp, "conv", a, ins, outs...)
+	nodes := []*ir.Node{fwd}
+	if c.ValidOnly {
+		return nodes
+	}
+	pooled := fwd.Outs[0].Type
+	var convT ir.Type
+	if c.SaveAct {
+		convT = fwd.Outs[1].Type
+		g := ir.NewGraph("T")
+		val := func(name string, t ir.Type) *ir.Value { return g.NewValue(name, t, ir.RoleActivation, dsl.Pos{}) }
+		ga := a
+		ga.Dims = []int64{c.C, c.H, c.W}
+		if !c.U8 {
+			nodes = append(nodes, Typed(t, g, ops.ConvTanhPoolGradInputOp, "conv", ga, []*ir.Value{val("dout", pooled), val("w", wt), val("t", convT)}, "dx"))
+		}
+	}
+	g = ir.NewGraph("T")
+	val = func(name string, t ir.Type) *ir.Value { return g.NewValue(name, t, ir.RoleActivation, dsl.Pos{}) }
+	wins := []*ir.Value{val("dout", pooled), val("x", xt)}
+	if c.SaveAct {
+		wins = append(wins, val("t", convT))
+	} else {
+		wins = append(wins, val("w", wt))
+		if c.Bias {
+			wins = append(wins, val("b", bt))
+		}
+	}
+	wouts := []string{"dw"}
+	if c.Bias {
+		wouts = append(wouts, "db")
+	}
+	return append(nodes, Typed(t, g, ops.ConvTanhPoolGradWeightOp, "conv", a, wins, wouts...))
+}
+
+// ConvPoolChecks are every ConvPoolCases node.
+func ConvPoolChecks(t testing.TB) []Case {
+	var cs []Case
+	for _, c := range ConvPoolCases {
+		for _, n := range ConvPoolNodes(t, c) {
+			cs = append(cs, Case{Name: n.Op.String() + " " + c.String(), N: n})
+		}
+	}
+	return cs
+}

@@ -20,7 +20,8 @@ import (
 func TestEveryModelEveryBudget(t *testing.T) {
 	models, err := filepath.Glob("../testdata/*.cnn")
 	require.NoError(t, err)
-	models = append(models, "../../testdata/residual.cnn", "../../testdata/unused.cnn", "../../../examples/mnist.cnn")
+	models = append(models, "../../testdata/residual.cnn", "../../testdata/unused.cnn", "../../../examples/mnist.cnn",
+		"../../../examples/lenet5.cnn") // conv2d_tanh_avgpool blocks
 	for _, path := range models {
 		for _, fused := range []bool{true, false} {
 			opts := compiler.Options{Batch: 4}

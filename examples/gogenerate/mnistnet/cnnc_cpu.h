@@ -1235,6 +1235,196 @@ struct DirectConvBgrad {
 };
 
 // ---------------------------------------------------------------------------------------------
+// conv2d -> tanh -> avgpool2d blocks (codegen/cpu/conv_pool.go; compiler/ops/conv_tanh_pool.go).
+// The geometry struct P has B, C, H, W, U8 (the input is the u8 [H,W,C] image, /255 as it
+// loads), O, KH, KW, SH, SW, PH, PW, HO, WO (the conv), PKH, PKW, PSH, PSW, PPH, PPW, PHO, PWO
+// (the average pool, padding counted in the divisor), BIAS, SAVE (the forward writes t =
+// tanh(conv), which the backward reads; without it the weight gradient recomputes t with
+// cp_t, the forward's own function), ACC and PT (planes a task). Every sum runs in a fixed
+// order; the weight gradient's rows add in double.
+
+template <class P>
+CNNC_INLINE float cp_x(const void* xv, long b, long c, long iy, long ix) {
+  if (iy < 0 || iy >= P::H || ix < 0 || ix >= P::W) return 0.0f;
+  if constexpr (P::U8)
+    return static_cast<float>(static_cast<const uint8_t*>(xv)[((b * P::H + iy) * P::W + ix) * P::C + c]) * (1.0f / 255.0f);
+  else
+    return static_cast<const float*>(xv)[((b * P::C + c) * P::H + iy) * P::W + ix];
+}
+
+// tanh of conv output (o, oy, ox) of sample b: the bias plus the taps in (c, ky, kx) order.
+template <class P>
+CNNC_INLINE float cp_t(const void* x, const float* w, const float* bias, long b, long o, long oy, long ox) {
+  float acc = P::BIAS ? bias[o] : 0.0f;
+  const float* wo = w + o * P::C * P::KH * P::KW;
+  for (long c = 0; c < P::C; c++)
+    for (long ky = 0; ky < P::KH; ky++)
+      for (long kx = 0; kx < P::KW; kx++)
+        acc += cp_x<P>(x, b, c, oy * P::SH - P::PH + ky, ox * P::SW - P::PW + kx) * wo[(c * P::KH + ky) * P::KW + kx];
+  return tanhf(acc);
+}
+
+// the pooled gradient of plane (b, o) summed over the windows holding conv output (oy, ox), over
+// the window size; covered says whether any window holds it (else its gradient is 0).
+template <class P>
+CNNC_INLINE float cp_dsum(const float* dout, long plane, long oy, long ox, bool& covered) {
+  float s = 0.0f;
+  covered = false;
+  for (long py = cmax(0, fdiv(oy + P::PPH - P::PKH, P::PSH) + 1); py < P::PHO && py * P::PSH - P::PPH <= oy; py++)
+    for (long px = cmax(0, fdiv(ox + P::PPW - P::PKW, P::PSW) + 1); px < P::PWO && px * P::PSW - P::PPW <= ox; px++) {
+      s += dout[(plane * P::PHO + py) * P::PWO + px];
+      covered = true;
+    }
+  return s * (1.0f / (P::PKH * P::PKW));
+}
+
+// dy over plane (b, o) at full resolution into d: the pooled gradient routed back through the
+// windows, times 1 - t², t read (SAVE) or recomputed.
+template <class P>
+CNNC_INLINE void cp_dy(const float* dout, const void* x, const float* w, const float* bias, const float* t, long b, long o,
+                       float* d) {
+  const long plane = b * P::O + o;
+  for (long oy = 0; oy < P::HO; oy++)
+    for (long ox = 0; ox < P::WO; ox++) {
+      bool covered;
+      const float s = cp_dsum<P>(dout, plane, oy, ox, covered);
+      float v = 0.0f;
+      if (covered) {
+        float tv;
+        if constexpr (P::SAVE) tv = t[(plane * P::HO + oy) * P::WO + ox];
+        else tv = cp_t<P>(x, w, bias, b, o, oy, ox);
+        v = s * (1.0f - tv * tv);
+      }
+      d[oy * P::WO + ox] = v;
+    }
+}
+
+// The forward: a task is PT planes (b, o). Without SAVE each pooled output averages the tanh of
+// its window's conv outputs; with SAVE the plane's t is written, then pooled.
+template <class P>
+struct ConvPoolFwd {
+  static constexpr long PLANES = P::B * P::O;
+  static constexpr long tasks = cdiv(PLANES, P::PT), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    int a = 0;
+    const void* x = arg<const void>(p, a++);
+    const float* w = arg<const float>(p, a++);
+    const float* bias = P::BIAS ? arg<const float>(p, a++) : nullptr;
+    float* y = arg<float>(p, a++);
+    float* t = P::SAVE ? arg<float>(p, a++) : nullptr;
+    const long p1 = cmin(PLANES, (task + 1) * P::PT);
+    for (long plane = task * P::PT; plane < p1; plane++) {
+      const long b = plane / P::O, o = plane % P::O;
+      float* tp = P::SAVE ? t + plane * P::HO * P::WO : nullptr;
+      if constexpr (P::SAVE)
+        for (long oy = 0; oy < P::HO; oy++)
+          for (long ox = 0; ox < P::WO; ox++) tp[oy * P::WO + ox] = cp_t<P>(x, w, bias, b, o, oy, ox);
+      for (long py = 0; py < P::PHO; py++)
+        for (long px = 0; px < P::PWO; px++) {
+          float s = 0.0f;
+          for (long ky = 0; ky < P::PKH; ky++) {
+            const long oy = py * P::PSH - P::PPH + ky;
+            if (oy < 0 || oy >= P::HO) continue;
+            for (long kx = 0; kx < P::PKW; kx++) {
+              const long ox = px * P::PSW - P::PPW + kx;
+              if (ox < 0 || ox >= P::WO) continue;
+              if constexpr (P::SAVE) s += tp[oy * P::WO + ox];
+              else s += cp_t<P>(x, w, bias, b, o, oy, ox);
+            }
+          }
+          y[(plane * P::PHO + py) * P::PWO + px] = s * (1.0f / (P::PKH * P::PKW));
+        }
+    }
+  }
+};
+
+// The input gradient (SAVE): a task is PT input planes (b, c), zeroed, then per o the plane's dy
+// (cp_dy, in scratch) scattered through the taps in the order o, ky, kx.
+template <class P>
+struct ConvPoolDgrad {
+  static constexpr long PLANES = P::B * P::C;
+  static constexpr long tasks = cdiv(PLANES, P::PT), scratch = floats64(P::HO * P::WO);
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    const float* dout = arg<const float>(p, 0);
+    const float* w = arg<const float>(p, 1);
+    const float* t = arg<const float>(p, 2);
+    float* dx = arg<float>(p, 3);
+    const long p1 = cmin(PLANES, (task + 1) * P::PT);
+    for (long plane = task * P::PT; plane < p1; plane++) {
+      const long b = plane / P::C, c = plane % P::C;
+      float* dxp = dx + plane * P::H * P::W;
+      for (long i = 0; i < P::H * P::W; i++) dxp[i] = 0.0f;
+      for (long o = 0; o < P::O; o++) {
+        cp_dy<P>(dout, nullptr, nullptr, nullptr, t, b, o, s);
+        const float* wo = w + (o * P::C + c) * P::KH * P::KW;
+        for (long ky = 0; ky < P::KH; ky++)
+          for (long kx = 0; kx < P::KW; kx++) {
+            const float wv = wo[ky * P::KW + kx];
+            for (long oy = 0; oy < P::HO; oy++) {
+              const long iy = oy * P::SH - P::PH + ky;
+              if (iy < 0 || iy >= P::H) continue;
+              for (long ox = 0; ox < P::WO; ox++) {
+                const long ix = ox * P::SW - P::PW + kx;
+                if (ix >= 0 && ix < P::W) dxp[iy * P::W + ix] += wv * s[oy * P::WO + ox];
+              }
+            }
+          }
+      }
+    }
+  }
+};
+
+// The weight and bias gradients: a task is PT output channels o; per sample, the plane's dy
+// (cp_dy, in scratch), then each weight (c, ky, kx) adds its rows' fp32 dot products in double
+// (the bias: the rows' sums).
+template <class P>
+struct ConvPoolWgrad {
+  static constexpr long KK = P::C * P::KH * P::KW;
+  static constexpr long tasks = cdiv(P::O, P::PT), scratch = floats64(P::HO * P::WO) + floats64(2 * (KK + 1));
+  static void run(const uint64_t* p, int64_t task, float* s) {
+    int a = 0;
+    const float* dout = arg<const float>(p, a++);
+    const void* x = arg<const void>(p, a++);
+    const float* t = P::SAVE ? arg<const float>(p, a++) : nullptr;
+    const float* w = P::SAVE ? nullptr : arg<const float>(p, a++);
+    const float* bias = !P::SAVE && P::BIAS ? arg<const float>(p, a++) : nullptr;
+    float* dw = arg<float>(p, a++);
+    float* db = P::BIAS ? arg<float>(p, a++) : nullptr;
+    float* d = s;
+    double* acc = reinterpret_cast<double*>(s + floats64(P::HO * P::WO) / 4);
+    const long o1 = cmin(P::O, (task + 1) * P::PT);
+    for (long o = task * P::PT; o < o1; o++) {
+      for (long k = 0; k <= KK; k++) acc[k] = 0.0;
+      for (long b = 0; b < P::B; b++) {
+        cp_dy<P>(dout, x, w, bias, t, b, o, d);
+        for (long oy = 0; oy < P::HO; oy++) {
+          const float* dr = d + oy * P::WO;
+          float bs = 0.0f;
+          for (long ox = 0; ox < P::WO; ox++) bs += dr[ox];
+          acc[KK] += bs;
+          for (long c = 0; c < P::C; c++)
+            for (long ky = 0; ky < P::KH; ky++)
+              for (long kx = 0; kx < P::KW; kx++) {
+                float sum = 0.0f;
+                for (long ox = 0; ox < P::WO; ox++)
+                  sum += dr[ox] * cp_x<P>(x, b, c, oy * P::SH - P::PH + ky, ox * P::SW - P::PW + kx);
+                acc[(c * P::KH + ky) * P::KW + kx] += sum;
+              }
+        }
+      }
+      for (long k = 0; k < KK; k++) {
+        if constexpr (P::ACC) dw[o * KK + k] += static_cast<float>(acc[k]);
+        else dw[o * KK + k] = static_cast<float>(acc[k]);
+      }
+      if constexpr (P::BIAS) {
+        if constexpr (P::ACC) db[o] += static_cast<float>(acc[KK]);
+        else db[o] = static_cast<float>(acc[KK]);
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
 // Linear blocks (W is [N][K] = [out][in]). The geometry struct L has B, K (in), N (out), BIAS,
 // RELU, HASY, MASKOUT, ACC, and the decomposition: TILE (output columns of a forward task, input
 // columns of a gradient task).
