@@ -255,6 +255,19 @@ func TestConvPoolLongIndex(t *testing.T) {
 	t.Logf("worst relative error: %.2e", runKernelChecks(t, 3, checks))
 }
 
+// The 64-bit index variants of the tensor-core forward kernels, whose
+// pooled cases stage their input halo (TestConvForwardTensorCoresPtxas).
+func TestConvForwardLongIndexTensorCores(t *testing.T) {
+	defer codegen.SetForceLongIndex(true)()
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var checks []kernelCheck
+		for _, c := range []convCase{forwardCases[0], stridedCase, overlapCase, wideRowsCase} {
+			checks = append(checks, kernelCheck{name: c.String(), n: kernelcases.ConvForward(t, c)})
+		}
+		t.Logf("%s: worst relative error: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
+	}
+}
+
 // Every conv and pool kernel variant compiles for sm_80 and sm_90 with no
 // register spill and no local-memory stack frame.
 func TestConvPoolKernelsPtxas(t *testing.T) {
