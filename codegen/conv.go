@@ -346,7 +346,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.BN, d.BN+4
 		d.CS = d.TCLDC
 		sharedBytes = max(d.TCRows*(d.WS+d.BN)*tc.Elem, d.BM*d.TCLDC*4) + tcAlignSlack
-		if halo := d.haloTile(); halo > 0 && halo <= maxStaticShared {
+		if halo := d.haloTile(); halo > 0 && halo <= maxStaticShared && e.arch != "sm_80" {
 			d.Halo, sharedBytes = true, halo
 			if e.prec == TF32 {
 				// rounded TF32 fragments of every k step at once would not fit the
@@ -418,6 +418,11 @@ func (d *convData) weightLoad() {
 // so a chunk of CB channels reads only HR x HC input pixels a channel:
 // staged once (coalesced, by cp.async while the previous chunk is
 // multiplied) instead of every pixel gathered about KH·KW times from L2.
+// The rule leaves it out on sm_80 (an A100 named): there the model
+// predicts the kernel bound by shared memory, which the staging adds to
+// (BENCHMARKS.md: SimpleCNN's conv2 forward 49.1 -> 56.0 µs at TF32), while
+// on the H100/H200 it is bound by L2 (46.2 -> 27.3 µs); with no GPU named
+// it stages.
 func (d *convData) haloTile() int64 {
 	g := d.convGeom
 	if !g.Pool || g.U8 || g.Aug != nil || d.KHC != g.KH || d.TC == nil {

@@ -255,6 +255,19 @@ func TestConvPoolLongIndex(t *testing.T) {
 	t.Logf("worst relative error: %.2e", runKernelChecks(t, 3, checks))
 }
 
+// Named, an A100 (sm_80) gets the forward that gathers from global memory
+// (the model predicts the staging slower there), an H100/H200 (sm_90) the
+// staging one.
+func TestConvForwardHaloByArch(t *testing.T) {
+	n := kernelcases.ConvForward(t, convCase{C: 16, H: 63, W: 63, Out: 32, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: win(k2, s2, p0)})
+	for arch, want := range map[string]bool{"sm_80": false, "sm_90": true, "": true} {
+		prog, err := codegen.GenerateNodes("T", []*ir.Node{n}, codegen.Options{Batch: 32, Precision: codegen.TF32, SMs: 132, Arch: arch})
+		require.NoError(t, err)
+		require.Len(t, prog.Kernels, 1)
+		require.Equal(t, want, strings.Contains(prog.Kernels[0].Text, "__pipeline_memcpy_async"), "arch %q", arch)
+	}
+}
+
 // The 64-bit index variants of the tensor-core forward kernels, whose
 // pooled cases stage their input halo (TestConvForwardTensorCoresPtxas).
 func TestConvForwardLongIndexTensorCores(t *testing.T) {

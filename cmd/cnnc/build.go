@@ -185,7 +185,7 @@ func (b *builder) compile(res *compiler.Result, cfg plan.Config, target, gpuName
 		fmt.Fprintf(b.stderr, "cnnc build: --gpu %s chooses among CUDA plans: it needs --target cuda (or auto with nvcc), or --emit-cuda alone\n", gpuName)
 		return nil, exitError{exitUsage}
 	}
-	res.Train.SMs = int64(gpu.SMs)
+	res.Train.SMs, res.Train.Arch = int64(gpu.SMs), gpu.Arch
 	alts, unbudgeted, err := driver.Alternatives(res, cfg, driver.CUDA)
 	if err != nil {
 		return nil, backendError(b.path, res, err, b.stderr)
