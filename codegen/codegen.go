@@ -151,6 +151,10 @@ type Options struct {
 	// on a GPU of any SM count; only how well a grid fills it depends on
 	// this.
 	SMs int64
+	// Arch is the named GPU's SASS architecture (sm_80, sm_90; "" when none
+	// is named), for kernel variants that the performance model predicts
+	// faster on some GPUs only (convData.haloTile).
+	Arch string
 }
 
 // fillWarpsPerSM is the resident warps per SM the grids of kernels that
@@ -262,7 +266,8 @@ type emitter struct {
 	eval    bool // evaluation's kernels (Options.Eval)
 	kernels map[string]*Kernel
 	prec    Precision
-	sms     int64 // the target's SM count (Options.SMs; 0: none named)
+	sms     int64  // the target's SM count (Options.SMs; 0: none named)
+	arch    string // its architecture (Options.Arch; "": none named)
 	// accumulate: the node being generated adds its unbatched outputs to
 	// the buffers (genItem.accumulate)
 	accumulate bool
@@ -335,7 +340,7 @@ func generate(model string, items []genItem, opts Options) (*Program, error) {
 		return nil, fmt.Errorf("codegen: %v", err)
 	}
 	p := &Program{Model: model, Batch: opts.Batch, Views: map[*ir.Value]*ir.Value{}}
-	e := &emitter{prog: p, batch: opts.Batch, eval: opts.Eval, kernels: map[string]*Kernel{}, prec: prec, sms: smsOr(opts.SMs)}
+	e := &emitter{prog: p, batch: opts.Batch, eval: opts.Eval, kernels: map[string]*Kernel{}, prec: prec, sms: smsOr(opts.SMs), arch: opts.Arch}
 	for seq, it := range items {
 		n := it.node
 		e.batch, e.accumulate = it.batch, it.accumulate

@@ -244,6 +244,7 @@ type convData struct {
 	TCRows              int64
 	TCA, TCB            string
 	TCLDA, TCLDB, TCLDC int64
+	TCUnroll            int64 // tc_mma's unroll of the k steps (0: all)
 	// tensor-core wgrad: where the column table and the fp32 copy of dy for
 	// the bias gradient (BF16 only: TF32 tiles are staged in fp32) lie;
 	// dgrad: where the dy region and the im2col rows lie (floats from the
@@ -254,6 +255,12 @@ type convData struct {
 	// MinBlocks is __launch_bounds__'s minimum of resident blocks per SM
 	// (convMinBlocks): it caps the registers ptxas may use
 	MinBlocks int64
+	// tensor-core pooled forward (haloTile): each chunk's input halo — CB
+	// channels of HR x HC input pixels, rows HS apart, planes HP apart —
+	// staged by cp.async into one of two buffers of HsFloats at HsOff
+	// (floats from the aligned base), HaloIters copies per thread
+	Halo                                       bool
+	HR, HC, HS, HP, HsOff, HsFloats, HaloIters int64
 }
 
 // convMinBlocks is the resident blocks per SM a conv kernel's
@@ -339,11 +346,19 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.BN, d.BN+4
 		d.CS = d.TCLDC
 		sharedBytes = max(d.TCRows*(d.WS+d.BN)*tc.Elem, d.BM*d.TCLDC*4) + tcAlignSlack
+		if halo := d.haloTile(); halo > 0 && halo <= maxStaticShared && e.arch != "sm_80" {
+			d.Halo, sharedBytes = true, halo
+			if e.prec == TF32 {
+				// rounded TF32 fragments of every k step at once would not fit the
+				// 128 registers convMinBlocks leaves without the register prefetch
+				d.TCUnroll = 2
+			}
+		}
 	}
 	if sharedBytes > maxStaticShared {
 		return fmt.Errorf("codegen: %s: the conv tile needs %d bytes of shared memory", n.Text(), sharedBytes)
 	}
-	d.MinBlocks = convMinBlocks(d.gemmTile, d.TC, e.prec == TF32)
+	d.MinBlocks = convMinBlocks(d.gemmTile, d.TC, e.prec == TF32 && !d.Halo)
 	d.LoadA = fragLoad("a", "Ws", fmt.Sprintf("r * %d + tm * %d", d.WS, d.TM), d.TM)
 	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.BN, d.TN), d.TN)
 	d.Name = fmt.Sprintf("conv_block_fwd_%s_b%d%s", g.name(), g.B, precName(e.prec))
@@ -393,6 +408,63 @@ func (d *convData) weightLoad() {
 		}
 	}
 	d.WPT = d.WMJ * d.WRJ
+}
+
+// haloTile lays out the input halo of a tensor-core pooled forward block
+// and returns the block's shared bytes with it, or 0 when the block
+// gathers its im2col columns from global memory instead (u8 or augmented
+// images, kernels split into row chunks, no pool: then the columns are not
+// one region of one sample). A block's conv outputs are an RH x RW region,
+// so a chunk of CB channels reads only HR x HC input pixels a channel:
+// staged once (coalesced, by cp.async while the previous chunk is
+// multiplied) instead of every pixel gathered about KH·KW times from L2.
+// The rule leaves it out on sm_80 (an A100 named): there the model
+// predicts the kernel bound by shared memory, which the staging adds to
+// (BENCHMARKS.md: SimpleCNN's conv2 forward 49.1 -> 56.0 µs at TF32), while
+// on the H100/H200 it is bound by L2 (46.2 -> 27.3 µs); with no GPU named
+// it stages.
+func (d *convData) haloTile() int64 {
+	g := d.convGeom
+	if !g.Pool || g.U8 || g.Aug != nil || d.KHC != g.KH || d.TC == nil {
+		return 0
+	}
+	d.HR, d.HC = (d.RH-1)*g.SH+g.KH, (d.RW-1)*g.SW+g.KW
+	d.HS = haloStride(d.HC, d.RH*d.RW, d.RW, g.SH, g.SW)
+	d.HP = d.HR * d.HS
+	d.HsFloats = roundUp(d.CB*d.HP, 4)
+	d.HsOff = roundUp(d.TCRows*(d.WS+d.BN)*d.TC.Elem, 16) / 4
+	d.HaloIters = divUp(d.CB*d.HR*d.HC, d.T)
+	return max(4*(d.HsOff+2*d.HsFloats), d.BM*d.TCLDC*4) + tcAlignSlack
+}
+
+// haloStride is the row stride (at least hc floats, under hc + 32) at
+// which the im2col reads of a halo tile take the fewest shared-memory
+// wavefronts: column n < cols of the region (rw wide) reads float
+// (n/rw)·sh·stride + (n%rw)·sw, a warp's 32 columns at once; a wavefront
+// serves one distinct word per bank.
+func haloStride(hc, cols, rw, sh, sw int64) int64 {
+	best, bestWF := hc, int64(-1)
+	for s := hc; s < hc+32; s++ {
+		wf := int64(0)
+		for w := int64(0); w < cols; w += 32 {
+			words := map[int64]bool{}
+			perBank := map[int64]int64{}
+			most := int64(0)
+			for n := w; n < min(w+32, cols); n++ {
+				a := n/rw*sh*s + n%rw*sw
+				if !words[a] {
+					words[a] = true
+					perBank[a%32]++
+					most = max(most, perBank[a%32])
+				}
+			}
+			wf += most
+		}
+		if bestWF < 0 || wf < bestWF {
+			best, bestWF = s, wf
+		}
+	}
+	return best
 }
 
 // poolTile picks the pooled tile of a forward block: as many pooled

@@ -3,6 +3,7 @@ package codegen_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -254,6 +255,32 @@ func TestConvPoolLongIndex(t *testing.T) {
 	t.Logf("worst relative error: %.2e", runKernelChecks(t, 3, checks))
 }
 
+// Named, an A100 (sm_80) gets the forward that gathers from global memory
+// (the model predicts the staging slower there), an H100/H200 (sm_90) the
+// staging one.
+func TestConvForwardHaloByArch(t *testing.T) {
+	n := kernelcases.ConvForward(t, convCase{C: 16, H: 63, W: 63, Out: 32, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: win(k2, s2, p0)})
+	for arch, want := range map[string]bool{"sm_80": false, "sm_90": true, "": true} {
+		prog, err := codegen.GenerateNodes("T", []*ir.Node{n}, codegen.Options{Batch: 32, Precision: codegen.TF32, SMs: 132, Arch: arch})
+		require.NoError(t, err)
+		require.Len(t, prog.Kernels, 1)
+		require.Equal(t, want, strings.Contains(prog.Kernels[0].Text, "__pipeline_memcpy_async"), "arch %q", arch)
+	}
+}
+
+// The 64-bit index variants of the tensor-core forward kernels, whose
+// pooled cases stage their input halo (TestConvForwardTensorCoresPtxas).
+func TestConvForwardLongIndexTensorCores(t *testing.T) {
+	defer codegen.SetForceLongIndex(true)()
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var checks []kernelCheck
+		for _, c := range []convCase{forwardCases[0], stridedCase, overlapCase, wideRowsCase} {
+			checks = append(checks, kernelCheck{name: c.String(), n: kernelcases.ConvForward(t, c)})
+		}
+		t.Logf("%s: worst relative error: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
+	}
+}
+
 // Every conv and pool kernel variant compiles for sm_80 and sm_90 with no
 // register spill and no local-memory stack frame.
 func TestConvPoolKernelsPtxas(t *testing.T) {
@@ -299,6 +326,47 @@ func TestConvPoolKernelsPtxas(t *testing.T) {
 	}
 	for arch, k := range most {
 		t.Logf("most registers on %s: %d (%s)", arch, k.Registers, k.Name)
+	}
+}
+
+// At TF32 and BF16 the pooled forward kernels of f32 inputs whose kernel
+// fits one chunk stage their input halo by cp.async (the emulator cases of
+// TestConvBlockForwardTensorCores run that variant), the others gather
+// their columns from global memory; every forward kernel of the forward
+// and the realistic cases compiles for sm_80 and sm_90 without spills.
+func TestConvForwardTensorCoresPtxas(t *testing.T) {
+	nvcc.Require(t)
+	cases := append(append([]convCase{}, forwardCases...), realisticCases...)
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var nodes []*ir.Node
+		halo := map[string]bool{}
+		for _, c := range cases {
+			n := kernelcases.ConvForward(t, c)
+			nodes = append(nodes, n)
+			halo[n.Text()] = c.Pool != nil && !c.U8 && c.K[0]*c.K[1] <= 32
+		}
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		kernels := map[string]*codegen.Kernel{}
+		for _, k := range prog.Kernels {
+			kernels[k.Name] = k
+		}
+		staged := 0
+		for _, l := range prog.Launches {
+			k := kernels[l.Kernel]
+			require.NotNil(t, k, l.Kernel)
+			require.Equal(t, halo[l.Node.Text()], strings.Contains(k.Text, "__pipeline_memcpy_async"), "%s: %s", prec, k.Name)
+			if halo[l.Node.Text()] {
+				staged++
+			}
+		}
+		require.GreaterOrEqual(t, staged, 6, "%s: the cases stage halos", prec)
+		ks, err := codegen.CompilePtxas(prog.Source, "conv_tc.cu", nvcc.Targets)
+		require.NoError(t, err)
+		for _, k := range ks {
+			require.True(t, k.Clean(), "%s spills or uses a local-memory stack frame", k)
+			t.Log(k)
+		}
 	}
 }
 

@@ -38,7 +38,10 @@ type TrainConfig struct {
 	// plan --gpu sets it from compiler/perf's spec table; 0 is codegen's
 	// default (an H100/H200's).
 	SMs int64
-	Pos map[string]dsl.Pos // where each setting was written
+	// Arch is the SASS architecture (sm_80, sm_90) of that GPU
+	// (codegen.Options.Arch): set with SMs; "" when none is named.
+	Arch string
+	Pos  map[string]dsl.Pos // where each setting was written
 }
 
 // StepBatch is the samples one optimizer update trains on: the batch

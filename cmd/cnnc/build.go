@@ -203,7 +203,7 @@ func (b *builder) compile(res *compiler.Result, cfg plan.Config, target string, 
 		}
 		fabric = &f
 	}
-	res.Train.SMs = int64(gpu.SMs)
+	res.Train.SMs, res.Train.Arch = int64(gpu.SMs), gpu.Arch
 	alts, unbudgeted, err := driver.Alternatives(res, cfg, driver.CUDA)
 	if err != nil {
 		return nil, backendError(b.path, res, err, b.stderr)

@@ -33,6 +33,7 @@ func runGPUPrediction(path string, res *compiler.Result, cfg plan.Config, pf *pl
 		res.Train.Precision = string(prec)
 	}
 	res.Train.SMs = int64(gpu.SMs) // launch geometry sized for the GPU predicted
+	res.Train.Arch = gpu.Arch
 	// the links must exist before anything is predicted
 	if cfg.Ranks > 1 || pf.scaling != "" {
 		if _, err := perf.LookupFabric(pf.gpu, pf.interconnect, pf.nnodes, pf.nnodes); err != nil {

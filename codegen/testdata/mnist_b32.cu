@@ -83,7 +83,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x1x28x28u8_o8
                             v = (float)x[xoff + (ky * 28 + kx) * 1 + c] * (1.0f / 255.0f);
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+        }
+        {
+            // weights of chunk ld: rows wm + 8i, columns wg + 8j (contiguous in w: (c0, ky0, 0) onwards)
+            const int c0 = ld / 1 * 1, ky0 = ld % 1 * 3;
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (1 - c0 < 1 ? 1 - c0 : 1) * 9;
 #pragma unroll
@@ -119,7 +122,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x1x28x28u8_o8
                             v = (float)x[xoff + (ky * 28 + kx) * 1 + c] * (1.0f / 255.0f);
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+        }
+        {
+            // weights of chunk ld: rows wm + 8i, columns wg + 8j (contiguous in w: (c0, ky0, 0) onwards)
+            const int c0 = ld / 1 * 1, ky0 = ld % 1 * 3;
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (1 - c0 < 1 ? 1 - c0 : 1) * 9;
 #pragma unroll
@@ -274,7 +280,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_
                             v = x[xoff + (int)c * 196 + ky * 14 + kx];
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+        }
+        {
+            // weights of chunk ld: rows wm + 8i, columns wg + 8j (contiguous in w: (c0, ky0, 0) onwards)
+            const int c0 = ld / 1 * 3, ky0 = ld % 1 * 3;
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (8 - c0 < 3 ? 8 - c0 : 3) * 9;
 #pragma unroll
@@ -310,7 +319,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_
                             v = x[xoff + (int)c * 196 + ky * 14 + kx];
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+        }
+        {
+            // weights of chunk ld: rows wm + 8i, columns wg + 8j (contiguous in w: (c0, ky0, 0) onwards)
+            const int c0 = ld / 1 * 3, ky0 = ld % 1 * 3;
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (8 - c0 < 3 ? 8 - c0 : 3) * 9;
 #pragma unroll

@@ -83,7 +83,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
                             v = (float)x[xoff + (ky * 128 + kx) * 3 + c] * (1.0f / 255.0f);
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+        }
+        {
+            // weights of chunk ld: rows wm + 8i, columns wg + 8j (contiguous in w: (c0, ky0, 0) onwards)
+            const int c0 = ld / 1 * 3, ky0 = ld % 1 * 3;
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (3 - c0 < 3 ? 3 - c0 : 3) * 9;
 #pragma unroll
@@ -119,7 +122,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
                             v = (float)x[xoff + (ky * 128 + kx) * 3 + c] * (1.0f / 255.0f);
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+        }
+        {
+            // weights of chunk ld: rows wm + 8i, columns wg + 8j (contiguous in w: (c0, ky0, 0) onwards)
+            const int c0 = ld / 1 * 3, ky0 = ld % 1 * 3;
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (3 - c0 < 3 ? 3 - c0 : 3) * 9;
 #pragma unroll
@@ -274,7 +280,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
                             v = x[xoff + (int)c * 3969 + ky * 63 + kx];
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+        }
+        {
+            // weights of chunk ld: rows wm + 8i, columns wg + 8j (contiguous in w: (c0, ky0, 0) onwards)
+            const int c0 = ld / 1 * 3, ky0 = ld % 1 * 3;
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (16 - c0 < 3 ? 16 - c0 : 3) * 9;
 #pragma unroll
@@ -310,7 +319,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
                             v = x[xoff + (int)c * 3969 + ky * 63 + kx];
                         xr[(cc * 3 + kyy) * 3 + kx] = v;
                     }
-            // weights: rows wm + 8i, columns wg + 8j of the chunk (contiguous in w: (c0, ky0, 0) onwards)
+        }
+        {
+            // weights of chunk ld: rows wm + 8i, columns wg + 8j (contiguous in w: (c0, ky0, 0) onwards)
+            const int c0 = ld / 1 * 3, ky0 = ld % 1 * 3;
             const int kOff = c0 * 9 + ky0 * 3;
             const int kLen = (16 - c0 < 3 ? 16 - c0 : 3) * 9;
 #pragma unroll

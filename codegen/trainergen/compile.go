@@ -242,7 +242,7 @@ func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target, eval *c
 	if p.DataParallel != nil { // a rank's share of the step's batch
 		batch = p.Batch
 	}
-	opts := codegen.Options{Batch: batch, SourceName: res.File.Name, Precision: codegen.Precision(res.Train.Precision), Target: target, SMs: res.Train.SMs}
+	opts := codegen.Options{Batch: batch, SourceName: res.File.Name, Precision: codegen.Precision(res.Train.Precision), Target: target, SMs: res.Train.SMs, Arch: res.Train.Arch}
 	train, err := codegen.GenerateFromPlan(p, opts)
 	if err != nil {
 		return nil, err
@@ -271,7 +271,7 @@ func Assemble(res *compiler.Result, p *plan.Plan, target codegen.Target, eval *c
 	for m := batch; m >= 1; m /= 2 {
 		ev, nv := evalProg, naive
 		if m != batch {
-			if ev, err = codegen.GenerateEval(evalGraph, codegen.Options{Batch: m, SourceName: res.File.Name, Precision: opts.Precision, Target: target, SMs: opts.SMs}); err != nil {
+			if ev, err = codegen.GenerateEval(evalGraph, codegen.Options{Batch: m, SourceName: res.File.Name, Precision: opts.Precision, Target: target, SMs: opts.SMs, Arch: opts.Arch}); err != nil {
 				return nil, err
 			}
 			nv = NewNaiveLayout(ev, inputs, isParam)

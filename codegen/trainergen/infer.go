@@ -23,7 +23,7 @@ func AssembleInfer(res *compiler.Result, p *plan.Plan, target codegen.Target) (*
 		return nil, fmt.Errorf("trainergen: AssembleInfer takes an inference compilation (compiler.Options.Infer)")
 	}
 	batch := res.Train.Batch
-	opts := codegen.Options{Batch: batch, SourceName: res.File.Name, Precision: codegen.Precision(res.Train.Precision), Target: target, Eval: true, SMs: res.Train.SMs}
+	opts := codegen.Options{Batch: batch, SourceName: res.File.Name, Precision: codegen.Precision(res.Train.Precision), Target: target, Eval: true, SMs: res.Train.SMs, Arch: res.Train.Arch}
 	prog, err := codegen.GenerateFromPlan(p, opts)
 	if err != nil {
 		return nil, err
