@@ -17,11 +17,12 @@ Reads one JSON object on stdin:
   out         a folder for the state after the steps
   loss_bound  true: also the float32 error bound of the evaluation loss
               (f32_error_bound.py; its rules cover LeNet-5's ops)
-  dtype       "float32" (or "float64"): instead of all the below, train in
+  dtype       "float64" (or "float32"): instead of all the below, train in
               that type as cnnc's CPU target trains in float32 (codegen/cpu,
-              TestExamplesFloat32InPyTorch):
+              TestExamplesFloat32InPyTorch, against float64):
               one step on each of BATCHES ({pixels, labels}; pixels
-              * (1.0f/255) in float32, as cnnc's kernels load them), MASKS
+              * (1.0f/255), the float32 constant cnnc's kernels load them
+              with, the product in DTYPE: exact in float64), MASKS
               indexed by step, at learning rate LR (default: the
               checkpoint's); writes the parameters, buffers and the
               optimizer's state (optimizer.NAME.STATE, cnnc's names) after
