@@ -182,11 +182,16 @@ func newTCGemm(k *gemmKernel, p Precision) *tcGemm {
 	tc.WM, tc.WN = k.BM/2, k.BN/2
 	tc.FM, tc.FN = tc.WM/16, tc.WN/16
 	tc.Bytes = max((tc.ASize+bSize)*elem, k.BM*tc.LDC*4)
-	tc.MinBlocks = tcMinBlocks
-	if tc.FM*tc.FN > 2 && k.K > k.BK {
-		// 4 accumulator fragments a warp through a k loop spill at 64
-		// registers (plan narrows such tiles when a GPU is named)
-		tc.MinBlocks = 1
+	// More than one accumulator fragment a warp spills at 64 registers
+	// through a k loop (64x32 on sm_80 at TF32, 64x64 on sm_90; capped at
+	// 80 it still does) and even in one k step for the input gradient's
+	// masked epilogue (the MNIST net's fc2 at batch 64); those keep no cap
+	// (a 32x32 tile instead costs more shared-memory staging than the
+	// residency gains). A weight gradient of one k step (k = a batch of
+	// up to 32) fits 64 registers with its 64x64 tile.
+	tc.MinBlocks = 1
+	if tc.FM*tc.FN == 1 || k.Epilogue == "grad_weight" && k.K <= k.BK {
+		tc.MinBlocks = tcMinBlocks
 	}
 	tc.Vec4 = k.N%4 == 0
 	return tc
@@ -237,10 +242,6 @@ func (k *gemmKernel) plan(split bool, sz sizing) {
 		}
 	}
 	kTiles := divUp(k.K, k.BK)
-	if p.tensor() && !legacy && k.BM == 64 && k.BN == 64 && kTiles > 1 {
-		// 64x64 through a k loop would not fit tcMinBlocks per SM (newTCGemm)
-		k.BN = 32
-	}
 	k.Splits, k.KPerSplit = 1, kTiles*k.BK
 	blocks := divUp(k.M, k.BM) * divUp(k.N, k.BN)
 	switch {
