@@ -27,11 +27,12 @@ const (
 	gemmThreads = 256 // a 16x16 grid of threads; each computes TMxTN outputs
 	gemmBK      = 16  // k depth of the shared-memory tiles
 	// Split-K (forward and input gradient only): when the output has fewer
-	// tiles than fillBlocks asks of the target's SMs (16 warps per SM) and
-	// k has at least gemmSplitMinTiles tiles (a smaller GEMM is not worth
-	// a second launch), the k range is split into slices of at least
-	// gemmMinSliceTiles tiles, at most gemmMaxSplits of them, summed by a
-	// reduce kernel in slice order.
+	// tiles than fillBlocks asks of the target's SMs (16 warps per SM; on
+	// tensor cores, fewer than the tcMinBlocks per SM that are resident at
+	// once) and k has at least gemmSplitMinTiles tiles (a smaller GEMM is
+	// not worth a second launch), the k range is split into slices of at
+	// least gemmMinSliceTiles tiles, at most gemmMaxSplits of them, summed
+	// by a reduce kernel in slice order.
 	gemmSplitMinTiles = 16
 	gemmMinSliceTiles = 2
 	gemmMaxSplits     = 512
@@ -111,7 +112,12 @@ type gemmKernel struct {
 	Bias, ReLU, MaskOut, BiasGrad bool
 	Accumulate                    bool     // grad_weight adds to dW/dB (micro-batch loops)
 	Site, BiasSite                *optSite // fused updates of W and b
-	TC                            *tcGemm  // tensor cores: the linear_gemm_tc template
+	// Site4 is Site on 4 consecutive elements held in local arrays (the
+	// vectorised epilogue, TC.Vec4): Site4Arrays are the pointers loaded
+	// into them, NAME into NAMEv[4], and stored back.
+	Site4       *optSite
+	Site4Arrays []string
+	TC          *tcGemm // tensor cores: the linear_gemm_tc template
 }
 
 // tcGemm is the tensor-core variant's data: 4 warps (2x2) over a BM x BN
@@ -128,10 +134,23 @@ type tcGemm struct {
 	ASize          int64  // elements of As
 	FM, FN, WM, WN int64
 	Bytes          int64 // dynamic shared memory
+	// MinBlocks is __launch_bounds__' minimum resident blocks per SM.
+	MinBlocks int64
+	// Vec4: the epilogue takes 4 consecutive columns a thread with 16-byte
+	// loads and stores (N a multiple of 4, so every row starts aligned).
+	Vec4 bool
 }
 
 // tcThreads is the block of the tensor-core GEMMs: 4 warps in a 2x2 grid.
 const tcThreads = 128
+
+// tcMinBlocks is the resident blocks per SM the tensor-core GEMMs ask
+// __launch_bounds__ for: 8 blocks of 4 warps (64 registers) are the 32
+// warps per SM that hide DRAM latency (compiler/perf: ~29 on the H200),
+// which these GEMMs need — shallow in k (a weight gradient's k is the
+// batch) or split along k, they are bound by their operands' and
+// epilogue's bytes, not by the tensor cores.
+const tcMinBlocks = 8
 
 // tcBK is the k depth the tensor-core GEMMs stage per step.
 const tcBK = 32
@@ -163,6 +182,18 @@ func newTCGemm(k *gemmKernel, p Precision) *tcGemm {
 	tc.WM, tc.WN = k.BM/2, k.BN/2
 	tc.FM, tc.FN = tc.WM/16, tc.WN/16
 	tc.Bytes = max((tc.ASize+bSize)*elem, k.BM*tc.LDC*4)
+	// More than one accumulator fragment a warp spills at 64 registers
+	// through a k loop (64x32 on sm_80 at TF32, 64x64 on sm_90; capped at
+	// 80 it still does) and even in one k step for the input gradient's
+	// masked epilogue (the MNIST net's fc2 at batch 64); those keep no cap
+	// (a 32x32 tile instead costs more shared-memory staging than the
+	// residency gains). A weight gradient of one k step (k = a batch of
+	// up to 32) fits 64 registers with its 64x64 tile.
+	tc.MinBlocks = 1
+	if tc.FM*tc.FN == 1 || k.Epilogue == "grad_weight" && k.K <= k.BK {
+		tc.MinBlocks = tcMinBlocks
+	}
+	tc.Vec4 = k.N%4 == 0
 	return tc
 }
 
@@ -213,7 +244,19 @@ func (k *gemmKernel) plan(split bool, sz sizing) {
 	kTiles := divUp(k.K, k.BK)
 	k.Splits, k.KPerSplit = 1, kTiles*k.BK
 	blocks := divUp(k.M, k.BM) * divUp(k.N, k.BN)
-	if split && blocks < target && kTiles >= gemmSplitMinTiles {
+	switch {
+	case !split || kTiles < gemmSplitMinTiles:
+	case p.tensor() && !legacy:
+		// memory-bound: split up to the blocks that are resident at once
+		// (tcMinBlocks per SM, one wave: slices rounded up so the splits
+		// never pass that), in slices of at least minSlice tiles
+		resident := sz.sms * tcMinBlocks
+		if blocks < resident {
+			s := min(resident/blocks, maxSplits)
+			k.KPerSplit = max(divUp(kTiles, s), minSlice) * k.BK
+			k.Splits = divUp(k.K, k.KPerSplit) // no empty slice
+		}
+	case blocks < target:
 		// slices round down, so the splits are at least s
 		s := min(divUp(target, blocks), kTiles/minSlice, maxSplits)
 		k.KPerSplit = max(1, kTiles/s) * k.BK
@@ -438,6 +481,14 @@ func linearGradWeightRule(e *emitter, n *ir.Node) error {
 		}
 		params, args = append(params, scalarsParam), append(args, scalarsArg)
 		k.Site = newOptSite(opt, "v", "w", stateParams("w", opt), "at")
+		if k.TC != nil && k.TC.Vec4 {
+			k.Site4Arrays = append([]string{"w"}, stateParams("w", opt)...)
+			var locals []string
+			for _, a := range k.Site4Arrays[1:] {
+				locals = append(locals, a+"v")
+			}
+			k.Site4 = newOptSite(opt, "v", "wv", locals, "q")
+		}
 		if a.Bias {
 			k.BiasSite = newOptSite(opt, "v", "b", stateParams("b", opt), "m")
 		}

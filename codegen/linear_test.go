@@ -93,8 +93,10 @@ func TestLinearBlockKernelsTensorCores(t *testing.T) {
 func checkLinearKernels(t *testing.T, prec codegen.Precision, batches []int64, every int) {
 	type shape struct{ in, out int64 }
 	// edge shapes (single features, tile boundaries, split-K over in for the
-	// forward and over out for the input gradient), then random ones
-	edges := []shape{{1, 1}, {3, 17}, {17, 3}, {130, 130}, {700, 3}, {5, 300}, {64, 64}}
+	// forward and over out for the input gradient, a split forward whose
+	// output rows are a multiple of 4 wide: the vectorised epilogues), then
+	// random ones
+	edges := []shape{{1, 1}, {3, 17}, {17, 3}, {130, 130}, {700, 3}, {5, 300}, {64, 64}, {600, 12}}
 	for bi, batch := range batches {
 		rng := rand.New(rand.NewPCG(uint64(bi), 7))
 		shapes := append(edges[:len(edges):len(edges)], shape{1 + rng.Int64N(200), 1 + rng.Int64N(200)}, shape{1 + rng.Int64N(200), 1 + rng.Int64N(200)})
