@@ -5,6 +5,7 @@ import (
 
 	"github.com/cnnc/cnnc/compiler/augment"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // fusePass rewrites the training step into fused kernels.
@@ -15,7 +16,8 @@ import (
 // (then it runs its own direct kernels, and its parameters a separate
 // update), linear [-> relu] one linear_block,
 // cross_entropy one softmax_cross_entropy that also writes the logits'
-// gradient. Images arrive as uint8 HWC, converted inside conv loads (or by
+// gradient, batch norm's normalisation [-> relu] one normalisation with the
+// ReLU folded in (Attrs.ReLU; its statistics stay a node of their own). Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
 //
 // Backward: derived again over the fused forward graph by autodiff's
@@ -24,7 +26,8 @@ import (
 // is replaced, not patched.
 // A block's backward kernels read the gradient of its output at output
 // resolution and route it through the argmax on the fly. A grad_input whose
-// input comes from a ReLU block (or a standalone ReLU) with no other reader
+// input comes from a ReLU block (or a standalone ReLU, or a batch norm with
+// its ReLU folded in) with no other reader
 // applies that ReLU's mask in its epilogue (maskout), and that block's
 // backward then takes the gradient as already masked (the standalone ReLU
 // adds no gradient kernel). Each parameter's update is fused into the
@@ -147,6 +150,8 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 		out = f.convBlock(n)
 	case n.Op == ir.OpLinear:
 		out = f.linearBlock(n)
+	case n.Op == ops.BatchNorm2D || n.Op == ops.BatchNorm1D:
+		out = f.batchNormReLU(n)
 	case n.Op == ir.OpCrossEntropy:
 		out = f.g.NewNode(ir.OpSoftmaxCrossEntropy, n.Name, ir.Forward, n.Pos, []*ir.Value{f.val(n.Ins[0]), f.val(n.Ins[1])},
 			[]string{n.Out().Name, n.Ins[0].Name + ".grad", n.Name + ".correct"}, ir.RoleActivation)
@@ -234,6 +239,31 @@ func (f *fuser) replaceOutput(last, b *ir.Node) {
 func (f *fuser) linearBlock(n *ir.Node) *ir.Node {
 	a, ins, last := f.blockStart(n)
 	b := f.g.NewNode(ir.OpLinearBlock, n.Name, ir.Forward, n.Pos, ins, []string{last.Out().Name}, ir.RoleActivation)
+	b.Attrs = a
+	f.replaceOutput(last, b)
+	return b
+}
+
+// batchNormReLU copies batch norm's normalisation n, with a ReLU that is
+// its only reader folded in (Attrs.ReLU): one elementwise kernel instead
+// of two, and the normalised values before the ReLU never exist. Its
+// statistics node stays before it (compiler/ops/batchnorm.go).
+func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
+	last := n
+	a := n.Attrs
+	if r := f.only(n.Out(), ir.OpReLU); r != nil {
+		a.ReLU = true
+		f.absorbed[r] = true
+		last = r
+	}
+	ins := make([]*ir.Value, len(n.Ins))
+	for i, v := range n.Ins {
+		ins[i] = f.val(v)
+		if v == f.image {
+			ins[i] = f.tensor
+		}
+	}
+	b := f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, []string{last.Out().Name}, ir.RoleActivation)
 	b.Attrs = a
 	f.replaceOutput(last, b)
 	return b
