@@ -116,15 +116,16 @@ func TestBatchNormReLUSteps(t *testing.T) {
 	checkSteps(t, "bnrelu_odd.cnn", src, 3, 4, 3)
 }
 
-// The training statistics' two passes over more chunks than the merge has
-// threads (17 samples of 33x31 maps: 272 chunks of 64 values a channel,
-// the last one partial), against the reference with NaN-poisoned outputs,
-// and a padded batch (9 valid: a chunk straddles the end of the valid
-// values). Tolerance: kernelcheck.Tolerance — Chan's merges of chunk means
-// and M2 (each a Welford pass over 64 values, then about 5 + 8 + 2 levels
-// of pairwise merges) keep the relative error of the mean and variance
-// near the depth times 2^-24, far below it.
-func TestBatchNormStatisticsManyChunks(t *testing.T) {
+// The training statistics' two passes and the gradient's three over more
+// chunks than the per-channel blocks have threads (17 samples of 33x31
+// maps: 272 chunks of 64 values a channel, the last one partial), against
+// the reference with NaN-poisoned outputs, and a padded batch (9 valid: a
+// chunk straddles the end of the valid values). Tolerance:
+// kernelcheck.Tolerance — Chan's merges of chunk means and M2 (a Welford
+// pass over 64 values, then 5 + 2 + 8 levels of pairwise merges), and the
+// gradient's sums (64 values, then 2 in order, then 8 levels), keep the
+// relative error near the depth times 2^-24, far below it.
+func TestBatchNormManyChunks(t *testing.T) {
 	const src = `model T(image: f32[3,33,31], label: class[4]) {
     c = conv2d(image, out=3, kernel=1, bias=false)
     bn = batchnorm2d(c)
@@ -134,30 +135,34 @@ func TestBatchNormStatisticsManyChunks(t *testing.T) {
 `
 	res, err := compiler.CompileSource("t.cnn", []byte(src), compiler.Options{})
 	require.NoError(t, err)
-	var stats *ir.Node
+	var nodes []*ir.Node
 	for _, n := range res.Graph.Nodes {
-		if n.Op == ops.BatchNormStats {
-			stats = n
+		if n.Op == ops.BatchNormStats || n.Op == ops.BatchNormGrad {
+			nodes = append(nodes, n)
 		}
 	}
-	require.NotNil(t, stats)
+	require.Len(t, nodes, 2)
 	const batch = 17
-	prog, err := codegen.GenerateNodes("T", []*ir.Node{stats}, codegen.Options{Batch: batch})
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
 	require.NoError(t, err)
-	require.Len(t, prog.Launches, 2, "the cells, then their merge")
+	require.Len(t, prog.Launches, 5, "the statistics' cells and merge, the gradient's cells, sums and dx")
 	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
 	require.NoError(t, err)
 	defer dev.Close()
-	ins := kernelcheck.RandomInputs(stats, batch, rand.New(rand.NewPCG(8, 9)))
-	for i := range ins[0] { // an offset the variance must not cancel against
-		ins[0][i] = float64(float32(ins[0][i] + 3))
+	for i, n := range nodes {
+		ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(8, uint64(i))))
+		if n.Op == ops.BatchNormStats {
+			for j := range ins[0] { // an offset the variance must not cancel against
+				ins[0][j] = float64(float32(ins[0][j] + 3))
+			}
+			for j := range ins[2] { // running variances are positive
+				ins[2][j] = math.Abs(ins[2][j]) + 0.1
+			}
+		}
+		r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, reference.NodeOptions{Training: true, Update: true})
+		require.NoError(t, err)
+		require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, r.String())
+		t.Logf("%s", r)
+		require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 9), n.Text())
 	}
-	for j := range ins[2] { // running variances are positive
-		ins[2][j] = math.Abs(ins[2][j]) + 0.1
-	}
-	r, err := kernelcheck.Node(dev, prog, stats, ins, kernelcheck.Scalars{}, reference.NodeOptions{Training: true, Update: true})
-	require.NoError(t, err)
-	require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, r.String())
-	t.Logf("%s", r)
-	require.NoError(t, kernelcheck.PartialBatch(dev, prog, stats, ins, 9))
 }
