@@ -44,7 +44,7 @@ type bnKernel struct {
 	Name, Doc     string
 	B, C, S       int64
 	Eps, Momentum string
-	Affine, ReLU  bool  // ReLU: the gradient takes a folded ReLU's mask
+	Affine        bool
 	Chunk, Chunks int64 // the statistics' cells
 }
 
@@ -76,7 +76,6 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 		family = "batchnorm_stats_eval"
 	}
 	k := &bnKernel{B: e.batch, C: x.Dims[0], S: x.SampleElems() / x.Dims[0], Affine: n.Attrs.Bias, Chunk: bnChunk}
-	k.ReLU = n.Op == ops.BatchNormGrad && n.Attrs.ReLU
 	k.Chunks = (k.B*k.S + bnChunk - 1) / bnChunk
 	k.Eps, k.Momentum = cFloat(n.Attrs.Eps), cFloat(n.Attrs.Momentum)
 	switch family {
@@ -84,9 +83,6 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 		k.Name = fmt.Sprintf("%s_%s_b%d", family, shapeName(x.Dims), e.batch)
 		if k.Affine {
 			k.Name += "_affine"
-		}
-		if k.ReLU {
-			k.Name += "_relu"
 		}
 		k.Doc = fmt.Sprintf("batch norm gradient over [B,%s] (B = %d, valid at run time)", shapeName(x.Dims), e.batch)
 	default:
@@ -148,13 +144,6 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 	if k.Affine {
 		rk.Name += "_affine"
 	}
-	if k.ReLU {
-		pk.Name += "_relu"
-	}
-	var y []Arg // the folded ReLU's output, for its mask
-	if k.ReLU {
-		y = []Arg{buf(n.Ins[len(n.Ins)-1])}
-	}
 	if err := e.kernel("batchnorm_grad_partial", pk.Name, &pk); err != nil {
 		return err
 	}
@@ -164,8 +153,8 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 	const warps = bnThreads / 32
 	xBytes, cellBytes := x.Type.Bytes(e.batch), cells.Type.Bytes(e.batch)
 	e.launch(&Launch{Node: n, Kernel: pk.Name, Grid: [3]uint32{uint32((k.C*k.Chunks + warps - 1) / warps), 1, 1},
-		Block: [3]uint32{bnThreads, 1, 1}, Args: append(append([]Arg{buf(dy), buf(x), buf(mean), buf(invstd)}, y...), buf(cells), scalarsArg),
-		FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: int64(2+len(y))*xBytes + cellBytes})
+		Block: [3]uint32{bnThreads, 1, 1}, Args: []Arg{buf(dy), buf(x), buf(mean), buf(invstd), buf(cells), scalarsArg},
+		FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: 2*xBytes + cellBytes})
 	rargs := []Arg{buf(cells), buf(sums)}
 	if k.Affine {
 		rargs = append(rargs, buf(n.Outs[1]), buf(n.Outs[2]))
@@ -176,9 +165,9 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 	if k.Affine {
 		args = append(args, buf(n.Ins[4]))
 	}
-	args = append(append(args, y...), buf(sums), buf(n.Outs[0]), scalarsArg)
+	args = append(args, buf(sums), buf(n.Outs[0]), scalarsArg)
 	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: gridFor(x.Type.Elems(e.batch), elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
-		Args: args, FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: int64(3+len(y)) * xBytes})
+		Args: args, FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: 3 * xBytes})
 	return nil
 }
 

@@ -190,7 +190,7 @@ func batchNormGrad(e codegen.Emitter, n *ir.Node) error {
 	if e.Eval() {
 		return fmt.Errorf("%s: no gradient in evaluation", n.Text())
 	}
-	return batchNorm(e, n, n.Ins[1].Type, "batchnorm_grad", "BNGrad<%s>", []def{{"AFFINE", n.Attrs.Bias}, {"RELU", n.Attrs.ReLU}})
+	return batchNorm(e, n, n.Ins[1].Type, "batchnorm_grad", "BNGrad<%s>", []def{{"AFFINE", n.Attrs.Bias}})
 }
 
 func batchNorm(e codegen.Emitter, n *ir.Node, x ir.Type, family, impl string, extra []def) error {

@@ -108,7 +108,7 @@ func TestBatchNormSteps(t *testing.T) {
 }
 
 // Whole training steps of ../testdata/bnrelu_odd.cnn (batch norms with their ReLUs folded in,
-// one mask applied by batchnorm_grad, one by the linear block's maskout) against the reference —
+// one mask applied by relu_grad, one by the linear block's maskout) against the reference —
 // codegen's TestBatchNormReLUSteps.
 func TestBatchNormReLUSteps(t *testing.T) {
 	src, err := os.ReadFile("../testdata/bnrelu_odd.cnn")

@@ -36,10 +36,9 @@ import (
 // The fuse pass folds a ReLU that is the normalisation's only reader into
 // it (Attrs.ReLU, printed relu=true): y = max((x-mean)·invstd·weight +
 // bias, 0) in one elementwise kernel, the output named after the ReLU. Its
-// gradient takes the standalone ReLU's mask, y > 0: applied by the
+// gradient is the standalone ReLU's: the mask y > 0, applied by the
 // reader's input-gradient epilogue (maskout) when it can take it, else by
-// batchnorm_grad itself (relu=true: it reads y after its other inputs and
-// uses dy where y > 0, 0 elsewhere).
+// a relu_grad kernel before batchnorm_grad.
 //
 // A padded last batch (fewer valid samples than the compiled batch) is
 // normalised over the valid samples only, and its padding gets no
@@ -77,7 +76,7 @@ var BatchNorm1D = New(bnDef("batchnorm1d", 1, 91, "nn.BatchNorm1d", "`[F]` -> sa
 
 var BatchNormGrad = New(&Def{
 	OpInfo: ir.OpInfo{
-		Name: "batchnorm_grad", Attrs: []ir.AttrSpec{attrAffine, attrFusedReLU}, Infer: inferBNGrad, FLOPs: flopsPerInput0(10),
+		Name: "batchnorm_grad", Attrs: []ir.AttrSpec{attrAffine}, Infer: inferBNGrad, FLOPs: flopsPerInput0(10),
 		BatchCoupled: true,
 	},
 	Doc:    "a batch norm's input, weight and bias gradients, through the batch statistics",
@@ -166,9 +165,14 @@ func expandBN(n *ir.Node, g *ir.Graph) []*ir.Node {
 }
 
 // bnGrad emits batchnorm_grad: dx (always), and the parameters' gradients.
-// The statistics get none: this rule differentiates through them.
+// The statistics get none: this rule differentiates through them. A
+// folded ReLU's mask comes first, as the standalone ReLU's rule applies it.
 func bnGrad(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 	x := n.Ins[0]
+	if n.Attrs.ReLU && !b.Marked(maskedKey, n.Out()) {
+		// the normalised values' gradient, named as the unfused graph names it
+		dy = b.Node(ir.OpReLUGrad, n, ir.Attrs{}, []*ir.Value{dy, n.Out()}, []string{n.Name + ".grad"}, ir.RoleActGrad).Out()
+	}
 	affine := len(n.Ins) == 5
 	ins := []*ir.Value{dy, x, n.Ins[1], n.Ins[2]}
 	outs := []string{x.Name + ".grad"}
@@ -176,12 +180,7 @@ func bnGrad(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 		ins = append(ins, n.Ins[3])
 		outs = append(outs, n.Ins[3].Name+".grad", n.Ins[4].Name+".grad")
 	}
-	// a folded ReLU whose mask no reader applied: the gradient applies it
-	relu := n.Attrs.ReLU && !b.Marked(maskedKey, n.Out())
-	if relu {
-		ins = append(ins, n.Out())
-	}
-	gn := b.Node(BatchNormGrad, n, ir.Attrs{Bias: affine, ReLU: relu}, ins, outs, ir.RoleActGrad)
+	gn := b.Node(BatchNormGrad, n, ir.Attrs{Bias: affine}, ins, outs, ir.RoleActGrad)
 	gs := make([]*ir.Value, len(n.Ins))
 	gs[0] = gn.Outs[0]
 	if affine {
@@ -257,9 +256,6 @@ func inferBNGrad(n *ir.Node) ([]ir.Type, error) {
 	if n.Attrs.Bias {
 		want = 5
 	}
-	if n.Attrs.ReLU {
-		want++ // y, whose mask dy takes
-	}
 	if len(n.Ins) != want {
 		return nil, fmt.Errorf("batchnorm_grad takes %d inputs, got %d", want, len(n.Ins))
 	}
@@ -268,14 +264,7 @@ func inferBNGrad(n *ir.Node) ([]ir.Type, error) {
 		return nil, fmt.Errorf("batchnorm_grad: gradient %s is %s but the input %s is %s", n.Ins[0].Name, dy, n.Ins[1].Name, x)
 	}
 	c := channelType(x)
-	chans := n.Ins[2:]
-	if n.Attrs.ReLU {
-		chans = n.Ins[2 : len(n.Ins)-1]
-		if y := n.Ins[len(n.Ins)-1]; !y.Type.Equal(x) {
-			return nil, fmt.Errorf("batchnorm_grad: the masking output %s is %s, want %s", y.Name, y.Type, x)
-		}
-	}
-	for _, v := range chans {
+	for _, v := range n.Ins[2:] {
 		if !v.Type.Equal(c) {
 			return nil, fmt.Errorf("batchnorm_grad: %s is %s, want %s", v.Name, v.Type, c)
 		}
@@ -371,16 +360,7 @@ func refBNGrad(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	dy, x, mean, invstd := ins[0], ins[1], ins[2], ins[3]
 	c64, s64 := bnGeom(n.Ins[1].Type)
 	c, s := int(c64), int(s64)
-	affine := n.Attrs.Bias
-	if n.Attrs.ReLU { // the folded ReLU's mask: y > 0
-		masked, y := make([]float64, len(dy)), ins[len(ins)-1]
-		for i, d := range dy {
-			if y[i] > 0 {
-				masked[i] = d
-			}
-		}
-		dy = masked
-	}
+	affine := len(ins) == 5
 	dx, dw, db := make([]float64, len(x)), make([]float64, c), make([]float64, c)
 	count := float64(env.Batch * s)
 	for ch := 0; ch < c; ch++ {

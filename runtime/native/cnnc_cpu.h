@@ -1811,38 +1811,35 @@ struct BNStatsEval {  // the same parameters: mean, invstd from the running stat
   }
 };
 // dx = invstd·(g - Σg/n - x̂·Σ(g·x̂)/n), g = dy·weight, x̂ = (x-mean)·invstd, 0 for the padding;
-// affine: dweight = Σ dy·x̂, dbias = Σ dy. RELU (a ReLU folded into the normalisation): dy is taken
-// where y > 0 only, 0 elsewhere (the ReLU's mask).
+// affine: dweight = Σ dy·x̂, dbias = Σ dy.
 template <class G>
-struct BNGrad {  // dy, x, mean, invstd, [weight,] [y,] dx, [dweight, dbias,] scalars
+struct BNGrad {  // dy, x, mean, invstd, [weight,] dx, [dweight, dbias,] scalars
   static constexpr long tasks = G::C, scratch = 0;
   static void run(const uint64_t* p, int64_t c, float*) {
     const float* dy = arg<const float>(p, 0);
     const float* x = arg<const float>(p, 1);
     const float mu = arg<const float>(p, 2)[c], is = arg<const float>(p, 3)[c];
-    constexpr int ky = G::AFFINE ? 5 : 4, k = ky + (G::RELU ? 1 : 0);  // y's and dx's parameters
+    constexpr int k = G::AFFINE ? 5 : 4;  // dx's parameter
     const float w = G::AFFINE ? arg<const float>(p, 4)[c] : 1.0f;
-    const float* y = G::RELU ? arg<const float>(p, ky) : nullptr;
-    const auto g = [&](long i) { return !G::RELU || y[i] > 0.0f ? dy[i] : 0.0f; };
     float* dx = arg<float>(p, k);
-    const long valid = bnValid<G>(p, k + (G::AFFINE ? 3 : 1)), n = valid * G::S;
+    const long valid = bnValid<G>(p, G::AFFINE ? 8 : 5), n = valid * G::S;
     double sdy = 0.0, sdyx = 0.0;
     for (long b = 0; b < valid; b++)
       for (long q = 0; q < G::S; q++) {
         const long i = (b * G::C + c) * G::S + q;
-        sdy += g(i);
-        sdyx += static_cast<double>(g(i)) * ((x[i] - mu) * is);
+        sdy += dy[i];
+        sdyx += static_cast<double>(dy[i]) * ((x[i] - mu) * is);
       }
     const float sumDy = static_cast<float>(sdy), sumDyX = static_cast<float>(sdyx);
     const float meanG = w * sumDy / static_cast<float>(n), meanGX = w * sumDyX / static_cast<float>(n);
     for (long b = 0; b < G::B; b++)
       for (long q = 0; q < G::S; q++) {
         const long i = (b * G::C + c) * G::S + q;
-        dx[i] = b < valid ? is * (g(i) * w - meanG - (x[i] - mu) * is * meanGX) : 0.0f;
+        dx[i] = b < valid ? is * (dy[i] * w - meanG - (x[i] - mu) * is * meanGX) : 0.0f;
       }
     if constexpr (G::AFFINE) {
-      arg<float>(p, k + 1)[c] = sumDyX;
-      arg<float>(p, k + 2)[c] = sumDy;
+      arg<float>(p, 6)[c] = sumDyX;
+      arg<float>(p, 7)[c] = sumDy;
     }
   }
 };
