@@ -7,19 +7,36 @@ import (
 	"github.com/cnnc/cnnc/compiler/ops"
 )
 
-// Batch norm (templates/batchnorm.cu.tmpl): the statistics (training: one
-// block per channel, a deterministic reduction over the valid samples,
-// running statistics updated in place; evaluation: read from the running
-// ones) and the gradient (one block per channel). The normalisation itself
-// is an elementwise kernel bound in its op's file. Both read the batch's
+// Batch norm (templates/batchnorm.cu.tmpl): the statistics (training: two
+// passes — per (chunk of bnChunk values, channel) cells, one warp each, the
+// chunk's mean and M2 into a scratch buffer, then one small block per
+// channel merging them in a fixed order with Chan's update into the batch
+// mean and variance, the running statistics updated in place; evaluation:
+// read from the running ones) and the gradient (three passes: the same
+// cells' sums of dy and dy·x̂, a block per channel adding them, dx
+// elementwise). One block per channel reading the whole tensor (as
+// before) kept most SMs idle: ResNet-18's first stage has 64 channels.
+// The normalisation itself is an elementwise kernel bound in its op's file
+// (the ReLU after it folded in by the fuse pass). All read the batch's
 // valid count from the step's scalar block: a padded last batch is
 // normalised over its real samples.
+//
+// The cells' layout, part[(c·chunks + p)·2 + {mean, M2}] with chunk p the
+// values p·bnChunk.. of the channel's batch-major B·S, is the conv
+// forward's column tile (bnChunk = its BN): a conv block could write the
+// cells in its epilogue and make the first pass unnecessary.
 
 const bnThreads = 256 // the templates' reductions assume it
+
+// bnChunk is the statistics' first pass's values a cell (a warp's, so a
+// multiple of 32).
+const bnChunk = 64
 
 func init() {
 	register(ops.BatchNormStats, batchNormRule)
 	register(ops.BatchNormGrad, batchNormRule)
+	registerScratch(ops.BatchNormStats, batchNormStatsScratch)
+	registerScratch(ops.BatchNormGrad, batchNormGradScratch)
 }
 
 // bnKernel is what the batch norm templates read.
@@ -28,6 +45,20 @@ type bnKernel struct {
 	B, C, S       int64
 	Eps, Momentum string
 	Affine        bool
+	Chunk, Chunks int64 // the statistics' cells
+}
+
+// bnCells is the statistics' scratch: (mean, M2) per chunk and channel.
+func bnCells(c, s, batch int64) ir.Type {
+	return ir.F32Fixed(c, (batch*s+bnChunk-1)/bnChunk, 2)
+}
+
+// batchNormStatsScratch is batchNormRule's scratch for the training
+// statistics (samples: the batch; evaluation's kernel needs none, and a
+// plan's workspace holding it costs a few bytes per value of the batch).
+func batchNormStatsScratch(n *ir.Node, samples int64, _ sizing) (int64, error) {
+	c, s := n.Ins[0].Type.Dims[0], n.Ins[0].Type.SampleElems()/n.Ins[0].Type.Dims[0]
+	return ScratchAligned(bnCells(c, s, samples).Bytes(1)), nil
 }
 
 func batchNormRule(e *emitter, n *ir.Node) error {
@@ -44,7 +75,8 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 	} else if e.eval {
 		family = "batchnorm_stats_eval"
 	}
-	k := &bnKernel{B: e.batch, C: x.Dims[0], S: x.SampleElems() / x.Dims[0], Affine: n.Attrs.Bias}
+	k := &bnKernel{B: e.batch, C: x.Dims[0], S: x.SampleElems() / x.Dims[0], Affine: n.Attrs.Bias, Chunk: bnChunk}
+	k.Chunks = (k.B*k.S + bnChunk - 1) / bnChunk
 	k.Eps, k.Momentum = cFloat(n.Attrs.Eps), cFloat(n.Attrs.Momentum)
 	switch family {
 	case "batchnorm_grad":
@@ -69,11 +101,88 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 	}
 	args = append(args, scalarsArg) // the batch's valid count
 	grid, block := [3]uint32{uint32(k.C), 1, 1}, [3]uint32{bnThreads, 1, 1}
-	if family == "batchnorm_stats_eval" {
+	flops, bytes := n.FLOPs(e.batch), minBytes(n, e.batch)
+	switch family {
+	case "batchnorm_stats_eval":
 		grid = gridFor(k.C, elementwiseBlock)
 		block = [3]uint32{elementwiseBlock, 1, 1}
+	case "batchnorm_grad":
+		return batchNormGradPasses(e, n, k)
+	case "batchnorm_stats":
+		// the first pass reads x into the cells; the merge reads the cells
+		cells := e.scratch(n, "cells", bnCells(k.C, k.S, e.batch))
+		if err := batchNormCells(e, n, k, cells); err != nil {
+			return err
+		}
+		args[0] = buf(cells)
+		flops, bytes = 8*k.C*k.Chunks, bytes-n.Ins[0].Type.Bytes(e.batch)+cells.Type.Bytes(e.batch)
 	}
 	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: grid, Block: block, SharedBytes: 0,
-		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+		Args: args, FLOPs: flops, MinBytes: bytes})
+	return nil
+}
+
+// batchNormGradScratch is batchNormRule's scratch for the gradient: the
+// cells' sums, then the channels'.
+func batchNormGradScratch(n *ir.Node, samples int64, _ sizing) (int64, error) {
+	x := n.Ins[1].Type
+	c, s := x.Dims[0], x.SampleElems()/x.Dims[0]
+	return ScratchAligned(bnCells(c, s, samples).Bytes(1)) + ScratchAligned(ir.F32Fixed(c, 2).Bytes(1)), nil
+}
+
+// batchNormGradPasses launches the gradient's three passes: the cells'
+// sums of dy and dy·x̂, the channels' (and the parameters' gradients),
+// then dx elementwise (k is the last's kernel, already rendered).
+func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
+	dy, x, mean, invstd := n.Ins[0], n.Ins[1], n.Ins[2], n.Ins[3]
+	cells := e.scratch(n, "cells", bnCells(k.C, k.S, e.batch))
+	sums := e.scratch(n, "sums", ir.F32Fixed(k.C, 2))
+	shape := fmt.Sprintf("%s_b%d", shapeName(x.Type.Dims), e.batch)
+	pk, rk := *k, *k
+	pk.Name, pk.Doc = "batchnorm_grad_partial_"+shape, k.Doc+": the cells' sums"
+	rk.Name, rk.Doc = "batchnorm_grad_reduce_"+shape, k.Doc+": the channels' sums"
+	if k.Affine {
+		rk.Name += "_affine"
+	}
+	if err := e.kernel("batchnorm_grad_partial", pk.Name, &pk); err != nil {
+		return err
+	}
+	if err := e.kernel("batchnorm_grad_reduce", rk.Name, &rk); err != nil {
+		return err
+	}
+	const warps = bnThreads / 32
+	xBytes, cellBytes := x.Type.Bytes(e.batch), cells.Type.Bytes(e.batch)
+	e.launch(&Launch{Node: n, Kernel: pk.Name, Grid: [3]uint32{uint32((k.C*k.Chunks + warps - 1) / warps), 1, 1},
+		Block: [3]uint32{bnThreads, 1, 1}, Args: []Arg{buf(dy), buf(x), buf(mean), buf(invstd), buf(cells), scalarsArg},
+		FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: 2*xBytes + cellBytes})
+	rargs := []Arg{buf(cells), buf(sums)}
+	if k.Affine {
+		rargs = append(rargs, buf(n.Outs[1]), buf(n.Outs[2]))
+	}
+	e.launch(&Launch{Node: n, Kernel: rk.Name, Grid: [3]uint32{uint32(k.C), 1, 1}, Block: [3]uint32{bnThreads, 1, 1},
+		Args: append(rargs, scalarsArg), FLOPs: 2 * k.C * k.Chunks, MinBytes: cellBytes + 4*k.C*4})
+	args := []Arg{buf(dy), buf(x), buf(mean), buf(invstd)}
+	if k.Affine {
+		args = append(args, buf(n.Ins[4]))
+	}
+	args = append(args, buf(sums), buf(n.Outs[0]), scalarsArg)
+	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: gridFor(x.Type.Elems(e.batch), elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
+		Args: args, FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: 3 * xBytes})
+	return nil
+}
+
+// batchNormCells launches the statistics' first pass: x into the cells.
+func batchNormCells(e *emitter, n *ir.Node, k *bnKernel, cells *ir.Value) error {
+	pk := *k
+	pk.Name = fmt.Sprintf("batchnorm_stats_partial_%s_b%d", shapeName(n.Ins[0].Type.Dims), e.batch)
+	pk.Doc = fmt.Sprintf("batch norm statistics' cells over [B,%s] (B = %d, valid at run time)", shapeName(n.Ins[0].Type.Dims), e.batch)
+	if err := e.kernel("batchnorm_stats_partial", pk.Name, &pk); err != nil {
+		return err
+	}
+	const warps = bnThreads / 32
+	blocks := (k.C*k.Chunks + warps - 1) / warps
+	x := n.Ins[0]
+	e.launch(&Launch{Node: n, Kernel: pk.Name, Grid: [3]uint32{uint32(blocks), 1, 1}, Block: [3]uint32{bnThreads, 1, 1},
+		Args: []Arg{buf(x), buf(cells), scalarsArg}, FLOPs: n.FLOPs(e.batch), MinBytes: x.Type.Bytes(e.batch) + cells.Type.Bytes(e.batch)})
 	return nil
 }

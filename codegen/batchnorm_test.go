@@ -1,6 +1,7 @@
 package codegen_test
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
+	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/runtime/cpu"
 )
 
@@ -52,4 +54,115 @@ func TestBatchNormSteps(t *testing.T) {
 	src, err := os.ReadFile("../compiler/plan/testdata/bn.cnn")
 	require.NoError(t, err)
 	checkSteps(t, "bn.cnn", src, 6, 3, 3)
+}
+
+// bnReLUNodes compiles testdata/bnrelu_odd.cnn and returns its batch norm
+// normalisations with the ReLU folded in and the relu_grad nodes of their
+// masks: both kinds of mask (relu_grad, and maskout in the linear block's
+// input gradient) must be there.
+func bnReLUNodes(t *testing.T, path string) (*compiler.Result, []*ir.Node) {
+	t.Helper()
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("bnrelu_odd.cnn", src, compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	var maskout bool
+	for _, n := range res.Graph.Nodes {
+		switch {
+		case (n.Op == ops.BatchNorm2D || n.Op == ops.BatchNorm1D) && n.Attrs.ReLU:
+			nodes = append(nodes, n)
+		case n.Op == ir.OpReLUGrad && n.Name == "bn":
+			nodes = append(nodes, n)
+		case n.Op == ir.OpReLU:
+			t.Fatalf("%s: a ReLU after batch norm is not folded", n.Text())
+		}
+		maskout = maskout || (n.Op == ir.OpLinearBlockGradInput && n.Attrs.MaskOut)
+	}
+	require.Len(t, nodes, 3, "bn and bf with their ReLUs, bn's mask")
+	require.True(t, maskout, "the logits' input gradient applies bf's ReLU mask")
+	return res, nodes
+}
+
+// Batch norm's normalisation with the ReLU folded in, and its mask's
+// gradient, on the CPU emulator against the float64 reference with
+// NaN-poisoned outputs, at batches 1 and 3 on odd shapes (5 channels of
+// 7x5 maps, 9 features). Tolerance: kernelcheck.Tolerance — a subtract,
+// two multiplies and an add per element, no reduction.
+func TestBatchNormReLUKernels(t *testing.T) {
+	_, nodes := bnReLUNodes(t, "testdata/bnrelu_odd.cnn")
+	for _, batch := range []int64{1, 3} {
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+		require.NoError(t, err)
+		for i, n := range nodes {
+			ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+			o := reference.NodeOptions{Training: true, Update: true}
+			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, o)
+			require.NoError(t, err, n.Text())
+			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s: %s", n.Text(), r)
+			t.Logf("b%d %s: %s", batch, n.Text(), r)
+		}
+		dev.Close()
+	}
+}
+
+// Whole training steps of testdata/bnrelu_odd.cnn (batch norms with their
+// ReLUs folded in) on the CPU emulator against the reference.
+func TestBatchNormReLUSteps(t *testing.T) {
+	src, err := os.ReadFile("testdata/bnrelu_odd.cnn")
+	require.NoError(t, err)
+	checkSteps(t, "bnrelu_odd.cnn", src, 3, 4, 3)
+}
+
+// The training statistics' two passes and the gradient's three over more
+// chunks than the per-channel blocks have threads (17 samples of 33x31
+// maps: 272 chunks of 64 values a channel, the last one partial), against
+// the reference with NaN-poisoned outputs, and a padded batch (9 valid: a
+// chunk straddles the end of the valid values). Tolerance:
+// kernelcheck.Tolerance — Chan's merges of chunk means and M2 (a Welford
+// pass over 64 values, then 5 + 2 + 8 levels of pairwise merges), and the
+// gradient's sums (64 values, then 2 in order, then 8 levels), keep the
+// relative error near the depth times 2^-24, far below it.
+func TestBatchNormManyChunks(t *testing.T) {
+	const src = `model T(image: f32[3,33,31], label: class[4]) {
+    c = conv2d(image, out=3, kernel=1, bias=false)
+    bn = batchnorm2d(c)
+    logits = linear(flatten(bn), out=4)
+    loss = cross_entropy(logits, label)
+}
+`
+	res, err := compiler.CompileSource("t.cnn", []byte(src), compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		if n.Op == ops.BatchNormStats || n.Op == ops.BatchNormGrad {
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 2)
+	const batch = 17
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+	require.NoError(t, err)
+	require.Len(t, prog.Launches, 5, "the statistics' cells and merge, the gradient's cells, sums and dx")
+	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+	require.NoError(t, err)
+	defer dev.Close()
+	for i, n := range nodes {
+		ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(8, uint64(i))))
+		if n.Op == ops.BatchNormStats {
+			for j := range ins[0] { // an offset the variance must not cancel against
+				ins[0][j] = float64(float32(ins[0][j] + 3))
+			}
+			for j := range ins[2] { // running variances are positive
+				ins[2][j] = math.Abs(ins[2][j]) + 0.1
+			}
+		}
+		r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, reference.NodeOptions{Training: true, Update: true})
+		require.NoError(t, err)
+		require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, r.String())
+		t.Logf("%s", r)
+		require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 9), n.Text())
+	}
 }

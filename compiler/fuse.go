@@ -20,7 +20,8 @@ import (
 // the weight gradient recomputes it; its parameters get separate updates),
 // linear [-> relu] one linear_block,
 // cross_entropy one softmax_cross_entropy that also writes the logits'
-// gradient. Images arrive as uint8 HWC, converted inside conv loads (or by
+// gradient, batch norm's normalisation [-> relu] one normalisation with the
+// ReLU folded in (Attrs.ReLU; its statistics stay a node of their own). Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
 //
 // Backward: derived again over the fused forward graph by autodiff's
@@ -29,7 +30,8 @@ import (
 // is replaced, not patched.
 // A block's backward kernels read the gradient of its output at output
 // resolution and route it through the argmax on the fly. A grad_input whose
-// input comes from a ReLU block (or a standalone ReLU) with no other reader
+// input comes from a ReLU block (or a standalone ReLU, or a batch norm with
+// its ReLU folded in) with no other reader
 // applies that ReLU's mask in its epilogue (maskout), and that block's
 // backward then takes the gradient as already masked (the standalone ReLU
 // adds no gradient kernel). Each parameter's update is fused into the
@@ -154,6 +156,8 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 		}
 	case n.Op == ir.OpLinear:
 		out = f.linearBlock(n)
+	case n.Op == ops.BatchNorm2D || n.Op == ops.BatchNorm1D:
+		out = f.batchNormReLU(n)
 	case n.Op == ir.OpCrossEntropy:
 		out = f.g.NewNode(ir.OpSoftmaxCrossEntropy, n.Name, ir.Forward, n.Pos, []*ir.Value{f.val(n.Ins[0]), f.val(n.Ins[1])},
 			[]string{n.Out().Name, n.Ins[0].Name + ".grad", n.Name + ".correct"}, ir.RoleActivation)
@@ -287,6 +291,31 @@ func (f *fuser) replaceOutput(last, b *ir.Node) {
 func (f *fuser) linearBlock(n *ir.Node) *ir.Node {
 	a, ins, last := f.blockStart(n)
 	b := f.g.NewNode(ir.OpLinearBlock, n.Name, ir.Forward, n.Pos, ins, []string{last.Out().Name}, ir.RoleActivation)
+	b.Attrs = a
+	f.replaceOutput(last, b)
+	return b
+}
+
+// batchNormReLU copies batch norm's normalisation n, with a ReLU that is
+// its only reader folded in (Attrs.ReLU): one elementwise kernel instead
+// of two, and the normalised values before the ReLU never exist. Its
+// statistics node stays before it (compiler/ops/batchnorm.go).
+func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
+	last := n
+	a := n.Attrs
+	if r := f.only(n.Out(), ir.OpReLU); r != nil {
+		a.ReLU = true
+		f.absorbed[r] = true
+		last = r
+	}
+	ins := make([]*ir.Value, len(n.Ins))
+	for i, v := range n.Ins {
+		ins[i] = f.val(v)
+		if v == f.image {
+			ins[i] = f.tensor
+		}
+	}
+	b := f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, []string{last.Out().Name}, ir.RoleActivation)
 	b.Attrs = a
 	f.replaceOutput(last, b)
 	return b

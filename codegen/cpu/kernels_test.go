@@ -272,3 +272,37 @@ func TestConvTanhPoolKernels(t *testing.T) {
 		assert.Less(t, worst, kernelcheck.Tolerance)
 	}
 }
+
+// Batch norm's normalisation with the ReLU folded in (the fuse pass), and its mask's gradient,
+// of ../testdata/bnrelu_odd.cnn (5 channels of 7x5 maps, 9 features; affine and not) on every
+// instruction set against the reference with NaN-poisoned outputs, at batches 1 and 3 —
+// codegen's TestBatchNormReLUKernels. Tolerance: kernelcheck.Tolerance — a subtract, two
+// multiplies and an add per element, no reduction.
+func TestBatchNormReLUKernels(t *testing.T) {
+	src, err := os.ReadFile("../testdata/bnrelu_odd.cnn")
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("bnrelu_odd.cnn", src, compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		if (n.Op == ops.BatchNorm2D || n.Op == ops.BatchNorm1D) && n.Attrs.ReLU || n.Op == ir.OpReLUGrad && n.Name == "bn" {
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 3, "bn and bf with their ReLUs, bn's mask")
+	for _, batch := range []int64{1, 3} {
+		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		for _, isa := range isas(t) {
+			dev := openDevice(t, prog, native.Options{ISA: isa})
+			for i, n := range nodes {
+				ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				o := reference.NodeOptions{Training: true, Update: true}
+				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, o)
+				require.NoError(t, err, "%s %s", isa, n.Text())
+				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, n.Text(), r)
+				t.Logf("b%d %s %s: %s", batch, isa, n.Text(), r)
+			}
+		}
+	}
+}

@@ -39,7 +39,7 @@ func init() {
 	for _, op := range []ir.Op{ops.BatchNorm2D, ops.BatchNorm1D} {
 		register(op, elementwise("batchnorm_apply", "BNApply<%s>", func(n *ir.Node) []def {
 			c, s := bnGeom(n.Ins[0].Type)
-			return []def{{"C", c}, {"S", s}, {"AFFINE", len(n.Ins) == 5}}
+			return []def{{"C", c}, {"S", s}, {"AFFINE", len(n.Ins) == 5}, {"RELU", n.Attrs.ReLU}}
 		}))
 	}
 	register(ops.ConcatGrad, concatGrad)

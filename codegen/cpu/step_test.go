@@ -107,6 +107,15 @@ func TestBatchNormSteps(t *testing.T) {
 	checkSteps(t, "bn.cnn", src, 6, 3, 3)
 }
 
+// Whole training steps of ../testdata/bnrelu_odd.cnn (batch norms with their ReLUs folded in,
+// one mask applied by relu_grad, one by the linear block's maskout) against the reference —
+// codegen's TestBatchNormReLUSteps.
+func TestBatchNormReLUSteps(t *testing.T) {
+	src, err := os.ReadFile("../testdata/bnrelu_odd.cnn")
+	require.NoError(t, err)
+	checkSteps(t, "bnrelu_odd.cnn", src, 3, 4, 3)
+}
+
 // fitOneBatch trains examples/name on the CPU target as a trainer runs it (trainergen's plan
 // and Spec, a trainer.Session on runtime/native) on one repeated batch of random images at the
 // given rate, and returns the losses.

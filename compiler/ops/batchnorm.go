@@ -33,6 +33,13 @@ import (
 //	dx = invstd·(g - mean(g) - x̂·mean(g·x̂)),  g = dy·weight, x̂ = (x-mean)·invstd
 //	dweight = Σ dy·x̂,  dbias = Σ dy
 //
+// The fuse pass folds a ReLU that is the normalisation's only reader into
+// it (Attrs.ReLU, printed relu=true): y = max((x-mean)·invstd·weight +
+// bias, 0) in one elementwise kernel, the output named after the ReLU. Its
+// gradient is the standalone ReLU's: the mask y > 0, applied by the
+// reader's input-gradient epilogue (maskout) when it can take it, else by
+// a relu_grad kernel before batchnorm_grad.
+//
 // A padded last batch (fewer valid samples than the compiled batch) is
 // normalised over the valid samples only, and its padding gets no
 // gradient. Unlike PyTorch, which refuses a batch of one value per channel
@@ -44,6 +51,9 @@ var (
 	attrMomentum = ir.AttrSpec{Name: "momentum", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.Momentum) }}
 	// affine is the blocks' Bias flag: batch norm learns weight and bias
 	attrAffine = ir.AttrSpec{Name: "affine", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.Bias) }}
+	// relu: the fuse pass folded the ReLU after the normalisation into it
+	attrFusedReLU = ir.AttrSpec{Name: "relu", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.ReLU) },
+		Default: func(a *ir.Attrs) bool { return !a.ReLU }}
 )
 
 var BatchNormStats = New(&Def{
@@ -87,7 +97,7 @@ func bnDef(name string, rank, order int, torch, shape string) *Def {
 	}
 	return &Def{
 		OpInfo: ir.OpInfo{
-			Name: name, Infer: inferBN(rank), FLOPs: flopsPerOutput(4), ParamTypes: bnParamTypes, InPlace: inPlace0,
+			Name: name, Attrs: []ir.AttrSpec{attrFusedReLU}, Infer: inferBN(rank), FLOPs: flopsBNApply, ParamTypes: bnParamTypes, InPlace: inPlace0,
 		},
 		Doc: "batch normalisation",
 		DSL: &DSL{
@@ -125,12 +135,16 @@ func bnDef(name string, rank, order int, torch, shape string) *Def {
 		Ref:  refBNApply,
 		Kernel: Kernel{Elementwise: "batchnorm_apply", Data: func(n *ir.Node) map[string]any {
 			c, s := bnGeom(n.Ins[0].Type)
-			return map[string]any{"C": c, "S": s, "Affine": len(n.Ins) == 5}
+			return map[string]any{"C": c, "S": s, "Affine": len(n.Ins) == 5, "ReLU": n.Attrs.ReLU}
 		}, Suffix: func(n *ir.Node) string {
+			s := "plain"
 			if len(n.Ins) == 5 {
-				return "affine"
+				s = "affine"
 			}
-			return "plain"
+			if n.Attrs.ReLU {
+				s += "_relu"
+			}
+			return s
 		}},
 		ONNX: &ONNX{Emit: emitBN},
 	}
@@ -151,9 +165,14 @@ func expandBN(n *ir.Node, g *ir.Graph) []*ir.Node {
 }
 
 // bnGrad emits batchnorm_grad: dx (always), and the parameters' gradients.
-// The statistics get none: this rule differentiates through them.
+// The statistics get none: this rule differentiates through them. A
+// folded ReLU's mask comes first, as the standalone ReLU's rule applies it.
 func bnGrad(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 	x := n.Ins[0]
+	if n.Attrs.ReLU && !b.Marked(maskedKey, n.Out()) {
+		// the normalised values' gradient, named as the unfused graph names it
+		dy = b.Node(ir.OpReLUGrad, n, ir.Attrs{}, []*ir.Value{dy, n.Out()}, []string{n.Name + ".grad"}, ir.RoleActGrad).Out()
+	}
 	affine := len(n.Ins) == 5
 	ins := []*ir.Value{dy, x, n.Ins[1], n.Ins[2]}
 	outs := []string{x.Name + ".grad"}
@@ -260,6 +279,16 @@ func inferBNGrad(n *ir.Node) ([]ir.Type, error) {
 // per element.
 func flopsBNStats(n *ir.Node) int64 { return ir.MulSat(4, n.Ins[0].Type.SampleElems()) }
 
+// flopsBNApply: subtract, two multiplies and an add per output, and the
+// folded ReLU's max.
+func flopsBNApply(n *ir.Node) int64 {
+	k := int64(4)
+	if n.Attrs.ReLU {
+		k++
+	}
+	return ir.MulSat(k, n.Outs[0].Type.SampleElems())
+}
+
 func flopsPerInput0(k int64) func(*ir.Node) int64 {
 	return func(n *ir.Node) int64 { return ir.MulSat(k, n.Ins[0].Type.SampleElems()) }
 }
@@ -319,6 +348,9 @@ func refBNApply(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 		y[i] = (v - mean[ch]) * invstd[ch]
 		if len(ins) == 5 {
 			y[i] = y[i]*ins[3][ch] + ins[4][ch]
+		}
+		if n.Attrs.ReLU {
+			y[i] = math.Max(y[i], 0)
 		}
 	}
 	return [][]float64{y}

@@ -154,7 +154,10 @@ func maskSource(b GradBuilder, x *ir.Value) *ir.Value {
 		return src
 	}
 	if d := src.Def; d != nil && d.Op == ir.OpReLU {
-		return src // a standalone ReLU (after batch norm): y > 0 is its mask too
+		return src // a standalone ReLU: y > 0 is its mask too
+	}
+	if d := src.Def; d != nil && (d.Op == BatchNorm2D || d.Op == BatchNorm1D) && d.Attrs.ReLU {
+		return src // a batch norm with its ReLU folded in (the fuse pass)
 	}
 	return nil
 }
