@@ -2035,7 +2035,8 @@ struct BNGrad {  // dy, x, mean, invstd, [weight,] dx, [dweight, dbias,] scalars
   }
 };
 template <class E>
-struct BNApply {  // x, mean, invstd, [weight, bias,] out: (x - mean)·invstd[·weight + bias] (out may be x)
+struct BNApply {  // x, mean, invstd, [weight, bias,] out: (x - mean)·invstd[·weight + bias], then max(·, 0) with
+                  // RELU (the ReLU after the batch norm, folded in: ReLU's formula) (out may be x)
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
   static void run(const uint64_t* p, int64_t task, float*) {
     const float* x = arg<const float>(p, 0);
@@ -2045,11 +2046,14 @@ struct BNApply {  // x, mean, invstd, [weight, bias,] out: (x - mean)·invstd[·
     CNNC_RANGE(E::N);
     for (long i = lo; i < hi; i++) {
       const long c = (i / E::S) % E::C;
+      float v;
       if constexpr (E::AFFINE) {
-        out[i] = (x[i] - mean[c]) * invstd[c] * arg<const float>(p, 3)[c] + arg<const float>(p, 4)[c];
+        v = (x[i] - mean[c]) * invstd[c] * arg<const float>(p, 3)[c] + arg<const float>(p, 4)[c];
       } else {
-        out[i] = (x[i] - mean[c]) * invstd[c];
+        v = (x[i] - mean[c]) * invstd[c];
       }
+      if constexpr (E::RELU) v = v > 0.0f ? v : 0.0f;
+      out[i] = v;
     }
   }
 };
