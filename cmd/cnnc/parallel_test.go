@@ -356,7 +356,9 @@ func TestBuiltDataParallelRanksSurviveAKilledRank(t *testing.T) {
 			waitForLog(t, log, ranks)
 			require.NoError(t, ranks[victim].cmd.Process.Kill())
 			killed := time.Now()
-			ranks[victim].cmd.Wait()
+			// the victim's own goroutine waits for it (startRanksWith): a second
+			// cmd.Wait beside that one can block forever in os/exec
+			ranks[victim].wait(time.Minute)
 			for r, rk := range ranks {
 				if r == victim {
 					continue
