@@ -466,9 +466,12 @@ func TestBuiltCUDADataParallelRanksSurviveAKilledRank(t *testing.T) {
 }
 
 // abortedWords are a rank's words for its aborted communicator: a
-// collective that the abort ended (the fake's), or one called after it
-// (runtime/nccl's).
-const abortedWords = `this rank aborted the communicator \(ncclCommAbort\)|the communicator was aborted`
+// collective that the abort ended (the fake's), one called after it
+// (runtime/nccl's), or — on the CUDA target, when a watched wait saw the
+// job's failure before the collective returned (cuda.WatchWaits checks the
+// job around each wait) — the trainer's own (runtime/trainer/cli's
+// namingTheJob), whose step error is then the job's failure itself.
+const abortedWords = `this rank aborted the communicator \(ncclCommAbort\)|the communicator was aborted|this rank's communicator was aborted`
 
 // rankProcess is one rank of a job started by startRanks.
 type rankProcess struct {
