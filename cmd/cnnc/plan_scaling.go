@@ -136,10 +136,12 @@ func runScaling(path string, res *compiler.Result, cfg plan.Config, pf *planFlag
 			return err
 		}
 		prev = ch
-		pp, err := perf.ParallelStep(ch.Best, ch.Prediction, fabric)
-		if err != nil {
-			fmt.Fprintf(stderr, "cnnc: %v\n", err)
-			return exitError{exitModel}
+		pp := ch.Parallel // nil when scalingChoice reused the previous count's launches
+		if pp == nil {
+			if pp, err = perf.ParallelStep(ch.Best, ch.Prediction, fabric); err != nil {
+				fmt.Fprintf(stderr, "cnnc: %v\n", err)
+				return exitError{exitModel}
+			}
 		}
 		pp.CompareOneDevice(oneStep)
 		row := scalingRow{GPUs: n, Nodes: pf.nnodes, GlobalBatch: rank.Train.Batch, Launches: len(ch.Prediction.Launches),

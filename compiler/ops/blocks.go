@@ -200,15 +200,7 @@ func blockGrad(gradOp, weightOp ir.Op) GradRule {
 		if g.ClipGradNorm > 0 {
 			// clipping reads every gradient before any update: the
 			// gradients go to buffers, the updates come after the norm
-			var names []string
-			for _, p := range params {
-				names = append(names, p.Name+".grad")
-			}
-			w := b.Node(weightOp, n, wa, ins, names, ir.RoleGrad)
-			for i, p := range params {
-				w.Outs[i].Param = p.Param
-				grads[1+i] = w.Outs[i]
-			}
+			gradientBuffers(b, weightOp, n, wa, ins, params, grads)
 			return grads
 		}
 		wa.Opt = g.Opt
@@ -313,4 +305,19 @@ func fusedUpdate(env *RefEnv, n *ir.Node, p ir.BlockParts, vals map[*ir.Value][]
 		o.Ref(opt, env.Step, vals[pv], grads[i], state)
 	}
 	return nil
+}
+
+// gradientBuffers adds n's weight-gradient node op (attributes a, inputs
+// ins) writing each parameter's gradient to a buffer of its own (no fused
+// update), and sets grads[1+i] to parameter i's.
+func gradientBuffers(b GradBuilder, op ir.Op, n *ir.Node, a ir.Attrs, ins, params []*ir.Value, grads []*ir.Value) {
+	var names []string
+	for _, p := range params {
+		names = append(names, p.Name+".grad")
+	}
+	w := b.Node(op, n, a, ins, names, ir.RoleGrad)
+	for i, p := range params {
+		w.Outs[i].Param = p.Param
+		grads[1+i] = w.Outs[i]
+	}
 }

@@ -249,15 +249,7 @@ func convTanhPoolGrad(b GradBuilder, n *ir.Node, dy *ir.Value, need []bool) []*i
 	} else {
 		ins = append(ins, params...)
 	}
-	var names []string
-	for _, p := range params {
-		names = append(names, p.Name+".grad")
-	}
-	w := b.Node(ConvTanhPoolGradWeightOp, n, a, ins, names, ir.RoleGrad)
-	for i, p := range params {
-		w.Outs[i].Param = p.Param
-		grads[1+i] = w.Outs[i]
-	}
+	gradientBuffers(b, ConvTanhPoolGradWeightOp, n, a, ins, params, grads)
 	return grads
 }
 
