@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
@@ -46,6 +47,12 @@ type bnKernel struct {
 	Eps, Momentum string
 	Affine        bool
 	Chunk, Chunks int64 // the statistics' cells
+	// Act is the gradient's folded activation's kernel family ("" for
+	// none; its formulas are templates/activations.cu.tmpl's), YSave that
+	// its gradient reads the output, Consts its constants.
+	Act    string
+	YSave  bool
+	Consts map[string]string
 }
 
 // bnCells is the statistics' scratch: (mean, M2) per chunk and channel.
@@ -84,6 +91,7 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 		if k.Affine {
 			k.Name += "_affine"
 		}
+		k.Name += bnAct(n, k)
 		k.Doc = fmt.Sprintf("batch norm gradient over [B,%s] (B = %d, valid at run time)", shapeName(x.Dims), e.batch)
 	default:
 		k.Name = fmt.Sprintf("%s_%s_b%d_eps%s_m%s", family, shapeName(x.Dims), e.batch, nameNumber(n.Attrs.Eps), nameNumber(n.Attrs.Momentum))
@@ -144,6 +152,14 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 	if k.Affine {
 		rk.Name += "_affine"
 	}
+	var wb []Arg // the folded activation's z reads weight and bias
+	if k.Act != "" {
+		pk.Name += bnAct(n, &pk)
+		if k.Affine {
+			pk.Name += "_affine"
+			wb = []Arg{buf(n.Ins[4]), buf(n.Ins[5])}
+		}
+	}
 	if err := e.kernel("batchnorm_grad_partial", pk.Name, &pk); err != nil {
 		return err
 	}
@@ -153,7 +169,7 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 	const warps = bnThreads / 32
 	xBytes, cellBytes := x.Type.Bytes(e.batch), cells.Type.Bytes(e.batch)
 	e.launch(&Launch{Node: n, Kernel: pk.Name, Grid: [3]uint32{uint32((k.C*k.Chunks + warps - 1) / warps), 1, 1},
-		Block: [3]uint32{bnThreads, 1, 1}, Args: []Arg{buf(dy), buf(x), buf(mean), buf(invstd), buf(cells), scalarsArg},
+		Block: [3]uint32{bnThreads, 1, 1}, Args: append(append([]Arg{buf(dy), buf(x), buf(mean), buf(invstd)}, wb...), buf(cells), scalarsArg),
 		FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: 2*xBytes + cellBytes})
 	rargs := []Arg{buf(cells), buf(sums)}
 	if k.Affine {
@@ -161,14 +177,31 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 	}
 	e.launch(&Launch{Node: n, Kernel: rk.Name, Grid: [3]uint32{uint32(k.C), 1, 1}, Block: [3]uint32{bnThreads, 1, 1},
 		Args: append(rargs, scalarsArg), FLOPs: 2 * k.C * k.Chunks, MinBytes: cellBytes + 4*k.C*4})
-	args := []Arg{buf(dy), buf(x), buf(mean), buf(invstd)}
-	if k.Affine {
+	args := append([]Arg{buf(dy), buf(x), buf(mean), buf(invstd)}, wb...)
+	if k.Affine && k.Act == "" {
 		args = append(args, buf(n.Ins[4]))
 	}
 	args = append(args, buf(sums), buf(n.Outs[0]), scalarsArg)
 	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: gridFor(x.Type.Elems(e.batch), elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
 		Args: args, FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: 3 * xBytes})
 	return nil
+}
+
+// bnAct sets k's folded activation from gradient node n (Attrs.Act) and
+// returns the kernel name's suffix for it: the family and its constants.
+func bnAct(n *ir.Node, k *bnKernel) string {
+	k.Act = ops.BNActKernel(&n.Attrs)
+	if k.Act == "" {
+		return ""
+	}
+	k.YSave = ops.PointwiseOf(n.Attrs.Act).SaveOutput
+	k.Consts = map[string]string{}
+	suffix := "_" + k.Act
+	for _, c := range ops.BNActConsts(&n.Attrs) {
+		k.Consts[c.Name] = cFloat(c.Value)
+		suffix += fmt.Sprintf("_%s%s", strings.ToLower(c.Name), nameNumber(c.Value))
+	}
+	return suffix
 }
 
 // batchNormCells launches the statistics' first pass: x into the cells.

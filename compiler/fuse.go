@@ -20,8 +20,9 @@ import (
 // the weight gradient recomputes it; its parameters get separate updates),
 // linear [-> relu] one linear_block,
 // cross_entropy one softmax_cross_entropy that also writes the logits'
-// gradient, batch norm's normalisation [-> relu] one normalisation with the
-// ReLU folded in (Attrs.ReLU; its statistics stay a node of their own). Images arrive as uint8 HWC, converted inside conv loads (or by
+// gradient, batch norm's normalisation [-> relu or another pointwise
+// activation] one normalisation with the activation folded in (Attrs.ReLU,
+// Attrs.Act; its statistics stay a node of their own). Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
 //
 // Backward: derived again over the fused forward graph by autodiff's
@@ -203,6 +204,10 @@ func (f *fuser) blockStart(n *ir.Node) (ir.Attrs, []*ir.Value, *ir.Node) {
 		a.ReLU = true
 		f.absorbed[r] = true
 		last = r
+	} else if rs := f.readers[n.Out()]; len(rs) == 1 && ops.PointwiseOf(rs[0].Op) != nil && f.only(n.Out(), rs[0].Op) != nil {
+		a.Act, a.Alpha = rs[0].Op, rs[0].Attrs.Alpha
+		f.absorbed[rs[0]] = true
+		last = rs[0]
 	}
 	ins := []*ir.Value{f.val(n.Ins[0]), n.Ins[1]}
 	if a.Bias {
@@ -297,8 +302,9 @@ func (f *fuser) linearBlock(n *ir.Node) *ir.Node {
 }
 
 // batchNormReLU copies batch norm's normalisation n, with a ReLU that is
-// its only reader folded in (Attrs.ReLU): one elementwise kernel instead
-// of two, and the normalised values before the ReLU never exist. Its
+// its only reader folded in (Attrs.ReLU), or another pointwise activation
+// (Attrs.Act, ops.PointwiseOf): one elementwise kernel instead of two, and
+// the normalised values before the activation never exist. Its
 // statistics node stays before it (compiler/ops/batchnorm.go).
 func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
 	last := n
@@ -307,6 +313,10 @@ func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
 		a.ReLU = true
 		f.absorbed[r] = true
 		last = r
+	} else if rs := f.readers[n.Out()]; len(rs) == 1 && ops.PointwiseOf(rs[0].Op) != nil && f.only(n.Out(), rs[0].Op) != nil {
+		a.Act, a.Alpha = rs[0].Op, rs[0].Attrs.Alpha
+		f.absorbed[rs[0]] = true
+		last = rs[0]
 	}
 	ins := make([]*ir.Value, len(n.Ins))
 	for i, v := range n.Ins {

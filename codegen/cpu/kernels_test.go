@@ -306,3 +306,42 @@ func TestBatchNormReLUKernels(t *testing.T) {
 		}
 	}
 }
+
+// Batch norm's normalisation with each activation besides ReLU folded in (Attrs.Act), and the
+// gradient that recomputes z and applies the activation's derivative (cnnc_cpu.h's BNApply and
+// BNGrad on the activation's functor), of ../testdata/bnact_odd.cnn on every instruction set
+// against the reference with NaN-poisoned outputs, at batches 1 and 3, and a padded batch —
+// codegen's TestBatchNormActKernels. Tolerance: kernelcheck.Tolerance — the normalisation's four
+// operations and the activation's formula per element; the gradient's sums (in double) over at
+// most 3·35 values.
+func TestBatchNormActKernels(t *testing.T) {
+	src, err := os.ReadFile("../testdata/bnact_odd.cnn")
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("bnact_odd.cnn", src, compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		if n.Attrs.Act != 0 {
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 12, "six normalisations with their activations, and their gradients")
+	for _, batch := range []int64{1, 3} {
+		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		for _, isa := range isas(t) {
+			dev := openDevice(t, prog, native.Options{ISA: isa})
+			for i, n := range nodes {
+				ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				o := reference.NodeOptions{Training: true, Update: true}
+				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, o)
+				require.NoError(t, err, "%s %s", isa, n.Text())
+				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, n.Text(), r)
+				t.Logf("b%d %s %s: %s", batch, isa, n.Text(), r)
+				if n.Op == ops.BatchNormGrad && batch == 3 { // over 2 valid samples, 0 for the padding
+					require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), "%s %s", isa, n.Text())
+				}
+			}
+		}
+	}
+}

@@ -37,10 +37,13 @@ func init() {
 	register(ops.BatchNormStats, batchNormStats)
 	register(ops.BatchNormGrad, batchNormGrad)
 	for _, op := range []ir.Op{ops.BatchNorm2D, ops.BatchNorm1D} {
-		register(op, elementwise("batchnorm_apply", "BNApply<%s>", func(n *ir.Node) []def {
-			c, s := bnGeom(n.Ins[0].Type)
-			return []def{{"C", c}, {"S", s}, {"AFFINE", len(n.Ins) == 5}, {"RELU", n.Attrs.ReLU}}
-		}))
+		register(op, func(e codegen.Emitter, n *ir.Node) error {
+			functor, consts := bnActFunctor(n)
+			return elementwise("batchnorm_apply", "BNApply<%[1]s, "+functor+">", func(n *ir.Node) []def {
+				c, s := bnGeom(n.Ins[0].Type)
+				return append([]def{{"C", c}, {"S", s}, {"AFFINE", len(n.Ins) == 5}, {"RELU", n.Attrs.ReLU}}, consts...)
+			})(e, n)
+		})
 	}
 	register(ops.ConcatGrad, concatGrad)
 	register(ir.OpDropout, dropout("dropout"))
@@ -190,7 +193,27 @@ func batchNormGrad(e codegen.Emitter, n *ir.Node) error {
 	if e.Eval() {
 		return fmt.Errorf("%s: no gradient in evaluation", n.Text())
 	}
-	return batchNorm(e, n, n.Ins[1].Type, "batchnorm_grad", "BNGrad<%s>", []def{{"AFFINE", n.Attrs.Bias}})
+	functor, consts := bnActFunctor(n)
+	ysave := false
+	if p := ops.PointwiseOf(n.Attrs.Act); p != nil {
+		ysave = p.SaveOutput
+	}
+	extra := append([]def{{"AFFINE", n.Attrs.Bias}, {"ACT", n.Attrs.Act != 0}, {"YSAVE", ysave}}, consts...)
+	return batchNorm(e, n, n.Ins[1].Type, "batchnorm_grad", "BNGrad<%[1]s, "+functor+">", extra)
+}
+
+// bnActFunctor is the functor of the activation folded into batch norm node n (Attrs.Act),
+// NoActF for none, and its constants: the activation's own kernels' (activations).
+func bnActFunctor(n *ir.Node) (string, []def) {
+	name := ops.BNActKernel(&n.Attrs)
+	if name == "" {
+		return "NoActF", nil
+	}
+	a := activations[name]
+	if a.consts == nil {
+		return a.functor, nil
+	}
+	return a.functor, a.consts(n)
 }
 
 func batchNorm(e codegen.Emitter, n *ir.Node, x ir.Type, family, impl string, extra []def) error {

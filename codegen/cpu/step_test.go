@@ -116,6 +116,15 @@ func TestBatchNormReLUSteps(t *testing.T) {
 	checkSteps(t, "bnrelu_odd.cnn", src, 3, 4, 3)
 }
 
+// Whole training steps of ../testdata/bnact_odd.cnn (batch norms with every activation besides
+// ReLU folded in, their gradients recomputing z) against the reference — codegen's
+// TestBatchNormActSteps.
+func TestBatchNormActSteps(t *testing.T) {
+	src, err := os.ReadFile("../testdata/bnact_odd.cnn")
+	require.NoError(t, err)
+	checkSteps(t, "bnact_odd.cnn", src, 3, 4, 3)
+}
+
 // fitOneBatch trains examples/name on the CPU target as a trainer runs it (trainergen's plan
 // and Spec, a trainer.Session on runtime/native) on one repeated batch of random images at the
 // given rate, and returns the losses.

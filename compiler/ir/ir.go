@@ -336,8 +336,12 @@ type Attrs struct {
 	Opt *Optimizer
 
 	// Fused blocks (see fused.go).
-	Bias       bool    // the block has a bias parameter
-	ReLU       bool    // a ReLU epilogue
+	Bias bool // the block has a bias parameter
+	ReLU bool // a ReLU epilogue
+	// Act is a pointwise activation other than ReLU folded into a batch
+	// norm (compiler/ops.PointwiseOf; Alpha its parameter); 0 — OpConv2D,
+	// never an activation — for none.
+	Act        Op
 	Pool       *Window // a max-pool epilogue
 	DOutMasked bool    // the incoming gradient already has the ReLU mask applied
 	MaskOut    bool    // multiply the input gradient by (x > 0): the producer's ReLU mask

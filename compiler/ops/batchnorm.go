@@ -40,6 +40,17 @@ import (
 // reader's input-gradient epilogue (maskout) when it can take it, else by
 // a relu_grad kernel before batchnorm_grad.
 //
+// It folds any other pointwise activation f (activation.go: leaky_relu,
+// sigmoid, tanh, gelu, silu, hardswish) the same way (Attrs.Act, printed
+// act=NAME, with slope=... for leaky_relu): y = f(z), z = (x-mean)·invstd·
+// weight + bias, in the one kernel, the activation's own formula. Its
+// gradient saves nothing more than batch norm's: batchnorm_grad (act=NAME;
+// it reads bias too when affine) recomputes z from x, the statistics,
+// weight and bias, takes dz = dy·f'(z) — the activation's gradient formula,
+// through f(z) where that reads the output — and differentiates batch norm
+// with dz. Unfused, z (or f(z)) would be saved for the activation's
+// gradient beside x.
+//
 // A padded last batch (fewer valid samples than the compiled batch) is
 // normalised over the valid samples only, and its padding gets no
 // gradient. Unlike PyTorch, which refuses a batch of one value per channel
@@ -54,6 +65,12 @@ var (
 	// relu: the fuse pass folded the ReLU after the normalisation into it
 	attrFusedReLU = ir.AttrSpec{Name: "relu", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.ReLU) },
 		Default: func(a *ir.Attrs) bool { return !a.ReLU }}
+	// act: the fuse pass folded this pointwise activation after the
+	// normalisation into it; slope is leaky_relu's
+	attrFusedAct = ir.AttrSpec{Name: "act", Text: func(a *ir.Attrs) string { return a.Act.String() },
+		Default: func(a *ir.Attrs) bool { return a.Act == 0 }}
+	attrFusedSlope = ir.AttrSpec{Name: "slope", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.Alpha) },
+		Default: func(a *ir.Attrs) bool { return a.Act != LeakyReLU }}
 )
 
 var BatchNormStats = New(&Def{
@@ -76,7 +93,7 @@ var BatchNorm1D = New(bnDef("batchnorm1d", 1, 91, "nn.BatchNorm1d", "`[F]` -> sa
 
 var BatchNormGrad = New(&Def{
 	OpInfo: ir.OpInfo{
-		Name: "batchnorm_grad", Attrs: []ir.AttrSpec{attrAffine}, Infer: inferBNGrad, FLOPs: flopsPerInput0(10),
+		Name: "batchnorm_grad", Attrs: []ir.AttrSpec{attrAffine, attrFusedAct, attrFusedSlope}, Infer: inferBNGrad, FLOPs: flopsBNGrad,
 		BatchCoupled: true,
 	},
 	Doc:    "a batch norm's input, weight and bias gradients, through the batch statistics",
@@ -97,7 +114,7 @@ func bnDef(name string, rank, order int, torch, shape string) *Def {
 	}
 	return &Def{
 		OpInfo: ir.OpInfo{
-			Name: name, Attrs: []ir.AttrSpec{attrFusedReLU}, Infer: inferBN(rank), FLOPs: flopsBNApply, ParamTypes: bnParamTypes, InPlace: inPlace0,
+			Name: name, Attrs: []ir.AttrSpec{attrFusedReLU, attrFusedAct, attrFusedSlope}, Infer: inferBN(rank), FLOPs: flopsBNApply, ParamTypes: bnParamTypes, InPlace: inPlace0,
 		},
 		Doc: "batch normalisation",
 		DSL: &DSL{
@@ -135,14 +152,17 @@ func bnDef(name string, rank, order int, torch, shape string) *Def {
 		Ref:  refBNApply,
 		Kernel: Kernel{Elementwise: "batchnorm_apply", Data: func(n *ir.Node) map[string]any {
 			c, s := bnGeom(n.Ins[0].Type)
-			return map[string]any{"C": c, "S": s, "Affine": len(n.Ins) == 5, "ReLU": n.Attrs.ReLU}
-		}, Suffix: func(n *ir.Node) string {
+			return map[string]any{"C": c, "S": s, "Affine": len(n.Ins) == 5, "ReLU": n.Attrs.ReLU, "Act": BNActKernel(&n.Attrs)}
+		}, Consts: BNActConsts, Suffix: func(n *ir.Node) string {
 			s := "plain"
 			if len(n.Ins) == 5 {
 				s = "affine"
 			}
 			if n.Attrs.ReLU {
 				s += "_relu"
+			}
+			if a := BNActKernel(&n.Attrs); a != "" {
+				s += "_" + a
 			}
 			return s
 		}},
@@ -164,9 +184,30 @@ func expandBN(n *ir.Node, g *ir.Graph) []*ir.Node {
 	return []*ir.Node{stats, n}
 }
 
+// BNActKernel is the kernel family of the activation folded into a batch
+// norm or its gradient (Attrs.Act; "" for none): the targets' formulas are
+// that family's.
+func BNActKernel(a *ir.Attrs) string {
+	if p := PointwiseOf(a.Act); p != nil {
+		return p.Fwd.Kernel.Elementwise
+	}
+	return ""
+}
+
+// BNActConsts are the folded activation's kernel constants (leaky_relu's
+// slope), as its own kernels take them.
+func BNActConsts(a *ir.Attrs) []Const {
+	if p := PointwiseOf(a.Act); p != nil && p.Fwd.Kernel.Consts != nil {
+		return p.Fwd.Kernel.Consts(a)
+	}
+	return nil
+}
+
 // bnGrad emits batchnorm_grad: dx (always), and the parameters' gradients.
 // The statistics get none: this rule differentiates through them. A
-// folded ReLU's mask comes first, as the standalone ReLU's rule applies it.
+// folded ReLU's mask comes first, as the standalone ReLU's rule applies it;
+// a folded activation's derivative is batchnorm_grad's own (act), from z
+// recomputed — it reads the bias for that.
 func bnGrad(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 	x := n.Ins[0]
 	if n.Attrs.ReLU && !b.Marked(maskedKey, n.Out()) {
@@ -180,7 +221,11 @@ func bnGrad(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 		ins = append(ins, n.Ins[3])
 		outs = append(outs, n.Ins[3].Name+".grad", n.Ins[4].Name+".grad")
 	}
-	gn := b.Node(BatchNormGrad, n, ir.Attrs{Bias: affine}, ins, outs, ir.RoleActGrad)
+	ga := ir.Attrs{Bias: affine, Act: n.Attrs.Act, Alpha: n.Attrs.Alpha}
+	if ga.Act != 0 && affine {
+		ins = append(ins, n.Ins[4])
+	}
+	gn := b.Node(BatchNormGrad, n, ga, ins, outs, ir.RoleActGrad)
 	gs := make([]*ir.Value, len(n.Ins))
 	gs[0] = gn.Outs[0]
 	if affine {
@@ -255,6 +300,9 @@ func inferBNGrad(n *ir.Node) ([]ir.Type, error) {
 	want := 4
 	if n.Attrs.Bias {
 		want = 5
+		if n.Attrs.Act != 0 {
+			want = 6 // the bias, for z
+		}
 	}
 	if len(n.Ins) != want {
 		return nil, fmt.Errorf("batchnorm_grad takes %d inputs, got %d", want, len(n.Ins))
@@ -280,13 +328,31 @@ func inferBNGrad(n *ir.Node) ([]ir.Type, error) {
 func flopsBNStats(n *ir.Node) int64 { return ir.MulSat(4, n.Ins[0].Type.SampleElems()) }
 
 // flopsBNApply: subtract, two multiplies and an add per output, and the
-// folded ReLU's max.
+// folded ReLU's max or the folded activation's own count.
 func flopsBNApply(n *ir.Node) int64 {
 	k := int64(4)
 	if n.Attrs.ReLU {
 		k++
 	}
-	return ir.MulSat(k, n.Outs[0].Type.SampleElems())
+	f := ir.MulSat(k, n.Outs[0].Type.SampleElems())
+	if p := PointwiseOf(n.Attrs.Act); p != nil {
+		f += p.Fwd.FLOPs(n)
+	}
+	return f
+}
+
+// flopsBNGrad: batch norm's ten per input value; with a folded activation,
+// z again (four), its f where the derivative reads the output, and the
+// activation's gradient.
+func flopsBNGrad(n *ir.Node) int64 {
+	f := flopsPerInput0(10)(n)
+	if p := PointwiseOf(n.Attrs.Act); p != nil {
+		f += ir.MulSat(4, n.Ins[0].Type.SampleElems()) + p.Grad.FLOPs(n)
+		if p.SaveOutput {
+			f += p.Fwd.FLOPs(n)
+		}
+	}
+	return f
 }
 
 func flopsPerInput0(k int64) func(*ir.Node) int64 {
@@ -353,14 +419,34 @@ func refBNApply(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 			y[i] = math.Max(y[i], 0)
 		}
 	}
+	if p := PointwiseOf(n.Attrs.Act); p != nil {
+		y = p.F(env, n, y)
+	}
 	return [][]float64{y}
+}
+
+// bnZ is the normalised x before a folded activation: (x-mean)·invstd,
+// then ·weight + bias when wb holds them.
+func bnZ(x, mean, invstd []float64, wb [][]float64, c, s int) []float64 {
+	z := make([]float64, len(x))
+	for i, v := range x {
+		ch := (i / s) % c
+		z[i] = (v - mean[ch]) * invstd[ch]
+		if len(wb) == 2 {
+			z[i] = z[i]*wb[0][ch] + wb[1][ch]
+		}
+	}
+	return z
 }
 
 func refBNGrad(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	dy, x, mean, invstd := ins[0], ins[1], ins[2], ins[3]
 	c64, s64 := bnGeom(n.Ins[1].Type)
 	c, s := int(c64), int(s64)
-	affine := len(ins) == 5
+	affine := n.Attrs.Bias
+	if p := PointwiseOf(n.Attrs.Act); p != nil {
+		dy = p.DX(env, n, dy, bnZ(x, mean, invstd, ins[4:], c, s))
+	}
 	dx, dw, db := make([]float64, len(x)), make([]float64, c), make([]float64, c)
 	count := float64(env.Batch * s)
 	for ch := 0; ch < c; ch++ {

@@ -1,9 +1,11 @@
 package reference
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -121,6 +123,12 @@ train { optimizer = sgd(lr=0.2, momentum=0.9) }
 train { optimizer = sgd(lr=0.2, momentum=0.5) }
 `,
 	}
+	// every pointwise activation folded into batch norm (Attrs.Act): maps,
+	// affine, and features without affine (its gradient's z has no weight
+	// and bias); the gradient recomputes z
+	for _, act := range bnActs {
+		models["batch norm "+strings.Split(act, "(")[0]] = bnActModel(act)
+	}
 	for name, src := range models {
 		t.Run(name, func(t *testing.T) {
 			unfused := compileWith(t, src, "fuse")
@@ -152,6 +160,16 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 					}
 				}
 				assert.Equal(t, []bool{false, true}, saves, "c1 (the image's) recomputes, c2 saves its tanh output")
+			}
+			if act, ok := strings.CutPrefix(name, "batch norm "); ok && act != "relu into blocks" {
+				folded := 0
+				for _, n := range fused.Nodes {
+					assert.Nil(t, ops.PointwiseOf(n.Op), "%s folds into its batch norm", n.Text())
+					if n.Attrs.Act != 0 {
+						folded++
+					}
+				}
+				assert.Equal(t, 4, folded, "both normalisations and both gradients carry %s", act)
 			}
 			eu, ef := New(unfused, 7), New(fused, 7)
 			rng := rand.New(rand.NewPCG(5, 6))
@@ -193,4 +211,24 @@ func TestFusedGradientsModeDoesNotUpdate(t *testing.T) {
 		assert.Less(t, maxRelDiff(ru.Grad(unfused, p), rf.Grad(fused, q)), 1e-12, p.Name)
 		assert.Equal(t, before.Params[q], ef.Params[q])
 	}
+}
+
+// bnActs are the activations the fuse pass folds into batch norm besides
+// ReLU (Attrs.Act), as the DSL writes them.
+var bnActs = []string{"leaky_relu(%s, slope=0.2)", "sigmoid(%s)", "tanh(%s)", "gelu(%s)", "silu(%s)", "hardswish(%s)"}
+
+// bnActModel: a conv, batch norm (affine) and act, then a linear layer,
+// batch norm without affine and act again, on odd shapes.
+func bnActModel(act string) string {
+	return fmt.Sprintf(`model B(image: f32[3,7,5], label: class[4]) {
+    c  = conv2d(image, out=5, kernel=3, padding=1, bias=false)
+    a  = %s
+    p  = maxpool(a, kernel=2)
+    f  = linear(flatten(p), out=9, bias=false)
+    af = %s
+    o  = linear(af, out=4)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9) }
+`, fmt.Sprintf(act, "batchnorm2d(c)"), fmt.Sprintf(act, "batchnorm1d(f, affine=false)"))
 }

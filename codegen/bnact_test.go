@@ -1,0 +1,78 @@
+package codegen_test
+
+import (
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/codegen/kernelcheck"
+	"github.com/cnnc/cnnc/compiler"
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/runtime/cpu"
+)
+
+// bnActNodes compiles testdata/bnact_odd.cnn and returns its batch norm
+// normalisations and gradients with an activation folded in (Attrs.Act):
+// every activation but ReLU, each twice, and no standalone one left.
+func bnActNodes(t *testing.T, path string) []*ir.Node {
+	t.Helper()
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("bnact_odd.cnn", src, compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	acts := map[string]int{}
+	for _, n := range res.Graph.Nodes {
+		require.Nil(t, ops.PointwiseOf(n.Op), "%s: an activation after batch norm is not folded", n.Text())
+		if n.Attrs.Act != 0 {
+			nodes = append(nodes, n)
+			acts[n.Attrs.Act.String()]++
+		}
+	}
+	require.Equal(t, map[string]int{"leaky_relu": 2, "sigmoid": 2, "tanh": 2, "gelu": 2, "silu": 2, "hardswish": 2}, acts,
+		"each activation's normalisation and gradient")
+	return nodes
+}
+
+// Batch norm's normalisation with each activation folded in, and the
+// gradient that recomputes z and applies the activation's derivative, on
+// the CPU emulator against the float64 reference with NaN-poisoned
+// outputs, at batches 1 and 3 on odd shapes (5 and 4 channels of 7x5
+// maps, 9, 8 and 7 features; affine and not). Tolerance:
+// kernelcheck.Tolerance — per element the normalisation's four operations
+// and the activation's formula (a few ulps of expf/erff/tanhf); the
+// gradient's sums run over at most 3·35 values.
+func TestBatchNormActKernels(t *testing.T) {
+	nodes := bnActNodes(t, "testdata/bnact_odd.cnn")
+	for _, batch := range []int64{1, 3} {
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+		require.NoError(t, err)
+		for i, n := range nodes {
+			ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+			o := reference.NodeOptions{Training: true, Update: true}
+			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, o)
+			require.NoError(t, err, n.Text())
+			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s: %s", n.Text(), r)
+			t.Logf("b%d %s: %s", batch, n.Text(), r)
+			if n.Op == ops.BatchNormGrad && batch == 3 { // a padded batch: the gradient over 2 valid samples, 0 for the padding
+				require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), n.Text())
+			}
+		}
+		dev.Close()
+	}
+}
+
+// Whole training steps of testdata/bnact_odd.cnn (batch norms with their
+// activations folded in) on the CPU emulator against the reference.
+func TestBatchNormActSteps(t *testing.T) {
+	src, err := os.ReadFile("testdata/bnact_odd.cnn")
+	require.NoError(t, err)
+	checkSteps(t, "bnact_odd.cnn", src, 3, 4, 3)
+}
