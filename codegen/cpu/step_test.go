@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/driver"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/runtime/native"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -116,13 +118,15 @@ func TestBatchNormReLUSteps(t *testing.T) {
 	checkSteps(t, "bnrelu_odd.cnn", src, 3, 4, 3)
 }
 
-// Whole training steps of ../testdata/bnact_odd.cnn (batch norms with every activation besides
-// ReLU folded in, their gradients recomputing z) against the reference — codegen's
-// TestBatchNormActSteps.
+// Whole training steps with each activation besides ReLU folded into batch norm (the gradients
+// recomputing z; kernelcases.BNActModel) against the reference — codegen's TestBatchNormActSteps.
 func TestBatchNormActSteps(t *testing.T) {
-	src, err := os.ReadFile("../testdata/bnact_odd.cnn")
-	require.NoError(t, err)
-	checkSteps(t, "bnact_odd.cnn", src, 3, 4, 3)
+	for _, act := range kernelcases.BNActs {
+		name := strings.Split(act, "(")[0]
+		t.Run(name, func(t *testing.T) {
+			checkSteps(t, name+".cnn", []byte(kernelcases.BNActModel(act)), 3, 4, 3)
+		})
+	}
 }
 
 // fitOneBatch trains examples/name on the CPU target as a trainer runs it (trainergen's plan

@@ -213,12 +213,11 @@ func TestFusedGradientsModeDoesNotUpdate(t *testing.T) {
 	}
 }
 
-// bnActs are the activations the fuse pass folds into batch norm besides
-// ReLU (Attrs.Act), as the DSL writes them.
+// bnActs and bnActModel are internal/kernelcases' BNActs and BNActModel (which this package's
+// tests cannot import: kernelcases imports the reference): bnrelu_odd.cnn's network with each
+// activation besides ReLU in ReLU's place.
 var bnActs = []string{"leaky_relu(%s, slope=0.2)", "sigmoid(%s)", "tanh(%s)", "gelu(%s)", "silu(%s)", "hardswish(%s)"}
 
-// bnActModel: a conv, batch norm (affine) and act, then a linear layer,
-// batch norm without affine and act again, on odd shapes.
 func bnActModel(act string) string {
 	return fmt.Sprintf(`model B(image: f32[3,7,5], label: class[4]) {
     c  = conv2d(image, out=5, kernel=3, padding=1, bias=false)

@@ -1895,6 +1895,10 @@ struct HardSwishF {  // x·min(max(x+3, 0), 6)/6; the gradient reads x (PyTorch'
   }
   CNNC_INLINE float g(float dy, float v) { return v < -3.0f ? 0.0f : (v <= 3.0f ? dy * (v / 3.0f + 0.5f) : dy); }
 };
+struct NoActF {  // batch norm with no activation folded in (BNApply, BNGrad)
+  CNNC_INLINE float f(float v) { return v; }
+  CNNC_INLINE float g(float dy, float) { return dy; }
+};
 // Global average pooling: E has N (the pool's outputs, B·C; the gradient's: its B·C·H·W
 // elements), HW (a channel's map) and, forward, OUTS (outputs per task: about CHUNK elements read).
 template <class E>
@@ -2002,41 +2006,55 @@ struct BNStatsEval {  // the same parameters: mean, invstd from the running stat
   }
 };
 // dx = invstd·(g - Σg/n - x̂·Σ(g·x̂)/n), g = dy·weight, x̂ = (x-mean)·invstd, 0 for the padding;
-// affine: dweight = Σ dy·x̂, dbias = Σ dy.
-template <class G>
-struct BNGrad {  // dy, x, mean, invstd, [weight,] dx, [dweight, dbias,] scalars
+// affine: dweight = Σ dy·x̂, dbias = Σ dy. ACT (an activation F folded into the normalisation,
+// compiler/ops Attrs.Act): dy is first F's gradient at z = x̂[·weight + bias], recomputed as
+// BNApply computes it — F::g(dy, z), or F::g(dy, F::f(z)) with YSAVE (the gradient reads the
+// output) — and the bias is a parameter after the weight.
+template <class G, class F = NoActF>
+struct BNGrad {  // dy, x, mean, invstd, [weight, [bias,]] dx, [dweight, dbias,] scalars
   static constexpr long tasks = G::C, scratch = 0;
   static void run(const uint64_t* p, int64_t c, float*) {
-    const float* dy = arg<const float>(p, 0);
+    const float* dy0 = arg<const float>(p, 0);
     const float* x = arg<const float>(p, 1);
     const float mu = arg<const float>(p, 2)[c], is = arg<const float>(p, 3)[c];
-    constexpr int k = G::AFFINE ? 5 : 4;  // dx's parameter
+    constexpr int k = (G::AFFINE ? 5 : 4) + (G::AFFINE && G::ACT ? 1 : 0);  // dx's parameter
     const float w = G::AFFINE ? arg<const float>(p, 4)[c] : 1.0f;
+    const float bias = G::AFFINE && G::ACT ? arg<const float>(p, 5)[c] : 0.0f;
+    const auto dy = [&](long i) {
+      if constexpr (!G::ACT) {
+        return dy0[i];
+      } else {
+        const float z = G::AFFINE ? (x[i] - mu) * is * w + bias : (x[i] - mu) * is;
+        return F::g(dy0[i], G::YSAVE ? F::f(z) : z);
+      }
+    };
     float* dx = arg<float>(p, k);
-    const long valid = bnValid<G>(p, G::AFFINE ? 8 : 5), n = valid * G::S;
+    const long valid = bnValid<G>(p, k + (G::AFFINE ? 3 : 1)), n = valid * G::S;
     double sdy = 0.0, sdyx = 0.0;
     for (long b = 0; b < valid; b++)
       for (long q = 0; q < G::S; q++) {
         const long i = (b * G::C + c) * G::S + q;
-        sdy += dy[i];
-        sdyx += static_cast<double>(dy[i]) * ((x[i] - mu) * is);
+        const float d = dy(i);
+        sdy += d;
+        sdyx += static_cast<double>(d) * ((x[i] - mu) * is);
       }
     const float sumDy = static_cast<float>(sdy), sumDyX = static_cast<float>(sdyx);
     const float meanG = w * sumDy / static_cast<float>(n), meanGX = w * sumDyX / static_cast<float>(n);
     for (long b = 0; b < G::B; b++)
       for (long q = 0; q < G::S; q++) {
         const long i = (b * G::C + c) * G::S + q;
-        dx[i] = b < valid ? is * (dy[i] * w - meanG - (x[i] - mu) * is * meanGX) : 0.0f;
+        dx[i] = b < valid ? is * (dy(i) * w - meanG - (x[i] - mu) * is * meanGX) : 0.0f;
       }
     if constexpr (G::AFFINE) {
-      arg<float>(p, 6)[c] = sumDyX;
-      arg<float>(p, 7)[c] = sumDy;
+      arg<float>(p, k + 1)[c] = sumDyX;
+      arg<float>(p, k + 2)[c] = sumDy;
     }
   }
 };
-template <class E>
+template <class E, class F = NoActF>
 struct BNApply {  // x, mean, invstd, [weight, bias,] out: (x - mean)·invstd[·weight + bias], then max(·, 0) with
-                  // RELU (the ReLU after the batch norm, folded in: ReLU's formula) (out may be x)
+                  // RELU (the ReLU after the batch norm, folded in: ReLU's formula), or F::f, the
+                  // activation folded in (out may be x)
   static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
   static void run(const uint64_t* p, int64_t task, float*) {
     const float* x = arg<const float>(p, 0);
@@ -2053,7 +2071,7 @@ struct BNApply {  // x, mean, invstd, [weight, bias,] out: (x - mean)·invstd[·
         v = (x[i] - mean[c]) * invstd[c];
       }
       if constexpr (E::RELU) v = v > 0.0f ? v : 0.0f;
-      out[i] = v;
+      out[i] = F::f(v);
     }
   }
 };

@@ -2,9 +2,9 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_f0a21adfa622aa0f_sse2_impl[16];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_f0a21adfa622aa0f_avx2_impl[16];
-namespace cnnc_cpu_f0a21adfa622aa0f_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_cde920180ff6874b_sse2_impl[16];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_cde920180ff6874b_avx2_impl[16];
+namespace cnnc_cpu_cde920180ff6874b_table {
 const char* const names[] = {
     "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
     "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
@@ -24,9 +24,9 @@ const char* const names[] = {
     "conv_wgrad_reduce_o8_k9_s32_update_15c70197",
 };
 const int32_t nparams[] = {5, 5, 4, 4, 7, 4, 7, 4, 7, 4, 3, 6, 5, 6, 4, 6};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "7b458326f0d9376575ae6e04d68b6c9d843527fb11ec590c6b00d39153532b5f", 16, names, nparams, {cnnc_cpu_f0a21adfa622aa0f_sse2_impl, cnnc_cpu_f0a21adfa622aa0f_avx2_impl}};
-}  // namespace cnnc_cpu_f0a21adfa622aa0f_table
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "7b458326f0d9376575ae6e04d68b6c9d843527fb11ec590c6b00d39153532b5f", 16, names, nparams, {cnnc_cpu_cde920180ff6874b_sse2_impl, cnnc_cpu_cde920180ff6874b_avx2_impl}};
+}  // namespace cnnc_cpu_cde920180ff6874b_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_f0a21adfa622aa0f(void) {
-  return &cnnc_cpu_f0a21adfa622aa0f_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_cde920180ff6874b(void) {
+  return &cnnc_cpu_cde920180ff6874b_table::library;
 }
