@@ -18,7 +18,9 @@ import (
 // elementwise). One block per channel reading the whole tensor (as
 // before) kept most SMs idle: ResNet-18's first stage has 64 channels.
 // The normalisation itself is an elementwise kernel bound in its op's file
-// (the ReLU after it folded in by the fuse pass). All read the batch's
+// (the ReLU or other pointwise activation after it folded in by the fuse
+// pass; the gradient's cells and dx passes then recompute the values
+// before the activation and take its derivative, bnAct). All read the batch's
 // valid count from the step's scalar block: a padded last batch is
 // normalised over its real samples.
 //
@@ -154,11 +156,11 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 	}
 	var wb []Arg // the folded activation's z reads weight and bias
 	if k.Act != "" {
-		pk.Name += bnAct(n, &pk)
 		if k.Affine {
 			pk.Name += "_affine"
 			wb = []Arg{buf(n.Ins[4]), buf(n.Ins[5])}
 		}
+		pk.Name += bnAct(n, &pk)
 	}
 	if err := e.kernel("batchnorm_grad_partial", pk.Name, &pk); err != nil {
 		return err
