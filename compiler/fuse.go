@@ -204,10 +204,6 @@ func (f *fuser) blockStart(n *ir.Node) (ir.Attrs, []*ir.Value, *ir.Node) {
 		a.ReLU = true
 		f.absorbed[r] = true
 		last = r
-	} else if rs := f.readers[n.Out()]; len(rs) == 1 && ops.PointwiseOf(rs[0].Op) != nil && f.only(n.Out(), rs[0].Op) != nil {
-		a.Act, a.Alpha = rs[0].Op, rs[0].Attrs.Alpha
-		f.absorbed[rs[0]] = true
-		last = rs[0]
 	}
 	ins := []*ir.Value{f.val(n.Ins[0]), n.Ins[1]}
 	if a.Bias {

@@ -129,6 +129,18 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 	for _, act := range bnActs {
 		models["batch norm "+strings.Split(act, "(")[0]] = bnActModel(act)
 	}
+	// only batch norm takes them: after a conv or linear layer they stay
+	// kernels of their own (the blocks' epilogues apply ReLU alone)
+	models["activations after blocks"] = `model A(image: f32[3,7,5], label: class[4]) {
+    c = conv2d(image, out=4, kernel=3, padding=1)
+    s = silu(c)
+    d = conv2d(s, out=3, kernel=3)
+    h = linear(flatten(sigmoid(d)), out=6)
+    o = linear(gelu(h), out=4)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9) }
+`
 	for name, src := range models {
 		t.Run(name, func(t *testing.T) {
 			unfused := compileWith(t, src, "fuse")
@@ -160,6 +172,16 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 					}
 				}
 				assert.Equal(t, []bool{false, true}, saves, "c1 (the image's) recomputes, c2 saves its tanh output")
+			}
+			if name == "activations after blocks" {
+				standalone := 0
+				for _, n := range fused.Nodes {
+					assert.Zero(t, n.Attrs.Act, "%s: no block takes an activation but ReLU", n.Text())
+					if ops.PointwiseOf(n.Op) != nil {
+						standalone++
+					}
+				}
+				assert.Equal(t, 3, standalone, "silu, sigmoid and gelu run their own kernels")
 			}
 			if act, ok := strings.CutPrefix(name, "batch norm "); ok && act != "relu into blocks" {
 				folded := 0
