@@ -42,6 +42,8 @@ type wgradTC struct {
 	WGLDS   int64 // staging leading dimension (elements): positions of a row or column
 	WGStage int64 // staging elements per warp: (BM + BN) · WGLDS
 	WGRSOff int64 // floats from the aligned base: the lanes' bias sums (Warps x BM x 16)
+	// DYLoadAll: conv_wgrad_dy loads dout (and yout) on every lane and selects
+	DYLoadAll bool
 }
 
 // wgradTCBQ is the positions a warp stages per chunk.
@@ -138,7 +140,7 @@ func convBlockGradWeightTCRule(e *emitter, n *ir.Node, p ir.BlockParts, g *convG
 		return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 	}
 	d := &convData{convGeom: g, gemmTile: l.tile, TC: l.tc, wgradTC: l.wgradTC, TCLDC: l.ldc}
-	d.BQ, d.G = wgradTCBQ, 2
+	d.BQ, d.G, d.DYLoadAll = wgradTCBQ, 2, true
 	d.XPT, d.DPT = d.BN/d.G, d.BM/d.G
 	d.MinBlocks = fillWarpsPerSM / l.WGWarps // 128 registers
 	d.Q = g.B * g.HWO
