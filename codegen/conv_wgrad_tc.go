@@ -59,8 +59,9 @@ type wgradTCGeom struct {
 
 // wgradTCLayout picks the tile, the warps per block and the shared bytes of
 // a tensor-core weight gradient: BM = O rounded up to 16, at most 32; BN
-// (16 to 64 columns, at most 6 fragments a warp: the accumulators fit the
-// 128 registers of 16 resident warps) the one with the least staging and
+// (16 to 64 columns, at most 6 fragments a warp, as wide as the 128
+// registers of 16 resident warps hold: wgradTCRegs within
+// wgradTCRegBudget) the one with the least staging and
 // fragment traffic over the layer's column tiles, divUp(K, BN)·(BM + BN)
 // per position, ties to the wider; as many warps (4, 2, 1) as the
 // accumulator tiles' sum fits maxStaticShared.
@@ -68,7 +69,7 @@ func wgradTCLayout(g *convGeom, prec Precision) (*wgradTCGeom, error) {
 	bm := min(roundUp(g.O, 16), 32)
 	bn, best := int64(0), int64(-1)
 	for c := int64(16); c <= 64; c += 16 {
-		if bm/16*(c/16) > 6 {
+		if bm/16*(c/16) > 6 || c > 16 && wgradTCRegs(g, bm, c) > wgradTCRegBudget(g) {
 			break
 		}
 		if cost := divUp(g.K, c) * (bm + c); best < 0 || cost <= best {
@@ -103,6 +104,36 @@ func wgradTCLayout(g *convGeom, prec Precision) (*wgradTCGeom, error) {
 	l.WGRSOff = l.WGWarps * bm * l.ldc
 	l.tile = gemmTile{BM: bm, BN: bn, T: 32 * l.WGWarps}
 	return l, nil
+}
+
+// wgradTCRegs estimates the registers a bm x bn tile keeps live through
+// the chunk loop, in floats: the accumulators (8 per fragment), the bias
+// sums and the dy values of a lane (bm/2 each), and the loads those wait
+// for outside a pool window's loop (unrolled: ptxas issues them all at
+// once).
+func wgradTCRegs(g *convGeom, bm, bn int64) int64 {
+	dpt := bm / 2
+	regs := bm/16*(bn/16)*8 + dpt
+	if g.Bias {
+		regs += dpt
+	}
+	if !g.Pool {
+		regs += dpt
+	}
+	return regs
+}
+
+// wgradTCRegBudget is the most wgradTCRegs may be: found with ptxas
+// (TestConvWeightGradTensorCoresPtxas, sm_80 and sm_90, TF32, 128
+// registers): SimpleCNN's conv2 (32 x 48, pooled, bias: 80) fits, an
+// unpooled 1x1 conv with bias at 32 x 48 (96) spills and at 32 x 32 (80)
+// does not, and with 64-bit indices a pooled 32 x 48 without bias (64)
+// spills a word.
+func wgradTCRegBudget(g *convGeom) int64 {
+	if g.Idx == "long" {
+		return 56
+	}
+	return 80
 }
 
 // wgradTCSplits splits the reduction's chunks of wgradTCBQ positions so
