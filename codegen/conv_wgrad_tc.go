@@ -138,7 +138,8 @@ func wgradTCRegBudget(g *convGeom) int64 {
 
 // wgradTCSplits splits the reduction's chunks of wgradTCBQ positions so
 // that the grid fills a GPU of sms SMs: fillBlocks blocks (16 warps per
-// SM), each warp with at least 4 chunks; with no GPU named (sms 0) about
+// SM), each warp with at least 2 chunks (4 left the MNIST net's conv2 at
+// batch 256 at 12 warps per SM); with no GPU named (sms 0) about
 // 2·wgradLegacyBlocks warps, as the FP32 kernel's 512 blocks of 2. The
 // kernel divides the chunks between the splits evenly.
 func wgradTCSplits(g *convGeom, l *wgradTCGeom, batch, sms int64) int64 {
@@ -148,7 +149,7 @@ func wgradTCSplits(g *convGeom, l *wgradTCGeom, batch, sms int64) int64 {
 	if sms <= 0 {
 		blocks = divUp(2*wgradLegacyBlocks, l.WGWarps)
 	}
-	return min(divUp(blocks, tiles), max(1, chunks/(4*l.WGWarps)), 65535)
+	return min(divUp(blocks, tiles), max(1, chunks/(2*l.WGWarps)), 65535)
 }
 
 // wgradTCPartials is the tensor-core kernel's scratch (wgradPartials).
