@@ -245,13 +245,9 @@ type convData struct {
 	TCA, TCB            string
 	TCLDA, TCLDB, TCLDC int64
 	TCUnroll            int64 // tc_mma's unroll of the k steps (0: all)
-	// tensor-core wgrad: where the column table and the fp32 copy of dy for
-	// the bias gradient (BF16 only: TF32 tiles are staged in fp32) lie;
-	// dgrad: where the dy region and the im2col rows lie (floats from the
-	// aligned base)
-	ColOff, DsumOff int64
-	DsumSeparate    bool
-	DsOff, BtOff    int64
+	// tensor-core dgrad: where the dy region and the im2col rows lie
+	// (floats from the aligned base)
+	DsOff, BtOff int64
 	// MinBlocks is __launch_bounds__'s minimum of resident blocks per SM
 	// (convMinBlocks): it caps the registers ptxas may use
 	MinBlocks int64
@@ -261,6 +257,8 @@ type convData struct {
 	// (floats from the aligned base), HaloIters copies per thread
 	Halo                                       bool
 	HR, HC, HS, HP, HsOff, HsFloats, HaloIters int64
+	// tensor-core weight gradient (conv_wgrad_tc.go)
+	wgradTC
 }
 
 // convMinBlocks is the resident blocks per SM a conv kernel's
@@ -648,6 +646,9 @@ func convBlockGradWeightScratch(n *ir.Node, b int64, sz sizing) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if sz.prec.tensor() {
+		return ScratchAligned(wgradTCPartials(g, sz.prec, sz.sms).Bytes(b)), nil
+	}
 	return ScratchAligned(wgradPartials(g, wgradTile(g.O, sz.prec), sz.sms).Bytes(b)), nil
 }
 
@@ -661,6 +662,9 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 		return err
 	}
 	g.Aug = newAugData(n.Attrs.Aug, e.eval)
+	if e.prec.tensor() {
+		return convBlockGradWeightTCRule(e, n, p, g)
+	}
 	d := &convData{convGeom: g, gemmTile: wgradTile(g.O, e.prec)}
 	d.BQ = wgradBQ
 	d.G = d.T / d.BQ
@@ -668,31 +672,20 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	d.XS, d.DS = d.BN+4, d.BM+4
 	d.Rows, d.RowSum = d.BQ, g.Bias
 	d.SharedFloats = d.BQ*(d.XS+d.DS) + 2*d.BN // + the column table (two ints per column)
-	sharedBytes := d.SharedFloats * 4
-	family := "conv_block_wgrad"
-	if e.prec.tensor() {
-		tc, err := newTCConv(e.prec, d.BM, d.BN, d.T/32)
-		if err != nil {
-			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
-		}
-		d.TC, family = tc, "conv_block_wgrad_tc"
-		d.XS, d.DS = d.BN+tc.Pad, d.BM+tc.Pad
-		d.TCRows, d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = d.BQ, "Ds", "Xs", d.DS, d.XS, d.BN+4
-		d.ColOff = roundUp(d.BQ*(d.DS+d.XS)*tc.Elem, 4) / 4
-		end := d.ColOff + 2*d.BN
-		d.DsumSeparate = g.Bias && !tc.FragRound // BF16 tiles hold rounded dy
-		if d.DsumSeparate {
-			d.DsumOff = end
-			end += d.BQ * d.BM
-		}
-		sharedBytes = max(4*end, 4*d.BM*d.TCLDC) + tcAlignSlack
-	}
 	d.MinBlocks = convMinBlocks(d.gemmTile, d.TC, false)
 	d.LoadA = fragLoad("a", "Ds", fmt.Sprintf("r * %d + tm * %d", d.DS, d.TM), d.TM)
 	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.XS, d.TN), d.TN)
 	d.Q = g.B * g.HWO
 	d.Splits, d.QPerSplit = wgradSplits(g, d.gemmTile, d.BQ, g.B, e.sms)
 	d.Chunks = wgradChunks(g, d.BQ, g.B)
+	return emitWeightGrad(e, n, p, d, "conv_block_wgrad", d.SharedFloats*4, wgradPartials(g, d.gemmTile, e.sms))
+}
+
+// emitWeightGrad emits a weight-gradient kernel laid out in d (its tile,
+// splits and shared bytes chosen), its launch over the column tiles,
+// row tiles and splits, and the reduce kernel after it.
+func emitWeightGrad(e *emitter, n *ir.Node, p ir.BlockParts, d *convData, family string, sharedBytes int64, partials ir.Type) error {
+	g := d.convGeom
 	d.WE = g.O * g.K
 	if g.Bias {
 		d.WE += g.O
@@ -709,7 +702,7 @@ func convBlockGradWeightRule(e *emitter, n *ir.Node) error {
 	params := []string{"const float* __restrict__ dout", "const " + xt + "* __restrict__ x"}
 	args := []Arg{buf(p.DOut), buf(p.X)}
 	params, args = appendDYArgs(g, p, params, args)
-	partial := e.scratch(n, "dw_partials", wgradPartials(g, d.gemmTile, e.sms))
+	partial := e.scratch(n, "dw_partials", partials)
 	params = append(params, "float* __restrict__ partial")
 	args = append(args, buf(partial))
 	params, args = augParams(g.Aug, params, args)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/codegen"
@@ -413,5 +414,54 @@ func TestConvBlockGradWeightTensorCores(t *testing.T) {
 			checks = append(checks, kernelCheck{name: fused.String() + " step 3", n: kernelcases.ConvGradWeight(t, fused), o: reference.NodeOptions{Update: true, Step: 3}})
 		}
 		t.Logf("%s: worst relative error at batch 3: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
+	}
+}
+
+// The 64-bit index variants of the tensor-core weight-gradient kernels:
+// pooled and unpooled, u8, strided, the fused update.
+func TestConvWeightGradLongIndexTensorCores(t *testing.T) {
+	defer codegen.SetForceLongIndex(true)()
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var checks []kernelCheck
+		for _, c := range []convCase{forwardCases[0], stridedCase, wideRowsCase} {
+			w := c
+			w.Opt = sgd(0.9, false, 0.01)
+			checks = append(checks, kernelCheck{name: c.String(), n: kernelcases.ConvGradWeight(t, c)},
+				kernelCheck{name: w.String(), n: kernelcases.ConvGradWeight(t, w), o: reference.NodeOptions{Update: true, Step: 2}})
+		}
+		t.Logf("%s: worst relative error: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
+	}
+}
+
+// Every tensor-core weight-gradient kernel of the forward and the
+// realistic cases (tiles of 16 and 32 rows, 16 to 48 columns, one to four
+// warps' worth of shared memory, the 64-bit index variant) compiles for
+// sm_80 and sm_90 without spills.
+func TestConvWeightGradTensorCoresPtxas(t *testing.T) {
+	nvcc.Require(t)
+	cases := append(append([]convCase{}, forwardCases...), realisticCases...)
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var nodes []*ir.Node
+		for i, c := range cases {
+			wg := c
+			wg.Masked = c.ReLU && i%2 == 1
+			if i%3 != 2 {
+				wg.Opt = optimizers[i%len(optimizers)]
+			}
+			nodes = append(nodes, kernelcases.ConvGradWeight(t, wg))
+		}
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		ks, err := codegen.CompilePtxas(prog.Source, "conv_wgrad_tc.cu", nvcc.Targets)
+		require.NoError(t, err)
+		wgrads := 0
+		for _, k := range ks {
+			assert.True(t, k.Clean(), "%s spills or uses a local-memory stack frame", k)
+			if strings.HasPrefix(k.Name, "conv_block_wgrad_x") {
+				wgrads++
+			}
+			t.Log(k)
+		}
+		require.Equal(t, len(cases)*len(nvcc.Targets), wgrads, "%s: ptxas reports on every weight-gradient kernel", prec)
 	}
 }
