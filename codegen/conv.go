@@ -232,6 +232,7 @@ type convData struct {
 	// past the kernel (their weights are zeros)
 	DP, KHA, TS int64
 	TapPad      bool
+	NRX         int64 // the region columns a thread forms: ceil(RW / TW)
 	// wgrad: BQ positions per chunk, Chunks of them, Splits of at most
 	// QPerSplit positions (whole chunks, balanced); the reduce: RedWarps
 	// warps (RedThreads threads) per block of 32 elements
@@ -531,7 +532,7 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 	shared := func() int64 { return 4 * d.OC * (d.KHP*d.KWP*d.WS + d.RH*d.RW) }
 	family := "conv_block_dgrad"
 	if e.prec.tensor() {
-		if err := d.dgradTCTile(e.prec, hu); err != nil {
+		if err := d.dgradTCTile(e.prec, hu, wu); err != nil {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
 		family = "conv_block_dgrad_tc"
@@ -599,22 +600,26 @@ func conflictFreeStride(n, elem int64) int64 {
 // (tap a, tap b, output channel), so that a k-step of KS rows is one tap
 // and KS output channels, and B — dy at the tile's pixels shifted by the
 // tap — is read by load_matrix_sync straight from the staged dy region, no
-// im2col copy: the region is staged once per horizontal tap offset b
-// (KWP copies, each TW pixels wide: a 32-byte row, so that every shift by
-// a tap row stays aligned) with the output channels DP elements apart
+// im2col copy: the region is staged once per horizontal tap offset b (KWP
+// copies, each TW pixels wide — 32 bytes, so that every shift by a tap row
+// stays aligned, or 16 pixels where the phase's wu pixels are wider: fewer
+// global sectors per warp) with the output channels DP elements apart
 // (conflict-free), and a fragment's 16 pixels are 16/TW rows of the tile.
 // dgradTCWarps warps split the BN pixels, each FM x FN fragments; BN
 // shrinks while the tile would be twice as tall as the phase (hu rows).
 // Past dgradTCSharedCap bytes of shared memory the chunk of output
-// channels halves (down to KS), then the tap rows whose weights are staged
-// at once (KHA); past maxStaticShared, the tile (its fragments per warp,
+// channels halves (down to KS); past maxStaticShared, the tap rows whose
+// weights are staged at once (KHA), then the tile (its fragments per warp,
 // then its warps).
-func (d *convData) dgradTCTile(p Precision, hu int64) error {
+func (d *convData) dgradTCTile(p Precision, hu, wu int64) error {
 	elem := int64(4)
 	if p == BF16 {
 		elem = 2
 	}
 	d.TW = 32 / elem
+	if wu > d.TW {
+		d.TW = 16
+	}
 	layout := func(warps, fn int64) error {
 		d.T, d.BN = 32*warps, warps*16*fn
 		tc, err := newTCConv(p, d.BM, d.BN, warps)
@@ -624,6 +629,7 @@ func (d *convData) dgradTCTile(p Precision, hu int64) error {
 		d.TC = tc
 		d.TH = d.BN / d.TW
 		d.RH, d.RW = d.TH+d.KHP-1, d.TW+d.KWP-1
+		d.NRX = (d.RW + d.TW - 1) / d.TW
 		d.WS = conflictFreeStride(d.BM, elem)
 		d.DP = conflictFreeStride(d.RH*d.TW, elem)
 		d.TCLDC = conflictFreeStride(d.BN, 4)
@@ -639,13 +645,14 @@ func (d *convData) dgradTCTile(p Precision, hu int64) error {
 	}
 	d.OC, d.KHA = roundUp(d.O, d.TC.KS), d.KHP
 	d.TapPad = d.KH%d.SH != 0 || d.KW%d.SW != 0
-	for d.dgradTCShared() > dgradTCSharedCap {
+	for d.OC > d.TC.KS && d.dgradTCShared() > dgradTCSharedCap {
+		d.OC = roundUp(d.OC/2, d.TC.KS)
+	}
+	for d.dgradTCShared() > maxStaticShared {
 		switch {
-		case d.OC > d.TC.KS:
-			d.OC = roundUp(d.OC/2, d.TC.KS)
 		case d.KHA > 1:
 			d.KHA = (d.KHA + 1) / 2
-		case d.dgradTCShared() > maxStaticShared && (fn > 1 || warps > 1):
+		case fn > 1 || warps > 1:
 			if fn > 1 {
 				fn /= 2
 			} else {
@@ -655,7 +662,7 @@ func (d *convData) dgradTCTile(p Precision, hu int64) error {
 				return err
 			}
 		default:
-			return nil // over the cap but within the limit; the caller checks the limit
+			return nil // the caller reports it
 		}
 	}
 	return nil
