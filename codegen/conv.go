@@ -255,11 +255,11 @@ type convData struct {
 	TCUnroll            int64 // tc_mma's unroll of the k steps (0: all)
 	// tensor-core wgrad: where the column table and the fp32 copy of dy for
 	// the bias gradient (BF16 only: TF32 tiles are staged in fp32) lie;
-	// dgrad: where the dy region and the im2col rows lie (floats from the
-	// aligned base)
+	// dgrad: where the dy region's copies lie (floats from the aligned
+	// base)
 	ColOff, DsumOff int64
 	DsumSeparate    bool
-	DsOff, BtOff    int64
+	DsOff           int64
 	// MinBlocks is __launch_bounds__'s minimum of resident blocks per SM
 	// (convMinBlocks): it caps the registers ptxas may use
 	MinBlocks int64
