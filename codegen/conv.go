@@ -225,6 +225,14 @@ type convData struct {
 	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
 	// per phase, OC output channels per chunk, an RH x RW dy region
 	TH, TW, OC, KHP, KWP, TilesPerPhase int64
+	// tensor-core dgrad: the dy region copies' plane stride; the tap rows
+	// whose weights are staged at once; the stride of a tap's weights
+	// (OC·WS and 32 bytes, so that the in-order stores of a warp, a few
+	// channels' taps, spread over the banks); whether some phase has taps
+	// past the kernel (their weights are zeros)
+	DP, KHA, TS int64
+	TapPad      bool
+	NRX         int64 // the region columns a thread forms: ceil(RW / TW)
 	// wgrad: BQ positions per chunk, Chunks of them, Splits of at most
 	// QPerSplit positions (whole chunks, balanced); the reduce: RedWarps
 	// warps (RedThreads threads) per block of 32 elements
@@ -245,9 +253,9 @@ type convData struct {
 	TCA, TCB            string
 	TCLDA, TCLDB, TCLDC int64
 	TCUnroll            int64 // tc_mma's unroll of the k steps (0: all)
-	// tensor-core dgrad: where the dy region and the im2col rows lie
-	// (floats from the aligned base)
-	DsOff, BtOff int64
+	// tensor-core dgrad: where the dy region's copies lie (floats from the
+	// aligned base)
+	DsOff int64
 	// MinBlocks is __launch_bounds__'s minimum of resident blocks per SM
 	// (convMinBlocks): it caps the registers ptxas may use
 	MinBlocks int64
@@ -522,23 +530,13 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 	shared := func() int64 { return 4 * d.OC * (d.KHP*d.KWP*d.WS + d.RH*d.RW) }
 	family := "conv_block_dgrad"
 	if e.prec.tensor() {
-		tc, err := newTCConv(e.prec, d.BM, d.BN, d.T/32)
-		if err != nil {
+		if err := d.dgradTCTile(e.prec, hu, wu); err != nil {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
-		d.TC, family = tc, "conv_block_dgrad_tc"
-		d.WS = d.BM + tc.Pad
-		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Bt", d.WS, d.BN, d.BN+4
-		// Ws (the taps' rows padded to the mma's k), the dy region in fp32,
-		// the im2col rows (32-byte aligned); Cs reuses the space
-		shared = func() int64 {
-			d.TCRows = roundUp(d.OC*d.KHP*d.KWP, tc.KS)
-			d.DsOff = roundUp(d.TCRows*d.WS*tc.Elem, 4) / 4
-			d.BtOff = roundUp(d.DsOff+d.OC*d.RH*d.RW, 8)
-			return max(4*d.BtOff+d.TCRows*d.BN*tc.Elem, 4*d.BM*d.TCLDC) + tcAlignSlack
-		}
+		family = "conv_block_dgrad_tc"
+		shared = d.dgradTCShared
 	}
-	for d.OC > 1 && shared() > maxStaticShared {
+	for d.OC > 1 && shared() > maxStaticShared && d.TC == nil {
 		d.OC /= 2
 	}
 	sharedBytes := shared()
@@ -570,6 +568,113 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(sharedBytes),
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 	return nil
+}
+
+// dgradTCWarps is the warps of a tensor-core input-gradient block: they
+// share its staged weights and dy region.
+const dgradTCWarps = 4
+
+// dgradTCSharedCap is the shared memory a tensor-core input-gradient block
+// aims to stay under (8 of them fit an SM's 228 KiB), halving its chunk of
+// output channels until it does.
+const dgradTCSharedCap = 24 << 10
+
+// conflictFreeStride is the smallest leading dimension of at least n
+// elements of elem bytes at which the rows of a wmma tile 16 elements wide
+// fall on distinct banks: the tile is read as 16-byte chunks, 128 bytes
+// (one wavefront) at a time, so consecutive rows must start 16·elem bytes
+// apart modulo 128 (TF32: 16 floats mod 32; BF16: 16 mod 64), which also
+// keeps every row 32-byte aligned as wmma wants.
+func conflictFreeStride(n, elem int64) int64 {
+	period := 128 / elem
+	s := n/period*period + 16
+	if s < n {
+		s += period
+	}
+	return s
+}
+
+// dgradTCTile lays out the tensor-core input-gradient kernel: K is ordered
+// (tap a, tap b, output channel), so that a k-step of KS rows is one tap
+// and KS output channels, and B — dy at the tile's pixels shifted by the
+// tap — is read by load_matrix_sync straight from the staged dy region, no
+// im2col copy: the region is staged once per horizontal tap offset b (KWP
+// copies, each TW pixels wide — 32 bytes, so that every shift by a tap row
+// stays aligned, or 16 pixels where the phase's wu pixels are wider: fewer
+// global sectors per warp) with the output channels DP elements apart
+// (conflict-free), and a fragment's 16 pixels are 16/TW rows of the tile.
+// dgradTCWarps warps split the BN pixels, each FM x FN fragments; BN
+// shrinks while the tile would be twice as tall as the phase (hu rows).
+// Past dgradTCSharedCap bytes of shared memory the chunk of output
+// channels halves (down to KS); past maxStaticShared, the tap rows whose
+// weights are staged at once (KHA), then the tile (its fragments per warp,
+// then its warps).
+func (d *convData) dgradTCTile(p Precision, hu, wu int64) error {
+	elem := int64(4)
+	if p == BF16 {
+		elem = 2
+	}
+	d.TW = 32 / elem
+	if wu > d.TW {
+		d.TW = 16
+	}
+	layout := func(warps, fn int64) error {
+		d.T, d.BN = 32*warps, warps*16*fn
+		tc, err := newTCConv(p, d.BM, d.BN, warps)
+		if err != nil {
+			return err
+		}
+		d.TC = tc
+		d.TH = d.BN / d.TW
+		d.RH, d.RW = d.TH+d.KHP-1, d.TW+d.KWP-1
+		d.NRX = (d.RW + d.TW - 1) / d.TW
+		d.WS = conflictFreeStride(d.BM, elem)
+		d.DP = conflictFreeStride(d.RH*d.TW, elem)
+		d.TCLDC = conflictFreeStride(d.BN, 4)
+		return nil
+	}
+	fn := max(1, 2/(d.BM/16))
+	for fn > 1 && dgradTCWarps*16*fn/2/d.TW >= hu {
+		fn /= 2
+	}
+	warps := int64(dgradTCWarps)
+	if err := layout(warps, fn); err != nil {
+		return err
+	}
+	d.OC, d.KHA = roundUp(d.O, d.TC.KS), d.KHP
+	d.TapPad = d.KH%d.SH != 0 || d.KW%d.SW != 0
+	for d.OC > d.TC.KS && d.dgradTCShared() > dgradTCSharedCap {
+		d.OC = roundUp(d.OC/2, d.TC.KS)
+	}
+	for d.dgradTCShared() > maxStaticShared {
+		switch {
+		case d.KHA > 1:
+			d.KHA = (d.KHA + 1) / 2
+		case fn > 1 || warps > 1:
+			if fn > 1 {
+				fn /= 2
+			} else {
+				warps /= 2
+			}
+			if err := layout(warps, fn); err != nil {
+				return err
+			}
+		default:
+			return nil // the caller reports it
+		}
+	}
+	return nil
+}
+
+// dgradTCShared is the tensor-core input-gradient kernel's shared memory
+// in bytes: the weights of KHA tap rows of the chunk (KHA·KWP taps TS
+// apart), then its dy
+// region copies (KWP·OC planes of DP) at DsOff floats; the accumulators
+// (BM rows of TCLDC floats) reuse the space.
+func (d *convData) dgradTCShared() int64 {
+	d.TS = d.OC*d.WS + 32/d.TC.Elem
+	d.DsOff = roundUp(d.KHA*d.KWP*d.TS*d.TC.Elem, 32) / 4
+	return max(4*d.DsOff+d.KWP*d.OC*d.DP*d.TC.Elem, 4*d.BM*d.TCLDC) + tcAlignSlack
 }
 
 // gradName and gradDoc describe how a backward kernel forms dy.

@@ -371,6 +371,33 @@ func TestConvForwardTensorCoresPtxas(t *testing.T) {
 	}
 }
 
+// At TF32 and BF16 every input-gradient kernel of the forward and the
+// realistic cases (plain and with both masks) compiles for sm_80 and sm_90
+// without spills, and multiplies on tensor cores.
+func TestConvGradInputTensorCoresPtxas(t *testing.T) {
+	nvcc.Require(t)
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var nodes []*ir.Node
+		for _, c := range append(append([]convCase{}, forwardCases...), realisticCases...) {
+			plain, masked := c.F32(), c.F32()
+			masked.Masked, masked.MaskOut = c.ReLU, true
+			nodes = append(nodes, kernelcases.ConvGradInput(t, plain), kernelcases.ConvGradInput(t, masked))
+		}
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		for _, k := range prog.Kernels {
+			require.Contains(t, k.Text, "wmma::mma_sync", "%s: %s", prec, k.Name)
+		}
+		ks, err := codegen.CompilePtxas(prog.Source, "conv_dgrad_tc.cu", nvcc.Targets)
+		require.NoError(t, err)
+		require.Len(t, ks, len(prog.Kernels)*len(nvcc.Targets), "%s: ptxas reports on every kernel for every target", prec)
+		for _, k := range ks {
+			require.True(t, k.Clean(), "%s spills or uses a local-memory stack frame", k)
+			t.Log(k)
+		}
+	}
+}
+
 // tcBackwardCases are the forward cases whose pool windows do not overlap:
 // there every conv output's gradient is one output gradient (or zero),
 // representable when the inputs are rounded. Where windows overlap it is a
