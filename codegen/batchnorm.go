@@ -192,18 +192,31 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 // bnAct sets k's folded activation from gradient node n (Attrs.Act) and
 // returns the kernel name's suffix for it: the family and its constants.
 func bnAct(n *ir.Node, k *bnKernel) string {
-	k.Act = ops.BNActKernel(&n.Attrs)
-	if k.Act == "" {
+	act, consts, suffix := foldedAct(&n.Attrs)
+	if act == "" {
 		return ""
 	}
+	k.Act, k.Consts = act, consts
 	k.YSave = ops.PointwiseOf(n.Attrs.Act).SaveOutput
-	k.Consts = map[string]string{}
-	suffix := "_" + k.Act
-	for _, c := range ops.BNActConsts(&n.Attrs) {
-		k.Consts[c.Name] = cFloat(c.Value)
+	return suffix
+}
+
+// foldedAct is the kernel family of the activation folded into a node with
+// attributes a (Attrs.Act; "" for none), its constants as C float literals
+// (what templates/activations.cu.tmpl's formulas read as .Consts), and a
+// kernel name's suffix for both.
+func foldedAct(a *ir.Attrs) (string, map[string]string, string) {
+	act := ops.BNActKernel(a)
+	if act == "" {
+		return "", nil, ""
+	}
+	consts := map[string]string{}
+	suffix := "_" + act
+	for _, c := range ops.BNActConsts(a) {
+		consts[c.Name] = cFloat(c.Value)
 		suffix += fmt.Sprintf("_%s%s", strings.ToLower(c.Name), nameNumber(c.Value))
 	}
-	return suffix
+	return act, consts, suffix
 }
 
 // batchNormCells launches the statistics' first pass: x into the cells.

@@ -110,8 +110,15 @@ type gemmKernel struct {
 	// (write dW or update W, and the bias gradient with BiasGrad).
 	Epilogue                      string
 	Bias, ReLU, MaskOut, BiasGrad bool
-	Accumulate                    bool     // grad_weight adds to dW/dB (micro-batch loops)
-	Site, BiasSite                *optSite // fused updates of W and b
+	// Act is the block's folded activation other than ReLU (its kernel
+	// family; "" for none) and Consts its constants: the forward epilogue
+	// applies its f, the gradients its derivative through AMask (y or z);
+	// SaveZ: the forward also writes z, the output before f.
+	Act            string
+	Consts         map[string]string
+	SaveZ          bool
+	Accumulate     bool     // grad_weight adds to dW/dB (micro-batch loops)
+	Site, BiasSite *optSite // fused updates of W and b
 	// Site4 is Site on 4 consecutive elements held in local arrays (the
 	// vectorised epilogue, TC.Vec4): Site4Arrays are the pointers loaded
 	// into them, NAME into NAMEv[4], and stored back.
@@ -368,7 +375,26 @@ func splitName(name string, k *gemmKernel) string {
 	return fmt.Sprintf("%s_splitk%d", name, k.Splits)
 }
 
-// linear_block(x, w, b?) -> y
+// linearAct sets k's folded activation from block node n (Attrs.Act) and
+// returns the kernel name's suffix for it.
+func linearAct(n *ir.Node, k *gemmKernel) string {
+	act, consts, suffix := foldedAct(&n.Attrs)
+	k.Act, k.Consts = act, consts
+	return suffix
+}
+
+// aMaskDoc says what the gradient kernel k does to dY as it loads it.
+func aMaskDoc(k *gemmKernel) string {
+	switch {
+	case k.AMask == "":
+		return ""
+	case k.Act != "":
+		return ", dY·f'(·) of the block's " + k.Act + " (through the saved y or z)"
+	}
+	return ", dY masked by the block's ReLU (y > 0)"
+}
+
+// linear_block(x, w, b?) -> y, z?
 func linearBlockRule(e *emitter, n *ir.Node) error {
 	p, err := n.Parts()
 	if err != nil {
@@ -376,7 +402,8 @@ func linearBlockRule(e *emitter, n *ir.Node) error {
 	}
 	a := n.Attrs
 	in, outF, b := p.W.Type.Dims[1], p.W.Type.Dims[0], e.batch
-	k := &gemmKernel{M: b, N: outF, K: in, A: "x", B: "w", BNK: true, Epilogue: "forward", Bias: a.Bias, ReLU: a.ReLU}
+	k := &gemmKernel{M: b, N: outF, K: in, A: "x", B: "w", BNK: true, Epilogue: "forward", Bias: a.Bias, ReLU: a.ReLU, SaveZ: a.SaveAct}
+	act := linearAct(n, k)
 	k.plan(true, e.sizing())
 	shape := fmt.Sprintf("b%d_in%d_out%d", b, in, outF)
 	k.Doc = fmt.Sprintf("linear block forward: y[%d,%d] = x[%d,%d]·Wᵀ", b, outF, b, in)
@@ -386,6 +413,12 @@ func linearBlockRule(e *emitter, n *ir.Node) error {
 	if a.ReLU {
 		k.Doc += ", then ReLU"
 	}
+	if k.Act != "" {
+		k.Doc += ", then " + k.Act
+	}
+	if k.SaveZ {
+		k.Doc += " (z, the output before it, saved)"
+	}
 	k.Doc += "."
 	mainParams, mainArgs := []string{inParam("x"), inParam("w")}, []Arg{buf(p.X), buf(p.W)}
 	var epiParams []string
@@ -394,13 +427,18 @@ func linearBlockRule(e *emitter, n *ir.Node) error {
 		epiParams, epiArgs = append(epiParams, inParam("bias")), append(epiArgs, buf(p.B))
 	}
 	epiParams, epiArgs = append(epiParams, outParam("y")), append(epiArgs, buf(n.Out()))
+	zBytes := int64(0)
+	if k.SaveZ {
+		epiParams, epiArgs = append(epiParams, outParam("z")), append(epiArgs, buf(n.Outs[1]))
+		zBytes = n.Outs[1].Type.Bytes(b)
+	}
 	name := splitName("linear_block_"+shape, k)
 	if k.Splits > 1 {
 		name = fmt.Sprintf("linear_block_reduce_b%d_out%d_splitk%d", b, outF, k.Splits)
 	}
-	name += flags("bias", a.Bias, "relu", a.ReLU)
+	name += flags("bias", a.Bias, "relu", a.ReLU) + act + flags("savez", k.SaveZ)
 	return e.emitGemm(n, k, name, splitName("linear_block_partial_"+shape, k), mainParams, mainArgs, epiParams, epiArgs,
-		p.X.Type.Bytes(b)+p.W.Type.Bytes(b), bytesOf(b, p.B)+n.Out().Type.Bytes(b))
+		p.X.Type.Bytes(b)+p.W.Type.Bytes(b), bytesOf(b, p.B)+n.Out().Type.Bytes(b)+zBytes)
 }
 
 // linear_block_grad_input(dOut, w, y?, xmask?) -> dX
@@ -411,6 +449,7 @@ func linearGradInputRule(e *emitter, n *ir.Node) error {
 	}
 	in, outF, b := p.W.Type.Dims[1], p.W.Type.Dims[0], e.batch
 	k := &gemmKernel{M: b, N: in, K: outF, A: "dy", B: "w", Epilogue: "grad_input", MaskOut: p.XMask != nil}
+	act := linearAct(n, k)
 	mainParams, mainArgs := []string{inParam("dy"), inParam("w")}, []Arg{buf(p.DOut), buf(p.W)}
 	if p.Y != nil {
 		k.AMask = "y"
@@ -418,9 +457,7 @@ func linearGradInputRule(e *emitter, n *ir.Node) error {
 	}
 	k.plan(true, e.sizing())
 	k.Doc = fmt.Sprintf("linear block input gradient: dX[%d,%d] = dY[%d,%d]·W", b, in, b, outF)
-	if p.Y != nil {
-		k.Doc += ", dY masked by the block's ReLU (y > 0)"
-	}
+	k.Doc += aMaskDoc(k)
 	if p.XMask != nil {
 		k.Doc += ", then masked by the producer's ReLU (x > 0)"
 	}
@@ -433,7 +470,7 @@ func linearGradInputRule(e *emitter, n *ir.Node) error {
 	}
 	epiParams, epiArgs = append(epiParams, "float* "+restrictIf(!aliasable(n, n.Out()))+"dx"), append(epiArgs, buf(n.Out()))
 	shape := fmt.Sprintf("b%d_out%d_in%d", b, outF, in)
-	mask := flags("relumask", p.Y != nil)
+	mask := flags("relumask", p.Y != nil && k.Act == "") + act
 	name := "linear_block_grad_input_" + shape + mask
 	if k.Splits > 1 {
 		name = fmt.Sprintf("linear_block_grad_input_reduce_b%d_in%d_splitk%d", b, in, k.Splits)
@@ -452,6 +489,7 @@ func linearGradWeightRule(e *emitter, n *ir.Node) error {
 	a := n.Attrs
 	in, outF, b := p.X.Type.Dims[0], a.Out, e.batch
 	k := &gemmKernel{M: outF, N: in, K: b, A: "dy", AKM: true, B: "x", Epilogue: "grad_weight", BiasGrad: a.Bias}
+	act := linearAct(n, k)
 	params, args := []string{inParam("dy"), inParam("x")}, []Arg{buf(p.DOut), buf(p.X)}
 	if p.Y != nil {
 		k.AMask = "y"
@@ -459,14 +497,12 @@ func linearGradWeightRule(e *emitter, n *ir.Node) error {
 	}
 	k.plan(false, e.sizing())
 	k.Doc = fmt.Sprintf("linear block weight gradient: dW[%d,%d] = dYᵀ·x over a batch of %d", outF, in, b)
-	if p.Y != nil {
-		k.Doc += ", dY masked by the block's ReLU (y > 0)"
-	}
+	k.Doc += aMaskDoc(k)
 	if a.Bias {
 		k.Doc += "; dB = the batch sum of dY"
 	}
 	bytes := minBytes(n, b)
-	name := fmt.Sprintf("linear_block_grad_weight_b%d_out%d_in%d", b, outF, in) + flags("relumask", p.Y != nil, "bias", a.Bias)
+	name := fmt.Sprintf("linear_block_grad_weight_b%d_out%d_in%d", b, outF, in) + flags("relumask", p.Y != nil && k.Act == "") + act + flags("bias", a.Bias)
 	if opt := a.Opt; opt != nil {
 		k.Doc += "; then " + optDoc(opt) + ", updating W" + map[bool]string{true: " and b", false: ""}[a.Bias] + " in place."
 		names := []string{"w", "b"}

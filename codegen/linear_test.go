@@ -88,6 +88,17 @@ func TestLinearBlockKernelsTensorCores(t *testing.T) {
 	}
 }
 
+// Every activation folded into a linear block (Attrs.Act): the forward's
+// f (and z where the block saves it), the gradients' f' through y or z, on
+// odd, split-K and vectorised shapes (kernelcases.LinearActChecks).
+func TestLinearBlockActivationKernels(t *testing.T) {
+	var cases []nodeCase
+	for _, c := range kernelcases.LinearActChecks(t) {
+		cases = append(cases, nodeCase{n: c.N, o: c.O})
+	}
+	checkNodesAt(t, codegen.FP32, 67, 23, cases)
+}
+
 // checkLinearKernels checks linear blocks over edge and random shapes at
 // each batch, keeping one variant (bias, relu, masked) in every.
 func checkLinearKernels(t *testing.T, prec codegen.Precision, batches []int64, every int) {

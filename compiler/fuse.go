@@ -18,7 +18,9 @@ import (
 // (compiler/ops/conv_tanh_pool.go: the pooled output, plus the tanh
 // output only when the conv's input needs a gradient — reading the image,
 // the weight gradient recomputes it; its parameters get separate updates),
-// linear [-> relu] one linear_block,
+// linear [-> relu or another pointwise activation] one linear_block (an
+// activation whose gradient reads its input has the block also write the
+// pre-activation output),
 // cross_entropy one softmax_cross_entropy that also writes the logits'
 // gradient, batch norm's normalisation [-> relu or another pointwise
 // activation] one normalisation with the activation folded in (Attrs.ReLU,
@@ -289,12 +291,39 @@ func (f *fuser) replaceOutput(last, b *ir.Node) {
 	f.repl[last.Out()] = b.Out()
 }
 
+// linearBlock fuses linear [-> relu or another pointwise activation] into
+// one linear_block: the activation in the epilogue (Attrs.ReLU, Attrs.Act),
+// and, when the activation's gradient reads its input, the pre-activation
+// output saved as the block's second output (Attrs.SaveAct; not in a
+// forward-only graph), named as the linear's output was.
 func (f *fuser) linearBlock(n *ir.Node) *ir.Node {
 	a, ins, last := f.blockStart(n)
-	b := f.g.NewNode(ir.OpLinearBlock, n.Name, ir.Forward, n.Pos, ins, []string{last.Out().Name}, ir.RoleActivation)
+	if r := f.onlyPointwise(n.Out()); !a.ReLU && r != nil {
+		a.Act, a.Alpha = r.Op, r.Attrs.Alpha
+		a.SaveAct = ops.LinearSavesPre(&a) && !f.g.ForwardOnly()
+		f.absorbed[r] = true
+		last = r
+	}
+	outs := []string{last.Out().Name}
+	if a.SaveAct {
+		outs = append(outs, n.Out().Name)
+	}
+	b := f.g.NewNode(ir.OpLinearBlock, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
 	b.Attrs = a
 	f.replaceOutput(last, b)
+	if a.SaveAct {
+		b.Outs[1].Pos = n.Out().Pos
+	}
 	return b
+}
+
+// onlyPointwise returns v's single reader when it is a pointwise activation
+// other than ReLU (ops.PointwiseOf), or nil.
+func (f *fuser) onlyPointwise(v *ir.Value) *ir.Node {
+	if rs := f.readers[v]; len(rs) == 1 && ops.PointwiseOf(rs[0].Op) != nil {
+		return f.only(v, rs[0].Op)
+	}
+	return nil
 }
 
 // batchNormReLU copies batch norm's normalisation n, with a ReLU that is
@@ -309,10 +338,10 @@ func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
 		a.ReLU = true
 		f.absorbed[r] = true
 		last = r
-	} else if rs := f.readers[n.Out()]; len(rs) == 1 && ops.PointwiseOf(rs[0].Op) != nil && f.only(n.Out(), rs[0].Op) != nil {
-		a.Act, a.Alpha = rs[0].Op, rs[0].Attrs.Alpha
-		f.absorbed[rs[0]] = true
-		last = rs[0]
+	} else if r := f.onlyPointwise(n.Out()); r != nil {
+		a.Act, a.Alpha = r.Op, r.Attrs.Alpha
+		f.absorbed[r] = true
+		last = r
 	}
 	ins := make([]*ir.Value, len(n.Ins))
 	for i, v := range n.Ins {

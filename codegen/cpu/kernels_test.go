@@ -119,6 +119,13 @@ func TestLinearKernels(t *testing.T) {
 	}
 }
 
+// Linear blocks with each activation other than ReLU folded in (kernelcases.LinearActChecks): the
+// forward applies f in its scalar pass over the outputs, the gradients f' as they load dy. Batch 67:
+// two sample tiles of the forward, a tail of each register tile.
+func TestLinearActKernels(t *testing.T) {
+	checkCases(t, 67, 13, kernelcases.LinearActChecks(t))
+}
+
 // Global average pooling sums up to 9100 values in [-1, 1) in order: each addition rounds
 // relative to a partial sum of size about sqrt(k/3), so the sum's error is about
 // 2^-24·K/sqrt(18) ≈ 1.3e-4 (K = 9100), the mean's 1.4e-8, against a largest mean of about

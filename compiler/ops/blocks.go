@@ -31,7 +31,7 @@ func gradInputLayout(n *ir.Node) (ir.BlockParts, error) {
 	if a.Pool != nil {
 		p.Argmax = d.next()
 	}
-	if a.ReLU && !a.DOutMasked {
+	if (a.ReLU && !a.DOutMasked) || a.Act != 0 {
 		p.Y = d.next()
 	}
 	if a.MaskOut {
@@ -50,7 +50,7 @@ func gradWeightLayout(n *ir.Node) (ir.BlockParts, error) {
 	if a.Pool != nil {
 		p.Argmax = d.next()
 	}
-	if a.ReLU && !a.DOutMasked {
+	if (a.ReLU && !a.DOutMasked) || a.Act != 0 {
 		p.Y = d.next()
 	}
 	if a.Opt != nil {
@@ -182,6 +182,9 @@ func blockGrad(gradOp, weightOp ir.Op) GradRule {
 		if a.ReLU && !a.DOutMasked {
 			saved = append(saved, n.Out()) // y, for the mask
 		}
+		if a.Act != 0 {
+			saved = append(saved, activationSaved(n)) // y or z, for the activation's derivative
+		}
 		grads := make([]*ir.Value, len(n.Ins))
 		if need[0] {
 			ga := a
@@ -228,12 +231,24 @@ func partsValues(n *ir.Node, ins [][]float64) (ir.BlockParts, map[*ir.Value][]fl
 	return p, vals
 }
 
+// activationSaved is the tensor the gradient of block n's folded
+// activation (Attrs.Act) reads: its pre-activation output z when the block
+// saves it (Attrs.SaveAct), else its output y.
+func activationSaved(n *ir.Node) *ir.Value {
+	if n.Attrs.SaveAct {
+		return n.Outs[1]
+	}
+	return n.Out()
+}
+
 // preActivationGrad turns the gradient of a block's output into the
 // gradient of its conv (or linear) output: the ReLU mask unless already
 // applied, then routing through the argmax to full resolution.
 func preActivationGrad(env *RefEnv, n *ir.Node, p ir.BlockParts, vals map[*ir.Value][]float64, convT ir.Type) []float64 {
 	d := vals[p.DOut]
-	if p.Y != nil {
+	if pw := PointwiseOf(n.Attrs.Act); pw != nil {
+		d = pw.Grad.Ref(env, n, [][]float64{d, vals[p.Y]})[0] // dy·f'(s), s = y or z (activationSaved)
+	} else if p.Y != nil {
 		masked := make([]float64, len(d))
 		for i, y := range vals[p.Y] {
 			if y > 0 {

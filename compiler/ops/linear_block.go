@@ -6,22 +6,54 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 )
 
-// linear_block: linear + bias + ReLU?, the fuse pass's kernel for a linear
-// layer and the ReLU after it, with its input gradient and its weight
-// gradient (the optimizer update fused). Kernels in codegen/linear.go
-// (templates/linear.cu.tmpl); the reference composes the unfused kernels.
+// linear_block: linear + bias + activation?, the fuse pass's kernel for a
+// linear layer and the pointwise activation after it, with its input
+// gradient and its weight gradient (the optimizer update fused). Kernels in
+// codegen/linear.go (templates/linear.cu.tmpl) and codegen/cpu/linear.go;
+// the reference composes the unfused kernels.
+//
+// The activation is ReLU (Attrs.ReLU) or any other pointwise one (Attrs.Act,
+// printed act=NAME, slope=... for leaky_relu; activation.go): y = f(z),
+// z = x·Wᵀ + b, the activation's own formula. The gradients take dz =
+// f'(·)·dy while they load dy, through the activation's gradient formula
+// and one saved tensor s (BlockParts.Y): y where the derivative is a
+// function of the output (ReLU's mask y > 0, sigmoid, tanh, leaky_relu
+// with a positive slope, whose y has x's sign), else z, which the block
+// then writes as a second output (Attrs.SaveAct, printed save=true; not in
+// a forward-only graph). Unfused, the activation would save the same
+// tensor, so the block saves no more than the pair it replaces.
 
-var linearBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrBias, ir.AttrReLU}
+var linearBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrBias, ir.AttrReLU, attrFusedAct, attrFusedSlope, attrSaveAct}
+
+// LinearSavesPre says whether a linear block with attributes a saves its
+// pre-activation z for the gradient: its activation's derivative is not a
+// function of its output.
+func LinearSavesPre(a *ir.Attrs) bool {
+	p := PointwiseOf(a.Act)
+	return p != nil && !p.SaveOutput && !(a.Act == LeakyReLU && a.Alpha > 0)
+}
+
+// linearAct applies the block's activation to z.
+func linearAct(env *RefEnv, n *ir.Node, z []float64) []float64 {
+	if n.Attrs.ReLU {
+		return reluValues(z)
+	}
+	if p := PointwiseOf(n.Attrs.Act); p != nil {
+		return p.F(env, n, z)
+	}
+	return z
+}
 
 var _ = Register(ir.OpLinearBlock, &Def{
 	OpInfo: ir.OpInfo{Name: "linear_block", Attrs: linearBlockAttrs, Infer: inferLinearBlock, FLOPs: flopsLinearBlock, Layout: blockLayout},
-	Doc:    "a linear layer with its bias and ReLU, fused",
+	Doc:    "a linear layer with its bias and activation, fused",
 	Grad:   blockGrad(ir.OpLinearBlockGradInput, ir.OpLinearBlockGradWeight),
 	Ref: func(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 		probe := &ir.Node{Op: ir.OpLinear, Attrs: n.Attrs, Ins: n.Ins}
-		y := refLinear(env, probe, ins)[0]
-		if n.Attrs.ReLU {
-			y = reluValues(y)
+		z := refLinear(env, probe, ins)[0]
+		y := linearAct(env, n, z)
+		if n.Attrs.SaveAct {
+			return [][]float64{y, z}
 		}
 		return [][]float64{y}
 	},
@@ -31,7 +63,7 @@ var _ = Register(ir.OpLinearBlock, &Def{
 var _ = Register(ir.OpLinearBlockGradInput, &Def{
 	OpInfo: ir.OpInfo{Name: "linear_block_grad_input", Attrs: ir.AttrList(linearBlockAttrs, ir.AttrMasked, ir.AttrMaskOut),
 		Infer: inferLinearBlockGradInput, FLOPs: flopsLinearBlockGrad, Layout: gradInputLayout, GradInput: true, InPlace: maskOutInput},
-	Doc:    "a linear block's input gradient, with the ReLU mask of the block before it (maskout)",
+	Doc:    "a linear block's input gradient, through its activation, with the ReLU mask of the block before it (maskout)",
 	NoGrad: "a gradient op",
 	Ref: func(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 		p, vals := partsValues(n, ins)
@@ -72,7 +104,14 @@ func inferLinearBlock(n *ir.Node) ([]ir.Type, error) {
 	if p.B != nil {
 		probe.Ins = append(probe.Ins, p.B)
 	}
-	return inferLinear(probe)
+	ts, err := inferLinear(probe)
+	if err != nil || !n.Attrs.SaveAct {
+		return ts, err
+	}
+	if !LinearSavesPre(&n.Attrs) {
+		return nil, fmt.Errorf("%s: save=true needs an activation whose gradient reads its input", n.Op)
+	}
+	return []ir.Type{ts[0], ts[0]}, nil
 }
 
 func inferLinearBlockGradInput(n *ir.Node) ([]ir.Type, error) {
@@ -117,7 +156,7 @@ func flopsLinearBlock(n *ir.Node) int64 {
 	if n.Attrs.Bias {
 		f = ir.AddSat(f, w.Dims[0])
 	}
-	if n.Attrs.ReLU {
+	if n.Attrs.ReLU || n.Attrs.Act != 0 {
 		f = ir.AddSat(f, w.Dims[0])
 	}
 	return f

@@ -129,8 +129,8 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 	for _, act := range bnActs {
 		models["batch norm "+strings.Split(act, "(")[0]] = bnActModel(act)
 	}
-	// only batch norm takes them: after a conv or linear layer they stay
-	// kernels of their own (the blocks' epilogues apply ReLU alone)
+	// after a conv layer they stay kernels of their own (the conv blocks'
+	// epilogues apply ReLU alone); a linear block folds each of them
 	models["activations after blocks"] = `model A(image: f32[3,7,5], label: class[4]) {
     c = conv2d(image, out=4, kernel=3, padding=1)
     s = silu(c)
@@ -141,6 +141,11 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 }
 train { optimizer = sgd(lr=0.1, momentum=0.9) }
 `
+	// every pointwise activation folded into a linear block whose input
+	// needs a gradient (the first block's output)
+	for _, act := range linearActs {
+		models["linear "+linearActName(act)] = linearActModel(act)
+	}
 	for name, src := range models {
 		t.Run(name, func(t *testing.T) {
 			unfused := compileWith(t, src, "fuse")
@@ -176,12 +181,37 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) }
 			if name == "activations after blocks" {
 				standalone := 0
 				for _, n := range fused.Nodes {
-					assert.Zero(t, n.Attrs.Act, "%s: no block takes an activation but ReLU", n.Text())
+					if n.Op == ir.OpConvBlock || n.Op == ir.OpConvBlockGradInput || n.Op == ir.OpConvBlockGradWeight {
+						assert.Zero(t, n.Attrs.Act, "%s: no conv block takes an activation but ReLU", n.Text())
+					}
 					if ops.PointwiseOf(n.Op) != nil {
 						standalone++
 					}
 				}
-				assert.Equal(t, 3, standalone, "silu, sigmoid and gelu run their own kernels")
+				assert.Equal(t, 2, standalone, "silu and sigmoid after the convs run their own kernels, h's gelu folds")
+			}
+			if act, ok := strings.CutPrefix(name, "linear "); ok {
+				folded, saves := 0, 0
+				for _, n := range fused.Nodes {
+					if n.Attrs.Act != 0 {
+						assert.Contains(t, []ir.Op{ir.OpLinearBlock, ir.OpLinearBlockGradInput, ir.OpLinearBlockGradWeight}, n.Op, n.Text())
+						folded++
+					}
+					if n.Op == ir.OpLinearBlock && n.Attrs.SaveAct {
+						saves++
+						require.Len(t, n.Outs, 2, n.Text())
+					}
+				}
+				assert.Equal(t, 3, folded, "h's block and its two gradients carry %s", act)
+				wantSaves := map[string]int{"gelu": 1, "silu": 1, "hardswish": 1, "leaky_relu_negative": 1}[act]
+				assert.Equal(t, wantSaves, saves, "the block saves z only when %s's gradient reads its input", act)
+				standalone := 0
+				for _, n := range fused.Nodes {
+					if ops.PointwiseOf(n.Op) != nil {
+						standalone++
+					}
+				}
+				assert.Zero(t, standalone, "%s folds into h's block", act)
 			}
 			if act, ok := strings.CutPrefix(name, "batch norm "); ok && act != "relu into blocks" {
 				folded := 0
@@ -239,6 +269,32 @@ func TestFusedGradientsModeDoesNotUpdate(t *testing.T) {
 // tests cannot import: kernelcases imports the reference): bnrelu_odd.cnn's network with each
 // activation besides ReLU in ReLU's place.
 var bnActs = []string{"leaky_relu(%s, slope=0.2)", "sigmoid(%s)", "tanh(%s)", "gelu(%s)", "silu(%s)", "hardswish(%s)"}
+
+// linearActs are the pointwise activations a linear block folds (a
+// leaky_relu with a negative slope too: its output's sign is not its
+// input's, so the block saves z), linearActModel a network with act after
+// a hidden linear layer whose input needs a gradient.
+var linearActs = append([]string{"leaky_relu(%s, slope=-0.3)"}, bnActs...)
+
+func linearActName(act string) string {
+	name := strings.Split(act, "(")[0]
+	if strings.Contains(act, "slope=-") {
+		name += "_negative"
+	}
+	return name
+}
+
+func linearActModel(act string) string {
+	return fmt.Sprintf(`model L(image: f32[2,5,3], label: class[4]) {
+    e = linear(flatten(image), out=6)
+    h = linear(e, out=7)
+    a = %s
+    o = linear(a, out=4)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9) }
+`, fmt.Sprintf(act, "h"))
+}
 
 func bnActModel(act string) string {
 	return fmt.Sprintf(`model B(image: f32[3,7,5], label: class[4]) {

@@ -446,6 +446,11 @@ type Linear struct {
 	w, b          *ir.Param
 	bias, relu    bool
 	Masked, XMask bool
+	// Act and Alpha: an activation other than ReLU folded in (Attrs.Act),
+	// its gradient reading y, or z when the block saves it
+	// (ops.LinearSavesPre); set before Forward.
+	Act   ir.Op
+	Alpha float64
 }
 
 // NewLinear makes a linear block of in -> out features in g.
@@ -472,8 +477,15 @@ func (l *Linear) params() []*ir.Param {
 }
 
 func (l *Linear) attrs() ir.Attrs {
-	return ir.Attrs{Out: l.out, Bias: l.bias, ReLU: l.relu, DOutMasked: l.Masked, MaskOut: l.XMask}
+	a := ir.Attrs{Out: l.out, Bias: l.bias, ReLU: l.relu, DOutMasked: l.Masked, MaskOut: l.XMask, Act: l.Act, Alpha: l.Alpha}
+	a.SaveAct = ops.LinearSavesPre(&a)
+	return a
 }
+
+// saved is what the gradients read for the block's activation: y (for
+// ReLU's mask unless it arrives masked, or another activation's
+// derivative) — a random tensor either way, named y.
+func (l *Linear) saved() bool { return (l.relu && !l.Masked) || l.Act != 0 }
 
 // Forward is the block's linear_block.
 func (l *Linear) Forward(t testing.TB) *ir.Node {
@@ -481,13 +493,17 @@ func (l *Linear) Forward(t testing.TB) *ir.Node {
 	if l.bias {
 		ins = append(ins, l.b.Value)
 	}
-	return Typed(t, l.g, ir.OpLinearBlock, l.name, l.attrs(), ins, l.name+".out")
+	outs := []string{l.name + ".out"}
+	if a := l.attrs(); a.SaveAct {
+		outs = append(outs, l.name+".z")
+	}
+	return Typed(t, l.g, ir.OpLinearBlock, l.name, l.attrs(), ins, outs...)
 }
 
 // GradInput is the block's linear_block_grad_input.
 func (l *Linear) GradInput(t testing.TB) *ir.Node {
 	ins := []*ir.Value{l.dy, l.w.Value}
-	if l.relu && !l.Masked {
+	if l.saved() {
 		ins = append(ins, l.y)
 	}
 	if l.XMask {
@@ -500,7 +516,7 @@ func (l *Linear) GradInput(t testing.TB) *ir.Node {
 // parameter then gets fresh optimizer state).
 func (l *Linear) GradWeight(t testing.TB, opt *ir.Optimizer) *ir.Node {
 	ins := []*ir.Value{l.dy, l.x}
-	if l.relu && !l.Masked {
+	if l.saved() {
 		ins = append(ins, l.y)
 	}
 	a := l.attrs()
@@ -527,6 +543,40 @@ func (l *Linear) GradWeight(t testing.TB, opt *ir.Optimizer) *ir.Node {
 // a random pair, every combination of bias, ReLU, masked and maskout, the weight gradient
 // unfused or with each optimizer at the first and a later step. variant varies the choices
 // between batches.
+// LinearActs are the activations other than ReLU a linear block folds (Attrs.Act, with Alpha),
+// a leaky_relu of negative slope among them (its block saves z).
+var LinearActs = []struct {
+	Op    ir.Op
+	Alpha float64
+}{{ops.LeakyReLU, 0.2}, {ops.LeakyReLU, -0.3}, {ops.Sigmoid, 0}, {ops.Tanh, 0}, {ops.GELU, 0}, {ops.SiLU, 0}, {ops.HardSwish, 0}}
+
+// LinearActChecks are linear blocks with each of LinearActs folded in: forward (f, and z where
+// saved), input gradient (with and without maskout) and weight gradient (unfused and with a fused
+// update), two shapes each among an odd one, split-K over in (forward), split-K over out (input
+// gradient on the GPU) and N a multiple of 4 (the vectorised epilogues).
+func LinearActChecks(t testing.TB) []Case {
+	shapes := [][2]int64{{17, 3}, {700, 3}, {5, 300}, {64, 64}}
+	g := ir.NewGraph("T")
+	var cases []Case
+	for ai, a := range LinearActs {
+		for j := 0; j < 2; j++ {
+			s := shapes[(ai+j)%len(shapes)]
+			l := NewLinear(g, fmt.Sprintf("fc%d_%d", ai, j), s[0], s[1], j == 0, false)
+			l.Act, l.Alpha = a.Op, a.Alpha
+			l.XMask = j == 1
+			name := fmt.Sprintf("%dx%d %s(%g) bias=%t maskout=%t", s[0], s[1], a.Op, a.Alpha, j == 0, l.XMask)
+			cases = append(cases, Case{Name: "fwd " + name, N: l.Forward(t)}, Case{Name: "dgrad " + name, N: l.GradInput(t)})
+			if j == 0 {
+				cases = append(cases, Case{Name: "wgrad " + name, N: l.GradWeight(t, nil)})
+			} else {
+				opt := Optimizers[ai%len(Optimizers)]
+				cases = append(cases, Case{Name: fmt.Sprintf("wgrad %s %s step 3", name, opt), N: l.GradWeight(t, opt), O: reference.NodeOptions{Step: 3, Update: true}})
+			}
+		}
+	}
+	return cases
+}
+
 func LinearChecks(t testing.TB, variant int, rng *rand.Rand) []Case {
 	type shape struct{ in, out int64 }
 	shapes := []shape{{1, 1}, {3, 17}, {17, 3}, {130, 130}, {700, 3}, {5, 300}, {64, 64}, {1000, 11},

@@ -1426,14 +1426,16 @@ struct ConvPoolWgrad {
 
 // ---------------------------------------------------------------------------------------------
 // Linear blocks (W is [N][K] = [out][in]). The geometry struct L has B, K (in), N (out), BIAS,
-// RELU, HASY, MASKOUT, ACC, and the decomposition: TILE (output columns of a forward task, input
-// columns of a gradient task).
+// RELU, ACT, SAVEZ, HASY, MASKOUT, ACC, and the decomposition: TILE (output columns of a forward
+// task, input columns of a gradient task). F is the folded activation other than ReLU (ACT; the
+// functors below, NoActF for none): the forward applies F::f to z = x·Wᵀ (+ b), writing z too
+// with SAVEZ; the gradients take dy' = F::g(dy, s), s the saved y or z (HASY's input).
 
-// y = x·Wᵀ (+ b) (ReLU). A task is TILE outputs (rows of W) for BT samples; the reduction over K
+// y = x·Wᵀ (+ b) (ReLU or F::f), z saved (SAVEZ). A task is TILE outputs (rows of W) for BT samples; the reduction over K
 // runs in chunks of KC (the chunk of x and of the task's W rows stays in cache) with MB x NB
 // register tiles of vectors along K, kept in the task's scratch between chunks; each output is
 // its lanes' sum (in lane order) plus the scalar tail, so its order is fixed.
-template <class L>
+template <class L, class F>
 struct LinFwd {
   static constexpr int MB = 3, NB = 3;
   static constexpr long KC = 512;
@@ -1481,6 +1483,7 @@ struct LinFwd {
     const float* w = arg<const float>(p, a++);
     const float* bias = L::BIAS ? arg<const float>(p, a++) : nullptr;
     float* y = arg<float>(p, a++);
+    float* z = L::SAVEZ ? arg<float>(p, a++) : nullptr;
     const long n0 = task % NT * L::TILE, nt = cmin(L::TILE, L::N - n0);
     const long b0 = task / NT * L::BT, bt = cmin(L::BT, L::B - b0);
     if constexpr (KV > 0) {
@@ -1498,23 +1501,26 @@ struct LinFwd {
         float v = KV > 0 ? hsum(vload(s + (i * nt + j) * VW)) : 0.0f;
         for (long k = KV; k < L::K; k++) v += x[b * L::K + k] * w[n * L::K + k];
         if constexpr (L::BIAS) v += bias[n];
+        if constexpr (L::SAVEZ) z[b * L::N + n] = v;
         if constexpr (L::RELU) v = v > 0.0f ? v : 0.0f;
+        if constexpr (L::ACT) v = F::f(v);
         y[b * L::N + n] = v;
       }
   }
 };
 
 // dx = dy'·W (· [xmask > 0]), dy' = dy masked by the block's ReLU (y > 0) unless it arrives
-// masked. A task is TILE input columns for the whole batch: MB x NV register tiles, the sum over the
+// masked, or F::g(dy, s) (ACT). A task is TILE input columns for the whole batch: MB x NV register tiles, the sum over the
 // N outputs in order (n = 0, 1, ...), so every element's order is fixed. dx may be xmask.
-template <class L>
+template <class L, class F>
 struct LinDgrad {
   static constexpr int MB = 4, NV = 3;
   static constexpr long tasks = cdiv(L::K, L::TILE);
   static constexpr long scratch = 0;
 
   CNNC_MEMBER static float dyAt(const float* dy, const float* ym, long b, long n) {
-    if constexpr (L::HASY) return masked(ym[b * L::N + n], dy[b * L::N + n]);
+    if constexpr (L::ACT) return F::g(dy[b * L::N + n], ym[b * L::N + n]);
+    else if constexpr (L::HASY) return masked(ym[b * L::N + n], dy[b * L::N + n]);
     return dy[b * L::N + n];
   }
 
@@ -1582,14 +1588,15 @@ struct LinDgrad {
 // dW = dy'ᵀ·x over the batch (in batch order), dB = the batch sum of dy' (by the task of the first
 // columns); then written, added (ACC), or applied by the fused optimizer update O to W (and b) in
 // place. A task is TILE input columns of every output row: MN x NV register tiles.
-template <class L, class O>
+template <class L, class O, class F>
 struct LinWgrad {
   static constexpr int MN = 4, NV = 3;
   static constexpr long tasks = cdiv(L::K, L::TILE);
   static constexpr long scratch = floats64(MN * NV * VW);
 
   CNNC_MEMBER static float dyAt(const float* dy, const float* ym, long b, long n) {
-    if constexpr (L::HASY) return masked(ym[b * L::N + n], dy[b * L::N + n]);
+    if constexpr (L::ACT) return F::g(dy[b * L::N + n], ym[b * L::N + n]);
+    else if constexpr (L::HASY) return masked(ym[b * L::N + n], dy[b * L::N + n]);
     return dy[b * L::N + n];
   }
 

@@ -82,35 +82,39 @@ struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716_g {
 };
 CNNC_CPU_KERNEL(conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716, 5, ConvFwd<conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716_g>)
 
-// linear_fwd_b32_in784_out64_5867a619: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
-struct linear_fwd_b32_in784_out64_5867a619_g {
+// linear_fwd_b32_in784_out64_64d41ae8: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
+struct linear_fwd_b32_in784_out64_64d41ae8_g {
   static constexpr long B = 32;
   static constexpr long K = 784;
   static constexpr long N = 64;
   static constexpr bool BIAS = true;
   static constexpr bool RELU = true;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
   static constexpr long TILE = 3;
   static constexpr long BT = 32;
 };
-CNNC_CPU_KERNEL(linear_fwd_b32_in784_out64_5867a619, 4, LinFwd<linear_fwd_b32_in784_out64_5867a619_g>)
+CNNC_CPU_KERNEL(linear_fwd_b32_in784_out64_64d41ae8, 4, LinFwd<linear_fwd_b32_in784_out64_64d41ae8_g, NoActF>)
 
-// linear_fwd_b32_in64_out10_0b02d314: linear block forward: y[32,10] = x[32,64]·Wᵀ + bias.
-struct linear_fwd_b32_in64_out10_0b02d314_g {
+// linear_fwd_b32_in64_out10_a50d5375: linear block forward: y[32,10] = x[32,64]·Wᵀ + bias.
+struct linear_fwd_b32_in64_out10_a50d5375_g {
   static constexpr long B = 32;
   static constexpr long K = 64;
   static constexpr long N = 10;
   static constexpr bool BIAS = true;
   static constexpr bool RELU = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
   static constexpr long TILE = 3;
   static constexpr long BT = 32;
 };
-CNNC_CPU_KERNEL(linear_fwd_b32_in64_out10_0b02d314, 4, LinFwd<linear_fwd_b32_in64_out10_0b02d314_g>)
+CNNC_CPU_KERNEL(linear_fwd_b32_in64_out10_a50d5375, 4, LinFwd<linear_fwd_b32_in64_out10_a50d5375_g, NoActF>)
 
 // softmax_cross_entropy_b32_c10_0175e58c: softmax cross-entropy: mean loss over the valid rows, the logits' gradient, the correct count.
 struct softmax_cross_entropy_b32_c10_0175e58c_g {
@@ -123,35 +127,39 @@ struct softmax_cross_entropy_b32_c10_0175e58c_g {
 };
 CNNC_CPU_KERNEL(softmax_cross_entropy_b32_c10_0175e58c, 7, SoftmaxCE<softmax_cross_entropy_b32_c10_0175e58c_g>)
 
-// linear_dgrad_b32_in64_out10_d409b50a: linear block input gradient: dX[32,64] = dY[32,10]·W, then masked by the producer's ReLU (x > 0).
-struct linear_dgrad_b32_in64_out10_d409b50a_g {
+// linear_dgrad_b32_in64_out10_1adb4d42: linear block input gradient: dX[32,64] = dY[32,10]·W, then masked by the producer's ReLU (x > 0).
+struct linear_dgrad_b32_in64_out10_1adb4d42_g {
   static constexpr long B = 32;
   static constexpr long K = 64;
   static constexpr long N = 10;
   static constexpr bool BIAS = false;
   static constexpr bool RELU = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = true;
   static constexpr bool ACC = false;
   static constexpr long TILE = 24;
   static constexpr long BT = 0;
 };
-CNNC_CPU_KERNEL(linear_dgrad_b32_in64_out10_d409b50a, 4, LinDgrad<linear_dgrad_b32_in64_out10_d409b50a_g>)
+CNNC_CPU_KERNEL(linear_dgrad_b32_in64_out10_1adb4d42, 4, LinDgrad<linear_dgrad_b32_in64_out10_1adb4d42_g, NoActF>)
 
-// linear_wgrad_b32_in64_out10_30fd68cc: linear block weight gradient: dW[10,64] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
-struct linear_wgrad_b32_in64_out10_30fd68cc_g {
+// linear_wgrad_b32_in64_out10_6248180c: linear block weight gradient: dW[10,64] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
+struct linear_wgrad_b32_in64_out10_6248180c_g {
   static constexpr long B = 32;
   static constexpr long K = 64;
   static constexpr long N = 10;
   static constexpr bool BIAS = true;
   static constexpr bool RELU = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
   static constexpr long TILE = 24;
   static constexpr long BT = 0;
 };
-struct linear_wgrad_b32_in64_out10_30fd68cc_o {
+struct linear_wgrad_b32_in64_out10_6248180c_o {
   static constexpr long KIND = 0;
   static constexpr bool HAS_WD = false;
   static constexpr bool HAS_MOM = true;
@@ -166,37 +174,41 @@ struct linear_wgrad_b32_in64_out10_30fd68cc_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(linear_wgrad_b32_in64_out10_30fd68cc, 7, LinWgrad<linear_wgrad_b32_in64_out10_30fd68cc_g, linear_wgrad_b32_in64_out10_30fd68cc_o>)
+CNNC_CPU_KERNEL(linear_wgrad_b32_in64_out10_6248180c, 7, LinWgrad<linear_wgrad_b32_in64_out10_6248180c_g, linear_wgrad_b32_in64_out10_6248180c_o, NoActF>)
 
-// linear_dgrad_b32_in784_out64_c257d447: linear block input gradient: dX[32,784] = dY[32,64]·W, then masked by the producer's ReLU (x > 0).
-struct linear_dgrad_b32_in784_out64_c257d447_g {
+// linear_dgrad_b32_in784_out64_ee8519fe: linear block input gradient: dX[32,784] = dY[32,64]·W, then masked by the producer's ReLU (x > 0).
+struct linear_dgrad_b32_in784_out64_ee8519fe_g {
   static constexpr long B = 32;
   static constexpr long K = 784;
   static constexpr long N = 64;
   static constexpr bool BIAS = false;
   static constexpr bool RELU = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = true;
   static constexpr bool ACC = false;
   static constexpr long TILE = 24;
   static constexpr long BT = 0;
 };
-CNNC_CPU_KERNEL(linear_dgrad_b32_in784_out64_c257d447, 4, LinDgrad<linear_dgrad_b32_in784_out64_c257d447_g>)
+CNNC_CPU_KERNEL(linear_dgrad_b32_in784_out64_ee8519fe, 4, LinDgrad<linear_dgrad_b32_in784_out64_ee8519fe_g, NoActF>)
 
-// linear_wgrad_b32_in784_out64_8f905cc2: linear block weight gradient: dW[64,784] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
-struct linear_wgrad_b32_in784_out64_8f905cc2_g {
+// linear_wgrad_b32_in784_out64_6dc26c13: linear block weight gradient: dW[64,784] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
+struct linear_wgrad_b32_in784_out64_6dc26c13_g {
   static constexpr long B = 32;
   static constexpr long K = 784;
   static constexpr long N = 64;
   static constexpr bool BIAS = true;
   static constexpr bool RELU = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
   static constexpr long TILE = 24;
   static constexpr long BT = 0;
 };
-struct linear_wgrad_b32_in784_out64_8f905cc2_o {
+struct linear_wgrad_b32_in784_out64_6dc26c13_o {
   static constexpr long KIND = 0;
   static constexpr bool HAS_WD = false;
   static constexpr bool HAS_MOM = true;
@@ -211,7 +223,7 @@ struct linear_wgrad_b32_in784_out64_8f905cc2_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(linear_wgrad_b32_in784_out64_8f905cc2, 7, LinWgrad<linear_wgrad_b32_in784_out64_8f905cc2_g, linear_wgrad_b32_in784_out64_8f905cc2_o>)
+CNNC_CPU_KERNEL(linear_wgrad_b32_in784_out64_6dc26c13, 7, LinWgrad<linear_wgrad_b32_in784_out64_6dc26c13_g, linear_wgrad_b32_in784_out64_6dc26c13_o, NoActF>)
 
 // conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 16 partial sums.
 struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952_g {

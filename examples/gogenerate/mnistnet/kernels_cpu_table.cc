@@ -2,19 +2,19 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_cde920180ff6874b_sse2_impl[16];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_cde920180ff6874b_avx2_impl[16];
-namespace cnnc_cpu_cde920180ff6874b_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_8c326eb169560506_sse2_impl[16];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_8c326eb169560506_avx2_impl[16];
+namespace cnnc_cpu_8c326eb169560506_table {
 const char* const names[] = {
     "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
     "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
-    "linear_fwd_b32_in784_out64_5867a619",
-    "linear_fwd_b32_in64_out10_0b02d314",
+    "linear_fwd_b32_in784_out64_64d41ae8",
+    "linear_fwd_b32_in64_out10_a50d5375",
     "softmax_cross_entropy_b32_c10_0175e58c",
-    "linear_dgrad_b32_in64_out10_d409b50a",
-    "linear_wgrad_b32_in64_out10_30fd68cc",
-    "linear_dgrad_b32_in784_out64_c257d447",
-    "linear_wgrad_b32_in784_out64_8f905cc2",
+    "linear_dgrad_b32_in64_out10_1adb4d42",
+    "linear_wgrad_b32_in64_out10_6248180c",
+    "linear_dgrad_b32_in784_out64_ee8519fe",
+    "linear_wgrad_b32_in784_out64_6dc26c13",
     "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952",
     "conv_wgrad_reduce_o16_k72_s16_grads_977f897a",
     "update_n16_b163518b",
@@ -24,9 +24,9 @@ const char* const names[] = {
     "conv_wgrad_reduce_o8_k9_s32_update_15c70197",
 };
 const int32_t nparams[] = {5, 5, 4, 4, 7, 4, 7, 4, 7, 4, 3, 6, 5, 6, 4, 6};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "7b458326f0d9376575ae6e04d68b6c9d843527fb11ec590c6b00d39153532b5f", 16, names, nparams, {cnnc_cpu_cde920180ff6874b_sse2_impl, cnnc_cpu_cde920180ff6874b_avx2_impl}};
-}  // namespace cnnc_cpu_cde920180ff6874b_table
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "53501e5248d39fb5df4e7de424dea11adcf3a854e2141bc601683d19c254b8bb", 16, names, nparams, {cnnc_cpu_8c326eb169560506_sse2_impl, cnnc_cpu_8c326eb169560506_avx2_impl}};
+}  // namespace cnnc_cpu_8c326eb169560506_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_cde920180ff6874b(void) {
-  return &cnnc_cpu_cde920180ff6874b_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_8c326eb169560506(void) {
+  return &cnnc_cpu_8c326eb169560506_table::library;
 }
