@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"github.com/cnnc/cnnc/runtime/kernelarg"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/dsl"
 	"github.com/cnnc/cnnc/internal/kernelcases"
@@ -97,6 +99,85 @@ func TestLinearBlockActivationKernels(t *testing.T) {
 		cases = append(cases, nodeCase{n: c.N, o: c.O})
 	}
 	checkNodesAt(t, codegen.FP32, 67, 23, cases)
+}
+
+// The same on tensor cores (TF32, BF16), unfused weight gradients. The
+// forward's f runs on the fp32 tile, so Tolerance applies (RoundInputs).
+// The gradients stage dz = dy·f'(s), computed in fp32 from the rounded
+// inputs, rounded once more to the precision (as the unfused activation
+// gradient's output would be): an error of at most u·|dz| in each staged
+// element, u = 2^-11 (TF32) or 2^-8 (BF16), hence at most
+// u·Σ_k|dz_k||B_k| ≤ u·K·max|dz|·max|B| in each output over a reduction of
+// K, on top of the fp32 accumulation's (Tolerance): the bound each
+// gradient is held to, relative to its largest reference magnitude.
+func TestLinearBlockActivationKernelsTensorCores(t *testing.T) {
+	var nodes []*ir.Node
+	for _, c := range kernelcases.LinearActChecks(t) {
+		if c.O.Update {
+			continue
+		}
+		nodes = append(nodes, c.N)
+	}
+	const batch = 67
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		u := map[codegen.Precision]float64{codegen.TF32: 0x1p-11, codegen.BF16: 0x1p-8}[prec]
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+		require.NoError(t, err, string(prog.Source))
+		rng := rand.New(rand.NewPCG(29, batch))
+		for _, n := range nodes {
+			ins := kernelcheck.RoundInputs(n, kernelcheck.RandomInputs(n, batch, rng), prec)
+			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{LR: testLR}, reference.NodeOptions{})
+			require.NoError(t, err, n.Text())
+			require.NotEmpty(t, r.Kernel, "no launch for %s", n.Text())
+			tol := kernelcheck.Tolerance
+			if n.Op != ir.OpLinearBlock {
+				tol += u * stagedBound(t, n, ins, batch)
+			}
+			require.LessOrEqual(t, r.Worst, tol, "%s\n%s", n.Text(), r)
+			t.Logf("%s %s (allowed %.2e)", prec, r, tol)
+		}
+		dev.Close()
+	}
+}
+
+// stagedBound is K·max|dz|·max|B| / max|reference output| for a linear
+// block gradient n on inputs ins: dz = dy·f'(s) of its activation, B the
+// other GEMM operand (W for the input gradient, x for the weight
+// gradient), K the reduction's length (out, or the batch).
+func stagedBound(t *testing.T, n *ir.Node, ins [][]float64, batch int64) float64 {
+	t.Helper()
+	p, err := n.Parts()
+	require.NoError(t, err)
+	at := func(v *ir.Value) []float64 {
+		for i, in := range n.Ins {
+			if in == v {
+				return ins[i]
+			}
+		}
+		t.Fatalf("%s does not read %s", n.Text(), v.Name)
+		return nil
+	}
+	dz := ops.PointwiseOf(n.Attrs.Act).Grad.Ref(&ops.RefEnv{Batch: int(batch)}, n, [][]float64{at(p.DOut), at(p.Y)})[0]
+	var b []float64
+	var k float64
+	if n.Op == ir.OpLinearBlockGradWeight {
+		b, k = at(p.X), float64(batch)
+	} else {
+		b, k = at(p.W), float64(p.W.Type.Dims[0])
+	}
+	want, err := reference.RunNode(n, ins, int(batch), reference.NodeOptions{})
+	require.NoError(t, err)
+	return k * maxAbs(dz) * maxAbs(b) / maxAbs(want[0])
+}
+
+func maxAbs(xs []float64) float64 {
+	m := 0.0
+	for _, x := range xs {
+		m = math.Max(m, math.Abs(x))
+	}
+	return m
 }
 
 // checkLinearKernels checks linear blocks over edge and random shapes at

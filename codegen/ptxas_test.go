@@ -118,6 +118,25 @@ func TestPtxasLinearLossUpdateDropout(t *testing.T) {
 	requireClean(t, prog, ks)
 }
 
+// The linear blocks with each activation other than ReLU folded in
+// (kernelcases.LinearActChecks: f in the forward epilogue, z saved, f' as
+// the gradients load dy), in FP32 and on tensor cores, compile for every
+// target without spills or local memory, at the examples' batch 32.
+func TestPtxasLinearAct(t *testing.T) {
+	nvcc.Require(t)
+	var nodes []*ir.Node
+	for _, c := range kernelcases.LinearActChecks(t) {
+		nodes = append(nodes, c.N)
+	}
+	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32, codegen.BF16} {
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		ks, err := codegen.CompilePtxas(prog.Source, "linact.cu", nvcc.Targets)
+		require.NoError(t, err)
+		requireClean(t, prog, ks)
+	}
+}
+
 // exampleProgram compiles an example at a batch size and generates its
 // program; it skips the test (loudly) only while kernels of the conv and
 // pool families, written separately, do not exist yet.
