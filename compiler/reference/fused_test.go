@@ -212,6 +212,7 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) }
 					}
 				}
 				assert.Zero(t, standalone, "%s folds into h's block", act)
+				assert.LessOrEqual(t, savedBytes(fused), savedBytes(unfused), "the blocks save no more than the layers and activations they replace")
 			}
 			if act, ok := strings.CutPrefix(name, "batch norm "); ok && act != "relu into blocks" {
 				folded := 0
@@ -269,6 +270,30 @@ func TestFusedGradientsModeDoesNotUpdate(t *testing.T) {
 // tests cannot import: kernelcases imports the reference): bnrelu_odd.cnn's network with each
 // activation besides ReLU in ReLU's place.
 var bnActs = []string{"leaky_relu(%s, slope=0.2)", "sigmoid(%s)", "tanh(%s)", "gelu(%s)", "silu(%s)", "hardswish(%s)"}
+
+// savedBytes is what g's forward pass saves for its backward pass: the
+// bytes of a sample's forward values that a backward node reads.
+func savedBytes(g *ir.Graph) int64 {
+	forward := map[*ir.Value]bool{}
+	for _, n := range g.Nodes {
+		if n.Phase == ir.Forward {
+			for _, o := range n.Outs {
+				forward[o] = true
+			}
+		}
+	}
+	seen := map[*ir.Value]bool{}
+	var total int64
+	for _, n := range g.Nodes {
+		for _, v := range n.Ins {
+			if n.Phase != ir.Forward && forward[v] && !seen[v] {
+				seen[v] = true
+				total += v.Type.Bytes(1)
+			}
+		}
+	}
+	return total
+}
 
 // linearActs are the pointwise activations a linear block folds (a
 // leaky_relu with a negative slope too: its output's sign is not its

@@ -54,3 +54,4 @@ func TestEveryModelEveryBudget(t *testing.T) {
 		}
 	}
 }
+
