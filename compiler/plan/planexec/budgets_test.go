@@ -54,4 +54,3 @@ func TestEveryModelEveryBudget(t *testing.T) {
 		}
 	}
 }
-
