@@ -148,3 +148,12 @@ func TestStepSimpleCNNExample(t *testing.T) {
 	}
 	checkSteps(t, "simplecnn.cnn", src, 2, 1, steps)
 }
+
+// Whole training steps of ../compiler/plan/testdata/linact.cnn (linear blocks with each
+// activation folded in: f in the forward epilogue, f' through the saved y or z as the gradients
+// load dy) on the CPU emulator against the reference.
+func TestLinearActSteps(t *testing.T) {
+	src, err := os.ReadFile("../compiler/plan/testdata/linact.cnn")
+	require.NoError(t, err)
+	checkSteps(t, "linact.cnn", src, 5, 4, 3)
+}

@@ -189,3 +189,12 @@ func TestMobileNetSmallTrains(t *testing.T) {
 	losses := fitOneBatch(t, "mobilenet_small.cnn", 16, 0.05, 8)
 	assert.Less(t, losses[len(losses)-1], 0.8*losses[0], "losses %v", losses)
 }
+
+// Whole training steps of ../../compiler/plan/testdata/linact.cnn (linear blocks with each
+// activation folded in: f in the forward, f' through the saved y or z in the gradients) against
+// the reference — codegen's TestLinearActSteps.
+func TestLinearActSteps(t *testing.T) {
+	src, err := os.ReadFile("../../compiler/plan/testdata/linact.cnn")
+	require.NoError(t, err)
+	checkSteps(t, "linact.cnn", src, 5, 4, 3)
+}
