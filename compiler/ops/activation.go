@@ -9,7 +9,8 @@ import (
 // (the planner decides), and its gradient dx = dy·f'(s) is one more, s
 // being the saved tensor the derivative reads — the input or the output,
 // whichever PyTorch's backward reads. The fuse pass folds one into a
-// batch norm before it (batchnorm.go, Attrs.Act): the fused kernels reach
+// batch norm or a linear layer before it (batchnorm.go, linear_block.go;
+// Attrs.Act): the fused kernels reach
 // the activation's f and f' through PointwiseOf — its reference kernels
 // here, its kernel family's formulas on the targets — and never restate
 // them.
