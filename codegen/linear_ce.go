@@ -33,7 +33,7 @@ func linearCrossEntropyRule(e *emitter, n *ir.Node) error {
 	if !ops.LinearCrossEntropyFits(b, in, out) {
 		return fmt.Errorf("codegen: %s: a batch of %d does not fit the tail's one block", n.Text(), b)
 	}
-	name := fmt.Sprintf("linear_cross_entropy_b%d_in%d_out%d", b, in, out) + flags("bias", a.Bias, "dx", a.InputGrad)
+	name := fmt.Sprintf("linear_cross_entropy_b%d_in%d_out%d", b, in, out) + flags("bias", a.Bias, "dx", a.InputGrad, "maskout", a.MaskOut)
 	eps := a.Smoothing
 	if eps != 0 {
 		name += "_ls" + nameNumber(eps)
@@ -74,8 +74,11 @@ func linearCrossEntropyRule(e *emitter, n *ir.Node) error {
 	}
 	if a.InputGrad {
 		doc += ", dX = dlogits·W"
+		if a.MaskOut {
+			doc += " masked by the producer's ReLU (x > 0)"
+		}
 	}
-	data := map[string]any{"Batch": b, "In": in, "Out": out, "Bias": a.Bias, "InputGrad": a.InputGrad,
+	data := map[string]any{"Batch": b, "In": in, "Out": out, "Bias": a.Bias, "InputGrad": a.InputGrad, "MaskOut": a.MaskOut,
 		"Idx": indexType(b*in, b*out), "Accumulate": e.accumulate, "Opt": a.Opt != nil,
 		"MACs": (2 + boolInt(a.InputGrad)) * b * in * out, "XRows": ops.LinearCrossEntropyXRows(b, in, out), "OChunk": min(out, 16)}
 	if eps != 0 {

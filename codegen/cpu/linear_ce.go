@@ -27,7 +27,7 @@ func linearCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 		return fmt.Errorf("%s: a fused update inside a micro-batch loop (the planner splits it)", n.Text())
 	}
 	eps := a.Smoothing
-	defs := []def{{"B", b}, {"IN", in}, {"OUT", out}, {"BIAS", a.Bias}, {"DX", a.InputGrad}, {"ACC", e.Accumulate()},
+	defs := []def{{"B", b}, {"IN", in}, {"OUT", out}, {"BIAS", a.Bias}, {"DX", a.InputGrad}, {"MASKOUT", a.MaskOut}, {"ACC", e.Accumulate()},
 		{"SMOOTH", eps != 0}, {"ON", float32(1 - eps)}, {"OFF", float32(eps / float64(out))}}
 	args := []codegen.Arg{buf(p.X), buf(p.W)}
 	if a.Bias {
@@ -45,6 +45,9 @@ func linearCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 	}
 	if a.InputGrad {
 		doc += ", dX"
+		if a.MaskOut {
+			doc += " (masked by x > 0)"
+		}
 	}
 	structs := []structSpec{{"g", defs}}
 	impl := "LinearCE<%s, NoOpt>"

@@ -17,7 +17,8 @@ import (
 // count exactly as softmax_cross_entropy does (valid rows, label
 // smoothing, accumulation inside a micro-batch loop), then from the logits'
 // gradient (kept in shared memory, never in device memory) the input
-// gradient dX = dlogits·W (InputGrad: x needs a gradient) and the weight
+// gradient dX = dlogits·W (InputGrad: x needs a gradient; MaskOut: times
+// x > 0, the mask of the ReLU that produced x) and the weight
 // and bias gradients, which with Attrs.Opt go straight into the
 // optimizer update of W and b (the parameters listed again after the label,
 // as linear_block_grad_weight lists them, so that the planner's
@@ -68,7 +69,7 @@ func LinearCrossEntropyFits(batch, in, out int64) bool {
 
 var attrInputGrad = ir.AttrSpec{Name: "input_grad", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.InputGrad) }}
 
-var linearCrossEntropyAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrBias, attrSmoothing, attrInputGrad, ir.AttrOpt}
+var linearCrossEntropyAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrBias, attrSmoothing, attrInputGrad, ir.AttrMaskOut, ir.AttrOpt}
 
 // LinearCrossEntropyOp is the fused classifier tail.
 var LinearCrossEntropyOp = New(&Def{
@@ -156,11 +157,19 @@ func flopsLinearCrossEntropy(n *ir.Node) int64 {
 
 // linearCrossEntropyGrad: the tail's outputs already hold every gradient.
 // x's is dX (output 3); W's and b's are none with a fused update (the
-// kernel applied it), else the dW, dB outputs (clipping's buffers).
-func linearCrossEntropyGrad(_ GradBuilder, n *ir.Node, _ *ir.Value, _ []bool) []*ir.Value {
+// kernel applied it), else the dW, dB outputs (clipping's buffers). As a
+// block's input gradient does (blockGrad), dX takes the mask of the ReLU
+// that produced x when nothing else reads x (Attrs.MaskOut, decided here,
+// where the backward's readers are known: dX = 0 where x <= 0), and that
+// ReLU's backward then takes its gradient as already masked.
+func linearCrossEntropyGrad(b GradBuilder, n *ir.Node, _ *ir.Value, _ []bool) []*ir.Value {
 	grads := make([]*ir.Value, len(n.Ins))
 	k := 3
 	if n.Attrs.InputGrad {
+		if src := maskSource(b, n.Ins[0]); src != nil {
+			n.Attrs.MaskOut = true
+			b.Mark(maskedKey, src)
+		}
 		grads[0] = n.Outs[3]
 		k = 4
 	}
@@ -196,7 +205,11 @@ func refLinearCrossEntropy(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64
 	outs := [][]float64{loss, logits, {correct}}
 	if n.Attrs.InputGrad {
 		gi := &ir.Node{Op: ir.OpLinearGradInput, Ins: []*ir.Value{ce.Ins[0], p.W}}
-		outs = append(outs, refLinearGradInput(env, gi, [][]float64{dl, vals[p.W]})[0])
+		dx := refLinearGradInput(env, gi, [][]float64{dl, vals[p.W]})[0]
+		if n.Attrs.MaskOut {
+			dx = applyMaskOut(dx, ir.BlockParts{XMask: p.X}, vals)
+		}
+		outs = append(outs, dx)
 	}
 	gw := &ir.Node{Op: ir.OpLinearGradWeight, Ins: []*ir.Value{ce.Ins[0], p.X}, Outs: []*ir.Value{stub("dw", p.W.Type)}}
 	grads := [][]float64{refLinearGradWeight(env, gw, [][]float64{dl, vals[p.X]})[0]}

@@ -1770,7 +1770,7 @@ struct SoftmaxCE {
 // correct count and the logits' gradient dl as SoftmaxCE computes them (dl in the scratch, never
 // in device memory); then dW = dlᵀ·x and dB = Σ dl (sums over the rows in order), fed to the
 // optimizer O in place (or written / added, NoOpt), and with DX the input gradient dX = dl·W from
-// the old W (dX runs before the update). Arguments: x, w, b?, label, loss, logits, correct, dx?,
+// the old W (dX runs before the update), MASKOUT: 0 where x <= 0. Arguments: x, w, b?, label, loss, logits, correct, dx?,
 // then W's states and b's (O) or dW, dB? (NoOpt), the step's scalars, the first row.
 template <class L, class O>
 struct LinearCE {
@@ -1868,6 +1868,7 @@ struct LinearCE {
         for (long i = 0; i < L::IN; i++) {
           float s = 0.0f;
           for (long o = 0; o < L::OUT; o++) s += dl[r * L::OUT + o] * w[o * L::IN + i];
+          if constexpr (L::MASKOUT) s = x[r * L::IN + i] > 0.0f ? s : 0.0f;  // the producer's ReLU mask
           dx[r * L::IN + i] = s;
         }
     }
