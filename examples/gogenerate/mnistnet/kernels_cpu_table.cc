@@ -2,17 +2,14 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_f0a21adfa622aa0f_sse2_impl[16];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_f0a21adfa622aa0f_avx2_impl[16];
-namespace cnnc_cpu_f0a21adfa622aa0f_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_2f5ac16accdae937_sse2_impl[13];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_2f5ac16accdae937_avx2_impl[13];
+namespace cnnc_cpu_2f5ac16accdae937_table {
 const char* const names[] = {
     "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
     "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
     "linear_fwd_b32_in784_out64_5867a619",
-    "linear_fwd_b32_in64_out10_0b02d314",
-    "softmax_cross_entropy_b32_c10_0175e58c",
-    "linear_dgrad_b32_in64_out10_d409b50a",
-    "linear_wgrad_b32_in64_out10_30fd68cc",
+    "linear_cross_entropy_b32_in64_out10_724697bc",
     "linear_dgrad_b32_in784_out64_c257d447",
     "linear_wgrad_b32_in784_out64_8f905cc2",
     "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952",
@@ -23,10 +20,10 @@ const char* const names[] = {
     "conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d",
     "conv_wgrad_reduce_o8_k9_s32_update_15c70197",
 };
-const int32_t nparams[] = {5, 5, 4, 4, 7, 4, 7, 4, 7, 4, 3, 6, 5, 6, 4, 6};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "7b458326f0d9376575ae6e04d68b6c9d843527fb11ec590c6b00d39153532b5f", 16, names, nparams, {cnnc_cpu_f0a21adfa622aa0f_sse2_impl, cnnc_cpu_f0a21adfa622aa0f_avx2_impl}};
-}  // namespace cnnc_cpu_f0a21adfa622aa0f_table
+const int32_t nparams[] = {5, 5, 4, 12, 4, 7, 4, 3, 6, 5, 6, 4, 6};
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "97de1d5cb6c8caf677e6f205db3db7f749ddf01a3f6b7a066aff5e98c9a77c8c", 13, names, nparams, {cnnc_cpu_2f5ac16accdae937_sse2_impl, cnnc_cpu_2f5ac16accdae937_avx2_impl}};
+}  // namespace cnnc_cpu_2f5ac16accdae937_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_f0a21adfa622aa0f(void) {
-  return &cnnc_cpu_f0a21adfa622aa0f_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_2f5ac16accdae937(void) {
+  return &cnnc_cpu_2f5ac16accdae937_table::library;
 }

@@ -7,9 +7,9 @@ import (
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
-// Spec is model MNISTNet compiled for batch 32: its memory plan (arena of 1227012 bytes) and kernel launches.
+// Spec is model MNISTNet compiled for batch 32: its memory plan (arena of 1228292 bytes) and kernel launches.
 var Spec = &trainer.Spec{
-	ArenaBytes: 1227012,
+	ArenaBytes: 1228292,
 	Batch:      32,
 	C:          1,
 	Classes:    10,
@@ -17,7 +17,7 @@ var Spec = &trainer.Spec{
 	Eval: trainer.Step{
 		Correct: trainer.Tensor{
 			Name:   "correct",
-			Offset: 775168,
+			Offset: 782080,
 		},
 		Images: trainer.Tensor{
 			Name:   "images",
@@ -26,7 +26,7 @@ var Spec = &trainer.Spec{
 		},
 		Labels: trainer.Tensor{
 			Name:   "labels",
-			Offset: 774656,
+			Offset: 781568,
 			Shape:  []int64{32},
 		},
 		Launches: []trainer.Launch{{
@@ -37,7 +37,7 @@ var Spec = &trainer.Spec{
 			Kernel:   "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
 			MinBytes: 238656,
 		}, {
-			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1536}, {Offset: 10752}, {Offset: 619520}, {Offset: 765696}},
+			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1536}, {Offset: 10752}, {Offset: 619520}, {Offset: 773888}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    14751744,
 			Grid:     [3]uint32{32, 1, 1},
@@ -51,28 +51,21 @@ var Spec = &trainer.Spec{
 			Kernel:   "linear_fwd_b32_in784_out64_5867a619",
 			MinBytes: 309504,
 		}, {
-			Args:     []trainer.Arg{{Offset: 757504}, {Offset: 413184}, {Offset: 418304}, {Offset: 772096}},
+			Args:     []trainer.Arg{{Offset: 757504}, {Offset: 413184}, {Offset: 418304}, {Offset: 781568}, {Offset: 781824}, {Offset: 780288}, {Offset: 782080}, {Offset: 765696}, {Offset: 415744}, {Offset: 418560}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
 			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    41280,
-			Grid:     [3]uint32{4, 1, 1},
-			Kernel:   "linear_fwd_b32_in64_out10_0b02d314",
-			MinBytes: 12072,
-		}, {
-			Args:     []trainer.Arg{{Offset: 772096}, {Offset: 774656}, {Offset: 774912}, {Offset: 773376}, {Offset: 775168}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
-			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    1280,
+			FLOPs:    124160,
 			Grid:     [3]uint32{1, 1, 1},
-			Kernel:   "softmax_cross_entropy_b32_c10_0175e58c",
-			MinBytes: 2696,
+			Kernel:   "linear_cross_entropy_b32_in64_out10_724697bc",
+			MinBytes: 25600,
 		}},
 		Logits: trainer.Tensor{
 			Name:   "logits",
-			Offset: 772096,
-			Shape:  []int64{32, 10},
+			Offset: 757504,
+			Shape:  []int64{32, 64},
 		},
 		Loss: trainer.Tensor{
 			Name:   "loss",
-			Offset: 774912,
+			Offset: 781824,
 		},
 	},
 	H:         28,
@@ -119,7 +112,7 @@ var Spec = &trainer.Spec{
 		Offset:    418304,
 		Shape:     []int64{10},
 	}},
-	PlanSummary: "memory plan: peak 1.23 MB (1227012 bytes), kernel workspace included; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
+	PlanSummary: "memory plan: peak 1.23 MB (1228292 bytes), kernel workspace included; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
 	Scalars:     288,
 	Seed:        1,
 	Source:      "../mnist.cnn",
@@ -164,7 +157,7 @@ var Spec = &trainer.Spec{
 	Train: trainer.Step{
 		Correct: trainer.Tensor{
 			Name:   "correct",
-			Offset: 1227008,
+			Offset: 1228288,
 		},
 		Images: trainer.Tensor{
 			Name:   "images",
@@ -173,7 +166,7 @@ var Spec = &trainer.Spec{
 		},
 		Labels: trainer.Tensor{
 			Name:   "labels",
-			Offset: 1088256,
+			Offset: 1221888,
 			Shape:  []int64{32},
 		},
 		Launches: []trainer.Launch{{
@@ -198,33 +191,12 @@ var Spec = &trainer.Spec{
 			Kernel:   "linear_fwd_b32_in784_out64_5867a619",
 			MinBytes: 309504,
 		}, {
-			Args:     []trainer.Arg{{Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 1085696}},
+			Args:     []trainer.Arg{{Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 1221888}, {Offset: 1228032}, {Offset: 1226496}, {Offset: 1228288}, {Offset: 519168}, {Offset: 415744}, {Offset: 418560}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
 			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    41280,
-			Grid:     [3]uint32{4, 1, 1},
-			Kernel:   "linear_fwd_b32_in64_out10_0b02d314",
-			MinBytes: 12072,
-		}, {
-			Args:     []trainer.Arg{{Offset: 1085696}, {Offset: 1088256}, {Offset: 1226752}, {Offset: 1086976}, {Offset: 1227008}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
-			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    1280,
+			FLOPs:    124160,
 			Grid:     [3]uint32{1, 1, 1},
-			Kernel:   "softmax_cross_entropy_b32_c10_0175e58c",
-			MinBytes: 2696,
-		}, {
-			Args:     []trainer.Arg{{Offset: 1086976}, {Offset: 413184}, {Offset: 1077504}, {Offset: 519168}},
-			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    40960,
-			Grid:     [3]uint32{3, 1, 1},
-			Kernel:   "linear_dgrad_b32_in64_out10_d409b50a",
-			MinBytes: 20224,
-		}, {
-			Args:     []trainer.Arg{{Offset: 1086976}, {Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 415744}, {Offset: 418560}, {Kind: kernelarg.Scalars}},
-			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    40960,
-			Grid:     [3]uint32{3, 1, 1},
-			Kernel:   "linear_wgrad_b32_in64_out10_30fd68cc",
-			MinBytes: 19872,
+			Kernel:   "linear_cross_entropy_b32_in64_out10_724697bc",
+			MinBytes: 25600,
 		}, {
 			Args:     []trainer.Arg{{Offset: 519168}, {Offset: 11264}, {Offset: 418816}, {Offset: 1077504}},
 			Block:    [3]uint32{1, 1, 1},
@@ -247,14 +219,14 @@ var Spec = &trainer.Spec{
 			Kernel:   "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952",
 			MinBytes: 386752,
 		}, {
-			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1221888}, {Offset: 1226496}},
+			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1221888}, {Offset: 1227776}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    17520,
 			Grid:     [3]uint32{2, 1, 1},
 			Kernel:   "conv_wgrad_reduce_o16_k72_s16_grads_977f897a",
 			MinBytes: 79424,
 		}, {
-			Args: []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}, {
+			Args: []trainer.Arg{{Offset: 10752}, {Offset: 1227776}, {Offset: 11008}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}, {
 				Int:  16,
 				Kind: kernelarg.Int,
 			}},
@@ -297,7 +269,7 @@ var Spec = &trainer.Spec{
 		}},
 		Loss: trainer.Tensor{
 			Name:   "loss",
-			Offset: 1226752,
+			Offset: 1228032,
 		},
 	},
 	TrainData: trainer.DataSource{
