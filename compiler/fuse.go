@@ -20,7 +20,10 @@ import (
 // the weight gradient recomputes it; its parameters get separate updates),
 // linear [-> relu] one linear_block,
 // cross_entropy one softmax_cross_entropy that also writes the logits'
-// gradient, batch norm's normalisation [-> relu] one normalisation with the
+// gradient — or, in a training graph, the last linear layer and the
+// cross_entropy reading it one linear_cross_entropy when one block holds
+// it (the whole tail, its backward and its update in one kernel; see
+// linearCrossEntropy) — batch norm's normalisation [-> relu] one normalisation with the
 // ReLU folded in (Attrs.ReLU; its statistics stay a node of their own). Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
 //
