@@ -26,6 +26,11 @@ func linearCrossEntropyRule(e *emitter, n *ir.Node) error {
 		return err
 	}
 	a := n.Attrs
+	if e.eval {
+		// evaluation runs the training graph's forward nodes: the tail's
+		// forward alone (logits, loss, correct), no gradient, no update
+		a.InputGrad, a.MaskOut, a.Opt = false, false, nil
+	}
 	out, in, b := a.Out, p.X.Type.Dims[0], e.batch
 	if e.accumulate && a.Opt != nil {
 		return fmt.Errorf("codegen: %s: a fused update inside a micro-batch loop (the planner splits it)", n.Text())
@@ -33,7 +38,7 @@ func linearCrossEntropyRule(e *emitter, n *ir.Node) error {
 	if !ops.LinearCrossEntropyFits(b, in, out) {
 		return fmt.Errorf("codegen: %s: a batch of %d does not fit the tail's one block", n.Text(), b)
 	}
-	name := fmt.Sprintf("linear_cross_entropy_b%d_in%d_out%d", b, in, out) + flags("bias", a.Bias, "dx", a.InputGrad, "maskout", a.MaskOut)
+	name := fmt.Sprintf("linear_cross_entropy_b%d_in%d_out%d", b, in, out) + flags("bias", a.Bias, "dx", a.InputGrad, "maskout", a.MaskOut, "fwd", e.eval)
 	eps := a.Smoothing
 	if eps != 0 {
 		name += "_ls" + nameNumber(eps)
@@ -68,9 +73,13 @@ func linearCrossEntropyRule(e *emitter, n *ir.Node) error {
 	if eps != 0 {
 		doc += fmt.Sprintf(" with label smoothing %g", eps)
 	}
-	doc += ", dW = dlogitsᵀ·x"
-	if a.Bias {
-		doc += ", dB = the batch sum of dlogits"
+	if !e.eval {
+		doc += ", dW = dlogitsᵀ·x"
+		if a.Bias {
+			doc += ", dB = the batch sum of dlogits"
+		}
+	} else {
+		doc += " (evaluation: no gradient, no update)"
 	}
 	if a.InputGrad {
 		doc += ", dX = dlogits·W"
@@ -78,7 +87,7 @@ func linearCrossEntropyRule(e *emitter, n *ir.Node) error {
 			doc += " masked by the producer's ReLU (x > 0)"
 		}
 	}
-	data := map[string]any{"Batch": b, "In": in, "Out": out, "Bias": a.Bias, "InputGrad": a.InputGrad, "MaskOut": a.MaskOut,
+	data := map[string]any{"Batch": b, "In": in, "Out": out, "Bias": a.Bias, "InputGrad": a.InputGrad, "MaskOut": a.MaskOut, "Backward": !e.eval,
 		"Idx": indexType(b*in, b*out), "Accumulate": e.accumulate, "Opt": a.Opt != nil,
 		"MACs": (2 + boolInt(a.InputGrad)) * b * in * out, "XRows": ops.LinearCrossEntropyXRows(b, in, out), "OChunk": min(out, 16)}
 	if eps != 0 {
@@ -100,7 +109,7 @@ func linearCrossEntropyRule(e *emitter, n *ir.Node) error {
 		}
 		doc += "; then " + optDoc(opt) + ", updating W" + map[bool]string{true: " and b", false: ""}[a.Bias] + " in place"
 		name += "_" + optName(opt)
-	} else {
+	} else if !e.eval {
 		params, args = append(params, outParam("dw")), append(args, buf(n.Outs[k]))
 		if a.Bias {
 			params, args = append(params, outParam("db")), append(args, buf(n.Outs[k+1]))

@@ -22,12 +22,16 @@ func linearCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 		return err
 	}
 	a := n.Attrs
+	if e.Eval() {
+		// evaluation runs the training graph's forward nodes: the tail's forward alone
+		a.InputGrad, a.MaskOut, a.Opt = false, false, nil
+	}
 	b, in, out := e.Batch(), p.X.Type.Dims[0], a.Out
 	if e.Accumulate() && a.Opt != nil {
 		return fmt.Errorf("%s: a fused update inside a micro-batch loop (the planner splits it)", n.Text())
 	}
 	eps := a.Smoothing
-	defs := []def{{"B", b}, {"IN", in}, {"OUT", out}, {"BIAS", a.Bias}, {"DX", a.InputGrad}, {"MASKOUT", a.MaskOut}, {"ACC", e.Accumulate()},
+	defs := []def{{"B", b}, {"IN", in}, {"OUT", out}, {"BIAS", a.Bias}, {"DX", a.InputGrad}, {"MASKOUT", a.MaskOut}, {"BWD", !e.Eval()}, {"ACC", e.Accumulate()},
 		{"SMOOTH", eps != 0}, {"ON", float32(1 - eps)}, {"OFF", float32(eps / float64(out))}}
 	args := []codegen.Arg{buf(p.X), buf(p.W)}
 	if a.Bias {
@@ -39,7 +43,12 @@ func linearCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 		args = append(args, buf(n.Outs[3]))
 		k = 4
 	}
-	doc := fmt.Sprintf("the classifier tail: logits of [%d] -> [%d] over a batch of %d, softmax cross-entropy (smoothing %g), dW", in, out, b, eps)
+	doc := fmt.Sprintf("the classifier tail: logits of [%d] -> [%d] over a batch of %d, softmax cross-entropy (smoothing %g)", in, out, b, eps)
+	if e.Eval() {
+		doc += " (evaluation: no gradient, no update)"
+	} else {
+		doc += ", dW"
+	}
 	if a.Bias {
 		doc += ", dB"
 	}
@@ -59,7 +68,7 @@ func linearCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 		for _, v := range p.State {
 			args = append(args, buf(v))
 		}
-	} else {
+	} else if !e.Eval() {
 		for _, v := range n.Outs[k:] {
 			args = append(args, buf(v))
 		}

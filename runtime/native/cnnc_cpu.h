@@ -1770,7 +1770,8 @@ struct SoftmaxCE {
 // correct count and the logits' gradient dl as SoftmaxCE computes them (dl in the scratch, never
 // in device memory); then dW = dlᵀ·x and dB = Σ dl (sums over the rows in order), fed to the
 // optimizer O in place (or written / added, NoOpt), and with DX the input gradient dX = dl·W from
-// the old W (dX runs before the update), MASKOUT: 0 where x <= 0. Arguments: x, w, b?, label, loss, logits, correct, dx?,
+// the old W (dX runs before the update), MASKOUT: 0 where x <= 0. !BWD (evaluation, which runs the
+// training graph's forward nodes): the logits, loss and correct count alone. Arguments: x, w, b?, label, loss, logits, correct, dx?,
 // then W's states and b's (O) or dW, dB? (NoOpt), the step's scalars, the first row.
 template <class L, class O>
 struct LinearCE {
@@ -1793,7 +1794,7 @@ struct LinearCE {
       for (int k = 0; k < NS; k++) wout[2 + k] = arg<float>(p, a++);
       if (L::BIAS)
         for (int k = 0; k < NS; k++) wout[4 + k] = arg<float>(p, a++);
-    } else {
+    } else if constexpr (L::BWD) {
       wout[0] = arg<float>(p, a++);
       if (L::BIAS) wout[1] = arg<float>(p, a++);
     }
@@ -1872,6 +1873,7 @@ struct LinearCE {
           dx[r * L::IN + i] = s;
         }
     }
+    if constexpr (!L::BWD) return;  // evaluation: the forward alone
     const OptRun<O> run(sc.lr, sc.step);
     for (long o = 0; o < L::OUT; o++) {
       for (long i = 0; i < L::IN; i++) {

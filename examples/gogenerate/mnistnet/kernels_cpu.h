@@ -97,20 +97,21 @@ struct linear_fwd_b32_in784_out64_5867a619_g {
 };
 CNNC_CPU_KERNEL(linear_fwd_b32_in784_out64_5867a619, 4, LinFwd<linear_fwd_b32_in784_out64_5867a619_g>)
 
-// linear_cross_entropy_b32_in64_out10_724697bc: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy (smoothing 0), dW, dB, dX (masked by x > 0); then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
-struct linear_cross_entropy_b32_in64_out10_724697bc_g {
+// linear_cross_entropy_b32_in64_out10_8bdc5ba7: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy (smoothing 0), dW, dB, dX (masked by x > 0); then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
+struct linear_cross_entropy_b32_in64_out10_8bdc5ba7_g {
   static constexpr long B = 32;
   static constexpr long IN = 64;
   static constexpr long OUT = 10;
   static constexpr bool BIAS = true;
   static constexpr bool DX = true;
   static constexpr bool MASKOUT = true;
+  static constexpr bool BWD = true;
   static constexpr bool ACC = false;
   static constexpr bool SMOOTH = false;
   static constexpr float ON = 1.0f;
   static constexpr float OFF = 0.0f;
 };
-struct linear_cross_entropy_b32_in64_out10_724697bc_o {
+struct linear_cross_entropy_b32_in64_out10_8bdc5ba7_o {
   static constexpr long KIND = 0;
   static constexpr bool HAS_WD = false;
   static constexpr bool HAS_MOM = true;
@@ -125,7 +126,7 @@ struct linear_cross_entropy_b32_in64_out10_724697bc_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(linear_cross_entropy_b32_in64_out10_724697bc, 12, LinearCE<linear_cross_entropy_b32_in64_out10_724697bc_g, linear_cross_entropy_b32_in64_out10_724697bc_o>)
+CNNC_CPU_KERNEL(linear_cross_entropy_b32_in64_out10_8bdc5ba7, 12, LinearCE<linear_cross_entropy_b32_in64_out10_8bdc5ba7_g, linear_cross_entropy_b32_in64_out10_8bdc5ba7_o>)
 
 // linear_dgrad_b32_in784_out64_c257d447: linear block input gradient: dX[32,784] = dY[32,64]·W, then masked by the producer's ReLU (x > 0).
 struct linear_dgrad_b32_in784_out64_c257d447_g {
@@ -425,3 +426,19 @@ struct conv_wgrad_reduce_o8_k9_s32_update_15c70197_o {
   static constexpr double B2D = 0.0;
 };
 CNNC_CPU_KERNEL(conv_wgrad_reduce_o8_k9_s32_update_15c70197, 6, ConvWgradReduce<conv_wgrad_reduce_o8_k9_s32_update_15c70197_g, conv_wgrad_reduce_o8_k9_s32_update_15c70197_o>)
+
+// linear_cross_entropy_b32_in64_out10_24a3db25: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy (smoothing 0) (evaluation: no gradient, no update), dB.
+struct linear_cross_entropy_b32_in64_out10_24a3db25_g {
+  static constexpr long B = 32;
+  static constexpr long IN = 64;
+  static constexpr long OUT = 10;
+  static constexpr bool BIAS = true;
+  static constexpr bool DX = false;
+  static constexpr bool MASKOUT = false;
+  static constexpr bool BWD = false;
+  static constexpr bool ACC = false;
+  static constexpr bool SMOOTH = false;
+  static constexpr float ON = 1.0f;
+  static constexpr float OFF = 0.0f;
+};
+CNNC_CPU_KERNEL(linear_cross_entropy_b32_in64_out10_24a3db25, 9, LinearCE<linear_cross_entropy_b32_in64_out10_24a3db25_g, NoOpt>)

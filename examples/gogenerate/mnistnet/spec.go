@@ -7,9 +7,9 @@ import (
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
-// Spec is model MNISTNet compiled for batch 32: its memory plan (arena of 1228292 bytes) and kernel launches.
+// Spec is model MNISTNet compiled for batch 32: its memory plan (arena of 1227012 bytes) and kernel launches.
 var Spec = &trainer.Spec{
-	ArenaBytes: 1228292,
+	ArenaBytes: 1227012,
 	Batch:      32,
 	C:          1,
 	Classes:    10,
@@ -17,7 +17,7 @@ var Spec = &trainer.Spec{
 	Eval: trainer.Step{
 		Correct: trainer.Tensor{
 			Name:   "correct",
-			Offset: 782080,
+			Offset: 773888,
 		},
 		Images: trainer.Tensor{
 			Name:   "images",
@@ -26,7 +26,7 @@ var Spec = &trainer.Spec{
 		},
 		Labels: trainer.Tensor{
 			Name:   "labels",
-			Offset: 781568,
+			Offset: 773376,
 			Shape:  []int64{32},
 		},
 		Launches: []trainer.Launch{{
@@ -37,7 +37,7 @@ var Spec = &trainer.Spec{
 			Kernel:   "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
 			MinBytes: 238656,
 		}, {
-			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1536}, {Offset: 10752}, {Offset: 619520}, {Offset: 773888}},
+			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1536}, {Offset: 10752}, {Offset: 619520}, {Offset: 765696}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    14751744,
 			Grid:     [3]uint32{32, 1, 1},
@@ -51,11 +51,11 @@ var Spec = &trainer.Spec{
 			Kernel:   "linear_fwd_b32_in784_out64_5867a619",
 			MinBytes: 309504,
 		}, {
-			Args:     []trainer.Arg{{Offset: 757504}, {Offset: 413184}, {Offset: 418304}, {Offset: 781568}, {Offset: 781824}, {Offset: 780288}, {Offset: 782080}, {Offset: 765696}, {Offset: 415744}, {Offset: 418560}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
+			Args:     []trainer.Arg{{Offset: 757504}, {Offset: 413184}, {Offset: 418304}, {Offset: 773376}, {Offset: 773632}, {Offset: 772096}, {Offset: 773888}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    124160,
 			Grid:     [3]uint32{1, 1, 1},
-			Kernel:   "linear_cross_entropy_b32_in64_out10_724697bc",
+			Kernel:   "linear_cross_entropy_b32_in64_out10_24a3db25",
 			MinBytes: 25600,
 		}},
 		Logits: trainer.Tensor{
@@ -65,7 +65,7 @@ var Spec = &trainer.Spec{
 		},
 		Loss: trainer.Tensor{
 			Name:   "loss",
-			Offset: 781824,
+			Offset: 773632,
 		},
 	},
 	H:         28,
@@ -112,7 +112,7 @@ var Spec = &trainer.Spec{
 		Offset:    418304,
 		Shape:     []int64{10},
 	}},
-	PlanSummary: "memory plan: peak 1.23 MB (1228292 bytes), kernel workspace included; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
+	PlanSummary: "memory plan: peak 1.23 MB (1227012 bytes), kernel workspace included; strategy fits; in place: pool1.grad over pool1; recomputed: none\n",
 	Scalars:     288,
 	Seed:        1,
 	Source:      "../mnist.cnn",
@@ -157,7 +157,7 @@ var Spec = &trainer.Spec{
 	Train: trainer.Step{
 		Correct: trainer.Tensor{
 			Name:   "correct",
-			Offset: 1228288,
+			Offset: 1227008,
 		},
 		Images: trainer.Tensor{
 			Name:   "images",
@@ -166,7 +166,7 @@ var Spec = &trainer.Spec{
 		},
 		Labels: trainer.Tensor{
 			Name:   "labels",
-			Offset: 1221888,
+			Offset: 1086976,
 			Shape:  []int64{32},
 		},
 		Launches: []trainer.Launch{{
@@ -191,11 +191,11 @@ var Spec = &trainer.Spec{
 			Kernel:   "linear_fwd_b32_in784_out64_5867a619",
 			MinBytes: 309504,
 		}, {
-			Args:     []trainer.Arg{{Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 1221888}, {Offset: 1228032}, {Offset: 1226496}, {Offset: 1228288}, {Offset: 519168}, {Offset: 415744}, {Offset: 418560}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
+			Args:     []trainer.Arg{{Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 1086976}, {Offset: 1226752}, {Offset: 1085696}, {Offset: 1227008}, {Offset: 519168}, {Offset: 415744}, {Offset: 418560}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    124160,
 			Grid:     [3]uint32{1, 1, 1},
-			Kernel:   "linear_cross_entropy_b32_in64_out10_724697bc",
+			Kernel:   "linear_cross_entropy_b32_in64_out10_8bdc5ba7",
 			MinBytes: 25600,
 		}, {
 			Args:     []trainer.Arg{{Offset: 519168}, {Offset: 11264}, {Offset: 418816}, {Offset: 1077504}},
@@ -219,14 +219,14 @@ var Spec = &trainer.Spec{
 			Kernel:   "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952",
 			MinBytes: 386752,
 		}, {
-			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1221888}, {Offset: 1227776}},
+			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1221888}, {Offset: 1226496}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    17520,
 			Grid:     [3]uint32{2, 1, 1},
 			Kernel:   "conv_wgrad_reduce_o16_k72_s16_grads_977f897a",
 			MinBytes: 79424,
 		}, {
-			Args: []trainer.Arg{{Offset: 10752}, {Offset: 1227776}, {Offset: 11008}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}, {
+			Args: []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}, {
 				Int:  16,
 				Kind: kernelarg.Int,
 			}},
@@ -269,7 +269,7 @@ var Spec = &trainer.Spec{
 		}},
 		Loss: trainer.Tensor{
 			Name:   "loss",
-			Offset: 1228032,
+			Offset: 1226752,
 		},
 	},
 	TrainData: trainer.DataSource{
