@@ -35,7 +35,7 @@ func linearCrossEntropyRule(e *emitter, n *ir.Node) error {
 	if e.accumulate && a.Opt != nil {
 		return fmt.Errorf("codegen: %s: a fused update inside a micro-batch loop (the planner splits it)", n.Text())
 	}
-	if !ops.LinearCrossEntropyFits(b, in, out) {
+	if ops.LinearCrossEntropyXRows(b, in, out) == 0 {
 		return fmt.Errorf("codegen: %s: a batch of %d does not fit the tail's one block", n.Text(), b)
 	}
 	name := fmt.Sprintf("linear_cross_entropy_b%d_in%d_out%d", b, in, out) + flags("bias", a.Bias, "dx", a.InputGrad, "maskout", a.MaskOut, "fwd", e.eval)

@@ -26,7 +26,8 @@ import (
 //
 // One block does everything, so W is read (into shared memory) before it
 // is updated and every reduction runs in a fixed order: deterministic.
-// That bounds the shapes (MaxLinearCrossEntropyShared, MaxLinearCrossEntropyMACs):
+// That bounds the shapes (MaxLinearCrossEntropyShared), and the fuse pass
+// makes it only where one block is faster (MaxLinearCrossEntropyMACs):
 // the tail is for a small classifier (SimpleCNN's fc2: 10x128), where the
 // four launches it replaces are each latency, not work.
 // Kernels: codegen/linear_ce.go (templates/linear_ce.cu.tmpl) and the CPU
@@ -42,16 +43,19 @@ import (
 const MaxLinearCrossEntropyShared = 48 << 10 / 4
 
 // MaxLinearCrossEntropyMACs bounds the multiply-adds of the tail's three
-// products (3·B·out·in) that one block of 256 threads does: 2^22 is 16k
-// per thread, some 10 µs on a GPU — beyond it the separate, many-block
-// GEMMs win and the fuse pass keeps them.
-const MaxLinearCrossEntropyMACs = 1 << 22
+// products (3·B·out·in) for which the fuse pass gives one block the whole
+// tail: 2^18, a thousand per thread. Past it the separate many-block
+// kernels win: on the performance model (PREDICTIONS, H200, tf32)
+// SimpleCNN's fc2 at batch 32 (123k) takes 8.3 µs in one block against
+// 14 µs for the four launches it replaces, at batch 256 (983k) 56.5 µs,
+// a step 34 µs slower than unfused.
+const MaxLinearCrossEntropyMACs = 1 << 18
 
 // LinearCrossEntropyXRows is how many rows of x a tail's block stages in
 // shared memory at a time (0: the shapes do not fit one block).
 func LinearCrossEntropyXRows(batch, in, out int64) int64 {
 	if batch <= 0 || in <= 0 || out <= 0 || in >= MaxLinearCrossEntropyShared || out >= MaxLinearCrossEntropyShared ||
-		batch >= MaxLinearCrossEntropyShared || 3*batch*out*in > MaxLinearCrossEntropyMACs {
+		batch >= MaxLinearCrossEntropyShared {
 		return 0
 	}
 	rest := MaxLinearCrossEntropyShared - out*(in+1) - batch*out - 16
@@ -61,10 +65,11 @@ func LinearCrossEntropyXRows(batch, in, out int64) int64 {
 	return min(batch, rest/(in+1))
 }
 
-// LinearCrossEntropyFits says whether a tail of a [batch,in] -> out linear
-// layer fits one block.
+// LinearCrossEntropyFits says whether the fuse pass makes a tail of a
+// [batch,in] -> out linear layer: one block holds it
+// (LinearCrossEntropyXRows) and pays (MaxLinearCrossEntropyMACs).
 func LinearCrossEntropyFits(batch, in, out int64) bool {
-	return LinearCrossEntropyXRows(batch, in, out) > 0
+	return LinearCrossEntropyXRows(batch, in, out) > 0 && 3*batch*out*in <= MaxLinearCrossEntropyMACs
 }
 
 var attrInputGrad = ir.AttrSpec{Name: "input_grad", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.InputGrad) }}
