@@ -4,7 +4,7 @@ package mnistnet
 
 // #cgo CXXFLAGS: -std=gnu++20 -O3 -g0 -fvisibility=hidden
 // #include <stdint.h>
-// const void* cnnc_cpu_builtin_cde920180ff6874b(void);
+// const void* cnnc_cpu_builtin_5b44d169607eac9d(void);
 import "C"
 
 import (
@@ -14,4 +14,4 @@ import (
 )
 
 // The CPU target's kernels compiled into the program: the device runs them without a compiler.
-func init() { native.RegisterBuiltin(unsafe.Pointer(C.cnnc_cpu_builtin_cde920180ff6874b)) }
+func init() { native.RegisterBuiltin(unsafe.Pointer(C.cnnc_cpu_builtin_5b44d169607eac9d)) }

@@ -2,17 +2,14 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_cde920180ff6874b_sse2_impl[16];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_cde920180ff6874b_avx2_impl[16];
-namespace cnnc_cpu_cde920180ff6874b_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_5b44d169607eac9d_sse2_impl[14];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_5b44d169607eac9d_avx2_impl[14];
+namespace cnnc_cpu_5b44d169607eac9d_table {
 const char* const names[] = {
     "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
     "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
     "linear_fwd_b32_in784_out64_5867a619",
-    "linear_fwd_b32_in64_out10_0b02d314",
-    "softmax_cross_entropy_b32_c10_0175e58c",
-    "linear_dgrad_b32_in64_out10_d409b50a",
-    "linear_wgrad_b32_in64_out10_30fd68cc",
+    "linear_cross_entropy_b32_in64_out10_8bdc5ba7",
     "linear_dgrad_b32_in784_out64_c257d447",
     "linear_wgrad_b32_in784_out64_8f905cc2",
     "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952",
@@ -22,11 +19,12 @@ const char* const names[] = {
     "update_n1152_196c6407",
     "conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d",
     "conv_wgrad_reduce_o8_k9_s32_update_15c70197",
+    "linear_cross_entropy_b32_in64_out10_24a3db25",
 };
-const int32_t nparams[] = {5, 5, 4, 4, 7, 4, 7, 4, 7, 4, 3, 6, 5, 6, 4, 6};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "7b458326f0d9376575ae6e04d68b6c9d843527fb11ec590c6b00d39153532b5f", 16, names, nparams, {cnnc_cpu_cde920180ff6874b_sse2_impl, cnnc_cpu_cde920180ff6874b_avx2_impl}};
-}  // namespace cnnc_cpu_cde920180ff6874b_table
+const int32_t nparams[] = {5, 5, 4, 12, 4, 7, 4, 3, 6, 5, 6, 4, 6, 9};
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "dff5667073e519604d01437457b7d7d6213a38f538226e27b0b87613f705888e", 14, names, nparams, {cnnc_cpu_5b44d169607eac9d_sse2_impl, cnnc_cpu_5b44d169607eac9d_avx2_impl}};
+}  // namespace cnnc_cpu_5b44d169607eac9d_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_cde920180ff6874b(void) {
-  return &cnnc_cpu_cde920180ff6874b_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_5b44d169607eac9d(void) {
+  return &cnnc_cpu_5b44d169607eac9d_table::library;
 }
