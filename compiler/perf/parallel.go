@@ -117,6 +117,12 @@ func ParallelStep(rank *trainergen.Compiled, p *Prediction, f Fabric) (*Parallel
 		pp.Note += "; a sharded optimizer's step: the slowest rank's share of the updates, then the parameters' broadcasts in one NCCL group, not overlapped"
 	} else if step, err = Overlap(times, p.GraphLaunchSeconds, pp.Buckets); err != nil {
 		return nil, err
+	} else {
+		// Overlap adds the launches to the graph launch one by one, the
+		// prediction adds their sum to it: with no exposed all-reduce the
+		// two may differ in the last bit, and no overlap is faster than
+		// the compute alone
+		step = max(step, pp.ComputeSeconds)
 	}
 	for _, b := range pp.Buckets {
 		pp.AllReduceSeconds += b.Seconds
