@@ -223,8 +223,9 @@ type convData struct {
 	CS             int64
 	Segs, MaxWords int64
 	// KsOff: where (floats from Cs) the pool's first pass leaves each pooled
-	// output's window position for the argmax words, KsStride a channel's
-	KsOff, KsStride int64
+	// output's window position for the argmax words, KsStride a channel's,
+	// KsSeg a run's (a tile row's; the tile's with full rows)
+	KsOff, KsStride, KsSeg int64
 	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
 	// per phase, OC output channels per chunk, an RH x RW dy region
 	TH, TW, OC, KHP, KWP, TilesPerPhase int64
@@ -453,8 +454,11 @@ func (d *convData) epilogueFloats() int64 {
 	if !d.Pool || d.NoArgmax {
 		return d.KsOff
 	}
-	// the argmax pass's lanes read Ks at one channel's stride apart: odd, so that they fall on distinct banks
-	d.KsStride = d.TPH*d.TPW | 1
+	// a run's row holds its outputs from its first one's place in its first argmax word on; the argmax pass's lanes
+	// read the rows of a channel's runs KsSeg apart (whole words) and the channels KsStride apart (odd), so that
+	// they fall on distinct banks
+	d.KsSeg = d.MaxWords * d.Per
+	d.KsStride = d.Segs*d.KsSeg | 1
 	return d.KsOff + d.BM*d.KsStride
 }
 

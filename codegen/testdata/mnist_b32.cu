@@ -179,7 +179,9 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x1x28x28u8_o8
     // same whatever the order.
     const int rows = 14 - py0 < 2 ? 14 - py0 : 2;
     const int cols = 14 - px0 < 8 ? 14 - px0 : 8;
-    int* const Ks = reinterpret_cast<int*>(Cs + 520);  // pooled output (m, ty, tx)'s window position at m*17 + ty*8 + tx
+    int* const Ks = reinterpret_cast<int*>(Cs + 520);  // channel m's run seg (a tile row, or the whole tile with full rows) at m*65 + seg*32, aligned as in argmax (its
+    // first output at start % 16), so that the argmax items' reads (word w's j-th output of channel m: m*65 + w*16 + j) fall on
+    // distinct banks
     for (int item = t; item < 8 * 2 * 8; item += 64) {
         const int m = item / (2 * 8), ty = item / 8 % 2, tx = item % 8;
         if (m0 + m >= 8 || ty >= rows || tx >= cols) continue;
@@ -201,7 +203,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x1x28x28u8_o8
             }
         }
         y[(((int)b * 8 + m0 + m) * 14 + py0 + ty) * 14 + px0 + tx] = best;
-        Ks[m * 17 + ty * 8 + tx] = bestK;
+        {
+            const int start = (((int)b * 8 + m0 + m) * 14 + py0 + ty) * 14 + px0;
+            Ks[m * 65 + ty * 32 + (int)(start % 16) + tx] = bestK;
+        }
     }
     __syncthreads();
     for (int item = t; item < 8 * 2 * 2; item += 64) {
@@ -219,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x1x28x28u8_o8
             const int rel = (int)(pe - start);
             const int ty = seg, tx = rel;  // pooled output (py0 + ty, px0 + tx)
             const int shift = (int)(pe % 16) * 2;
-            bits |= (unsigned)Ks[m * 17 + ty * 8 + tx] << shift;
+            bits |= (unsigned)Ks[m * 65 + seg * 32 + (int)(pe - start / 16 * 16)] << shift;
             field |= 3u << shift;
         }
         if (lo == wd * 16 && (hi == (wd + 1) * 16 || hi == 50176)) {
@@ -385,7 +390,9 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_
     // same whatever the order.
     const int rows = 7 - py0 < 4 ? 7 - py0 : 4;
     const int cols = 7 - px0 < 4 ? 7 - px0 : 4;
-    int* const Ks = reinterpret_cast<int*>(Cs + 1040);  // pooled output (m, ty, tx)'s window position at m*17 + ty*4 + tx
+    int* const Ks = reinterpret_cast<int*>(Cs + 1040);  // channel m's run seg (a tile row, or the whole tile with full rows) at m*129 + seg*32, aligned as in argmax (its
+    // first output at start % 16), so that the argmax items' reads (word w's j-th output of channel m: m*129 + w*16 + j) fall on
+    // distinct banks
     for (int item = t; item < 16 * 4 * 4; item += 64) {
         const int m = item / (4 * 4), ty = item / 4 % 4, tx = item % 4;
         if (m0 + m >= 16 || ty >= rows || tx >= cols) continue;
@@ -407,7 +414,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_
             }
         }
         y[(((int)b * 16 + m0 + m) * 7 + py0 + ty) * 7 + px0 + tx] = best;
-        Ks[m * 17 + ty * 4 + tx] = bestK;
+        {
+            const int start = (((int)b * 16 + m0 + m) * 7 + py0 + ty) * 7 + px0;
+            Ks[m * 129 + ty * 32 + (int)(start % 16) + tx] = bestK;
+        }
     }
     __syncthreads();
     for (int item = t; item < 16 * 4 * 2; item += 64) {
@@ -425,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_
             const int rel = (int)(pe - start);
             const int ty = seg, tx = rel;  // pooled output (py0 + ty, px0 + tx)
             const int shift = (int)(pe % 16) * 2;
-            bits |= (unsigned)Ks[m * 17 + ty * 4 + tx] << shift;
+            bits |= (unsigned)Ks[m * 129 + seg * 32 + (int)(pe - start / 16 * 16)] << shift;
             field |= 3u << shift;
         }
         if (lo == wd * 16 && (hi == (wd + 1) * 16 || hi == 25088)) {

@@ -179,7 +179,9 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
     // same whatever the order.
     const int rows = 63 - py0 < 1 ? 63 - py0 : 1;
     const int cols = 63 - px0 < 16 ? 63 - px0 : 16;
-    int* const Ks = reinterpret_cast<int*>(Cs + 1040);  // pooled output (m, ty, tx)'s window position at m*17 + ty*16 + tx
+    int* const Ks = reinterpret_cast<int*>(Cs + 1040);  // channel m's run seg (a tile row, or the whole tile with full rows) at m*33 + seg*32, aligned as in argmax (its
+    // first output at start % 16), so that the argmax items' reads (word w's j-th output of channel m: m*33 + w*16 + j) fall on
+    // distinct banks
     for (int item = t; item < 16 * 1 * 16; item += 64) {
         const int m = item / (1 * 16), ty = item / 16 % 1, tx = item % 16;
         if (m0 + m >= 16 || ty >= rows || tx >= cols) continue;
@@ -201,7 +203,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
             }
         }
         y[(((int)b * 16 + m0 + m) * 63 + py0 + ty) * 63 + px0 + tx] = best;
-        Ks[m * 17 + ty * 16 + tx] = bestK;
+        {
+            const int start = (((int)b * 16 + m0 + m) * 63 + py0 + ty) * 63 + px0;
+            Ks[m * 33 + ty * 32 + (int)(start % 16) + tx] = bestK;
+        }
     }
     __syncthreads();
     for (int item = t; item < 16 * 1 * 2; item += 64) {
@@ -219,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
             const int rel = (int)(pe - start);
             const int ty = seg, tx = rel;  // pooled output (py0 + ty, px0 + tx)
             const int shift = (int)(pe % 16) * 2;
-            bits |= (unsigned)Ks[m * 17 + ty * 16 + tx] << shift;
+            bits |= (unsigned)Ks[m * 33 + seg * 32 + (int)(pe - start / 16 * 16)] << shift;
             field |= 3u << shift;
         }
         if (lo == wd * 16 && (hi == (wd + 1) * 16 || hi == 2032128)) {
@@ -385,7 +390,9 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
     // same whatever the order.
     const int rows = 30 - py0 < 1 ? 30 - py0 : 1;
     const int cols = 30 - px0 < 16 ? 30 - px0 : 16;
-    int* const Ks = reinterpret_cast<int*>(Cs + 2080);  // pooled output (m, ty, tx)'s window position at m*17 + ty*16 + tx
+    int* const Ks = reinterpret_cast<int*>(Cs + 2080);  // channel m's run seg (a tile row, or the whole tile with full rows) at m*33 + seg*32, aligned as in argmax (its
+    // first output at start % 16), so that the argmax items' reads (word w's j-th output of channel m: m*33 + w*16 + j) fall on
+    // distinct banks
     for (int item = t; item < 32 * 1 * 16; item += 64) {
         const int m = item / (1 * 16), ty = item / 16 % 1, tx = item % 16;
         if (m0 + m >= 32 || ty >= rows || tx >= cols) continue;
@@ -407,7 +414,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
             }
         }
         y[(((int)b * 32 + m0 + m) * 30 + py0 + ty) * 30 + px0 + tx] = best;
-        Ks[m * 17 + ty * 16 + tx] = bestK;
+        {
+            const int start = (((int)b * 32 + m0 + m) * 30 + py0 + ty) * 30 + px0;
+            Ks[m * 33 + ty * 32 + (int)(start % 16) + tx] = bestK;
+        }
     }
     __syncthreads();
     for (int item = t; item < 32 * 1 * 2; item += 64) {
@@ -425,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
             const int rel = (int)(pe - start);
             const int ty = seg, tx = rel;  // pooled output (py0 + ty, px0 + tx)
             const int shift = (int)(pe % 16) * 2;
-            bits |= (unsigned)Ks[m * 17 + ty * 16 + tx] << shift;
+            bits |= (unsigned)Ks[m * 33 + seg * 32 + (int)(pe - start / 16 * 16)] << shift;
             field |= 3u << shift;
         }
         if (lo == wd * 16 && (hi == (wd + 1) * 16 || hi == 921600)) {
