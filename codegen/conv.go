@@ -222,6 +222,10 @@ type convData struct {
 	// channel's run each) do not all hit one bank
 	CS             int64
 	Segs, MaxWords int64
+	// KsOff: where (floats from Cs) the pool's first pass leaves each pooled
+	// output's window position for the argmax words, KsStride a channel's,
+	// KsSeg a run's (a tile row's; the tile's with full rows)
+	KsOff, KsStride, KsSeg int64
 	// dgrad: a TH x TW tile of one stride phase's pixels, KHP x KWP taps
 	// per phase, OC output channels per chunk, an RH x RW dy region
 	TH, TW, OC, KHP, KWP, TilesPerPhase int64
@@ -252,6 +256,7 @@ type convData struct {
 	TCRows              int64
 	TCA, TCB            string
 	TCLDA, TCLDB, TCLDC int64
+	XLD                 int64 // tensor-core forward: the im2col tile's row stride (tcLD)
 	TCUnroll            int64 // tc_mma's unroll of the k steps (0: all)
 	// tensor-core dgrad: where the dy region's copies lie (floats from the
 	// aligned base)
@@ -332,7 +337,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
 		d.CS = d.BN + 1
-		d.SharedFloats = max(d.SharedFloats, d.BM*d.CS)
+		d.SharedFloats = max(d.SharedFloats, d.epilogueFloats())
 		grid[0] = uint32(g.B * d.TilesPerSample)
 	} else {
 		d.NTotal = g.B * g.HWO
@@ -346,12 +351,13 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
 		d.TC, family = tc, "conv_block_fwd_tc"
-		d.WS = d.BM + tc.Pad
+		// Ws keeps BM + Pad: its stores (8 rows of a warp WS apart) would conflict at tcLD's stride and cost more than
+		// the A loads gain
+		d.WS, d.XLD = d.BM+tc.Pad, tcLD(d.BN, tc.Elem)
 		d.TCRows = roundUp(d.BK, tc.KS)
-		// Cs: store_matrix_sync wants a stride of 16 bytes' multiple; BN + 4 also spreads the rows over the banks
-		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.BN, d.BN+4
+		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.XLD, tcLD(d.BN, 4)
 		d.CS = d.TCLDC
-		sharedBytes = max(d.TCRows*(d.WS+d.BN)*tc.Elem, d.BM*d.TCLDC*4) + tcAlignSlack
+		sharedBytes = max(d.TCRows*(d.WS+d.XLD)*tc.Elem, d.epilogueFloats()*4) + tcAlignSlack
 		if halo := d.haloTile(); halo > 0 && halo <= maxStaticShared && e.arch != "sm_80" {
 			d.Halo, sharedBytes = true, halo
 			if e.prec == TF32 {
@@ -438,9 +444,30 @@ func (d *convData) haloTile() int64 {
 	d.HS = haloStride(d.HC, d.RH*d.RW, d.RW, g.SH, g.SW)
 	d.HP = d.HR * d.HS
 	d.HsFloats = roundUp(d.CB*d.HP, 4)
-	d.HsOff = roundUp(d.TCRows*(d.WS+d.BN)*d.TC.Elem, 16) / 4
+	d.HsOff = roundUp(d.TCRows*(d.WS+d.XLD)*d.TC.Elem, 16) / 4
 	d.HaloIters = divUp(d.CB*d.HR*d.HC, d.T)
-	return max(4*(d.HsOff+2*d.HsFloats), d.BM*d.TCLDC*4) + tcAlignSlack
+	return max(4*(d.HsOff+2*d.HsFloats), d.epilogueFloats()*4) + tcAlignSlack
+}
+
+// epilogueFloats is the shared memory (floats) a forward block's epilogue
+// uses: the BM conv output rows (Cs; CS apart, TCLDC with tensor cores)
+// and, for a pool's argmax, each pooled output's window position (Ks, at
+// KsOff, which it sets).
+func (d *convData) epilogueFloats() int64 {
+	cs := d.CS
+	if d.TC != nil {
+		cs = d.TCLDC
+	}
+	d.KsOff = d.BM * cs
+	if !d.Pool || d.NoArgmax {
+		return d.KsOff
+	}
+	// a run's row holds its outputs from its first one's place in its first argmax word on; the argmax pass's lanes
+	// read the rows of a channel's runs KsSeg apart (whole words) and the channels KsStride apart (odd), so that
+	// they fall on distinct banks
+	d.KsSeg = d.MaxWords * d.Per
+	d.KsStride = d.Segs*d.KsSeg | 1
+	return d.KsOff + d.BM*d.KsStride
 }
 
 // haloStride is the row stride (at least hc floats, under hc + 32) at

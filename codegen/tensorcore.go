@@ -42,6 +42,22 @@ func newTCConv(p Precision, bm, bn, warps int64) (*tcConv, error) {
 	return tc, nil
 }
 
+// tcLD is the leading dimension (elements of elem bytes, at least n) of a
+// shared tile that wmma loads or stores 16 elements a line from (the rows
+// of a row-major tile, the columns of a column-major one): a multiple of 16
+// bytes, as wmma wants, whose lines fall on the banks so that each phase of
+// 8 16-byte chunks (the emulator's and the GPU's) takes one wavefront —
+// consecutive lines 16 elements' worth of banks apart, modulo 32 banks (tf32
+// and fp32: 16 banks, 2 lines a phase; bf16: 8 banks, 4 lines a phase).
+func tcLD(n, elem int64) int64 {
+	lineWords := 16 * elem / 4
+	for ld := roundUp(n, 16/elem); ; ld += 16 / elem {
+		if sh := ld * elem / 4 % 32; sh == lineWords || sh == 32-lineWords {
+			return ld
+		}
+	}
+}
+
 // roundUp is n rounded up to a multiple of m.
 func roundUp(n, m int64) int64 { return (n + m - 1) / m * m }
 

@@ -171,12 +171,44 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x1x28x28u8_o8
         }
     }
     __syncthreads();
-    // Pool: one item per (channel, run of the tile's outputs, argmax word of the run). The item computes the pooled outputs of
-    // its word (max over the window's positions inside the conv output, the first maximum in scan order) and writes them and
-    // their bits: a word that holds only this item's outputs is stored; a shared one (tile edges) changes only this item's
-    // fields, with atomicAnd then atomicOr, so every word ends the same whatever the order.
+    // Pool, in two passes. First one thread per pooled output (channel m, tile row ty, tile column tx; consecutive threads,
+    // consecutive columns, so a warp's stores of y are a few sectors, not one per lane): the max over the window's positions
+    // inside the conv output, the first maximum in scan order, and its position into Ks. Then one item per (channel, run of
+    // the tile's outputs, argmax word of the run) packs its word's bits from Ks: a word that holds only this item's outputs is
+    // stored; a shared one (tile edges) changes only this item's fields, with atomicAnd then atomicOr, so every word ends the
+    // same whatever the order.
     const int rows = 14 - py0 < 2 ? 14 - py0 : 2;
     const int cols = 14 - px0 < 8 ? 14 - px0 : 8;
+    int* const Ks = reinterpret_cast<int*>(Cs + 520);  // channel m's run seg (a tile row, or the whole tile with full rows) at m*65 + seg*32, aligned as in argmax (its
+    // first output at start % 16), so that the argmax items' reads (word w's j-th output of channel m: m*65 + w*16 + j) fall on
+    // distinct banks
+    for (int item = t; item < 8 * 2 * 8; item += 64) {
+        const int m = item / (2 * 8), ty = item / 8 % 2, tx = item % 8;
+        if (m0 + m >= 8 || ty >= rows || tx >= cols) continue;
+        float best = 0.0f;
+        int bestK = -1;
+#pragma unroll
+        for (int ky = 0; ky < 2; ky++) {
+            const int ry = ty * 2 + ky;
+            if ((unsigned)(cy0 + ry) >= 28u) continue;  // padding: not a candidate
+#pragma unroll
+            for (int kx = 0; kx < 2; kx++) {
+                const int rx = tx * 2 + kx;
+                if ((unsigned)(cx0 + rx) >= 28u) continue;
+                const float v = Cs[m * 65 + ry * 16 + rx];
+                if (bestK < 0 || v > best) {
+                    best = v;
+                    bestK = ky * 2 + kx;
+                }
+            }
+        }
+        y[(((int)b * 8 + m0 + m) * 14 + py0 + ty) * 14 + px0 + tx] = best;
+        {
+            const int start = (((int)b * 8 + m0 + m) * 14 + py0 + ty) * 14 + px0;
+            Ks[m * 65 + ty * 32 + (int)(start % 16) + tx] = bestK;
+        }
+    }
+    __syncthreads();
     for (int item = t; item < 8 * 2 * 2; item += 64) {
         const int m = item / (2 * 2), seg = item / 2 % 2, word = item % 2;
         const int o = m0 + m;
@@ -191,26 +223,8 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x1x28x28u8_o8
         for (int pe = lo; pe < hi; pe++) {
             const int rel = (int)(pe - start);
             const int ty = seg, tx = rel;  // pooled output (py0 + ty, px0 + tx)
-            float best = 0.0f;
-            int bestK = -1;
-#pragma unroll
-            for (int ky = 0; ky < 2; ky++) {
-                const int ry = ty * 2 + ky;
-                if ((unsigned)(cy0 + ry) >= 28u) continue;  // padding: not a candidate
-#pragma unroll
-                for (int kx = 0; kx < 2; kx++) {
-                    const int rx = tx * 2 + kx;
-                    if ((unsigned)(cx0 + rx) >= 28u) continue;
-                    const float v = Cs[m * 65 + ry * 16 + rx];
-                    if (bestK < 0 || v > best) {
-                        best = v;
-                        bestK = ky * 2 + kx;
-                    }
-                }
-            }
-            y[pe] = best;
             const int shift = (int)(pe % 16) * 2;
-            bits |= (unsigned)bestK << shift;
+            bits |= (unsigned)Ks[m * 65 + seg * 32 + (int)(pe - start / 16 * 16)] << shift;
             field |= 3u << shift;
         }
         if (lo == wd * 16 && (hi == (wd + 1) * 16 || hi == 50176)) {
@@ -368,12 +382,44 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_
         }
     }
     __syncthreads();
-    // Pool: one item per (channel, run of the tile's outputs, argmax word of the run). The item computes the pooled outputs of
-    // its word (max over the window's positions inside the conv output, the first maximum in scan order) and writes them and
-    // their bits: a word that holds only this item's outputs is stored; a shared one (tile edges) changes only this item's
-    // fields, with atomicAnd then atomicOr, so every word ends the same whatever the order.
+    // Pool, in two passes. First one thread per pooled output (channel m, tile row ty, tile column tx; consecutive threads,
+    // consecutive columns, so a warp's stores of y are a few sectors, not one per lane): the max over the window's positions
+    // inside the conv output, the first maximum in scan order, and its position into Ks. Then one item per (channel, run of
+    // the tile's outputs, argmax word of the run) packs its word's bits from Ks: a word that holds only this item's outputs is
+    // stored; a shared one (tile edges) changes only this item's fields, with atomicAnd then atomicOr, so every word ends the
+    // same whatever the order.
     const int rows = 7 - py0 < 4 ? 7 - py0 : 4;
     const int cols = 7 - px0 < 4 ? 7 - px0 : 4;
+    int* const Ks = reinterpret_cast<int*>(Cs + 1040);  // channel m's run seg (a tile row, or the whole tile with full rows) at m*129 + seg*32, aligned as in argmax (its
+    // first output at start % 16), so that the argmax items' reads (word w's j-th output of channel m: m*129 + w*16 + j) fall on
+    // distinct banks
+    for (int item = t; item < 16 * 4 * 4; item += 64) {
+        const int m = item / (4 * 4), ty = item / 4 % 4, tx = item % 4;
+        if (m0 + m >= 16 || ty >= rows || tx >= cols) continue;
+        float best = 0.0f;
+        int bestK = -1;
+#pragma unroll
+        for (int ky = 0; ky < 2; ky++) {
+            const int ry = ty * 2 + ky;
+            if ((unsigned)(cy0 + ry) >= 14u) continue;  // padding: not a candidate
+#pragma unroll
+            for (int kx = 0; kx < 2; kx++) {
+                const int rx = tx * 2 + kx;
+                if ((unsigned)(cx0 + rx) >= 14u) continue;
+                const float v = Cs[m * 65 + ry * 8 + rx];
+                if (bestK < 0 || v > best) {
+                    best = v;
+                    bestK = ky * 2 + kx;
+                }
+            }
+        }
+        y[(((int)b * 16 + m0 + m) * 7 + py0 + ty) * 7 + px0 + tx] = best;
+        {
+            const int start = (((int)b * 16 + m0 + m) * 7 + py0 + ty) * 7 + px0;
+            Ks[m * 129 + ty * 32 + (int)(start % 16) + tx] = bestK;
+        }
+    }
+    __syncthreads();
     for (int item = t; item < 16 * 4 * 2; item += 64) {
         const int m = item / (4 * 2), seg = item / 2 % 4, word = item % 2;
         const int o = m0 + m;
@@ -388,26 +434,8 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x8x14x14_o16_
         for (int pe = lo; pe < hi; pe++) {
             const int rel = (int)(pe - start);
             const int ty = seg, tx = rel;  // pooled output (py0 + ty, px0 + tx)
-            float best = 0.0f;
-            int bestK = -1;
-#pragma unroll
-            for (int ky = 0; ky < 2; ky++) {
-                const int ry = ty * 2 + ky;
-                if ((unsigned)(cy0 + ry) >= 14u) continue;  // padding: not a candidate
-#pragma unroll
-                for (int kx = 0; kx < 2; kx++) {
-                    const int rx = tx * 2 + kx;
-                    if ((unsigned)(cx0 + rx) >= 14u) continue;
-                    const float v = Cs[m * 65 + ry * 8 + rx];
-                    if (bestK < 0 || v > best) {
-                        best = v;
-                        bestK = ky * 2 + kx;
-                    }
-                }
-            }
-            y[pe] = best;
             const int shift = (int)(pe % 16) * 2;
-            bits |= (unsigned)bestK << shift;
+            bits |= (unsigned)Ks[m * 129 + seg * 32 + (int)(pe - start / 16 * 16)] << shift;
             field |= 3u << shift;
         }
         if (lo == wd * 16 && (hi == (wd + 1) * 16 || hi == 25088)) {

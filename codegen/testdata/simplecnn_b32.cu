@@ -171,12 +171,44 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
         }
     }
     __syncthreads();
-    // Pool: one item per (channel, run of the tile's outputs, argmax word of the run). The item computes the pooled outputs of
-    // its word (max over the window's positions inside the conv output, the first maximum in scan order) and writes them and
-    // their bits: a word that holds only this item's outputs is stored; a shared one (tile edges) changes only this item's
-    // fields, with atomicAnd then atomicOr, so every word ends the same whatever the order.
+    // Pool, in two passes. First one thread per pooled output (channel m, tile row ty, tile column tx; consecutive threads,
+    // consecutive columns, so a warp's stores of y are a few sectors, not one per lane): the max over the window's positions
+    // inside the conv output, the first maximum in scan order, and its position into Ks. Then one item per (channel, run of
+    // the tile's outputs, argmax word of the run) packs its word's bits from Ks: a word that holds only this item's outputs is
+    // stored; a shared one (tile edges) changes only this item's fields, with atomicAnd then atomicOr, so every word ends the
+    // same whatever the order.
     const int rows = 63 - py0 < 1 ? 63 - py0 : 1;
     const int cols = 63 - px0 < 16 ? 63 - px0 : 16;
+    int* const Ks = reinterpret_cast<int*>(Cs + 1040);  // channel m's run seg (a tile row, or the whole tile with full rows) at m*33 + seg*32, aligned as in argmax (its
+    // first output at start % 16), so that the argmax items' reads (word w's j-th output of channel m: m*33 + w*16 + j) fall on
+    // distinct banks
+    for (int item = t; item < 16 * 1 * 16; item += 64) {
+        const int m = item / (1 * 16), ty = item / 16 % 1, tx = item % 16;
+        if (m0 + m >= 16 || ty >= rows || tx >= cols) continue;
+        float best = 0.0f;
+        int bestK = -1;
+#pragma unroll
+        for (int ky = 0; ky < 2; ky++) {
+            const int ry = ty * 2 + ky;
+            if ((unsigned)(cy0 + ry) >= 126u) continue;  // padding: not a candidate
+#pragma unroll
+            for (int kx = 0; kx < 2; kx++) {
+                const int rx = tx * 2 + kx;
+                if ((unsigned)(cx0 + rx) >= 126u) continue;
+                const float v = Cs[m * 65 + ry * 32 + rx];
+                if (bestK < 0 || v > best) {
+                    best = v;
+                    bestK = ky * 2 + kx;
+                }
+            }
+        }
+        y[(((int)b * 16 + m0 + m) * 63 + py0 + ty) * 63 + px0 + tx] = best;
+        {
+            const int start = (((int)b * 16 + m0 + m) * 63 + py0 + ty) * 63 + px0;
+            Ks[m * 33 + ty * 32 + (int)(start % 16) + tx] = bestK;
+        }
+    }
+    __syncthreads();
     for (int item = t; item < 16 * 1 * 2; item += 64) {
         const int m = item / (1 * 2), seg = item / 2 % 1, word = item % 2;
         const int o = m0 + m;
@@ -191,26 +223,8 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x3x128x128u8_
         for (int pe = lo; pe < hi; pe++) {
             const int rel = (int)(pe - start);
             const int ty = seg, tx = rel;  // pooled output (py0 + ty, px0 + tx)
-            float best = 0.0f;
-            int bestK = -1;
-#pragma unroll
-            for (int ky = 0; ky < 2; ky++) {
-                const int ry = ty * 2 + ky;
-                if ((unsigned)(cy0 + ry) >= 126u) continue;  // padding: not a candidate
-#pragma unroll
-                for (int kx = 0; kx < 2; kx++) {
-                    const int rx = tx * 2 + kx;
-                    if ((unsigned)(cx0 + rx) >= 126u) continue;
-                    const float v = Cs[m * 65 + ry * 32 + rx];
-                    if (bestK < 0 || v > best) {
-                        best = v;
-                        bestK = ky * 2 + kx;
-                    }
-                }
-            }
-            y[pe] = best;
             const int shift = (int)(pe % 16) * 2;
-            bits |= (unsigned)bestK << shift;
+            bits |= (unsigned)Ks[m * 33 + seg * 32 + (int)(pe - start / 16 * 16)] << shift;
             field |= 3u << shift;
         }
         if (lo == wd * 16 && (hi == (wd + 1) * 16 || hi == 2032128)) {
@@ -368,12 +382,44 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
         }
     }
     __syncthreads();
-    // Pool: one item per (channel, run of the tile's outputs, argmax word of the run). The item computes the pooled outputs of
-    // its word (max over the window's positions inside the conv output, the first maximum in scan order) and writes them and
-    // their bits: a word that holds only this item's outputs is stored; a shared one (tile edges) changes only this item's
-    // fields, with atomicAnd then atomicOr, so every word ends the same whatever the order.
+    // Pool, in two passes. First one thread per pooled output (channel m, tile row ty, tile column tx; consecutive threads,
+    // consecutive columns, so a warp's stores of y are a few sectors, not one per lane): the max over the window's positions
+    // inside the conv output, the first maximum in scan order, and its position into Ks. Then one item per (channel, run of
+    // the tile's outputs, argmax word of the run) packs its word's bits from Ks: a word that holds only this item's outputs is
+    // stored; a shared one (tile edges) changes only this item's fields, with atomicAnd then atomicOr, so every word ends the
+    // same whatever the order.
     const int rows = 30 - py0 < 1 ? 30 - py0 : 1;
     const int cols = 30 - px0 < 16 ? 30 - px0 : 16;
+    int* const Ks = reinterpret_cast<int*>(Cs + 2080);  // channel m's run seg (a tile row, or the whole tile with full rows) at m*33 + seg*32, aligned as in argmax (its
+    // first output at start % 16), so that the argmax items' reads (word w's j-th output of channel m: m*33 + w*16 + j) fall on
+    // distinct banks
+    for (int item = t; item < 32 * 1 * 16; item += 64) {
+        const int m = item / (1 * 16), ty = item / 16 % 1, tx = item % 16;
+        if (m0 + m >= 32 || ty >= rows || tx >= cols) continue;
+        float best = 0.0f;
+        int bestK = -1;
+#pragma unroll
+        for (int ky = 0; ky < 2; ky++) {
+            const int ry = ty * 2 + ky;
+            if ((unsigned)(cy0 + ry) >= 61u) continue;  // padding: not a candidate
+#pragma unroll
+            for (int kx = 0; kx < 2; kx++) {
+                const int rx = tx * 2 + kx;
+                if ((unsigned)(cx0 + rx) >= 61u) continue;
+                const float v = Cs[m * 65 + ry * 32 + rx];
+                if (bestK < 0 || v > best) {
+                    best = v;
+                    bestK = ky * 2 + kx;
+                }
+            }
+        }
+        y[(((int)b * 32 + m0 + m) * 30 + py0 + ty) * 30 + px0 + tx] = best;
+        {
+            const int start = (((int)b * 32 + m0 + m) * 30 + py0 + ty) * 30 + px0;
+            Ks[m * 33 + ty * 32 + (int)(start % 16) + tx] = bestK;
+        }
+    }
+    __syncthreads();
     for (int item = t; item < 32 * 1 * 2; item += 64) {
         const int m = item / (1 * 2), seg = item / 2 % 1, word = item % 2;
         const int o = m0 + m;
@@ -388,26 +434,8 @@ extern "C" __global__ void __launch_bounds__(64, 8) conv_block_fwd_x16x63x63_o32
         for (int pe = lo; pe < hi; pe++) {
             const int rel = (int)(pe - start);
             const int ty = seg, tx = rel;  // pooled output (py0 + ty, px0 + tx)
-            float best = 0.0f;
-            int bestK = -1;
-#pragma unroll
-            for (int ky = 0; ky < 2; ky++) {
-                const int ry = ty * 2 + ky;
-                if ((unsigned)(cy0 + ry) >= 61u) continue;  // padding: not a candidate
-#pragma unroll
-                for (int kx = 0; kx < 2; kx++) {
-                    const int rx = tx * 2 + kx;
-                    if ((unsigned)(cx0 + rx) >= 61u) continue;
-                    const float v = Cs[m * 65 + ry * 32 + rx];
-                    if (bestK < 0 || v > best) {
-                        best = v;
-                        bestK = ky * 2 + kx;
-                    }
-                }
-            }
-            y[pe] = best;
             const int shift = (int)(pe % 16) * 2;
-            bits |= (unsigned)bestK << shift;
+            bits |= (unsigned)Ks[m * 33 + seg * 32 + (int)(pe - start / 16 * 16)] << shift;
             field |= 3u << shift;
         }
         if (lo == wd * 16 && (hi == (wd + 1) * 16 || hi == 921600)) {
