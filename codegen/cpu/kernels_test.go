@@ -297,6 +297,14 @@ func TestBatchNormReLUKernels(t *testing.T) {
 		}
 	}
 	require.Len(t, nodes, 3, "bn and bf with their ReLUs, bn's mask")
+	checkNodesAtBatches13(t, nodes, nil)
+}
+
+// checkNodesAtBatches13 runs nodes' kernels at batches 1 and 3 on every
+// instruction set against the reference (NaN-poisoned outputs), within
+// kernelcheck.Tolerance; then, if set, more checks per node.
+func checkNodesAtBatches13(t *testing.T, nodes []*ir.Node, more func(dev *native.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, isa string, batch int64)) {
+	t.Helper()
 	for _, batch := range []int64{1, 3} {
 		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
 		require.NoError(t, err)
@@ -309,6 +317,9 @@ func TestBatchNormReLUKernels(t *testing.T) {
 				require.NoError(t, err, "%s %s", isa, n.Text())
 				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, n.Text(), r)
 				t.Logf("b%d %s %s: %s", batch, isa, n.Text(), r)
+				if more != nil {
+					more(dev, prog, n, ins, isa, batch)
+				}
 			}
 		}
 	}
@@ -333,22 +344,9 @@ func TestBatchNormActKernels(t *testing.T) {
 		}
 	}
 	require.Len(t, nodes, 12, "six normalisations with their activations, and their gradients")
-	for _, batch := range []int64{1, 3} {
-		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
-		require.NoError(t, err)
-		for _, isa := range isas(t) {
-			dev := openDevice(t, prog, native.Options{ISA: isa})
-			for i, n := range nodes {
-				ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
-				o := reference.NodeOptions{Training: true, Update: true}
-				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, o)
-				require.NoError(t, err, "%s %s", isa, n.Text())
-				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, n.Text(), r)
-				t.Logf("b%d %s %s: %s", batch, isa, n.Text(), r)
-				if n.Op == ops.BatchNormGrad && batch == 3 { // over 2 valid samples, 0 for the padding
-					require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), "%s %s", isa, n.Text())
-				}
-			}
+	checkNodesAtBatches13(t, nodes, func(dev *native.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, isa string, batch int64) {
+		if n.Op == ops.BatchNormGrad && batch == 3 { // over 2 valid samples, 0 for the padding
+			require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), "%s %s", isa, n.Text())
 		}
-	}
+	})
 }
