@@ -73,6 +73,7 @@ IMAGE_OR_DIR..., with the trainer's checkpoints.`,
 	cmd.Flags().StringVar(&bf.interconnect, "interconnect", "", "with --gpu and --gpus N: the `LINK` between a machine's GPUs (nvlink, pcie or ib) that the choice of plan and the predicted step assume: a rank's plans are judged by their step with the all-reduces (default: NVLink where the GPU has it, else PCIe)")
 	cmd.Flags().IntVar(&bf.nnodes, "nnodes", 1, "with --gpu and --gpus N: the `M` machines the ranks span (InfiniBand between them), for the choice of plan and the predicted step")
 	cmd.Flags().BoolVar(&bf.shardOpt, "shard-optimizer", false, "with --gpus: each rank keeps the optimizer state of its share of the parameters only (ZeRO stage 1), updates them and broadcasts them to the others")
+	cmd.Flags().BoolVar(&bf.minMemory, "min-memory", false, "with --gpu: build the planner's minimal-memory plan (updates split out of their weight-gradient kernels wherever that saves bytes), not a fused-update plan the performance model predicts faster within the budget (without --gpu the plan is always the minimal-memory one)")
 	f.registerBatch(cmd, "the batch size the kernels and memory plan are specialised for (default: the train block's, else 32)")
 	f.registerInfer(cmd, "build an inference-only binary: forward kernels only (batch norm folded into the conv before it, conv+bias+activation+pool fused, no argmax, gradients or optimizer state) on its own memory plan (cnnc plan --infer), with the trainer's predict command, loading the trainer's checkpoints")
 	return cmd
@@ -84,6 +85,7 @@ type buildFlags struct {
 	gpu                                       string // perf's GPU: launch geometry and the fastest plan
 	gpus                                      int    // data-parallel ranks (plan.Config.Ranks)
 	shardOpt, dataParallel                    bool
+	minMemory                                 bool   // --min-memory: plan.UpdatesMinMemory
 	interconnect                              string // with --gpu and --gpus: the links the choice assumes
 	nnodes                                    int    // with --gpu and --gpus: the machines the ranks span
 }
@@ -138,6 +140,9 @@ func runBuild(cmd *cobra.Command, path string, f *compileFlags, bf *buildFlags, 
 	}
 	if bf.gpus > 1 || bf.dataParallel {
 		cfg.Ranks, cfg.ShardOptimizer, cfg.DataParallel = bf.gpus, bf.shardOpt, bf.dataParallel
+	}
+	if bf.minMemory {
+		cfg.Updates = plan.UpdatesMinMemory
 	}
 	if bf.shardOpt && bf.gpus < 2 {
 		fmt.Fprintf(stderr, "cnnc build: --shard-optimizer shares the optimizer state among data-parallel ranks: it needs --gpus 2 or more\n")

@@ -37,6 +37,8 @@ type planFlags struct {
 	interconnect string
 	nnodes       int
 	scaling      string
+	// --min-memory: the planner's minimal-memory plan even with --gpu
+	minMemory bool
 }
 
 func newPlanCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -59,7 +61,14 @@ and, if that is not enough, runs the activation-heavy trunk (or the whole
 step) in micro-batches with gradient accumulation — the same update as the
 full batch. A budget no plan meets is an error naming the smallest budget
 that works. --max-batch answers the other question: the largest batch that
-fits the budget, without recomputation, with it, and with micro-batching.`,
+fits the budget, without recomputation, with it, and with micro-batching.
+
+Without --gpu the plan is the minimal-memory one: each optimizer update is
+split out of its weight-gradient kernel wherever that saves bytes. With
+--gpu and a budget the performance model chooses: among the plans within
+the budget (split or fused updates x recomputation x micro-batching) the
+fastest predicted, ties to the smaller peak; the minimal-memory plan's peak
+is shown beside it, and --min-memory keeps it.`,
 		Example: `  cnnc plan examples/simplecnn.cnn
   cnnc plan --memory-budget 40MB --plot timeline.svg examples/simplecnn.cnn
   cnnc plan examples/simplecnn.cnn --batch 256 --json
@@ -88,6 +97,7 @@ fits the budget, without recomputation, with it, and with micro-batching.`,
 	fl.StringVar(&pf.interconnect, "interconnect", "", "with --gpu and --gpus or --scaling: the `LINK` between a machine's GPUs for the all-reduce: nvlink, pcie or ib (default: NVLink where the GPU has it, else PCIe)")
 	fl.IntVar(&pf.nnodes, "nnodes", 1, "with --gpu and --gpus or --scaling: the GPUs are spread evenly over `M` machines, joined by InfiniBand NDR (400 Gb/s per GPU)")
 	fl.StringVar(&pf.scaling, "scaling", "", "with --gpu: predict the data-parallel step, throughput and scaling efficiency for each GPU count of `LIST` (e.g. 1,2,4,8), the batch per GPU fixed at --batch")
+	fl.BoolVar(&pf.minMemory, "min-memory", false, "with --gpu: keep the planner's minimal-memory plan (updates split out of their weight-gradient kernels wherever that saves bytes) instead of choosing, among the plans within the budget, the one the model predicts fastest (without --gpu the plan is always the minimal-memory one)")
 	fl.StringVar(&pf.gpu, "gpu", "", "predict every launch's time and the step's on this `GPU` ("+strings.Join(perf.GPUNames(), ", ")+"): the kernels' grids sized for its SM count: a prediction of the performance model (needs nvcc and g++); under a memory budget, the fastest of the plans that meet it")
 	return cmd
 }
@@ -147,6 +157,9 @@ func runPlan(path string, f *compileFlags, pf *planFlags, stdout, stderr io.Writ
 	}
 	cfg := plan.Config{Budget: res.Train.MemoryBudget, BudgetPos: res.Train.Pos["memory_budget"],
 		MicroBatch: pf.microBatch, Trunk: pf.trunk, Ranks: pf.gpus, ShardOptimizer: pf.shardOpt}
+	if pf.minMemory {
+		cfg.Updates = plan.UpdatesMinMemory
+	}
 	switch pf.budget {
 	case "":
 	case "none":

@@ -3,6 +3,7 @@ package perf
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/cnnc/cnnc/codegen/trainergen"
 )
@@ -10,7 +11,9 @@ import (
 // Choice is the performance model's pick among the plans that meet a
 // memory budget (driver.Alternatives): the fastest predicted step, ties
 // going to the smaller peak, then to the earlier alternative (the
-// planner's own choice comes first). For a data-parallel rank on a known
+// planner's own choice comes first: the minimal-memory plan, its updates
+// split wherever that saves bytes; others keep updates fused in their
+// weight-gradient kernels, fewer launches for more memory). For a data-parallel rank on a known
 // fabric the step compared is the rank's with its all-reduces (and a
 // sharded optimizer's broadcasts): a plan whose backward pass hides them
 // better may win over one whose launches alone are faster.
@@ -32,11 +35,17 @@ type Choice struct {
 // Considered is one plan's summary: how it meets the budget, its peak and
 // its predicted step.
 type Considered struct {
-	Strategy             string  `json:"strategy"`
-	How                  string  `json:"how"`
-	PeakBytes            int64   `json:"peak_bytes"`
-	Launches             int     `json:"launches"`
-	PredictedStepSeconds float64 `json:"predicted_step_seconds"`
+	Strategy  string `json:"strategy"`
+	How       string `json:"how"`
+	PeakBytes int64  `json:"peak_bytes"`
+	Launches  int    `json:"launches"`
+	// SplitUpdates are the layers whose optimizer update runs as a launch
+	// of its own (plan.Choices.SplitUpdates).
+	SplitUpdates []string `json:"split_updates"`
+	// FusedUpdates are those whose update runs inside the weight-gradient
+	// kernel (plan.Choices.FusedUpdates).
+	FusedUpdates         []string `json:"fused_updates"`
+	PredictedStepSeconds float64  `json:"predicted_step_seconds"`
 	// DataParallelStepSeconds is the rank's step with its collectives on
 	// the fabric Fastest was given (0 without one); the choice compares it
 	// when set.
@@ -119,7 +128,8 @@ func fastest(cs []Considered) int {
 
 func summarise(comp *trainergen.Compiled, p *Prediction) Considered {
 	return Considered{Strategy: comp.Plan.Choices.Strategy, How: comp.Plan.StrategyWords(), PeakBytes: comp.Plan.ArenaBytes,
-		Launches: len(p.Launches), PredictedStepSeconds: p.PredictedStepSeconds}
+		Launches: len(p.Launches), SplitUpdates: comp.Plan.Choices.SplitUpdates, FusedUpdates: comp.Plan.Choices.FusedUpdates,
+		PredictedStepSeconds: p.PredictedStepSeconds}
 }
 
 // WriteChoice prints the plans considered for a budget and what the
@@ -131,10 +141,13 @@ func (ch *Choice) WriteChoice(w io.Writer, gpu string, budget int64) {
 		if c.Chosen {
 			mark = "*"
 		}
-		fmt.Fprintf(w, "  %s %-11s peak %8.2f MB  %4d launches  %9.1f µs%s  %s\n", mark, c.Strategy, float64(c.PeakBytes)/1e6, c.Launches, 1e6*c.step(), dataParallelWords(c), c.How)
+		fmt.Fprintf(w, "  %s %-11s peak %8.2f MB  %4d launches  %9.1f µs%s  %s; %s\n", mark, c.Strategy, float64(c.PeakBytes)/1e6, c.Launches, 1e6*c.step(), dataParallelWords(c), c.How, updateWords(c))
 	}
+	m, best := ch.Considered[0], ch.chosen()
+	fmt.Fprintf(w, "  minimal-memory plan (the planner's own, as without --gpu; --min-memory keeps it): peak %.2f MB, %.1f µs; chosen: peak %.2f MB, %.1f µs\n",
+		float64(m.PeakBytes)/1e6, 1e6*m.step(), float64(best.PeakBytes)/1e6, 1e6*best.step())
 	if u := ch.Unbudgeted; u != nil {
-		fmt.Fprintf(w, "  without the budget: peak %.2f MB, %d launches, %.1f µs%s: the budget costs %+.1f µs a step (%+.0f%%)\n",
+		fmt.Fprintf(w, "  without the budget (the planner then minimises the peak): peak %.2f MB, %d launches, %.1f µs%s: the budget costs %+.1f µs a step (%+.0f%%)\n",
 			float64(u.PeakBytes)/1e6, u.Launches, 1e6*u.step(), dataParallelWords(*u), 1e6*ch.BudgetCostSeconds, 100*ch.BudgetCostSeconds/u.step())
 	}
 	fmt.Fprintln(w)
@@ -147,4 +160,25 @@ func dataParallelWords(c Considered) string {
 		return ""
 	}
 	return fmt.Sprintf(" with its collectives (launches %.1f µs)", 1e6*c.PredictedStepSeconds)
+}
+
+// chosen is the chosen alternative's summary.
+func (ch *Choice) chosen() Considered {
+	for _, c := range ch.Considered {
+		if c.Chosen {
+			return c
+		}
+	}
+	return ch.Considered[0]
+}
+
+// updateWords says which updates run as launches of their own.
+func updateWords(c Considered) string {
+	switch {
+	case len(c.SplitUpdates) > 0:
+		return "split updates: " + strings.Join(c.SplitUpdates, ", ")
+	case len(c.FusedUpdates) > 0:
+		return "every update fused"
+	}
+	return "no fused updates"
 }

@@ -14,6 +14,8 @@ type analysis struct {
 	batch  int64
 	align  int64
 	budget int64 // 0: none
+	// fusedFirst: UpdatesFusedFirst under a budget (better).
+	fusedFirst bool
 	// workspace sizes a step's kernel scratch (Config.Workspace), or nil.
 	workspace func(n *ir.Node, samples int64) int64
 	// dp: a rank's plan of data-parallel training (parallel.go); nil on

@@ -112,7 +112,7 @@ func (a *analysis) cheapRecompute(cur *candidate) *candidate {
 	best := mem
 	allowance := (cur.flops - cur.extra) / computeRecomputeShare
 	for _, from := range []*candidate{cur, mem} {
-		if c := a.descend(a.cheapDrops(from, allowance)); worthFLOPs(c, mem) && better(c, best) {
+		if c := a.descend(a.cheapDrops(from, allowance)); worthFLOPs(c, mem) && a.better(c, best) {
 			best = c
 		}
 	}

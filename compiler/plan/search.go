@@ -64,7 +64,38 @@ type Config struct {
 	// all the same (buckets, split updates, the all-reduces NCCL runs over
 	// one rank): the job that measures what the NCCL path costs on one GPU.
 	DataParallel bool
+	// Updates says how the split of fused optimizer updates out of their
+	// weight-gradient kernels is chosen (UpdatePolicy); the zero value is
+	// the planner's memory-first choice.
+	Updates UpdatePolicy
 }
+
+// UpdatePolicy is how the planner chooses which fused updates to split out
+// of their weight-gradient kernels. Splitting buys an input gradient
+// written in place over the saved input (less memory) for a separate
+// update launch (more time); the planner itself has no time model, so
+// driver.Alternatives offers the performance model both policies' plans
+// under a budget and it picks the fastest (perf.Fastest).
+type UpdatePolicy uint8
+
+const (
+	// UpdatesMemoryFirst splits wherever that lowers the arena (ties: fewer
+	// splits): the plan of the smallest peak over the split choices.
+	UpdatesMemoryFirst UpdatePolicy = iota
+	// UpdatesFusedFirst, under a budget, prefers among the split choices
+	// that meet it the fewest splits (ties: the smaller arena): updates
+	// stay fused in their weight-gradient kernels while the budget allows.
+	// Split choices that miss the budget rank as memory-first, so when
+	// no split choice alone meets it the search goes on exactly as
+	// memory-first (recomputation, micro-batching), and the plan it finds
+	// then fuses the updates the budget still allows. Without a budget it
+	// is memory-first.
+	UpdatesFusedFirst
+	// UpdatesMinMemory plans as memory-first and tells driver.Alternatives
+	// to offer no fused-first plan (cnnc plan/build --min-memory): the
+	// minimal-memory plan even when a GPU's model would choose.
+	UpdatesMinMemory
+)
 
 // BudgetError says that no plan meets the budget, and what budget would.
 type BudgetError struct {
@@ -178,6 +209,7 @@ func search(g *ir.Graph, cfg Config) (*analysis, *candidate, string, error) {
 		return nil, nil, "", err
 	}
 	a.budget = max(cfg.Budget, 0)
+	a.fusedFirst = cfg.Updates == UpdatesFusedFirst && a.budget > 0
 	a.workspace = cfg.Workspace
 	a.dp = dp
 	if cfg.Accumulate > 1 {
@@ -347,8 +379,19 @@ func (a *analysis) describe(c *candidate) string {
 }
 
 // better orders candidates by arena, then fewer split updates (a fused
-// update saves a kernel and a gradient buffer's traffic).
-func better(x, y *candidate) bool {
+// update saves a kernel and a gradient buffer's traffic). Fused-first
+// (UpdatePolicy) puts the candidates that meet the budget first and orders
+// those by fewer split updates, then arena.
+func (a *analysis) better(x, y *candidate) bool {
+	if a.fusedFirst {
+		xFits, yFits := x.arena <= a.budget, y.arena <= a.budget
+		if xFits != yFits {
+			return xFits
+		}
+		if xFits && len(x.split) != len(y.split) {
+			return len(x.split) < len(y.split)
+		}
+	}
 	if x.arena != y.arena {
 		return x.arena < y.arena
 	}
@@ -356,9 +399,10 @@ func better(x, y *candidate) bool {
 }
 
 // bestSplits chooses, layer by layer, whether to split each fused update
-// (greedy descent on the arena, starting from d's choice): splitting pays
-// for a gradient buffer of the layer's parameters and buys an input
-// gradient written in place over the saved input.
+// (greedy descent on the arena — fused-first: on the splits while within
+// the budget — starting from d's choice): splitting pays for a gradient
+// buffer of the layer's parameters and buys an input gradient written in
+// place over the saved input, for a separate update launch.
 func (a *analysis) bestSplits(d decisions) (*candidate, error) {
 	cur, err := a.evaluate(d)
 	if err != nil {
@@ -369,7 +413,7 @@ func (a *analysis) bestSplits(d decisions) (*candidate, error) {
 
 // descend toggles one layer's split at a time, keeping each toggle that
 // gives a better candidate, for at most four rounds (a round with no gain
-// ends it).
+// ends it): at most 4 x len(fusedUpdates) candidates evaluated.
 func (a *analysis) descend(cur *candidate) *candidate {
 	if a.dp != nil {
 		return cur // data parallelism splits every update
@@ -386,7 +430,7 @@ func (a *analysis) descend(cur *candidate) *candidate {
 				delete(d.split, w.ID)
 			}
 			c, err := a.evaluate(d)
-			if err == nil && better(c, cur) {
+			if err == nil && a.better(c, cur) {
 				cur, improved = c, true
 			}
 		}
