@@ -240,3 +240,59 @@ func TestBuildGPUBuildsTheFastestPlan(t *testing.T) {
 		assert.Contains(t, errOut, c.msg, "%v", c.args)
 	}
 }
+
+// cnnc plan --gpu under a budget weighs split updates against time:
+// SimpleCNN's 64MiB leaves room to keep every update fused in its
+// weight-gradient kernel, fewer launches than the minimal-memory plan
+// (the planner's own, first, still shown: 47.37 MB), and the model
+// predicts it faster; --min-memory keeps the minimal-memory plan.
+func TestPlanGPUWeighsSplitUpdates(t *testing.T) {
+	nvcc.Require(t)
+	type considered struct {
+		PeakBytes int64    `json:"peak_bytes"`
+		Launches  int      `json:"launches"`
+		Split     []string `json:"split_updates"`
+		Fused     []string `json:"fused_updates"`
+		Step      float64  `json:"predicted_step_seconds"`
+		Chosen    bool     `json:"chosen"`
+	}
+	var p struct {
+		PeakBytes int64        `json:"peak_bytes"`
+		Step      float64      `json:"predicted_step_seconds"`
+		Alts      []considered `json:"alternatives"`
+	}
+	code, out, errOut := cnnc("plan", "--gpu", "h200", "--precision", "tf32", "--json", simple)
+	require.Equal(t, 0, code, errOut)
+	require.NoError(t, json.Unmarshal([]byte(out), &p))
+	require.GreaterOrEqual(t, len(p.Alts), 2)
+	minimal := p.Alts[0]
+	assert.Equal(t, int64(47_373_828), minimal.PeakBytes, "the minimal-memory plan: TestPlanReport's peak")
+	assert.NotEmpty(t, minimal.Split)
+	var chosen *considered
+	for i, a := range p.Alts {
+		assert.LessOrEqual(t, a.PeakBytes, int64(64<<20))
+		if a.Chosen {
+			chosen = &p.Alts[i]
+		}
+	}
+	require.NotNil(t, chosen)
+	assert.Empty(t, chosen.Split, "every update fused")
+	assert.NotEmpty(t, chosen.Fused)
+	assert.Less(t, chosen.Launches, minimal.Launches)
+	assert.Less(t, chosen.Step, minimal.Step, "predicted faster")
+	assert.Greater(t, chosen.PeakBytes, minimal.PeakBytes)
+	assert.Equal(t, chosen.PeakBytes, p.PeakBytes)
+
+	code, out, errOut = cnnc("plan", "--gpu", "h200", "--precision", "tf32", simple)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "minimal-memory plan (the planner's own, as without --gpu; --min-memory keeps it): peak 47.37 MB")
+	assert.Contains(t, out, "split updates: fc2, conv2")
+	assert.Contains(t, out, "every update fused")
+
+	code, out, errOut = cnnc("plan", "--gpu", "h200", "--precision", "tf32", "--min-memory", "--json", simple)
+	require.Equal(t, 0, code, errOut)
+	require.NoError(t, json.Unmarshal([]byte(out), &p))
+	assert.Equal(t, int64(47_373_828), p.PeakBytes)
+	require.Len(t, p.Alts, 1)
+	assert.Equal(t, minimal.Split, p.Alts[0].Split)
+}
