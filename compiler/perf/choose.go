@@ -12,11 +12,12 @@ import (
 // memory budget (driver.Alternatives): the fastest predicted step, ties
 // going to the smaller peak, then to the earlier alternative (the
 // planner's own choice comes first: the minimal-memory plan, its updates
-// split wherever that saves bytes; others keep updates fused in their
-// weight-gradient kernels, fewer launches for more memory). For a data-parallel rank on a known
-// fabric the step compared is the rank's with its all-reduces (and a
-// sharded optimizer's broadcasts): a plan whose backward pass hides them
-// better may win over one whose launches alone are faster.
+// split wherever that saves bytes; others may keep updates fused in their
+// weight-gradient kernels, fewer launches for more memory). For a
+// data-parallel rank on a known fabric the step compared is the rank's
+// with its all-reduces (and a sharded optimizer's broadcasts): a plan
+// whose backward pass hides them better may win over one whose launches
+// alone are faster.
 type Choice struct {
 	// Best is the chosen plan and Prediction its step; Parallel is its
 	// data-parallel step when Fastest was given a fabric.
