@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -30,4 +31,24 @@ func TestFastestDataParallelStep(t *testing.T) {
 	assert.Equal(t, 1, fastest([]Considered{exposes, hides}))
 	exposes.DataParallelStepSeconds = 0 // no fabric: the launches' step
 	assert.Equal(t, 800e-6, exposes.step())
+}
+
+// The choice's listing names each plan's split updates and puts the
+// minimal-memory plan (the planner's own, first) beside the chosen one.
+func TestWriteChoiceShowsTheMinimalMemoryPlan(t *testing.T) {
+	ch := &Choice{Considered: []Considered{
+		{Strategy: "fits", How: "no recomputation, no micro-batching", PeakBytes: 47_373_828, Launches: 19,
+			SplitUpdates: []string{"fc2", "conv2"}, FusedUpdates: []string{"fc1", "conv1"}, PredictedStepSeconds: 147.6e-6},
+		{Strategy: "fits", How: "no recomputation, no micro-batching", PeakBytes: 55_066_116, Launches: 15,
+			FusedUpdates: []string{"fc2", "fc1", "conv2", "conv1"}, PredictedStepSeconds: 141.3e-6},
+	}}
+	best := fastest(ch.Considered)
+	assert.Equal(t, 1, best)
+	ch.Considered[best].Chosen = true
+	var b strings.Builder
+	ch.WriteChoice(&b, "H200 SXM", 64<<20)
+	out := b.String()
+	assert.Contains(t, out, "19 launches      147.6 µs  no recomputation, no micro-batching; split updates: fc2, conv2\n")
+	assert.Contains(t, out, "* fits        peak    55.07 MB    15 launches      141.3 µs  no recomputation, no micro-batching; every update fused\n")
+	assert.Contains(t, out, "minimal-memory plan (the planner's own, as without --gpu; --min-memory keeps it): peak 47.37 MB, 147.6 µs; chosen: peak 55.07 MB, 141.3 µs\n")
 }
