@@ -2,8 +2,8 @@ package cpu
 
 import (
 	"fmt"
-	"strings"
 	"github.com/cnnc/cnnc/runtime/kernelarg"
+	"strings"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -33,12 +33,12 @@ type convGeom struct {
 	HasY, MaskOut, Acc           bool
 	// Act: an activation other than ReLU folded in (its functor, cnnc_cpu.h, and constants;
 	// HasY then means the saved y or z its derivative reads), SaveZ: the forward writes z.
-	Act, SaveZ bool
-	functor    string
-	actName    string // its kernel family (ops.BNActKernel)
-	consts     []def
-	Band, OT, S                  int64 // the split into tasks
-	NS                           int64 // the weight gradient's samples a unit (1 elsewhere)
+	Act, SaveZ  bool
+	functor     string
+	actName     string // its kernel family (ops.BNActKernel)
+	consts      []def
+	Band, OT, S int64 // the split into tasks
+	NS          int64 // the weight gradient's samples a unit (1 elsewhere)
 }
 
 func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
