@@ -584,3 +584,23 @@ func convStagedBound(t *testing.T, n *ir.Node, ins [][]float64, batch int64) flo
 	require.NoError(t, err)
 	return float64(k) * maxAbs(dz) * b / maxAbs(want[0])
 }
+
+// The conv blocks with each activation folded in (kernelcases.ConvActChecks:
+// forward with and without z, input gradients with and without maskout,
+// weight gradients out and fused) compile with nvcc for every target
+// (sm_80, sm_90) without spills or local memory, at the examples' batch 32,
+// in fp32 and on tensor cores.
+func TestPtxasConvAct(t *testing.T) {
+	nvcc.Require(t)
+	var nodes []*ir.Node
+	for _, c := range kernelcases.ConvActChecks(t) {
+		nodes = append(nodes, c.N)
+	}
+	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32, codegen.BF16} {
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		ks, err := codegen.CompilePtxas(prog.Source, "convact.cu", nvcc.Targets)
+		require.NoError(t, err)
+		requireClean(t, prog, ks)
+	}
+}
