@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Convolution blocks (ir/fused.go): conv + bias + ReLU + max-pool forward,
@@ -78,8 +79,8 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	g.Act, g.Consts, g.actName = foldedAct(&a)
 	if g.Act != "" {
 		g.HasY = true
-		if a.Pool != nil {
-			return nil, fmt.Errorf("codegen: %s: the pool epilogue applies ReLU only, not %s", n.Text(), g.Act)
+		if a.Pool != nil && ops.LinearSavesPre(&a) {
+			return nil, fmt.Errorf("codegen: %s: the pool epilogue keeps no z at the argmax for %s's gradient", n.Text(), g.Act)
 		}
 	}
 	switch {

@@ -50,8 +50,8 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	g.actName = ops.BNActKernel(&a)
 	if g.Act = a.Act != 0; g.Act {
 		g.HasY = true
-		if a.Pool != nil {
-			return nil, fmt.Errorf("%s: the pooled conv kernels apply ReLU only, not %s", n.Text(), a.Act)
+		if a.Pool != nil && ops.LinearSavesPre(&a) {
+			return nil, fmt.Errorf("%s: the pooled conv kernels keep no z at the argmax for %s's gradient", n.Text(), a.Act)
 		}
 	}
 	switch {

@@ -205,6 +205,13 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) }
 				assert.Equal(t, 5, folded, "both blocks and their three gradients carry %s", act)
 				wantSaves := map[string]int{"gelu": 2, "silu": 2, "hardswish": 2, "leaky_relu_negative": 2}[act]
 				assert.Equal(t, wantSaves, saves, "a block saves z only when %s's gradient reads its input", act)
+				pools := 0
+				for _, n := range fused.Nodes {
+					if n.Op == ir.OpMaxPool2D {
+						pools++
+					}
+				}
+				assert.Equal(t, wantSaves/2, pools, "the max-pool joins c2's block unless it would need z at the argmax (%s)", act)
 				assert.LessOrEqual(t, savedBytes(fused), savedBytes(unfused), "the blocks save no more than the layers and activations they replace")
 			}
 			if act, ok := strings.CutPrefix(name, "linear "); ok {
@@ -340,8 +347,8 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) }
 }
 
 // convActModel: act after a conv on the image and after a strided,
-// padded one whose input needs a gradient, then a max-pool (its own kernel
-// after an activation other than ReLU).
+// padded one whose input needs a gradient, then a max-pool (the block's
+// unless act's gradient reads its input).
 func convActModel(act string) string {
 	return fmt.Sprintf(`model C(image: f32[2,9,7], label: class[4]) {
     c1 = conv2d(image, out=3, kernel=3, padding=1)

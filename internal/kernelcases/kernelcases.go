@@ -318,13 +318,15 @@ func ConvChecks(t testing.TB) []Case {
 	return checks
 }
 
-// ConvActCases are unpooled conv blocks for every activation of LinearActs (odd sizes and
-// channel counts, u8 images, strides, padding, 1x1 and 64-row tiles).
+// ConvActCases are conv blocks for the activations of LinearActs (odd sizes and channel
+// counts, u8 images, strides, padding, 1x1 and 64-row tiles; pools that overlap, are padded or
+// rectangular — dropped for an activation whose gradient reads z: its pool stays unfused).
 var ConvActCases = []Conv{
-	{C: 3, H: 13, W: 11, U8: true, Out: 5, K: k3, S: s1, P: p1, Bias: true},
+	{C: 3, H: 13, W: 11, U8: true, Out: 5, K: k3, S: s1, P: p1, Bias: true, Pool: Window(k2, s2, p0)},
 	{C: 5, H: 9, W: 7, Out: 9, K: [2]int64{2, 3}, S: [2]int64{2, 1}, P: [2]int64{1, 0}},
-	{C: 17, H: 7, W: 5, Out: 40, K: k3, S: s2, P: p1, Bias: true},
+	{C: 17, H: 7, W: 5, Out: 40, K: k3, S: s2, P: p1, Bias: true, Pool: Window(k3, s2, p1)},
 	{C: 3, H: 9, W: 7, Out: 33, K: k1, S: s1, P: p0, Bias: true},
+	{C: 4, H: 11, W: 13, Out: 6, K: [2]int64{2, 3}, S: [2]int64{2, 1}, P: [2]int64{1, 0}, Pool: Window([2]int64{3, 2}, [2]int64{1, 2}, [2]int64{1, 0})},
 }
 
 // ConvActChecks are conv blocks with each of LinearActs folded in: forward (f, and z where
@@ -336,6 +338,9 @@ func ConvActChecks(t testing.TB) []Case {
 		for j := 0; j < 2; j++ {
 			c := ConvActCases[(ai+j)%len(ConvActCases)]
 			c.Act, c.Alpha = a.Op, a.Alpha
+			if c.attrs().SaveAct {
+				c.Pool = nil
+			}
 			checks = append(checks, Case{Name: "fwd " + c.String(), N: ConvForward(t, c)})
 			d := c.F32()
 			d.MaskOut = j == 1
