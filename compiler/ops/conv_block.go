@@ -27,7 +27,9 @@ import (
 // (Attrs.SaveAct; not in a forward-only graph) — pooled, z at the argmax
 // positions only, a pooled-size tensor. Unfused, the activation would save
 // a full-resolution tensor, so the block never saves more than the pair
-// (or the triple, with the pool) it replaces.
+// (or the triple, with the pool) it replaces. (The kernels, codegen, keep
+// no z at the argmax yet: the fuse pass leaves the max-pool after gelu,
+// silu and hardswish unfused.)
 
 var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, attrFusedAct, attrFusedSlope, ir.AttrPool, ir.AttrArgmax, attrSaveAct}
 
