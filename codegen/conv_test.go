@@ -516,11 +516,13 @@ func TestConvBlockActivationKernels(t *testing.T) {
 // forward's f runs on the fp32 accumulator, so Tolerance applies
 // (RoundInputs). The gradients stage dz = dy·f'(s), computed in fp32 from
 // the rounded inputs, rounded once more to the precision (as the unfused
-// activation gradient's output would be): at most u·|dz| per staged value,
-// u = 2^-11 (TF32) or 2^-8 (BF16), hence at most u·K·max|dz|·max|B| in an
-// output summing K products (B the other operand: w for the input
-// gradient, K = O·KH·KW; x for the weight gradient, K = B·HO·WO), on top
-// of Tolerance, relative to the largest reference magnitude (as
+// activation gradient's output would be): at most u·|dz| per staged value
+// (pooled: a sum of at most P = ⌈PKH/PSH⌉·⌈PKW/PSW⌉ of them, the windows
+// that can take their maximum at one conv output), u = 2^-11 (TF32) or
+// 2^-8 (BF16), hence at most u·K·P·max|dz|·max|B| in an output summing K
+// products (B the other operand: w for the input gradient, K = O·KH·KW; x
+// for the weight gradient, K = B·HO·WO over the conv output), on top of
+// Tolerance, relative to the largest reference magnitude (as
 // TestLinearBlockActivationKernelsTensorCores).
 func TestConvBlockActivationKernelsTensorCores(t *testing.T) {
 	var nodes []*ir.Node
@@ -539,6 +541,7 @@ func TestConvBlockActivationKernelsTensorCores(t *testing.T) {
 		rng := rand.New(rand.NewPCG(31, batch))
 		for _, n := range nodes {
 			ins := kernelcheck.RoundInputs(n, kernelcheck.RandomInputs(n, batch, rng), prec)
+			kernelcases.ValidArgmax(n, ins, rng)
 			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{LR: 0.05}, reference.NodeOptions{})
 			require.NoError(t, err, n.Text())
 			require.NotEmpty(t, r.Kernel, "no launch for %s", n.Text())
@@ -573,12 +576,22 @@ func convStagedBound(t *testing.T, n *ir.Node, ins [][]float64, batch int64) flo
 	var b float64
 	var k int64
 	if n.Op == ir.OpConvBlockGradWeight {
-		b, k = maxAbs(at(p.X)), batch*p.DOut.Type.Dims[1]*p.DOut.Type.Dims[2]
-		if p.X.Type.DType == ir.U8 {
+		x := p.X.Type
+		h, w := x.Dims[1], x.Dims[2]
+		if x.DType == ir.U8 { // [H,W,C], /255 in the loads
+			h, w = x.Dims[0], x.Dims[1]
+		}
+		ho, _ := ir.ConvOut(h, a.Kernel[0], a.Stride[0], a.Pad[0])
+		wo, _ := ir.ConvOut(w, a.Kernel[1], a.Stride[1], a.Pad[1])
+		b, k = maxAbs(at(p.X)), batch*ho*wo
+		if x.DType == ir.U8 {
 			b /= 255
 		}
 	} else {
 		b, k = maxAbs(at(p.W)), a.Out*a.Kernel[0]*a.Kernel[1]
+	}
+	if pw := a.Pool; pw != nil {
+		k *= (pw.Kernel[0] + pw.Stride[0] - 1) / pw.Stride[0] * ((pw.Kernel[1] + pw.Stride[1] - 1) / pw.Stride[1])
 	}
 	want, err := reference.RunNode(n, ins, int(batch), reference.NodeOptions{})
 	require.NoError(t, err)
