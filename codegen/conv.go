@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Convolution blocks (ir/fused.go): conv + bias + ReLU + max-pool forward,
@@ -55,6 +56,14 @@ type convGeom struct {
 	PHO, PWO                     int64 // pooled output
 	Bits, Per, BitMask           int64 // argmax bits per element, elements per 32-bit word, (1<<Bits)-1
 	Bias, ReLU, HasY, MaskOut    bool
+	// Act is the block's folded activation other than ReLU (its kernel
+	// family, templates/activations.cu.tmpl; Consts its constants, actName
+	// its name suffix); HasY then means the saved y or z its gradient
+	// reads, and SaveZ that the forward block writes z.
+	Act     string
+	Consts  map[string]string
+	actName string
+	SaveZ   bool
 	// derived sizes
 	HW, HWO, KHKW, K, PHWO int64
 	WElems, PooledTotal    int64  // O·K weights; B·O·PHO·PWO pooled outputs
@@ -66,7 +75,14 @@ type convGeom struct {
 func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	a := n.Attrs
 	g := &convGeom{B: batch, O: a.Out, KH: a.Kernel[0], KW: a.Kernel[1], SH: a.Stride[0], SW: a.Stride[1], PH: a.Pad[0], PW: a.Pad[1],
-		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut}
+		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut, SaveZ: a.SaveAct}
+	g.Act, g.Consts, g.actName = foldedAct(&a)
+	if g.Act != "" {
+		g.HasY = true
+		if a.Pool != nil && ops.LinearSavesPre(&a) {
+			return nil, fmt.Errorf("codegen: %s: the pool epilogue keeps no z at the argmax for %s's gradient", n.Text(), g.Act)
+		}
+	}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
 		g.U8, g.H, g.W, g.C = true, x.Dims[0], x.Dims[1], x.Dims[2]
@@ -132,6 +148,7 @@ func (g *convGeom) name() string {
 	if g.ReLU {
 		b.WriteString("_relu")
 	}
+	b.WriteString(g.actName)
 	if g.Pool {
 		fmt.Fprintf(&b, "_pool%dx%ds%dx%dp%dx%d", g.PKH, g.PKW, g.PSH, g.PSW, g.PPH, g.PPW)
 		if g.NoArgmax {
@@ -157,6 +174,9 @@ func (g *convGeom) doc() string {
 	}
 	if g.ReLU {
 		s += ", ReLU"
+	}
+	if g.Act != "" {
+		s += ", " + g.Act
 	}
 	if g.Pool {
 		s += fmt.Sprintf(", max-pool %dx%d stride %dx%d pad %dx%d to [B,%d,%d,%d]", g.PKH, g.PKW, g.PSH, g.PSW, g.PPH, g.PPW, g.O, g.PHO, g.PWO)
@@ -373,7 +393,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	d.MinBlocks = convMinBlocks(d.gemmTile, d.TC, e.prec == TF32 && !d.Halo)
 	d.LoadA = fragLoad("a", "Ws", fmt.Sprintf("r * %d + tm * %d", d.WS, d.TM), d.TM)
 	d.LoadB = fragLoad("bv", "Xs", fmt.Sprintf("r * %d + tn * %d", d.BN, d.TN), d.TN)
-	d.Name = fmt.Sprintf("conv_block_fwd_%s_b%d%s", g.name(), g.B, precName(e.prec))
+	d.Name = fmt.Sprintf("conv_block_fwd_%s%s_b%d%s", g.name(), flags("savez", g.SaveZ), g.B, precName(e.prec))
 	d.Doc = g.doc()
 	xt := "float"
 	if g.U8 {
@@ -387,6 +407,10 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	}
 	params = append(params, "float* __restrict__ y")
 	args = append(args, buf(n.Outs[0]))
+	if g.SaveZ {
+		params = append(params, "float* __restrict__ zout")
+		args = append(args, buf(n.Outs[len(n.Outs)-1]))
+	}
 	if g.Pool && !g.NoArgmax {
 		params = append(params, "unsigned int* __restrict__ argmax")
 		args = append(args, buf(n.Outs[1]))
@@ -707,7 +731,7 @@ func (d *convData) dgradTCShared() int64 {
 // gradName and gradDoc describe how a backward kernel forms dy.
 func gradName(g *convGeom) string {
 	s := ""
-	if g.HasY {
+	if g.HasY && g.Act == "" {
 		s += "_ymask"
 	}
 	if g.MaskOut {
@@ -718,7 +742,9 @@ func gradName(g *convGeom) string {
 
 func gradDoc(g *convGeom) string {
 	s := "; dy from the output gradient"
-	if g.HasY {
+	if g.Act != "" {
+		s += " times f'(·) of the block's " + g.Act + " (through the saved y or z)"
+	} else if g.HasY {
 		s += " masked by y > 0"
 	}
 	if g.Pool {

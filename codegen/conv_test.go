@@ -12,6 +12,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/internal/nvcc"
@@ -490,5 +491,129 @@ func TestConvWeightGradTensorCoresPtxas(t *testing.T) {
 			t.Log(k)
 		}
 		require.Equal(t, len(cases)*len(nvcc.Targets), wgrads, "%s: ptxas reports on every weight-gradient kernel", prec)
+	}
+}
+
+// Every activation other than ReLU folded into an unpooled conv block
+// (Attrs.Act; kernelcases.ConvActChecks): the forward's f (and z where the
+// block saves it), the gradients' dz = dy·f'(s) through the saved y or z,
+// on the emulator against the float64 reference with NaN-poisoned outputs,
+// at batches 1 and 3. Tolerance: kernelcheck.Tolerance — the activation
+// adds a few ulps (expf/erff/tanhf) per element to sums over at most
+// C·KH·KW = 45 (forward), O·KH·KW = 360 (input gradient) or 3·HO·WO = 297
+// (weight gradient) products.
+func TestConvBlockActivationKernels(t *testing.T) {
+	for _, batch := range []int64{1, 3} {
+		var checks []kernelCheck
+		for _, c := range kernelcases.ConvActChecks(t) {
+			checks = append(checks, kernelCheck{name: c.Name, n: c.N, o: c.O})
+		}
+		t.Logf("worst relative error at batch %d: %.2e", batch, runKernelChecks(t, batch, checks))
+	}
+}
+
+// The same on tensor cores (TF32, BF16) at batch 3, gradients out. The
+// forward's f runs on the fp32 accumulator, so Tolerance applies
+// (RoundInputs). The gradients stage dz = dy·f'(s), computed in fp32 from
+// the rounded inputs, rounded once more to the precision (as the unfused
+// activation gradient's output would be): at most u·|dz| per staged value
+// (pooled: a sum of at most P = ⌈PKH/PSH⌉·⌈PKW/PSW⌉ of them, the windows
+// that can take their maximum at one conv output), u = 2^-11 (TF32) or
+// 2^-8 (BF16), hence at most u·K·P·max|dz|·max|B| in an output summing K
+// products (B the other operand: w for the input gradient, K = O·KH·KW; x
+// for the weight gradient, K = B·HO·WO over the conv output), on top of
+// Tolerance, relative to the largest reference magnitude (as
+// TestLinearBlockActivationKernelsTensorCores).
+func TestConvBlockActivationKernelsTensorCores(t *testing.T) {
+	var nodes []*ir.Node
+	for _, c := range kernelcases.ConvActChecks(t) {
+		if !c.O.Update {
+			nodes = append(nodes, c.N)
+		}
+	}
+	const batch = 3
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		u := map[codegen.Precision]float64{codegen.TF32: 0x1p-11, codegen.BF16: 0x1p-8}[prec]
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+		require.NoError(t, err)
+		rng := rand.New(rand.NewPCG(31, batch))
+		for _, n := range nodes {
+			ins := kernelcheck.RoundInputs(n, kernelcheck.RandomInputs(n, batch, rng), prec)
+			kernelcases.ValidArgmax(n, ins, rng)
+			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{LR: 0.05}, reference.NodeOptions{})
+			require.NoError(t, err, n.Text())
+			require.NotEmpty(t, r.Kernel, "no launch for %s", n.Text())
+			tol := kernelcheck.Tolerance
+			if n.Op != ir.OpConvBlock {
+				tol += u * convStagedBound(t, n, ins, batch)
+			}
+			require.LessOrEqual(t, r.Worst, tol, "%s\n%s", n.Text(), r)
+			t.Logf("%s %s (allowed %.2e)", prec, r, tol)
+		}
+		dev.Close()
+	}
+}
+
+// convStagedBound is K·max|dz|·max|B| / max|reference output| for a conv
+// block gradient n on inputs ins (TestConvBlockActivationKernelsTensorCores).
+func convStagedBound(t *testing.T, n *ir.Node, ins [][]float64, batch int64) float64 {
+	t.Helper()
+	p, err := n.Parts()
+	require.NoError(t, err)
+	at := func(v *ir.Value) []float64 {
+		for i, in := range n.Ins {
+			if in == v {
+				return ins[i]
+			}
+		}
+		t.Fatalf("%s does not read %s", n.Text(), v.Name)
+		return nil
+	}
+	dz := ops.PointwiseOf(n.Attrs.Act).Grad.Ref(&ops.RefEnv{Batch: int(batch)}, n, [][]float64{at(p.DOut), at(p.Y)})[0]
+	a := n.Attrs
+	var b float64
+	var k int64
+	if n.Op == ir.OpConvBlockGradWeight {
+		x := p.X.Type
+		h, w := x.Dims[1], x.Dims[2]
+		if x.DType == ir.U8 { // [H,W,C], /255 in the loads
+			h, w = x.Dims[0], x.Dims[1]
+		}
+		ho, _ := ir.ConvOut(h, a.Kernel[0], a.Stride[0], a.Pad[0])
+		wo, _ := ir.ConvOut(w, a.Kernel[1], a.Stride[1], a.Pad[1])
+		b, k = maxAbs(at(p.X)), batch*ho*wo
+		if x.DType == ir.U8 {
+			b /= 255
+		}
+	} else {
+		b, k = maxAbs(at(p.W)), a.Out*a.Kernel[0]*a.Kernel[1]
+	}
+	if pw := a.Pool; pw != nil {
+		k *= (pw.Kernel[0] + pw.Stride[0] - 1) / pw.Stride[0] * ((pw.Kernel[1] + pw.Stride[1] - 1) / pw.Stride[1])
+	}
+	want, err := reference.RunNode(n, ins, int(batch), reference.NodeOptions{})
+	require.NoError(t, err)
+	return float64(k) * maxAbs(dz) * b / maxAbs(want[0])
+}
+
+// The conv blocks with each activation folded in (kernelcases.ConvActChecks:
+// forward with and without z, input gradients with and without maskout,
+// weight gradients out and fused) compile with nvcc for every target
+// (sm_80, sm_90) without spills or local memory, at the examples' batch 32,
+// in fp32 and on tensor cores.
+func TestPtxasConvAct(t *testing.T) {
+	nvcc.Require(t)
+	var nodes []*ir.Node
+	for _, c := range kernelcases.ConvActChecks(t) {
+		nodes = append(nodes, c.N)
+	}
+	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32, codegen.BF16} {
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		ks, err := codegen.CompilePtxas(prog.Source, "convact.cu", nvcc.Targets)
+		require.NoError(t, err)
+		requireClean(t, prog, ks)
 	}
 }

@@ -10,9 +10,12 @@ import (
 
 // fusePass rewrites the training step into fused kernels.
 //
-// Forward: conv2d [-> relu] [-> maxpool2d] becomes one conv2d_block (the
-// full-resolution conv output never exists; a pooled block saves its
-// pooled output and a packed argmax) unless the conv is grouped or dilated
+// Forward: conv2d [-> relu or another pointwise activation] [-> maxpool2d]
+// becomes one conv2d_block (the full-resolution conv output never exists; a
+// pooled block saves its pooled output and a packed argmax; an activation
+// whose gradient reads its input has the block also write the
+// pre-activation output; a max-pool after gelu, silu or hardswish stays
+// unfused for now) unless the conv is grouped or dilated
 // (then it runs its own direct kernels, and its parameters a separate
 // update); conv2d -> tanh -> avgpool2d becomes one conv2d_tanh_avgpool
 // (compiler/ops/conv_tanh_pool.go: the pooled output, plus the tanh
@@ -214,9 +217,25 @@ func (f *fuser) blockStart(n *ir.Node) (ir.Attrs, []*ir.Value, *ir.Node) {
 	return a, ins, last
 }
 
+// convBlock fuses conv2d [-> relu or another pointwise activation]
+// [-> maxpool2d] into one conv2d_block. Like linearBlock, an activation
+// whose gradient reads its input has the block also write the
+// pre-activation output (Attrs.SaveAct, the block's last output, named as
+// the conv's output was). A max-pool joins the block after ReLU or an
+// activation whose derivative reads its output (sigmoid, tanh, leaky_relu
+// with a positive slope: f'(·) at the argmax from the pooled y); after
+// gelu, silu or hardswish it stays a max-pool of its own for now (the
+// kernels' pool epilogues keep no z at the argmax; ops/conv_block.go's
+// reference takes that form too).
 func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	a, ins, last := f.blockStart(n)
-	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
+	if r := f.onlyPointwise(n.Out()); !a.ReLU && r != nil {
+		a.Act, a.Alpha = r.Op, r.Attrs.Alpha
+		a.SaveAct = ops.LinearSavesPre(&a) && !f.g.ForwardOnly()
+		f.absorbed[r] = true
+		last = r
+	}
+	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil && !ops.LinearSavesPre(&a) && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
 		a.Pool = &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}
 		f.absorbed[p] = true
 		last = p
@@ -226,12 +245,18 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	if a.Pool != nil && !a.NoArgmax {
 		outs = append(outs, last.Out().Name+".argmax")
 	}
+	if a.SaveAct {
+		outs = append(outs, n.Out().Name)
+	}
 	b := f.g.NewNode(ir.OpConvBlock, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
 	if ins[0] == f.image {
 		a.Aug = f.aug
 	}
 	b.Attrs = a
 	f.replaceOutput(last, b)
+	if a.SaveAct {
+		b.Outs[len(b.Outs)-1].Pos = n.Out().Pos
+	}
 	return b
 }
 

@@ -3,9 +3,11 @@ package cpu
 import (
 	"fmt"
 	"github.com/cnnc/cnnc/runtime/kernelarg"
+	"strings"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Convolution blocks (ir/fused.go) on the CPU: cnnc_cpu.h's ConvFwd, ConvDgrad, ConvWgrad and
@@ -29,15 +31,29 @@ type convGeom struct {
 	PKH, PKW, PSH, PSW, PPH, PPW int64
 	PHO, PWO, Bits               int64
 	HasY, MaskOut, Acc           bool
-	Band, OT, S                  int64 // the split into tasks
-	NS                           int64 // the weight gradient's samples a unit (1 elsewhere)
+	// Act: an activation other than ReLU folded in (its functor, cnnc_cpu.h, and constants;
+	// HasY then means the saved y or z its derivative reads), SaveZ: the forward writes z.
+	Act, SaveZ  bool
+	functor     string
+	actName     string // its kernel family (ops.BNActKernel)
+	consts      []def
+	Band, OT, S int64 // the split into tasks
+	NS          int64 // the weight gradient's samples a unit (1 elsewhere)
 }
 
 func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	a := n.Attrs
 	g := &convGeom{B: batch, O: a.Out, KH: a.Kernel[0], KW: a.Kernel[1], SH: a.Stride[0], SW: a.Stride[1], PH: a.Pad[0], PW: a.Pad[1],
 		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut,
-		PKH: 1, PKW: 1, PSH: 1, PSW: 1, Bits: 1, NS: 1}
+		PKH: 1, PKW: 1, PSH: 1, PSW: 1, Bits: 1, NS: 1, SaveZ: a.SaveAct}
+	g.functor, g.consts = bnActFunctor(n)
+	g.actName = ops.BNActKernel(&a)
+	if g.Act = a.Act != 0; g.Act {
+		g.HasY = true
+		if a.Pool != nil && ops.LinearSavesPre(&a) {
+			return nil, fmt.Errorf("%s: the pooled conv kernels keep no z at the argmax for %s's gradient", n.Text(), a.Act)
+		}
+	}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
 		g.U8, g.H, g.W, g.C = true, x.Dims[0], x.Dims[1], x.Dims[2]
@@ -77,12 +93,27 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 }
 
 func (g *convGeom) defs() []def {
-	return []def{{"B", g.B}, {"C", g.C}, {"H", g.H}, {"W", g.W}, {"U8", g.U8},
+	return append([]def{{"B", g.B}, {"C", g.C}, {"H", g.H}, {"W", g.W}, {"U8", g.U8},
 		{"O", g.O}, {"KH", g.KH}, {"KW", g.KW}, {"SH", g.SH}, {"SW", g.SW}, {"PH", g.PH}, {"PW", g.PW}, {"HO", g.HO}, {"WO", g.WO},
 		{"BIAS", g.Bias}, {"RELU", g.ReLU}, {"POOL", g.Pool}, {"ARGMAX", g.Argmax},
 		{"PKH", g.PKH}, {"PKW", g.PKW}, {"PSH", g.PSH}, {"PSW", g.PSW}, {"PPH", g.PPH}, {"PPW", g.PPW}, {"PHO", g.PHO}, {"PWO", g.PWO}, {"BITS", g.Bits},
-		{"HASY", g.HasY}, {"MASKOUT", g.MaskOut}, {"ACC", g.Acc},
-		{"BAND", g.Band}, {"OT", g.OT}, {"S", g.S}, {"NS", g.NS}}
+		{"HASY", g.HasY}, {"MASKOUT", g.MaskOut}, {"ACC", g.Acc}, {"ACT", g.Act}, {"SAVEZ", g.SaveZ},
+		{"BAND", g.Band}, {"OT", g.OT}, {"S", g.S}, {"NS", g.NS}}, g.consts...)
+}
+
+// withAct adds the block's activation functor to a kernel's impl (ConvFwd<%s> ->
+// ConvFwd<%s, GELUF>), its constants read from the geometry struct (the impl's %[1]s, or
+// %[2]s behind an augmentation's struct).
+func (g *convGeom) withAct(k kernelSpec) kernelSpec {
+	if !g.Act {
+		return k
+	}
+	ref := "%[1]s"
+	if strings.Contains(k.impl, "%[2]s") {
+		ref = "%[2]s"
+	}
+	k.impl = strings.TrimSuffix(k.impl, ">") + ", " + strings.ReplaceAll(g.functor, "%[1]s", ref) + ">"
+	return k
 }
 
 // shape is the kernel name's description: x16x63x63_o32_k3x3s1p0_pool2s2_b32.
@@ -112,6 +143,9 @@ func (g *convGeom) doc() string {
 	}
 	if g.ReLU {
 		s += ", ReLU"
+	}
+	if g.Act {
+		s += ", then " + g.actName
 	}
 	if g.Pool {
 		s += fmt.Sprintf(", max-pool %dx%d stride %dx%d pad %dx%d", g.PKH, g.PKW, g.PSH, g.PSW, g.PPH, g.PPW)
@@ -183,11 +217,15 @@ func convForward(e codegen.Emitter, n *ir.Node) error {
 		args = append(args, buf(p.B))
 	}
 	args = append(args, buf(n.Outs[0]))
+	if g.SaveZ {
+		args = append(args, buf(n.Outs[len(n.Outs)-1]))
+	}
 	if g.Argmax {
 		args = append(args, buf(n.Outs[1]))
 	}
 	k, args := augKernel(e, n, kernelSpec{family: "conv_fwd", shape: g.shape(), doc: g.doc() + ".",
 		structs: []structSpec{{"g", g.defs()}}, impl: "ConvFwd<%s>", nparams: len(args)}, args)
+	k = g.withAct(k)
 	name := emit(e, k)
 	return launch(e, n, name, g.forwardTasks(), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 }
@@ -233,14 +271,16 @@ func convGradInput(e codegen.Emitter, n *ir.Node) error {
 		args = append(args, buf(p.XMask))
 	}
 	args = append(args, buf(n.Out()))
-	name := emit(e, kernelSpec{family: "conv_dgrad", shape: g.shape(), doc: "input gradient of " + g.doc() + gradDoc(g) + ".",
-		structs: []structSpec{{"g", g.defs()}}, impl: "ConvDgrad<%s>", nparams: len(args)})
+	name := emit(e, g.withAct(kernelSpec{family: "conv_dgrad", shape: g.shape(), doc: "input gradient of " + g.doc() + gradDoc(g) + ".",
+		structs: []structSpec{{"g", g.defs()}}, impl: "ConvDgrad<%s>", nparams: len(args)}))
 	return launch(e, n, name, g.B*cdiv(g.H, g.Band)*cdiv(g.C, g.OT), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 }
 
 func gradDoc(g *convGeom) string {
 	s := "; dy from the output gradient"
-	if g.HasY {
+	if g.Act {
+		s += " times f'(·) of the block's " + g.actName + " (through the saved y or z)"
+	} else if g.HasY {
 		s += " masked by y > 0"
 	}
 	if g.Pool {
@@ -340,6 +380,7 @@ func convGradWeight(e codegen.Emitter, n *ir.Node) error {
 	args = append(args, buf(partial))
 	k, args := augKernel(e, n, kernelSpec{family: "conv_wgrad", shape: g.shape(), doc: "weight gradient of " + g.doc() + gradDoc(g) +
 		fmt.Sprintf(", %d partial sums", g.S) + ".", structs: []structSpec{{"g", g.defs()}}, impl: "ConvWgrad<%s>", nparams: len(args)}, args)
+	k = g.withAct(k)
 	name := emit(e, k)
 	if err := launch(e, n, name, g.S, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch())+partial.Type.Bytes(e.Batch())); err != nil {
 		return err

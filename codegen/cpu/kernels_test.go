@@ -103,6 +103,16 @@ func TestConvKernels(t *testing.T) {
 	checkCases(t, 1, 1, some)
 }
 
+// Conv blocks with each activation other than ReLU folded in (kernelcases.ConvActChecks): the
+// forward applies f lane by lane before its store (and writes z where saved), the gradients f'
+// as they form dy (form_dy), at batches 1 and 3 (with NaN-poisoned outputs, as every check).
+// Tolerance: checkCases' — each sum runs over at most 360 products, f adds a few ulps per element.
+func TestConvActKernels(t *testing.T) {
+	for _, batch := range []int64{1, 3} {
+		checkCases(t, batch, 17, kernelcases.ConvActChecks(t))
+	}
+}
+
 // The pooled conv blocks of inference graphs (no argmax) at batches 1 and 3: the same pooled
 // outputs as the training forward's, against the reference (cnnc build --infer).
 func TestConvInferenceKernels(t *testing.T) {

@@ -8,10 +8,10 @@ import "fmt"
 // (OpInfo.Layout) into BlockParts:
 //
 //	to_tensor(u8 image [H,W,C])                          -> f32 [C,H,W] (/255, HWC -> CHW)
-//	conv2d_block(x, w, b?)                               -> y, argmax?   conv + bias + relu? + maxpool?
+//	conv2d_block(x, w, b?)                               -> y, argmax?, z?  conv + bias + act? + maxpool?
 //	conv2d_block_grad_input(dOut, w, argmax?, y?, xmask?) -> dX
 //	conv2d_block_grad_weight(dOut, x, argmax?, y?, [w, b?, state...]) -> dW, dB? (nothing when the update is fused)
-//	linear_block(x, w, b?)                               -> y            linear + bias + relu?
+//	linear_block(x, w, b?)                               -> y, z?        linear + bias + act?
 //	linear_block_grad_input(dOut, w, y?, xmask?)         -> dX
 //	linear_block_grad_weight(dOut, x, y?, [w, b?, state...]) -> dW, dB? (nothing when fused)
 //	softmax_cross_entropy(logits, label)                 -> loss, dlogits, correct
@@ -20,7 +20,9 @@ import "fmt"
 // (compiler/ops/conv_tanh_pool.go) gives: x, w, b? -> pooled, t? forward.
 //
 // argmax is present iff the block has a pool epilogue; y (the block's saved
-// output, for the ReLU mask) iff relu && !masked; xmask (the block input,
+// output, for the ReLU mask) iff relu && !masked, or, with an activation
+// other than ReLU (act), the tensor its derivative reads: y, or z (the
+// pre-activation output, the block's last output iff save=true); xmask (the block input,
 // whose producer's ReLU mask is applied to dX) iff maskout. The gradient of
 // a block output (dOut) is at the block's output resolution: a pooled
 // block's backward kernels route it through the argmax on the fly, so the

@@ -233,10 +233,11 @@ func partsValues(n *ir.Node, ins [][]float64) (ir.BlockParts, map[*ir.Value][]fl
 
 // activationSaved is the tensor the gradient of block n's folded
 // activation (Attrs.Act) reads: its pre-activation output z when the block
-// saves it (Attrs.SaveAct), else its output y.
+// saves it (Attrs.SaveAct; its last output, after a conv block's argmax),
+// else its output y.
 func activationSaved(n *ir.Node) *ir.Value {
 	if n.Attrs.SaveAct {
-		return n.Outs[1]
+		return n.Outs[len(n.Outs)-1]
 	}
 	return n.Out()
 }

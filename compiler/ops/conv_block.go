@@ -6,19 +6,36 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 )
 
-// conv2d_block: conv + bias + ReLU? + max-pool?, the fuse pass's kernel for
-// a conv2d and the ReLU and pool after it (the full-resolution conv output
-// never exists; a pooled block writes its pooled output and a packed
-// argmax), with its input gradient and its weight gradient (the optimizer
-// update fused). Layouts in ir/fused.go; kernels in codegen/conv.go
-// (templates/conv.cu.tmpl). The reference kernels compose the unfused ones,
-// so "fused step == unfused step" is checked in float64.
+// conv2d_block: conv + bias + activation? + max-pool?, the fuse pass's
+// kernel for a conv2d and the activation and pool after it (the
+// full-resolution conv output never exists; a pooled block writes its
+// pooled output and a packed argmax), with its input gradient and its
+// weight gradient (the optimizer update fused). Layouts in ir/fused.go;
+// kernels in codegen/conv.go (templates/conv.cu.tmpl) and codegen/cpu. The
+// reference kernels compose the unfused ones, so "fused step == unfused
+// step" is checked in float64.
+//
+// The activation is ReLU (Attrs.ReLU, whose mask the backward reads from y
+// or takes from its reader's maskout epilogue) or any other pointwise one
+// (Attrs.Act, as linear_block.go): y = f(z), z = conv + bias, applied
+// before the pool (gelu, silu and hardswish are not monotonic), so the
+// argmax is over f(z). The gradients take dz = f'(·)·dy while they load dy,
+// through one saved tensor s (BlockParts.Y, at the block output's
+// resolution): y where the derivative is a function of the output
+// (sigmoid, tanh, leaky_relu with a positive slope; pooled, y at the
+// argmax is f(z) there), else z, which the block writes as its last output
+// (Attrs.SaveAct; not in a forward-only graph) — pooled, z at the argmax
+// positions only, a pooled-size tensor. Unfused, the activation would save
+// a full-resolution tensor, so the block never saves more than the pair
+// (or the triple, with the pool) it replaces. (The kernels, codegen, keep
+// no z at the argmax yet: the fuse pass leaves the max-pool after gelu,
+// silu and hardswish unfused.)
 
-var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, ir.AttrPool, ir.AttrArgmax}
+var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, attrFusedAct, attrFusedSlope, ir.AttrPool, ir.AttrArgmax, attrSaveAct}
 
 var _ = Register(ir.OpConvBlock, &Def{
 	OpInfo: ir.OpInfo{Name: "conv2d_block", Attrs: convBlockAttrs, Infer: inferConvBlock, FLOPs: flopsConvBlock, Layout: blockLayout},
-	Doc:    "a conv2d with its bias, ReLU and max-pool, fused",
+	Doc:    "a conv2d with its bias, activation and max-pool, fused",
 	Grad:   blockGrad(ir.OpConvBlockGradInput, ir.OpConvBlockGradWeight),
 	Ref:    refConvBlock,
 	Kernel: Kernel{Custom: "conv"},
@@ -28,7 +45,7 @@ var _ = Register(ir.OpConvBlockGradInput, &Def{
 	OpInfo: ir.OpInfo{Name: "conv2d_block_grad_input", Attrs: ir.AttrList(convBlockAttrs, ir.AttrMasked, ir.AttrMaskOut, ir.AttrDims),
 		Infer: inferConvBlockGradInput, FLOPs: flopsConvBlockGradInput, Layout: gradInputLayout, GradInput: true,
 		InPlace: maskOutInput},
-	Doc:    "a conv block's input gradient, with the ReLU mask of the block before it (maskout)",
+	Doc:    "a conv block's input gradient, through its activation, with the ReLU mask of the block before it (maskout)",
 	NoGrad: "a gradient op",
 	Ref:    refConvBlockGradInput,
 	Kernel: Kernel{Custom: "conv"},
@@ -96,10 +113,19 @@ func inferConvBlock(n *ir.Node) ([]ir.Type, error) {
 		return nil, err
 	}
 	_, outs, err := convBlockShapes(n, p.X.Type, p.W, p.B)
-	if err == nil && n.Attrs.NoArgmax && len(outs) == 2 {
+	if err != nil {
+		return nil, err
+	}
+	if n.Attrs.NoArgmax && len(outs) == 2 {
 		outs = outs[:1] // inference: no backward reads the argmax
 	}
-	return outs, err
+	if n.Attrs.SaveAct {
+		if !LinearSavesPre(&n.Attrs) || n.Attrs.NoArgmax {
+			return nil, fmt.Errorf("%s: save=true needs an activation whose gradient reads its input, in a training graph", n.Op)
+		}
+		outs = append(outs, outs[0]) // z (pooled: at the argmax), at the output's resolution
+	}
+	return outs, nil
 }
 
 func inferConvBlockGradInput(n *ir.Node) ([]ir.Type, error) {
@@ -151,7 +177,7 @@ func convBlockFLOPs(n *ir.Node, outElems, convElems int64, cin int64) int64 {
 	if n.Attrs.Bias {
 		f = ir.AddSat(f, convElems)
 	}
-	if n.Attrs.ReLU {
+	if n.Attrs.ReLU || n.Attrs.Act != 0 {
 		f = ir.AddSat(f, convElems)
 	}
 	if pw := n.Attrs.Pool; pw != nil {
@@ -233,39 +259,50 @@ func refConvBlock(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 		probe.Ins = append(probe.Ins, n.Ins[2])
 		cins = append(cins, ins[2])
 	}
-	y := refConv2D(env, probe, cins)[0]
-	if a.ReLU {
-		y = reluValues(y)
-	}
+	z := refConv2D(env, probe, cins)[0]
+	y := linearAct(env, n, z)
 	if a.Pool == nil {
+		if a.SaveAct {
+			return [][]float64{y, z}
+		}
 		return [][]float64{y}
 	}
-	pooled, argmax := maxpoolArgmax(env, a.Pool, ct, y)
+	pooled, argmax, at := maxpoolArgmax(env, a.Pool, ct, y)
 	if a.NoArgmax {
 		return [][]float64{pooled}
+	}
+	if a.SaveAct {
+		zp := make([]float64, len(at))
+		for o, i := range at {
+			zp[o] = z[i] // z where the window took its maximum of f(z)
+		}
+		return [][]float64{pooled, argmax, zp}
 	}
 	return [][]float64{pooled, argmax}
 }
 
-func maxpoolArgmax(env *RefEnv, p *ir.Window, in ir.Type, x []float64) ([]float64, []float64) {
+// maxpoolArgmax pools x: the maxima, their window indices and their flat
+// positions in x.
+func maxpoolArgmax(env *RefEnv, p *ir.Window, in ir.Type, x []float64) ([]float64, []float64, []int) {
 	out := poolOutType(p, in)
 	g := windowGeom(ir.Attrs{Kernel: p.Kernel, Stride: p.Stride, Pad: p.Pad}, in, out)
 	y := make([]float64, out.Elems(int64(env.Batch)))
 	am := make([]float64, len(y))
+	at := make([]int, len(y))
 	for b := 0; b < env.Batch; b++ {
 		for c := 0; c < g.c; c++ {
 			for oy := 0; oy < g.ho; oy++ {
 				for ox := 0; ox < g.wo; ox++ {
 					i := maxWindow(x, g, b, c, oy, ox)
 					o := ((b*g.c+c)*g.ho+oy)*g.wo + ox
-					y[o] = x[i]
+					y[o], at[o] = x[i], i
 					iy, ix := (i/g.w)%g.h, i%g.w
 					am[o] = float64((iy-(oy*g.sh-g.ph))*g.kw + ix - (ox*g.sw - g.pw))
 				}
 			}
 		}
 	}
-	return y, am
+	return y, am, at
 }
 
 func refConvBlockGradInput(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {

@@ -129,8 +129,8 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 	for _, act := range bnActs {
 		models["batch norm "+strings.Split(act, "(")[0]] = bnActModel(act)
 	}
-	// after a conv layer they stay kernels of their own (the conv blocks'
-	// epilogues apply ReLU alone); a linear block folds each of them
+	// a conv block folds each of them (a max-pool after one stays its own
+	// kernel), and so does a linear block
 	models["activations after blocks"] = `model A(image: f32[3,7,5], label: class[4]) {
     c = conv2d(image, out=4, kernel=3, padding=1)
     s = silu(c)
@@ -141,6 +141,11 @@ train { optimizer = sgd(lr=0.2, momentum=0.5) }
 }
 train { optimizer = sgd(lr=0.1, momentum=0.9) }
 `
+	// every pointwise activation folded into a conv block whose input
+	// needs a gradient (the second conv, odd shapes), and into the image's
+	for _, act := range linearActs {
+		models["conv "+linearActName(act)] = convActModel(act)
+	}
 	// every pointwise activation folded into a linear block whose input
 	// needs a gradient (the first block's output)
 	for _, act := range linearActs {
@@ -179,16 +184,35 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) }
 				assert.Equal(t, []bool{false, true}, saves, "c1 (the image's) recomputes, c2 saves its tanh output")
 			}
 			if name == "activations after blocks" {
-				standalone := 0
 				for _, n := range fused.Nodes {
-					if n.Op == ir.OpConvBlock || n.Op == ir.OpConvBlockGradInput || n.Op == ir.OpConvBlockGradWeight {
-						assert.Zero(t, n.Attrs.Act, "%s: no conv block takes an activation but ReLU", n.Text())
+					assert.Nil(t, ops.PointwiseOf(n.Op), "silu and sigmoid fold into the conv blocks, gelu into h's: %s", n.Text())
+				}
+			}
+			if act, ok := strings.CutPrefix(name, "conv "); ok {
+				folded, saves := 0, 0
+				for _, n := range fused.Nodes {
+					assert.Nil(t, ops.PointwiseOf(n.Op), "%s folds into its conv block: %s", act, n.Text())
+					if n.Attrs.Act != 0 {
+						assert.Contains(t, []ir.Op{ir.OpConvBlock, ir.OpConvBlockGradInput, ir.OpConvBlockGradWeight}, n.Op, n.Text())
+						folded++
 					}
-					if ops.PointwiseOf(n.Op) != nil {
-						standalone++
+					if n.Op == ir.OpConvBlock && n.Attrs.SaveAct {
+						saves++
+						require.Len(t, n.Outs, 2, n.Text())
 					}
 				}
-				assert.Equal(t, 2, standalone, "silu and sigmoid after the convs run their own kernels, h's gelu folds")
+				// c1 (the image's: no input gradient) and c2 (both gradients)
+				assert.Equal(t, 5, folded, "both blocks and their three gradients carry %s", act)
+				wantSaves := map[string]int{"gelu": 2, "silu": 2, "hardswish": 2, "leaky_relu_negative": 2}[act]
+				assert.Equal(t, wantSaves, saves, "a block saves z only when %s's gradient reads its input", act)
+				pools := 0
+				for _, n := range fused.Nodes {
+					if n.Op == ir.OpMaxPool2D {
+						pools++
+					}
+				}
+				assert.Equal(t, wantSaves/2, pools, "the max-pool joins c2's block unless it would need z at the argmax (%s)", act)
+				assert.LessOrEqual(t, savedBytes(fused), savedBytes(unfused), "the blocks save no more than the layers and activations they replace")
 			}
 			if act, ok := strings.CutPrefix(name, "linear "); ok {
 				folded, saves := 0, 0
@@ -320,6 +344,23 @@ func linearActModel(act string) string {
 }
 train { optimizer = sgd(lr=0.1, momentum=0.9) }
 `, fmt.Sprintf(act, "h"))
+}
+
+// convActModel: act after a conv on the image and after a strided,
+// padded one whose input needs a gradient, then a max-pool (the block's
+// unless act's gradient reads its input).
+func convActModel(act string) string {
+	return fmt.Sprintf(`model C(image: f32[2,9,7], label: class[4]) {
+    c1 = conv2d(image, out=3, kernel=3, padding=1)
+    a1 = %s
+    c2 = conv2d(a1, out=5, kernel=[3,2], stride=[2,1], padding=[1,0])
+    a2 = %s
+    p  = maxpool(a2, kernel=2)
+    o  = linear(flatten(p), out=4)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9) }
+`, fmt.Sprintf(act, "c1"), fmt.Sprintf(act, "c2"))
 }
 
 func bnActModel(act string) string {

@@ -112,6 +112,10 @@ type Conv struct {
 	Masked, MaskOut bool          // backward: dOut already masked; dX masked by the input
 	NoArgmax        bool          // forward of an inference graph: a pooled block keeps no argmax
 	Opt             *ir.Optimizer // weight gradient: the fused update (nil: gradients out)
+	// Act and Alpha: an activation other than ReLU folded in (Attrs.Act), its gradient reading
+	// y, or z when the block saves it (ops.LinearSavesPre)
+	Act   ir.Op
+	Alpha float64
 }
 
 func (c Conv) String() string {
@@ -127,6 +131,9 @@ func (c Conv) String() string {
 		if f.on {
 			s += f.name
 		}
+	}
+	if c.Act != 0 {
+		s += fmt.Sprintf("_%s%g", c.Act, c.Alpha)
 	}
 	if w := c.Pool; w != nil {
 		s += fmt.Sprintf("_pool%dx%ds%dx%dp%dx%d", w.Kernel[0], w.Kernel[1], w.Stride[0], w.Stride[1], w.Pad[0], w.Pad[1])
@@ -147,7 +154,10 @@ func (c Conv) String() string {
 }
 
 func (c Conv) attrs() ir.Attrs {
-	return ir.Attrs{Out: c.Out, Kernel: c.K, Stride: c.S, Pad: c.P, Bias: c.Bias, ReLU: c.ReLU, Pool: c.Pool, NoArgmax: c.NoArgmax && c.Pool != nil}
+	a := ir.Attrs{Out: c.Out, Kernel: c.K, Stride: c.S, Pad: c.P, Bias: c.Bias, ReLU: c.ReLU, Pool: c.Pool, NoArgmax: c.NoArgmax && c.Pool != nil,
+		Act: c.Act, Alpha: c.Alpha}
+	a.SaveAct = ops.LinearSavesPre(&a) && !a.NoArgmax
+	return a
 }
 
 // F32 is c with an f32 input (input gradients exist only for f32 inputs).
@@ -193,6 +203,9 @@ func ConvForward(t testing.TB, c Conv) *ir.Node {
 	if c.Pool != nil && !c.NoArgmax {
 		outs = append(outs, "y.argmax")
 	}
+	if c.attrs().SaveAct {
+		outs = append(outs, "z")
+	}
 	return Typed(t, cg.g, ir.OpConvBlock, "conv", c.attrs(), ins, outs...)
 }
 
@@ -205,8 +218,8 @@ func (c Conv) backwardInputs(t testing.TB, cg *convGraph) []*ir.Value {
 	if c.Pool != nil {
 		ins = append(ins, cg.value("argmax", fwd.Outs[1].Type))
 	}
-	if c.ReLU && !c.Masked {
-		ins = append(ins, cg.value("y", fwd.Outs[0].Type))
+	if (c.ReLU && !c.Masked) || c.Act != 0 {
+		ins = append(ins, cg.value("y", fwd.Outs[0].Type)) // y, or z for an activation whose gradient reads it
 	}
 	return ins
 }
@@ -300,6 +313,44 @@ func ConvChecks(t testing.TB) []Case {
 		n := ConvGradWeight(t, fused)
 		for _, step := range []int64{0, 3} {
 			checks = append(checks, Case{Name: fmt.Sprintf("wgrad %s step %d", fused, step), N: n, O: reference.NodeOptions{Update: true, Step: step}})
+		}
+	}
+	return checks
+}
+
+// ConvActCases are conv blocks for the activations of LinearActs (odd sizes and channel
+// counts, u8 images, strides, padding, 1x1 and 64-row tiles; pools that overlap, are padded or
+// rectangular — dropped for an activation whose gradient reads z: its pool stays unfused).
+var ConvActCases = []Conv{
+	{C: 3, H: 13, W: 11, U8: true, Out: 5, K: k3, S: s1, P: p1, Bias: true, Pool: Window(k2, s2, p0)},
+	{C: 5, H: 9, W: 7, Out: 9, K: [2]int64{2, 3}, S: [2]int64{2, 1}, P: [2]int64{1, 0}},
+	{C: 17, H: 7, W: 5, Out: 40, K: k3, S: s2, P: p1, Bias: true, Pool: Window(k3, s2, p1)},
+	{C: 3, H: 9, W: 7, Out: 33, K: k1, S: s1, P: p0, Bias: true},
+	{C: 4, H: 11, W: 13, Out: 6, K: [2]int64{2, 3}, S: [2]int64{2, 1}, P: [2]int64{1, 0}, Pool: Window([2]int64{3, 2}, [2]int64{1, 2}, [2]int64{1, 0})},
+}
+
+// ConvActChecks are conv blocks with each of LinearActs folded in: forward (f, and z where
+// saved), input gradient (with and without maskout) and weight gradient (gradients out, and a
+// fused update at a later step), on two of ConvActCases each.
+func ConvActChecks(t testing.TB) []Case {
+	var checks []Case
+	for ai, a := range LinearActs {
+		for j := 0; j < 2; j++ {
+			c := ConvActCases[(ai+j)%len(ConvActCases)]
+			c.Act, c.Alpha = a.Op, a.Alpha
+			if c.attrs().SaveAct {
+				c.Pool = nil
+			}
+			checks = append(checks, Case{Name: "fwd " + c.String(), N: ConvForward(t, c)})
+			d := c.F32()
+			d.MaskOut = j == 1
+			checks = append(checks, Case{Name: "dgrad " + d.String(), N: ConvGradInput(t, d)})
+			if j == 0 {
+				checks = append(checks, Case{Name: "wgrad " + c.String(), N: ConvGradWeight(t, c)})
+			} else {
+				c.Opt = Optimizers[ai%len(Optimizers)]
+				checks = append(checks, Case{Name: "wgrad " + c.String() + " step 3", N: ConvGradWeight(t, c), O: reference.NodeOptions{Update: true, Step: 3}})
+			}
 		}
 	}
 	return checks
