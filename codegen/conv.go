@@ -290,6 +290,10 @@ type convData struct {
 	// (floats from the aligned base), HaloIters copies per thread
 	Halo                                       bool
 	HR, HC, HS, HP, HsOff, HsFloats, HaloIters int64
+	// without a pool (regionTile): a block's columns are RH x RW regions of
+	// NS consecutive samples (NS > 1: whole small maps), their halos staged
+	// side by side (sample s's channel cc at plane s·CB + cc)
+	NS int64
 	// tensor-core weight gradient (conv_wgrad_tc.go)
 	wgradTC
 }
@@ -332,6 +336,13 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	if e.prec.tensor() {
 		d.gemmTile = tcTile(g.O)
 	}
+	// a tensor-core block without a pool tiles output regions of its
+	// samples when it can stage their halo (outputHalo)
+	regions := e.prec.tensor() && outputHalo(g, e.arch)
+	if regions {
+		d.regionTile()
+		d.gemmTile = d.regionGemmTile(e.sms)
+	}
 	if d.T != d.BN || d.T%d.BM != 0 {
 		return fmt.Errorf("codegen: %s: tile %+v: the forward kernel needs one thread per column and whole weight rows", n.Text(), d.gemmTile)
 	}
@@ -363,6 +374,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		d.NTotal = g.B * g.HWO
 		grid[0] = uint32((d.NTotal + d.BN - 1) / d.BN)
 	}
+	d.NS = max(d.NS, 1)
 	sharedBytes := d.SharedFloats * 4
 	family := "conv_block_fwd"
 	if e.prec.tensor() {
@@ -386,6 +398,12 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 				d.TCUnroll = 2
 			}
 		}
+	}
+	switch {
+	case d.Halo && !g.Pool:
+		grid[0] = uint32(divUp(g.B, d.NS) * d.TilesPerSample)
+	case regions: // the halo did not fit: the columns are gathered, B·HO·WO of them in order
+		d.RH, d.RW, d.NS, d.TilesW, d.TilesPerSample = 0, 0, 1, 0, 0
 	}
 	if sharedBytes > maxStaticShared {
 		return fmt.Errorf("codegen: %s: the conv tile needs %d bytes of shared memory", n.Text(), sharedBytes)
@@ -446,6 +464,59 @@ func (d *convData) weightLoad() {
 	d.WPT = d.WMJ * d.WRJ
 }
 
+// outputHalo says whether a tensor-core forward block without a pool
+// tiles regions of its samples' outputs and stages their input halo: f32
+// inputs (u8 and augmented images are converted in the gathers), kernels of
+// at most 32 taps (one chunk holds whole kernels: the tile's BK limit) and
+// not on sm_80, as for the pooled blocks (haloTile).
+func outputHalo(g *convGeom, arch string) bool {
+	return !g.Pool && !g.U8 && g.Aug == nil && g.KHKW <= 32 && arch != "sm_80"
+}
+
+// regionTile picks the output region of a forward block without a pool:
+// RH x RW conv outputs of each of NS samples within the 64 columns (the
+// tiles' BN), NS > 1 only when a region is a whole output map (small maps,
+// 8x8 and under: the block covers several samples). It wastes the fewest
+// columns over the batch's grid, then reads the fewest halo pixels per
+// output.
+func (d *convData) regionTile() {
+	g := d.convGeom
+	const bn = 64
+	bestCols, bestHalo := int64(-1), int64(0)
+	for rw := min(g.WO, bn); rw >= 1; rw-- {
+		rh := min(g.HO, bn/rw)
+		ns := int64(1)
+		if rh == g.HO && rw == g.WO {
+			ns = min(g.B, bn/g.HWO)
+		}
+		perSample := divUp(g.HO, rh) * divUp(g.WO, rw)
+		cols := divUp(g.B, ns) * perSample * bn
+		halo := ((rh-1)*g.SH + g.KH) * ((rw-1)*g.SW + g.KW) * 1024 / (rh * rw) // per output, in 1/1024ths
+		if bestCols < 0 || cols < bestCols || cols == bestCols && halo < bestHalo {
+			bestCols, bestHalo = cols, halo
+			d.RH, d.RW, d.NS, d.TilesW, d.TilesPerSample = rh, rw, ns, divUp(g.WO, rw), perSample
+		}
+	}
+}
+
+// regionGemmTile is the tile of a forward block over output regions: at
+// most 32 rows (a 64-row tile keeps 64 accumulators a thread: 4 blocks and
+// 8 warps an SM), halved down to 16 while the grid would not put
+// fillWarpsPerSM warps on each of sms SMs (small maps at small batches:
+// more row tiles, each staging the region's halo again from L2).
+func (d *convData) regionGemmTile(sms int64) gemmTile {
+	g := d.convGeom
+	tile := tcTile(min(g.O, 32))
+	if sms <= 0 {
+		return tile
+	}
+	regions := divUp(g.B, d.NS) * d.TilesPerSample
+	for tile.BM > 16 && regions*divUp(g.O, tile.BM) < fillBlocks(sms, tile.T) {
+		tile = tcTile(tile.BM / 2)
+	}
+	return tile
+}
+
 // haloTile lays out the input halo of a tensor-core pooled forward block
 // and returns the block's shared bytes with it, or 0 when the block
 // gathers its im2col columns from global memory instead (u8 or augmented
@@ -461,15 +532,16 @@ func (d *convData) weightLoad() {
 // it stages.
 func (d *convData) haloTile() int64 {
 	g := d.convGeom
-	if !g.Pool || g.U8 || g.Aug != nil || d.KHC != g.KH || d.TC == nil {
+	if d.RH == 0 || g.U8 || g.Aug != nil || d.KHC != g.KH || d.TC == nil {
 		return 0
 	}
+	d.NS = max(d.NS, 1)
 	d.HR, d.HC = (d.RH-1)*g.SH+g.KH, (d.RW-1)*g.SW+g.KW
 	d.HS = haloStride(d.HC, d.RH*d.RW, d.RW, g.SH, g.SW)
 	d.HP = d.HR * d.HS
-	d.HsFloats = roundUp(d.CB*d.HP, 4)
+	d.HsFloats = roundUp(d.NS*d.CB*d.HP, 4)
 	d.HsOff = roundUp(d.TCRows*(d.WS+d.XLD)*d.TC.Elem, 16) / 4
-	d.HaloIters = divUp(d.CB*d.HR*d.HC, d.T)
+	d.HaloIters = divUp(d.NS*d.CB*d.HR*d.HC, d.T)
 	return max(4*(d.HsOff+2*d.HsFloats), d.epilogueFloats()*4) + tcAlignSlack
 }
 

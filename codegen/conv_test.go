@@ -176,6 +176,46 @@ func TestConvBlockForwardTensorCores(t *testing.T) {
 	}
 }
 
+// regionCases are forward blocks without a pool that tile output regions
+// and stage their input halo on tensor cores: odd maps, padding, stride 2,
+// 1x1 kernels (plain and strided), channel counts that leave a partial
+// chunk (C past a multiple of CB) and a partial row tile (O past 16 or
+// 32), maps small enough that a block covers several samples (4x4 and 3x5:
+// 4 samples, so that batch 5 leaves a block with one) and maps split into
+// several regions (11x13, 20x19 strided).
+var regionCases = []convCase{
+	{C: 5, H: 9, W: 7, Out: 20, K: k3, S: s1, P: p1, Bias: true, ReLU: true},
+	{C: 7, H: 11, W: 13, Out: 40, K: k3, S: s2, P: p1, Bias: true},
+	{C: 33, H: 4, W: 4, Out: 16, K: k1, S: s1, P: p0, ReLU: true},
+	{C: 6, H: 8, W: 8, Out: 24, K: k3, S: s1, P: p1, Bias: true, ReLU: true},
+	{C: 3, H: 3, W: 5, Out: 17, K: k3, S: s1, P: p1},
+	{C: 10, H: 20, W: 19, Out: 8, K: k1, S: s2, P: p0, Bias: true},
+	{C: 9, H: 17, W: 15, Out: 12, K: k3, S: s1, P: p1, ReLU: true},
+}
+
+// The region-tiled tensor-core forward (regionCases) against the float64
+// reference, its outputs poisoned with NaN (kernelcheck), at batches 1 and
+// 5 (not a multiple of the samples a block covers), and staging the halo.
+func TestConvForwardRegionsTensorCores(t *testing.T) {
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		for _, batch := range []int64{1, 5} {
+			var checks []kernelCheck
+			var nodes []*ir.Node
+			for _, c := range regionCases {
+				n := kernelcases.ConvForward(t, c)
+				nodes = append(nodes, n)
+				checks = append(checks, kernelCheck{name: c.String(), n: n})
+			}
+			prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: testSMs(prec)})
+			require.NoError(t, err)
+			for _, k := range prog.Kernels {
+				require.Contains(t, k.Text, "__pipeline_memcpy_async", "%s b%d: %s stages its halo", prec, batch, k.Name)
+			}
+			t.Logf("%s: worst relative error at batch %d: %.2e", prec, batch, runKernelChecksAt(t, prec, batch, checks))
+		}
+	}
+}
+
 func TestConvBlockGradInput(t *testing.T) {
 	for _, batch := range []int64{1, 3} {
 		var checks []kernelCheck
@@ -331,21 +371,22 @@ func TestConvPoolKernelsPtxas(t *testing.T) {
 	}
 }
 
-// At TF32 and BF16 the pooled forward kernels of f32 inputs whose kernel
-// fits one chunk stage their input halo by cp.async (the emulator cases of
+// At TF32 and BF16 the forward kernels of f32 inputs whose kernel fits one
+// chunk (pooled, or tiling output regions) stage their input halo by cp.async (the emulator cases of
 // TestConvBlockForwardTensorCores run that variant), the others gather
 // their columns from global memory; every forward kernel of the forward
 // and the realistic cases compiles for sm_80 and sm_90 without spills.
 func TestConvForwardTensorCoresPtxas(t *testing.T) {
 	nvcc.Require(t)
-	cases := append(append([]convCase{}, forwardCases...), realisticCases...)
+	cases := append(append(append([]convCase{}, forwardCases...), realisticCases...), regionCases...)
 	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
 		var nodes []*ir.Node
 		halo := map[string]bool{}
 		for _, c := range cases {
 			n := kernelcases.ConvForward(t, c)
 			nodes = append(nodes, n)
-			halo[n.Text()] = c.Pool != nil && !c.U8 && c.K[0]*c.K[1] <= 32
+			// pooled or not (output regions without a pool)
+			halo[n.Text()] = !c.U8 && c.K[0]*c.K[1] <= 32
 		}
 		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: prec, SMs: testSMs(prec)})
 		require.NoError(t, err)

@@ -32,6 +32,8 @@ func TestKernelsAreRaceFree(t *testing.T) {
 	require.NoError(t, err)
 	mnist, err := os.ReadFile("../examples/mnist.cnn")
 	require.NoError(t, err)
+	lenet, err := os.ReadFile("../examples/lenet5.cnn")
+	require.NoError(t, err)
 	for _, c := range []struct {
 		name  string
 		src   []byte
@@ -48,6 +50,9 @@ func TestKernelsAreRaceFree(t *testing.T) {
 		// also permute)
 		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.TF32},
 		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.BF16},
+		// convs without a fused pool (tanh between): the tensor-core forward
+		// over output regions, its halo staged by cp.async
+		{"lenet5.cnn", lenet, 3, plan.Config{}, codegen.TF32},
 	} {
 		t.Run(fmt.Sprintf("%s_b%d_mb%d_%s", c.name, c.batch, c.cfg.MicroBatch, c.prec), func(t *testing.T) {
 			checkRaceFree(t, c.name, c.src, c.batch, c.cfg, c.prec)
