@@ -18,6 +18,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -254,8 +255,8 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 		return st, err
 	}
 	ce := g.Loss.Def
-	if ce == nil || ce.Op != ir.OpSoftmaxCrossEntropy {
-		return st, fmt.Errorf("trainergen: the loss is not computed by softmax_cross_entropy")
+	if ce == nil || (ce.Op != ir.OpSoftmaxCrossEntropy && ce.Op != ops.LinearCrossEntropyOp) {
+		return st, fmt.Errorf("trainergen: the loss is not computed by softmax_cross_entropy or linear_cross_entropy")
 	}
 	if st.Loss, err = tensor(prog, ce.Outs[0], "loss", eval); err != nil {
 		return st, err
