@@ -265,12 +265,22 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 		return st, err
 	}
 	if eval { // evaluation reuses no buffer: its logits stay readable after it runs
-		if st.Logits, err = tensor(prog, ce.Ins[0], "logits", eval); err != nil {
+		if st.Logits, err = tensor(prog, lossLogits(ce), "logits", eval); err != nil {
 			return st, err
 		}
 	}
 	st.Launches, err = stepLaunches(prog, eval, launchPlace, place)
 	return st, err
+}
+
+// lossLogits is the logits the loss node ce reads: softmax_cross_entropy's
+// first input, or the classifier tail's (linear_cross_entropy's) second
+// output — its first input is the last linear layer's input.
+func lossLogits(ce *ir.Node) *ir.Value {
+	if ce.Op == ops.LinearCrossEntropyOp {
+		return ce.Outs[1]
+	}
+	return ce.Ins[0]
 }
 
 // stepLaunches are prog's launches with their arguments placed.
