@@ -376,6 +376,7 @@ func (f *fuser) linearCrossEntropy(n *ir.Node) *ir.Node {
 	t := g.NewNode(ops.LinearCrossEntropyOp, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
 	t.Attrs = a
 	t.Outs[0].Role, t.Outs[0].Pos = ir.RoleLoss, ce.Out().Pos
+	t.Outs[2].Pos = ce.Out().Pos // the correct count is the loss's, as softmax_cross_entropy's
 	k := 3
 	if a.InputGrad {
 		t.Outs[3].Role = ir.RoleActGrad

@@ -43,7 +43,10 @@ func linearCrossEntropy(e codegen.Emitter, n *ir.Node) error {
 		args = append(args, buf(n.Outs[3]))
 		k = 4
 	}
-	doc := fmt.Sprintf("the classifier tail: logits of [%d] -> [%d] over a batch of %d, softmax cross-entropy (smoothing %g)", in, out, b, eps)
+	doc := fmt.Sprintf("the classifier tail: logits of [%d] -> [%d] over a batch of %d, softmax cross-entropy", in, out, b)
+	if eps != 0 {
+		doc += fmt.Sprintf(" with label smoothing %g", eps) // as softmax_cross_entropy's and the CUDA tail's
+	}
 	if e.Eval() {
 		doc += " (evaluation: no gradient, no update)"
 	} else {

@@ -548,9 +548,12 @@ extern "C" __global__ void __launch_bounds__(480) linear_block_reduce_b32_out128
 //      w, w+8, ..., the logits' gradient replacing the logits in dl (rows past `valid`: 0);
 //   3. dW[o,i] = Σ_r dl[r,o]·x[r,i] (r in order; x read from device memory, column i by thread i), dB[o] = Σ_r dl[r,o], fed to the update;
 //   4. dX[r,i] = Σ_o dl[r,o]·W[o,i] (o in order), from ws: the old W.
+// The launch is this one block: __launch_bounds__(256, 1) lets ptxas use the registers that
+// one resident block allows (with (256) alone it aimed at 8 blocks an SM, 32 registers, and
+// spilled on sm_90 with a ReLU mask).
 // FP32 FMA throughout: the three products are 122880 multiply-adds, latency-bound; tensor cores
 // would not shorten them, and FP32 keeps the tail at least as close to the reference as TF32.
-extern "C" __global__ void __launch_bounds__(256) linear_cross_entropy_b32_in128_out10_bias_dx_sgd_mom0p9(const float* __restrict__ x, float* __restrict__ w, float* __restrict__ bias, const int* __restrict__ label, float* __restrict__ loss, float* __restrict__ logits, float* __restrict__ correct, float* __restrict__ dx, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars, long long first) {
+extern "C" __global__ void __launch_bounds__(256, 1) linear_cross_entropy_b32_in128_out10_bias_dx_sgd_mom0p9(const float* __restrict__ x, float* __restrict__ w, float* __restrict__ bias, const int* __restrict__ label, float* __restrict__ loss, float* __restrict__ logits, float* __restrict__ correct, float* __restrict__ dx, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars, long long first) {
     __shared__ float ws[10 * (128 + 1)];  // W
     __shared__ float dl[32 * 10];      // the logits, then their gradient
     __shared__ float red[16];                         // the warps' loss sums, then their correct counts
@@ -640,6 +643,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_cross_entropy_b32_in128
             float acc[10];
 #pragma unroll
             for (int j = 0; j < 10; j++) acc[j] = 0.0f;
+            // unrolled 4 deep: fully unrolled (32), the loop took sm_80's 255 registers and spilled
+#pragma unroll 4
             for (int r = 0; r < 32; r++) {
                 const float xv = x[(int)r * 128 + i];
 #pragma unroll

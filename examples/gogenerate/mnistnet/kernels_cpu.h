@@ -99,7 +99,7 @@ struct linear_fwd_b32_in784_out64_64d41ae8_g {
 };
 CNNC_CPU_KERNEL(linear_fwd_b32_in784_out64_64d41ae8, 4, LinFwd<linear_fwd_b32_in784_out64_64d41ae8_g, NoActF>)
 
-// linear_cross_entropy_b32_in64_out10_8bdc5ba7: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy (smoothing 0), dW, dB, dX (masked by x > 0); then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
+// linear_cross_entropy_b32_in64_out10_8bdc5ba7: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy, dW, dB, dX (masked by x > 0); then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
 struct linear_cross_entropy_b32_in64_out10_8bdc5ba7_g {
   static constexpr long B = 32;
   static constexpr long IN = 64;
@@ -433,7 +433,7 @@ struct conv_wgrad_reduce_o8_k9_s32_update_15c70197_o {
 };
 CNNC_CPU_KERNEL(conv_wgrad_reduce_o8_k9_s32_update_15c70197, 6, ConvWgradReduce<conv_wgrad_reduce_o8_k9_s32_update_15c70197_g, conv_wgrad_reduce_o8_k9_s32_update_15c70197_o>)
 
-// linear_cross_entropy_b32_in64_out10_24a3db25: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy (smoothing 0) (evaluation: no gradient, no update), dB.
+// linear_cross_entropy_b32_in64_out10_24a3db25: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy (evaluation: no gradient, no update), dB.
 struct linear_cross_entropy_b32_in64_out10_24a3db25_g {
   static constexpr long B = 32;
   static constexpr long IN = 64;

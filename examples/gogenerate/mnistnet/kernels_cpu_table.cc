@@ -2,9 +2,9 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_ddd5db033a95d038_sse2_impl[14];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_ddd5db033a95d038_avx2_impl[14];
-namespace cnnc_cpu_ddd5db033a95d038_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_402b0fc6fc7a0b80_sse2_impl[14];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_402b0fc6fc7a0b80_avx2_impl[14];
+namespace cnnc_cpu_402b0fc6fc7a0b80_table {
 const char* const names[] = {
     "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
     "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
@@ -22,9 +22,9 @@ const char* const names[] = {
     "linear_cross_entropy_b32_in64_out10_24a3db25",
 };
 const int32_t nparams[] = {5, 5, 4, 12, 4, 7, 4, 3, 6, 5, 6, 4, 6, 9};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "a63cc401a8bd12af2bbc9b18bc8c5693016d8a1d995278320d3db2d518131ecc", 14, names, nparams, {cnnc_cpu_ddd5db033a95d038_sse2_impl, cnnc_cpu_ddd5db033a95d038_avx2_impl}};
-}  // namespace cnnc_cpu_ddd5db033a95d038_table
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "17b4c77cc8b6dbebb7f13090a39e4ab9a7f78c61f5211b36468d506873636135", 14, names, nparams, {cnnc_cpu_402b0fc6fc7a0b80_sse2_impl, cnnc_cpu_402b0fc6fc7a0b80_avx2_impl}};
+}  // namespace cnnc_cpu_402b0fc6fc7a0b80_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_ddd5db033a95d038(void) {
-  return &cnnc_cpu_ddd5db033a95d038_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_402b0fc6fc7a0b80(void) {
+  return &cnnc_cpu_402b0fc6fc7a0b80_table::library;
 }

@@ -60,8 +60,8 @@ var Spec = &trainer.Spec{
 		}},
 		Logits: trainer.Tensor{
 			Name:   "logits",
-			Offset: 757504,
-			Shape:  []int64{32, 64},
+			Offset: 772096,
+			Shape:  []int64{32, 10},
 		},
 		Loss: trainer.Tensor{
 			Name:   "loss",
