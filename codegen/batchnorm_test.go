@@ -77,7 +77,8 @@ func bnReLUNodes(t *testing.T, path string) (*compiler.Result, []*ir.Node) {
 		case n.Op == ir.OpReLU:
 			t.Fatalf("%s: a ReLU after batch norm is not folded", n.Text())
 		}
-		maskout = maskout || (n.Op == ir.OpLinearBlockGradInput && n.Attrs.MaskOut)
+		// the logits' input gradient: linear_cross_entropy's dX (the classifier tail) or a linear block's
+		maskout = maskout || ((n.Op == ir.OpLinearBlockGradInput || n.Op == ops.LinearCrossEntropyOp) && n.Attrs.MaskOut)
 	}
 	require.Len(t, nodes, 3, "bn and bf with their ReLUs, bn's mask")
 	require.True(t, maskout, "the logits' input gradient applies bf's ReLU mask")

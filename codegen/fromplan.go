@@ -131,9 +131,10 @@ func (w *planWalk) addStep(s *plan.Step, iter int, first, samples int64, zero []
 		// a data-parallel rank computes its rows of the global batch as
 		// one micro-batch: the loss and logits' gradient scaled by the
 		// global batch (the scalar block's valid), the loss and correct
-		// count added to zeroed scalars (summed across ranks after)
+		// count — and the classifier tail's weight gradients — added to
+		// zeroed buffers (summed across ranks after)
 		accumulate = true
-		zero = append(append([]*ir.Value{}, zero...), n.Outs[0], n.Outs[2])
+		zero = append(append([]*ir.Value{}, zero...), accumulatedOuts(n)...)
 	}
 	if s.Loop >= 0 {
 		// the loss and correct count are summed over micro-batches
@@ -148,6 +149,20 @@ func (w *planWalk) addStep(s *plan.Step, iter int, first, samples int64, zero []
 	w.items = append(w.items, genItem{node: n, batch: samples, zero: zero, accumulate: accumulate})
 	w.at = append(w.at, stepPlace{step: s.Index, iter: iter, first: first})
 	return nil
+}
+
+// accumulatedOuts are the outputs node n adds to when it accumulates
+// (genItem.accumulate): its unbatched ones — softmax_cross_entropy's loss
+// and correct count, linear_cross_entropy's and its dW, dB? too — but not
+// a batched one (the logits, their gradient, dX), which it writes.
+func accumulatedOuts(n *ir.Node) []*ir.Value {
+	var out []*ir.Value
+	for _, v := range n.Outs {
+		if !v.Type.Batched {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // addViews adds the views v is read through, each once, before its reader.

@@ -19,7 +19,9 @@ import (
 
 // gemmShaped reports whether a kernel family is a GEMM: the linear blocks'
 // main kernels and the conv blocks' implicit GEMMs (not the split-K
-// reductions, updates, pools, losses).
+// reductions, updates, pools, losses, nor the classifier tail,
+// linear_cross_entropy, whose few products run on FP32 FFMA by design:
+// see templates/linear_ce.cu.tmpl).
 func gemmShaped(family string) bool {
 	switch strings.TrimSuffix(family, "_tc") {
 	case "linear_gemm", "conv_block_fwd", "conv_block_dgrad", "conv_block_wgrad":

@@ -25,9 +25,12 @@ import (
 // activation whose gradient reads its input has the block also write the
 // pre-activation output),
 // cross_entropy one softmax_cross_entropy that also writes the logits'
-// gradient, batch norm's normalisation [-> relu or another pointwise
-// activation] one normalisation with the activation folded in (Attrs.ReLU,
-// Attrs.Act; its statistics stay a node of their own). Images arrive as uint8 HWC, converted inside conv loads (or by
+// gradient — or, in a training graph, the last linear layer and the
+// cross_entropy reading it one linear_cross_entropy when one block holds
+// it (the whole tail, its backward and its update in one kernel; see
+// linearCrossEntropy) — batch norm's normalisation [-> relu or another
+// pointwise activation] one normalisation with the activation folded in
+// (Attrs.ReLU, Attrs.Act; its statistics stay a node of their own). Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
 //
 // Backward: derived again over the fused forward graph by autodiff's
@@ -161,7 +164,9 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 			out = f.convBlock(n)
 		}
 	case n.Op == ir.OpLinear:
-		out = f.linearBlock(n)
+		if out = f.linearCrossEntropy(n); out == nil {
+			out = f.linearBlock(n)
+		}
 	case n.Op == ops.BatchNorm2D || n.Op == ops.BatchNorm1D:
 		out = f.batchNormReLU(n)
 	case n.Op == ir.OpCrossEntropy:
@@ -349,6 +354,94 @@ func (f *fuser) onlyPointwise(v *ir.Value) *ir.Node {
 		return f.only(v, rs[0].Op)
 	}
 	return nil
+}
+
+// linearCrossEntropy fuses the classifier tail — a linear layer whose
+// only reader is the cross_entropy loss — into one linear_cross_entropy
+// node of the training graph: the logits, the loss, the correct count, the
+// input gradient and the weight gradient with the update fused, in one
+// single-block kernel (compiler/ops/linear_cross_entropy.go). Only when
+// the layer is small enough for one block (ops.LinearCrossEntropyFits at
+// the step's batch) and does not read the image; evaluation and inference
+// graphs keep linear_block and softmax_cross_entropy. With gradient
+// clipping the node writes dW and dB (the updates follow the norm); a
+// data-parallel rank or a micro-batch loop gets that form from the
+// planner's splitUpdate, as any weight gradient's.
+func (f *fuser) linearCrossEntropy(n *ir.Node) *ir.Node {
+	g := f.g
+	ce := f.only(n.Out(), ir.OpCrossEntropy)
+	if g.ForwardOnly() || ce == nil || n.Ins[0] == f.image || len(n.Ins[1].Type.Dims) != 2 {
+		return nil
+	}
+	w := n.Ins[1].Type
+	if !ops.LinearCrossEntropyFits(f.ctx.Train.Batch, w.Dims[1], w.Dims[0]) {
+		return nil
+	}
+	a := ir.Attrs{Out: n.Attrs.Out, Bias: len(n.Ins) > 2, Smoothing: ce.Attrs.Smoothing, InputGrad: needsGrad(n.Ins[0])}
+	x := f.val(n.Ins[0])
+	ins := append([]*ir.Value{x}, n.Ins[1:]...)
+	ins = append(ins, f.val(ce.Ins[1]))
+	outs := []string{ce.Out().Name, n.Out().Name, ce.Name + ".correct"}
+	if a.InputGrad {
+		outs = append(outs, n.Ins[0].Name+".grad")
+	}
+	params := n.Ins[1:]
+	if g.ClipGradNorm > 0 {
+		// clipping reads every gradient before any update: the tail writes them
+		for _, p := range params {
+			outs = append(outs, p.Name+".grad")
+		}
+	} else {
+		a.Opt = g.Opt
+		ins = append(ins, params...)
+		for _, p := range params {
+			ins = append(ins, p.Param.State...)
+		}
+	}
+	t := g.NewNode(ops.LinearCrossEntropyOp, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
+	t.Attrs = a
+	t.Outs[0].Role, t.Outs[0].Pos = ir.RoleLoss, ce.Out().Pos
+	t.Outs[2].Pos = ce.Out().Pos // the correct count is the loss's, as softmax_cross_entropy's
+	k := 3
+	if a.InputGrad {
+		t.Outs[3].Role = ir.RoleActGrad
+		k = 4
+	}
+	for i, p := range params {
+		if g.ClipGradNorm > 0 {
+			t.Outs[k+i].Role, t.Outs[k+i].Param = ir.RoleGrad, p.Param
+		}
+	}
+	f.absorbed[ce] = true
+	f.repl[n.Out()], f.repl[ce.Out()] = t.Outs[1], t.Outs[0]
+	g.Loss, g.Logits = t.Outs[0], t.Outs[1]
+	return t
+}
+
+// needsGrad says whether a gradient flows into v: some parameter lies
+// upstream of it.
+func needsGrad(v *ir.Value) bool {
+	seen := map[*ir.Value]bool{}
+	var walk func(v *ir.Value) bool
+	walk = func(v *ir.Value) bool {
+		if v == nil || seen[v] {
+			return false
+		}
+		seen[v] = true
+		if v.Role == ir.RoleParam {
+			return true
+		}
+		if v.Def == nil {
+			return false
+		}
+		for _, in := range v.Def.Ins {
+			if walk(in) {
+				return true
+			}
+		}
+		return false
+	}
+	return walk(v)
 }
 
 // batchNormReLU copies batch norm's normalisation n, with a ReLU that is

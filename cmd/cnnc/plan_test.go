@@ -23,7 +23,8 @@ func TestPlanReport(t *testing.T) {
 		"memory_budget at ../../examples/simplecnn.cnn:19:21): fits",
 		"Memory by category",
 		"optimizer state    14,771,624 B   14.77 MB",
-		"Live at the peak (step 7: linear_block_grad_input fc1)",
+		"Live at the peak (step 4: linear_block_grad_input fc1)", // fc2 and the loss: one step, the classifier tail
+		"forward   linear_cross_entropy      fc2",
 		"pool1.grad over pool1",
 		"split updates  conv2",
 		"../../examples/simplecnn.cnn:4:13", // a tensor's DSL position

@@ -280,6 +280,19 @@ func TestDirectConvTasksOfSeveralPlanes(t *testing.T) {
 	assert.Equal(t, []uint32{27, 18, 18}, []uint32{prog.Launches[0].Grid[0], prog.Launches[1].Grid[0], prog.Launches[2].Grid[0]})
 }
 
+// The classifier tail (kernelcases.LinearCrossEntropyChecks: logits, loss, correct count, input
+// gradient with and without its mask, weight and bias gradients written or fed to each
+// optimizer) at batches 1, 3 and 37. Tolerance: each sum runs in order in fp32 over at most
+// K = 700 products of values in [-1, 1) (the logits; dW over ≤ 37 rows, dX over ≤ 33 classes):
+// at most K·2^-24 ≈ 4.2e-5 of the magnitudes' sum, about 4·sqrt(K)·2^-24 ≈ 6.3e-6 of it for random
+// signs; the loss adds a few ulp of expf and logf per row.
+func TestLinearCrossEntropyKernels(t *testing.T) {
+	for bi, batch := range []int64{1, 3, 37} {
+		worst := checkCases(t, batch, 51+uint64(bi), kernelcases.LinearCrossEntropyChecks(t))
+		assert.Less(t, worst, kernelcheck.Tolerance)
+	}
+}
+
 // The conv2d -> tanh -> avgpool2d block's kernels (kernelcases.ConvPoolCases: forward with and
 // without the saved tanh output, input gradient, weight gradient reading t or recomputing it),
 // at batches 1 and 3.

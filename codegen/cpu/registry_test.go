@@ -32,19 +32,26 @@ func TestRegistryOpsHaveCPURulesOrAreRefused(t *testing.T) {
 
 // Label smoothing and grouped, depthwise and dilated convolutions generate on the CPU target:
 // the loss kernel carries the smoothing (its values are TestSmoothedLossKernels'), the convs run
-// the direct kernels.
+// the direct kernels. At batch 4 the loss kernel is the classifier tail (f and the loss fuse into
+// linear_cross_entropy); at batch 256 the tail does not pay (3·B·out·in past
+// ops.MaxLinearCrossEntropyMACs) and softmax_cross_entropy carries it.
 func TestSmoothingAndDirectConvsGenerate(t *testing.T) {
 	src := "model M(image: f32[4,6,6], label: class[3]) {\n  d = conv2d(image, out=4, kernel=3, groups=4, dilation=2, padding=2)\n  f = linear(flatten(d), out=3)\n  loss = cross_entropy(f, label, label_smoothing=0.1)\n}\n"
-	res, err := compiler.CompileSource("m.cnn", []byte(src), compiler.Options{Batch: 4})
-	require.NoError(t, err)
-	prog, err := cpu.Generate(res.Graph, codegen.Options{Batch: 4})
-	require.NoError(t, err)
-	families := map[string]bool{}
-	for _, k := range prog.Kernels {
-		families[k.Family] = true
+	for batch, loss := range map[int64]string{4: "linear_cross_entropy", 256: "softmax_cross_entropy"} {
+		res, err := compiler.CompileSource("m.cnn", []byte(src), compiler.Options{Batch: batch})
+		require.NoError(t, err)
+		prog, err := cpu.Generate(res.Graph, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		families := map[string]bool{}
+		for _, k := range prog.Kernels {
+			families[k.Family] = true
+			if k.Family == loss {
+				assert.Contains(t, k.Text, "label smoothing 0.1", "batch %d: %s", batch, k.Name)
+			}
+		}
+		for _, f := range []string{"direct_conv_fwd", "direct_conv_wgrad", "direct_conv_bgrad", loss} {
+			assert.True(t, families[f], "batch %d: no %s kernel in %v", batch, f, families)
+		}
+		assert.Contains(t, string(prog.Source), "label smoothing 0.1")
 	}
-	for _, f := range []string{"direct_conv_fwd", "direct_conv_wgrad", "direct_conv_bgrad", "softmax_cross_entropy"} {
-		assert.True(t, families[f], "no %s kernel in %v", f, families)
-	}
-	assert.Contains(t, string(prog.Source), "label smoothing 0.1")
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cnnc/cnnc/runtime/kernelarg"
 	"math"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
@@ -168,6 +169,10 @@ func compare(r *Report, name string, t ir.Type, got, want []float64) error {
 func RandomInputs(n *ir.Node, batch int64, rng *rand.Rand) [][]float64 {
 	ins := make([][]float64, len(n.Ins))
 	for i, v := range n.Ins {
+		if j := slices.Index(n.Ins[:i], v); j >= 0 {
+			ins[i] = ins[j] // a value listed twice (a tail's parameters, read and updated) is one buffer
+			continue
+		}
 		t := v.Type
 		vals := make([]float64, t.Elems(batch))
 		for j := range vals {
@@ -269,6 +274,10 @@ func NodeSlice(dev device.Device, prog *codegen.Program, n *ir.Node, ins [][]flo
 	// the reference, on copies (updates work in place)
 	refIns := make([][]float64, len(ins))
 	for i := range ins {
+		if j := slices.Index(n.Ins[:i], n.Ins[i]); j >= 0 {
+			refIns[i] = refIns[j] // one value listed twice: one copy, which the update changes
+			continue
+		}
 		refIns[i] = append([]float64(nil), ins[i]...)
 	}
 	want, err := reference.RunNodeSlice(n, refIns, int(batch), o, sl)

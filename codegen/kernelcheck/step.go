@@ -9,6 +9,7 @@ import (
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/runtime/device"
 )
@@ -127,7 +128,7 @@ func Step(dev device.Device, prog *codegen.Program, g *ir.Graph, seed uint64, ba
 	}
 	var correct *ir.Value
 	for _, n := range g.Nodes {
-		if n.Op == ir.OpSoftmaxCrossEntropy {
+		if n.Op == ir.OpSoftmaxCrossEntropy || n.Op == ops.LinearCrossEntropyOp {
 			correct = n.Outs[2]
 		}
 	}

@@ -538,94 +538,59 @@ extern "C" __global__ void __launch_bounds__(32) linear_block_reduce_b32_out64_s
     }
 }
 
-// linear_block_b32_in64_out10_bias: linear block forward: y[32,10] = x[32,64]·Wᵀ + bias.
-// Tiled GEMM: C(m,n) = sum over k of A(m,k)·B(k,n), M=32 N=10 K=64, A [M][K], B [N][K].
-// 256 threads compute a 32x16 tile from 16-deep slices of A and B staged in shared
-// memory; each thread keeps 2x1 accumulators in registers (rows ty+16i, columns
-// tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
-// fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256, 1) linear_block_b32_in64_out10_bias(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y) {
-    CNNC_DYNAMIC_SHARED(float, smem);
-    float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
-    float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(16+1) + nn
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const int m0 = (int)blockIdx.y * 32, n0 = (int)blockIdx.x * 16;
-    const int kBegin = 0, kEnd = 64;
-    float acc[2][1];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 1; j++) acc[i][j] = 0.0f;
-    for (int k0 = kBegin; k0 < kEnd; k0 += 16) {
-        for (int t = threadIdx.x; t < 32 * 16; t += 256) {
-            const int kk = t % 16, mm = t / 16;  // consecutive threads read consecutive k
-            const int m = m0 + mm, k = k0 + kk;
-            float v = 0.0f;
-            if (m < 32 && k < kEnd) {
-                const int at = m * 64 + k;
-                v = x[at];
-            }
-            As[kk * (32 + 1) + mm] = v;
-        }
-        for (int t = threadIdx.x; t < 16 * 16; t += 256) {
-            const int kk = t % 16, nn = t / 16;  // consecutive threads read consecutive k
-            const int n = n0 + nn, k = k0 + kk;
-            Bs[kk * (16 + 1) + nn] = n < 10 && k < kEnd ? w[n * 64 + k] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < 16; kk++) {
-            float aFrag[2], bFrag[1];
-#pragma unroll
-            for (int i = 0; i < 2; i++) aFrag[i] = As[kk * (32 + 1) + ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < 1; j++) bFrag[j] = Bs[kk * (16 + 1) + tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 1; j++) acc[i][j] += aFrag[i] * bFrag[j];
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int m = m0 + ty + 16 * i;
-        if (m >= 32) continue;
-#pragma unroll
-        for (int j = 0; j < 1; j++) {
-            const int n = n0 + tx + 16 * j;
-            if (n >= 10) continue;
-            const int at = m * 10 + n;
-            float v = acc[i][j];
-            v += bias[n];
-            y[at] = v;
-        }
-    }
-}
-
-// softmax_cross_entropy_b32_c10: softmax cross-entropy of 32 rows of 10 logits against int32 labels.
-// Only the first `valid` rows (from the step's scalar block) are real (a partial last batch is padded to 32): it writes
-// their mean loss, dlogits = (softmax - onehot(label)) / valid for them and 0 for the padding (so
-// the padding adds nothing to any gradient), and the number of real rows whose first maximal logit
-// is the label (as a float). One block: warp w handles rows w, w+8, ...
-// (warp-shuffle reductions in a fixed butterfly order), then thread 0 adds the 8 warps' sums in
-// order — no atomics, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256) softmax_cross_entropy_b32_c10(const float* __restrict__ logits, const int* __restrict__ label,
-        float* __restrict__ loss, float* __restrict__ dlogits, float* __restrict__ correct,
-        const CnncStepScalars* __restrict__ scalars, long long first) {
-    CNNC_DYNAMIC_SHARED(float, smem);  // [8] loss sums, then [8] correct counts
+// linear_cross_entropy_b32_in64_out10_bias_dx_maskout_sgd_mom0p9: the classifier tail: logits = x·Wᵀ + b of a batch of 32, [64] -> [10], their softmax cross-entropy (loss, correct count), dW = dlogitsᵀ·x, dB = the batch sum of dlogits, dX = dlogits·W masked by the producer's ReLU (x > 0); then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars, updating W and b in place.
+// One block of 256 threads (8 warps) does it all, so that W is in shared memory before any thread
+// updates it and every sum runs in a fixed order (bit-identical run to run):
+//   1. ws = W and, 32 rows at a time, xs = x (row strides 64+1: the threads of a warp
+//      read different rows' same column from different banks); the logits of the 32 rows,
+//      each a sequential FMA chain over the 64 inputs plus the bias, written to `logits` and
+//      kept in dl;
+//   2. the softmax cross-entropy of softmax_cross_entropy (templates/loss.cu.tmpl), warp w on rows
+//      w, w+8, ..., the logits' gradient replacing the logits in dl (rows past `valid`: 0);
+//   3. dW[o,i] = Σ_r dl[r,o]·x[r,i] (r in order; x read from device memory, column i by thread i), dB[o] = Σ_r dl[r,o], fed to the update;
+//   4. dX[r,i] = Σ_o dl[r,o]·W[o,i] (o in order), from ws: the old W, 0 where x <= 0.
+// The launch is this one block: __launch_bounds__(256, 1) lets ptxas use the registers that
+// one resident block allows (with (256) alone it aimed at 8 blocks an SM, 32 registers, and
+// spilled on sm_90 with a ReLU mask).
+// FP32 FMA throughout: the three products are 61440 multiply-adds, latency-bound; tensor cores
+// would not shorten them, and FP32 keeps the tail at least as close to the reference as TF32.
+extern "C" __global__ void __launch_bounds__(256, 1) linear_cross_entropy_b32_in64_out10_bias_dx_maskout_sgd_mom0p9(const float* __restrict__ x, float* __restrict__ w, float* __restrict__ bias, const int* __restrict__ label, float* __restrict__ loss, float* __restrict__ logits, float* __restrict__ correct, float* __restrict__ dx, float* __restrict__ w_momentum_buffer, float* __restrict__ bias_momentum_buffer, const CnncStepScalars* __restrict__ scalars, long long first) {
+    __shared__ float ws[10 * (64 + 1)];  // W
+    __shared__ float dl[32 * 10];      // the logits, then their gradient
+    __shared__ float red[16];                         // the warps' loss sums, then their correct counts
+    __shared__ float xs[32 * (64 + 1)];   // 32 rows of x at a time
     long long valid = scalars->valid;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const float lr = scalars->lr;
+    const long long step = scalars->step;
     if (valid < 1 || valid > 32) valid = 32;
     const int rows = (int)valid;
     const float invBatch = 1.0f / rows;
+    for (int e = threadIdx.x; e < 10 * 64; e += 256) ws[e / 64 * (64 + 1) + e % 64] = w[e];
+    for (int r0 = 0; r0 < 32; r0 += 32) {
+        // x's rows r0.. staged (coalesced, each read once), then their logits
+        const int rc = 32 - r0 < 32 ? 32 - r0 : 32;
+        __syncthreads();  // the previous chunk's readers are done (the first time: nothing)
+        for (int e = threadIdx.x; e < rc * 64; e += 256) xs[e / 64 * (64 + 1) + e % 64] = x[(int)r0 * 64 + e];
+        __syncthreads();
+        for (int e = threadIdx.x; e < rc * 10; e += 256) {
+            const int r = e / 10, o = e % 10;
+            const float* xr = xs + r * (64 + 1);
+            const float* wr = ws + o * (64 + 1);
+            float s = 0.0f;
+            for (int i = 0; i < 64; i++) s = fmaf(xr[i], wr[i], s);
+            s += bias[o];
+            dl[r0 * 10 + e] = s;
+            logits[(int)r0 * 10 + e] = s;
+        }
+    }
+    __syncthreads();
     float lossSum = 0.0f;
     int hits = 0;
     for (int r = rows + warp; r < 32; r += 8)
-        for (int c = lane; c < 10; c += 32) dlogits[(int)r * 10 + c] = 0.0f;
+        for (int c = lane; c < 10; c += 32) dl[r * 10 + c] = 0.0f;
     for (int r = warp; r < rows; r += 8) {
-        const float* row = logits + (int)r * 10;
-        // the maximum and its first index (the lowest index among equal maxima)
+        float* row = dl + r * 10;  // each lane reads and then overwrites its own classes only
         float best = 0.0f;
         int bestIdx = -1;
         for (int c = lane; c < 10; c += 32) {
@@ -645,189 +610,79 @@ extern "C" __global__ void __launch_bounds__(256) softmax_cross_entropy_b32_c10(
         const float lse = best + logf(sum);  // log-sum-exp, computed stably
         const int lab = label[r];
         const bool labelOK = lab >= 0 && lab < 10;
+        const float labelLogit = labelOK ? row[lab] : 0.0f;
+        __syncwarp();
         for (int c = lane; c < 10; c += 32) {
             float d = expf(row[c] - lse) * invBatch;
             if (c == lab) d -= invBatch;
-            dlogits[(int)r * 10 + c] = d;
+            row[c] = d;
         }
         if (lane == 0) {
-            lossSum += labelOK ? lse - row[lab] : __int_as_float(0x7fc00000);  // NaN for a label out of range
+            lossSum += labelOK ? lse - labelLogit : __int_as_float(0x7fc00000);  // NaN for a label out of range
             hits += bestIdx == lab;
         }
+        __syncwarp();
     }
     if (lane == 0) {
-        smem[warp] = lossSum;
-        smem[8 + warp] = (float)hits;
+        red[warp] = lossSum;
+        red[8 + warp] = (float)hits;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         float total = 0.0f, totalHits = 0.0f;
-        for (int w = 0; w < 8; w++) {
-            total += smem[w];
-            totalHits += smem[8 + w];
+        for (int v = 0; v < 8; v++) {
+            total += red[v];
+            totalHits += red[8 + v];
         }
         loss[0] = total * invBatch;
         correct[0] = totalHits;
     }
-}
-
-// linear_block_grad_input_b32_out10_in64_maskout: linear block input gradient: dX[32,64] = dY[32,10]·W, then masked by the producer's ReLU (x > 0).
-// Tiled GEMM: C(m,n) = sum over k of A(m,k)·B(k,n), M=32 N=64 K=10, A [M][K], B [K][N].
-// 256 threads compute a 32x64 tile from 16-deep slices of A and B staged in shared
-// memory; each thread keeps 2x4 accumulators in registers (rows ty+16i, columns
-// tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
-// fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_input_b32_out10_in64_maskout(const float* __restrict__ dy, const float* __restrict__ w, const float* xmask, float* dx) {
-    CNNC_DYNAMIC_SHARED(float, smem);
-    float* As = smem;                            // A(m0+mm, k0+kk) at kk*(32+1) + mm
-    float* Bs = smem + 16 * (32 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const int m0 = (int)blockIdx.y * 32, n0 = (int)blockIdx.x * 64;
-    const int kBegin = 0, kEnd = 10;
-    float acc[2][4];
+    // dW: thread t owns columns i = t, t+256, ... of 10 rows of W at a time, reading x's
+    // column once per chunk (coalesced across the warp), dl broadcast from shared memory
+    for (int i = threadIdx.x; i < 64; i += 256) {
+        for (int o0 = 0; o0 < 10; o0 += 10) {
+            float acc[10];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 10; j++) acc[j] = 0.0f;
+            // unrolled 4 deep: fully unrolled (32), the loop took sm_80's 255 registers and spilled
+#pragma unroll 4
+            for (int r = 0; r < 32; r++) {
+                const float xv = x[(int)r * 64 + i];
 #pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    for (int k0 = kBegin; k0 < kEnd; k0 += 16) {
-        for (int t = threadIdx.x; t < 32 * 16; t += 256) {
-            const int kk = t % 16, mm = t / 16;  // consecutive threads read consecutive k
-            const int m = m0 + mm, k = k0 + kk;
-            float v = 0.0f;
-            if (m < 32 && k < kEnd) {
-                const int at = m * 10 + k;
-                v = dy[at];
+                for (int j = 0; j < 10; j++)
+                    if (o0 + j < 10) acc[j] = fmaf(dl[r * 10 + o0 + j], xv, acc[j]);
             }
-            As[kk * (32 + 1) + mm] = v;
-        }
-        for (int t = threadIdx.x; t < 64 * 16; t += 256) {
-            const int nn = t % 64, kk = t / 64;  // consecutive threads read consecutive n
-            const int n = n0 + nn, k = k0 + kk;
-            Bs[kk * (64 + 1) + nn] = n < 64 && k < kEnd ? w[k * 64 + n] : 0.0f;
-        }
-        __syncthreads();
 #pragma unroll
-        for (int kk = 0; kk < 16; kk++) {
-            float aFrag[2], bFrag[4];
-#pragma unroll
-            for (int i = 0; i < 2; i++) aFrag[i] = As[kk * (32 + 1) + ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < 4; j++) bFrag[j] = Bs[kk * (64 + 1) + tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] += aFrag[i] * bFrag[j];
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int m = m0 + ty + 16 * i;
-        if (m >= 32) continue;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int n = n0 + tx + 16 * j;
-            if (n >= 64) continue;
-            const int at = m * 64 + n;
-            float v = acc[i][j];
-            if (!(xmask[at] > 0.0f)) v = 0.0f;  // the producer's ReLU mask, x > 0
-            dx[at] = v;
-        }
-    }
-}
-
-// linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9: linear block weight gradient: dW[10,64] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(momentum=0.9, nesterov=false, weight_decay=0), learning rate and step from the step's scalars, updating W and b in place.
-// Tiled GEMM: C(m,n) = sum over k of A(m,k)·B(k,n), M=10 N=64 K=32, A [K][M], B [K][N].
-// 256 threads compute a 16x64 tile from 16-deep slices of A and B staged in shared
-// memory; each thread keeps 1x4 accumulators in registers (rows ty+16i, columns
-// tx+16j, so shared reads are broadcasts or consecutive words). Each output's k sum runs in one
-// fixed order, so the result is the same bit for bit on every run.
-extern "C" __global__ void __launch_bounds__(256, 1) linear_block_grad_weight_b32_out10_in64_bias_sgd_mom0p9(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ w, float* __restrict__ b, float* __restrict__ w_momentum_buffer, float* __restrict__ b_momentum_buffer, const CnncStepScalars* __restrict__ scalars) {
-    CNNC_DYNAMIC_SHARED(float, smem);
-    float* As = smem;                            // A(m0+mm, k0+kk) at kk*(16+1) + mm
-    float* Bs = smem + 16 * (16 + 1);  // B(k0+kk, n0+nn) at kk*(64+1) + nn
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const int m0 = (int)blockIdx.y * 16, n0 = (int)blockIdx.x * 64;
-    const int kBegin = 0, kEnd = 32;
-    float acc[1][4];
-#pragma unroll
-    for (int i = 0; i < 1; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    // the bias gradient: the k sums of A's rows, kept by the blocks of column tile 0
-    float rowSum[1];
-#pragma unroll
-    for (int i = 0; i < 1; i++) rowSum[i] = 0.0f;
-    for (int k0 = kBegin; k0 < kEnd; k0 += 16) {
-        for (int t = threadIdx.x; t < 16 * 16; t += 256) {
-            const int mm = t % 16, kk = t / 16;  // consecutive threads read consecutive m
-            const int m = m0 + mm, k = k0 + kk;
-            float v = 0.0f;
-            if (m < 10 && k < kEnd) {
-                const int at = k * 10 + m;
-                v = dy[at];
-            }
-            As[kk * (16 + 1) + mm] = v;
-        }
-        for (int t = threadIdx.x; t < 64 * 16; t += 256) {
-            const int nn = t % 64, kk = t / 64;  // consecutive threads read consecutive n
-            const int n = n0 + nn, k = k0 + kk;
-            Bs[kk * (64 + 1) + nn] = n < 64 && k < kEnd ? x[k * 64 + n] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < 16; kk++) {
-            float aFrag[1], bFrag[4];
-#pragma unroll
-            for (int i = 0; i < 1; i++) aFrag[i] = As[kk * (16 + 1) + ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < 4; j++) bFrag[j] = Bs[kk * (64 + 1) + tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < 1; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] += aFrag[i] * bFrag[j];
-            if (blockIdx.x == 0) {
-#pragma unroll
-                for (int i = 0; i < 1; i++) rowSum[i] += aFrag[i];
-            }
-        }
-        __syncthreads();
-    }
-    const float lr = scalars->lr;
-    const long long step = scalars->step;
-#pragma unroll
-    for (int i = 0; i < 1; i++) {
-        const int m = m0 + ty + 16 * i;
-        if (m >= 10) continue;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int n = n0 + tx + 16 * j;
-            if (n >= 64) continue;
-            const int at = m * 64 + n;
-            float v = acc[i][j];
+            for (int j = 0; j < 10; j++) {
+                if (o0 + j >= 10) break;
+                const int e = (o0 + j) * 64 + i;
+                const float grad = acc[j];
             {
-                float g = v;
-                const float buf = step == 0 ? g : 0.9f * w_momentum_buffer[at] + g;  // the first step's buffer is the gradient
-                w_momentum_buffer[at] = buf;
+                float g = grad;
+                const float buf = step == 0 ? g : 0.9f * w_momentum_buffer[e] + g;  // the first step's buffer is the gradient
+                w_momentum_buffer[e] = buf;
                 g = buf;
-                w[at] -= lr * g;
+                w[e] -= lr * g;
+            }
             }
         }
     }
-    if (blockIdx.x == 0 && tx == 0) {
-#pragma unroll
-        for (int i = 0; i < 1; i++) {
-            const int m = m0 + ty + 16 * i;
-            if (m >= 10) continue;
-            const float v = rowSum[i];
+    for (int o = threadIdx.x; o < 10; o += 256) {
+        float grad = 0.0f;
+        for (int r = 0; r < 32; r++) grad += dl[r * 10 + o];
             {
-                float g = v;
-                const float buf = step == 0 ? g : 0.9f * b_momentum_buffer[m] + g;  // the first step's buffer is the gradient
-                b_momentum_buffer[m] = buf;
+                float g = grad;
+                const float buf = step == 0 ? g : 0.9f * bias_momentum_buffer[o] + g;  // the first step's buffer is the gradient
+                bias_momentum_buffer[o] = buf;
                 g = buf;
-                b[m] -= lr * g;
+                bias[o] -= lr * g;
             }
-        }
+    }
+    for (int e = threadIdx.x; e < 32 * 64; e += 256) {
+        const int r = e / 64, i = e % 64;
+        float s = 0.0f;
+        for (int o = 0; o < 10; o++) s = fmaf(dl[r * 10 + o], ws[o * (64 + 1) + i], s);
+        dx[(int)e] = x[(int)e] > 0.0f ? s : 0.0f;  // the mask of the ReLU that produced x
     }
 }
 

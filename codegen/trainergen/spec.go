@@ -18,6 +18,7 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
@@ -254,8 +255,8 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 		return st, err
 	}
 	ce := g.Loss.Def
-	if ce == nil || ce.Op != ir.OpSoftmaxCrossEntropy {
-		return st, fmt.Errorf("trainergen: the loss is not computed by softmax_cross_entropy")
+	if ce == nil || (ce.Op != ir.OpSoftmaxCrossEntropy && ce.Op != ops.LinearCrossEntropyOp) {
+		return st, fmt.Errorf("trainergen: the loss is not computed by softmax_cross_entropy or linear_cross_entropy")
 	}
 	if st.Loss, err = tensor(prog, ce.Outs[0], "loss", eval); err != nil {
 		return st, err
@@ -264,12 +265,22 @@ func buildStep(prog *codegen.Program, g *ir.Graph, eval bool, launchPlace func(*
 		return st, err
 	}
 	if eval { // evaluation reuses no buffer: its logits stay readable after it runs
-		if st.Logits, err = tensor(prog, ce.Ins[0], "logits", eval); err != nil {
+		if st.Logits, err = tensor(prog, lossLogits(ce), "logits", eval); err != nil {
 			return st, err
 		}
 	}
 	st.Launches, err = stepLaunches(prog, eval, launchPlace, place)
 	return st, err
+}
+
+// lossLogits is the logits the loss node ce reads: softmax_cross_entropy's
+// first input, or the classifier tail's (linear_cross_entropy's) second
+// output — its first input is the last linear layer's input.
+func lossLogits(ce *ir.Node) *ir.Value {
+	if ce.Op == ops.LinearCrossEntropyOp {
+		return ce.Outs[1]
+	}
+	return ce.Ins[0]
 }
 
 // stepLaunches are prog's launches with their arguments placed.

@@ -17,7 +17,10 @@ import "fmt"
 //	softmax_cross_entropy(logits, label)                 -> loss, dlogits, correct
 //
 // and conv2d_tanh_avgpool with its gradients, whose layouts its file
-// (compiler/ops/conv_tanh_pool.go) gives: x, w, b? -> pooled, t? forward.
+// (compiler/ops/conv_tanh_pool.go) gives: x, w, b? -> pooled, t? forward;
+// and the classifier tail (compiler/ops/linear_cross_entropy.go):
+//
+//	linear_cross_entropy(x, w, b?, label, [w, b?, state...]) -> loss, logits, correct, dX?, [dW, dB?]
 //
 // argmax is present iff the block has a pool epilogue; y (the block's saved
 // output, for the ReLU mask) iff relu && !masked, or, with an activation

@@ -352,6 +352,9 @@ type Attrs struct {
 	// tanh output, which its backward reads (its input needs a gradient);
 	// without it the backward recomputes the conv.
 	SaveAct bool
+	// InputGrad: a linear_cross_entropy tail also writes its input's
+	// gradient (the input needs one).
+	InputGrad bool
 
 	// Smoothing is cross_entropy's label smoothing ε in [0,1): the target
 	// is (1-ε)·onehot(label) + ε/classes, as PyTorch's label_smoothing.

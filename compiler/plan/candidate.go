@@ -939,12 +939,16 @@ func (c *candidate) stepFLOPs(a *analysis, s *pstep) int64 {
 }
 
 // hostReads says whether the host reads v after the step: the loss and the
-// correct count (or the logits, when no kernel counts); an inference
-// graph's logits.
+// correct count (or the logits, when no kernel counts), not the
+// gradients the loss kernel writes nor the classifier tail's logits; an
+// inference graph's logits.
 func hostReads(g *ir.Graph, v *ir.Value) bool {
 	if g.Infer {
 		return v == g.Logits
 	}
 	lossNode := g.Loss.Def
-	return v == g.Loss || (v.Def == lossNode && v.Role != ir.RoleActGrad) || (len(lossNode.Outs) == 1 && v == g.Logits)
+	if v.Def == lossNode && v == g.Logits {
+		return false // the classifier tail's logits: its kernel counts the correct ones
+	}
+	return v == g.Loss || (v.Def == lossNode && v.Role != ir.RoleActGrad && v.Role != ir.RoleGrad) || (len(lossNode.Outs) == 1 && v == g.Logits)
 }

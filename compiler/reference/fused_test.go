@@ -122,6 +122,24 @@ train { optimizer = sgd(lr=0.2, momentum=0.9) }
 }
 train { optimizer = sgd(lr=0.2, momentum=0.5) }
 `,
+		// the classifier tail on odd shapes (in 37, 7 classes): one
+		// linear_cross_entropy with its update fused, and with clipping
+		// (it writes dW, dB for the updates after the norm)
+		"classifier tail": `model C(image: f32[1,5,6], label: class[7]) {
+    h = linear(flatten(image), out=37)
+    o = linear(relu(h), out=7)
+    loss = cross_entropy(o, label, label_smoothing=0.1)
+}
+train { optimizer = sgd(lr=0.2, momentum=0.9, weight_decay=0.01) }
+`,
+		"classifier tail clipped": `model K(image: f32[1,5,6], label: class[7]) {
+    h = linear(flatten(image), out=37)
+    o = linear(relu(h), out=7, bias=false)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = adam(lr=0.01)
+        clip_grad_norm = 0.5 }
+`,
 	}
 	// every pointwise activation folded into batch norm (Attrs.Act): maps,
 	// affine, and features without affine (its gradient's z has no weight
@@ -162,6 +180,15 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) }
 				}
 			}
 			require.True(t, hasFused, fused.Text())
+			tails := 0
+			for _, n := range fused.Nodes {
+				assert.NotEqual(t, ir.OpSoftmaxCrossEntropy, n.Op, "the classifier tail is one linear_cross_entropy: %s", n.Text())
+				if n.Op == ops.LinearCrossEntropyOp {
+					tails++
+					assert.Equal(t, name == "classifier tail clipped", n.Attrs.Opt == nil, n.Text())
+				}
+			}
+			assert.Equal(t, 1, tails, fused.Text())
 			if name == "batch norm relu into blocks" {
 				masked := 0
 				for _, n := range fused.Nodes {

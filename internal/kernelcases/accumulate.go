@@ -21,7 +21,8 @@ import (
 // form (codegen.Options.Accumulate: each adds its share to what its outputs hold): the conv
 // block's, the conv2d_tanh_avgpool block's and the linear block's weight gradients, a grouped, dilated, strided conv's weight and
 // bias gradients (the direct kernels), and the loss and correct count, plain and with label
-// smoothing (whose dlogits are written, not added).
+// smoothing (whose dlogits are written, not added), and the classifier tail writing its
+// gradients (its logits and dX written, the loss, correct count, dW and dB added).
 func AccumulatingNodes(t testing.TB) []*ir.Node {
 	g := ir.NewGraph("T")
 	val := func(name string, ty ir.Type) *ir.Value { return g.NewValue(name, ty, ir.RoleActivation, dsl.Pos{}) }
@@ -44,13 +45,26 @@ func AccumulatingNodes(t testing.TB) []*ir.Node {
 		Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{}, []*ir.Value{val("logits", ir.F32Batched(7)), label("label")}, "l", "dl", "c"),
 		Typed(t, g, ir.OpSoftmaxCrossEntropy, "loss", ir.Attrs{Smoothing: 0.2},
 			[]*ir.Value{val("logits2", ir.F32Batched(7)), label("label2")}, "l2", "dl2", "c2"),
+		LinearCrossEntropyNode(t, g, "tail", LinearCrossEntropy{In: 17, Out: 7, Bias: true, InputGrad: true, MaskOut: true, Smoothing: 0.1}),
 	}
+}
+
+// writtenInLoop says whether output i of n is written, not added, by its accumulating kernel:
+// the per-sample gradients and logits of the loss kernels.
+func writtenInLoop(n *ir.Node, i int) bool {
+	switch n.Op {
+	case ir.OpSoftmaxCrossEntropy:
+		return i == 1 // dlogits
+	case ops.LinearCrossEntropyOp:
+		return i == 1 || (n.Attrs.InputGrad && i == 3) // the logits, dX
+	}
+	return false
 }
 
 // CheckAccumulates runs node n's launches of prog (generated with n accumulating) on dev over
 // outputs holding random values, and requires each output to be those values plus the
-// reference's (dlogits, which is written, the reference's), within 1e-4 relative (at least 1e-4
-// absolute): AccumulatingNodes's sums are of at most 3·9·7 = 189 products of values in [-1, 1)
+// reference's (dlogits, the tail's logits and dX, which are written, the reference's), within 1e-4
+// relative (at least 1e-4 absolute): AccumulatingNodes's sums are of at most 3·9·7 = 189 products of values in [-1, 1)
 // per element, a relative fp32 error of at most 189·2^-24 ≈ 1.1e-5.
 func CheckAccumulates(t *testing.T, dev device.Device, prog *codegen.Program, n *ir.Node, rng *rand.Rand) {
 	t.Helper()
@@ -69,7 +83,7 @@ func CheckAccumulates(t *testing.T, dev device.Device, prog *codegen.Program, n 
 	got, err := kernelcheck.LaunchOver(dev, prog, n, ins, init, kernelcheck.Scalars{})
 	require.NoError(t, err)
 	for i, v := range n.Outs {
-		accumulates := !(n.Op == ir.OpSoftmaxCrossEntropy && i == 1) // dlogits is written, not added
+		accumulates := !writtenInLoop(n, i)
 		for j, g := range got.Outs[i] {
 			w := want[i][j]
 			if accumulates {

@@ -912,3 +912,98 @@ func ConvPoolChecks(t testing.TB) []Case {
 	}
 	return cs
 }
+
+// ---- the classifier tail ----
+
+// LinearCrossEntropy is one linear_cross_entropy configuration: [In] -> Out classes.
+type LinearCrossEntropy struct {
+	In, Out         int64
+	Bias, InputGrad bool
+	MaskOut         bool
+	Smoothing       float64
+	Opt             *ir.Optimizer // the fused update (nil: dW, dB? written)
+}
+
+func (c LinearCrossEntropy) String() string {
+	s := fmt.Sprintf("%dx%d bias=%t dx=%t maskout=%t", c.In, c.Out, c.Bias, c.InputGrad, c.MaskOut)
+	if c.Smoothing != 0 {
+		s += fmt.Sprintf(" ls=%g", c.Smoothing)
+	}
+	if c.Opt != nil {
+		s += " " + c.Opt.String()
+	}
+	return s
+}
+
+// LinearCrossEntropyNode builds the tail's node in g (fresh optimizer state with an update).
+func LinearCrossEntropyNode(t testing.TB, g *ir.Graph, name string, c LinearCrossEntropy) *ir.Node {
+	x := g.NewValue(name+".x", ir.F32Batched(c.In), ir.RoleActivation, dsl.Pos{})
+	w := g.AddParam(name, "weight", ir.Init{}, dsl.Pos{})
+	w.Value.Type = ir.F32Fixed(c.Out, c.In)
+	params := []*ir.Param{w}
+	ins := []*ir.Value{x, w.Value}
+	if c.Bias {
+		b := g.AddParam(name, "bias", ir.Init{}, dsl.Pos{})
+		b.Value.Type = ir.F32Fixed(c.Out)
+		params = append(params, b)
+		ins = append(ins, b.Value)
+	}
+	ins = append(ins, g.NewValue(name+".label", ir.Type{DType: ir.Class, Batched: true, Classes: c.Out}, ir.RoleLabel, dsl.Pos{}))
+	a := ir.Attrs{Out: c.Out, Bias: c.Bias, Smoothing: c.Smoothing, InputGrad: c.InputGrad, MaskOut: c.MaskOut, Opt: c.Opt}
+	outs := []string{name + ".loss", name + ".logits", name + ".correct"}
+	if c.InputGrad {
+		outs = append(outs, name+".dx")
+	}
+	if c.Opt == nil {
+		for _, p := range params {
+			outs = append(outs, p.Name+".grad")
+		}
+	} else {
+		for _, p := range params {
+			ins = append(ins, p.Value)
+		}
+		for _, p := range params {
+			ins = append(ins, NewState(g, p, c.Opt)...)
+		}
+	}
+	return Typed(t, g, ops.LinearCrossEntropyOp, name, a, ins, outs...)
+}
+
+// LinearCrossEntropyCases: odd shapes (one class and one input; 7 classes of 37 inputs; 33
+// classes, more than a thread's 16 accumulators; 700 inputs, which the block stages 5 rows at a
+// time at batch 37), with and without bias, input gradient and its mask, label smoothing, the
+// gradients written or each optimizer fused.
+func LinearCrossEntropyCases() []LinearCrossEntropy {
+	type shape struct{ in, out int64 }
+	var cs []LinearCrossEntropy
+	for si, s := range []shape{{1, 1}, {37, 7}, {130, 33}, {700, 11}} {
+		for v := 0; v < 4; v++ {
+			c := LinearCrossEntropy{In: s.in, Out: s.out, Bias: v&1 == 0, InputGrad: v != 3, MaskOut: v == 1 || v == 2 && si%2 == 0}
+			if v == 2 && s.out > 1 {
+				// (not with one class: the smoothed loss is then identically 0, see SmoothedLossChecks)
+				c.Smoothing = 0.1
+			}
+			if k := (v + 2*si) % (len(Optimizers) + 1); k < len(Optimizers) {
+				c.Opt = Optimizers[k]
+			}
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// LinearCrossEntropyChecks are the cases' nodes, those with an update at the first step and a
+// later one.
+func LinearCrossEntropyChecks(t testing.TB) []Case {
+	g := ir.NewGraph("T")
+	var cases []Case
+	for i, c := range LinearCrossEntropyCases() {
+		n := LinearCrossEntropyNode(t, g, fmt.Sprintf("tail%d", i), c)
+		o := reference.NodeOptions{}
+		if c.Opt != nil {
+			o = reference.NodeOptions{Step: int64(4 * (i % 2)), Update: true}
+		}
+		cases = append(cases, Case{Name: "linear_cross_entropy " + c.String(), N: n, O: o})
+	}
+	return cases
+}

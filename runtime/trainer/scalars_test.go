@@ -25,3 +25,26 @@ func TestSpecChecksTheScalarBlock(t *testing.T) {
 		assert.ErrorContains(t, sp.Validate(), "scalar block", name)
 	}
 }
+
+// Evaluation's logits are the classifier's [batch, classes] output, which
+// Predict reads Classes a sample: a spec placing another tensor there (the
+// classifier tail's input, as trainergen once did for linear_cross_entropy,
+// which tiny.cnn's fc1 and loss fuse into) is refused.
+func TestSpecChecksTheLogitsShape(t *testing.T) {
+	m := trainertest.Tiny(t)
+	batch := int64(m.Spec.Batch)
+	if m.Spec.EvalBatch > 0 {
+		batch = int64(m.Spec.EvalBatch)
+	}
+	require.Equal(t, []int64{batch, int64(m.Spec.Classes)}, m.Spec.Eval.Logits.Shape)
+	for name, shape := range map[string][]int64{
+		"the tail's input": {batch, 2 * 6 * 6},
+		"one class more":   {batch, int64(m.Spec.Classes) + 1},
+		"another batch":    {batch + 1, int64(m.Spec.Classes)},
+		"flat":             {batch * int64(m.Spec.Classes)},
+	} {
+		sp := *m.Spec
+		sp.Eval.Logits.Shape = shape
+		assert.ErrorContains(t, sp.Validate(), "logits' shape", name)
+	}
+}

@@ -389,6 +389,10 @@ func (s *Spec) Validate() error {
 			if err := check("logits", st.Logits, 4*st.Logits.Elems()); err != nil {
 				return err
 			}
+			// Predict reads Classes logits a sample: another tensor (a hidden layer's) would pass as logits
+			if sh := st.Logits.Shape; len(sh) != 2 || sh[0] != int64(batch) || sh[1] != int64(s.Classes) {
+				return fmt.Errorf("trainer: spec %s: the logits' shape is %v, not [%d %d] (the batch, the classes)", s.Model, sh, batch, s.Classes)
+			}
 		}
 		for _, l := range st.Launches {
 			for _, a := range l.Args {

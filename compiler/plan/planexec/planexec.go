@@ -469,7 +469,7 @@ func (r *Runner) result(b reference.Batch) (Result, error) {
 	}
 	res := Result{Loss: r.load(lo, g.Loss.Type, 0, 1)[0]}
 	lossNode := g.Loss.Def
-	if len(lossNode.Outs) == 3 {
+	if len(lossNode.Outs) >= 3 { // softmax_cross_entropy's, linear_cross_entropy's correct count
 		co, ok := find(lossNode.Outs[2])
 		if !ok {
 			return Result{}, fmt.Errorf("planexec: the correct count is not kept to the end of the step")

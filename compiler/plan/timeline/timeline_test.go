@@ -31,7 +31,7 @@ func TestTimelineSVG(t *testing.T) {
 	data, err := os.ReadFile(file)
 	require.NoError(t, err)
 	svg := string(data)
-	for _, want := range []string{"SimpleCNN, batch 32", "parameters", "saved activations", "budget, 40.00 MB", "arena = peak, 39.91 MB", "9 conv1 fwd (re)*", "7 fc1 dX"} {
+	for _, want := range []string{"SimpleCNN, batch 32", "parameters", "saved activations", "budget, 40.00 MB", "arena = peak, 39.91 MB", "6 conv1 fwd (re)*", "4 fc1 dX"} {
 		assert.Contains(t, svg, want)
 	}
 }
@@ -58,8 +58,8 @@ func TestTimelineLabelsUpdatesAndScalesTheAxis(t *testing.T) {
 	for _, s := range p.Steps {
 		labels = append(labels, stepLabel(s))
 	}
-	assert.Contains(t, labels, "10 conv2 bias update")
-	assert.Contains(t, labels, "12 conv2 weight update")
+	assert.Contains(t, labels, "7 conv2 bias update")
+	assert.Contains(t, labels, "9 conv2 weight update")
 	assert.NotContains(t, strings.Join(labels, "\n"), "conv2 update")
 	fig, err := Figure(p)
 	require.NoError(t, err)

@@ -1773,6 +1773,143 @@ struct SoftmaxCE {
 };
 
 // ---------------------------------------------------------------------------------------------
+// The classifier tail (templates/linear_ce.cu.tmpl, compiler/ops/linear_cross_entropy.go): one
+// task. logits = x·Wᵀ + b (each a sequential sum over IN), written to `logits`; the loss, the
+// correct count and the logits' gradient dl as SoftmaxCE computes them (dl in the scratch, never
+// in device memory); then dW = dlᵀ·x and dB = Σ dl (sums over the rows in order), fed to the
+// optimizer O in place (or written / added, NoOpt), and with DX the input gradient dX = dl·W from
+// the old W (dX runs before the update), MASKOUT: 0 where x <= 0. !BWD (evaluation, which runs the
+// training graph's forward nodes): the logits, loss and correct count alone. Arguments: x, w, b?, label, loss, logits, correct, dx?,
+// then W's states and b's (O) or dW, dB? (NoOpt), the step's scalars, the first row.
+template <class L, class O>
+struct LinearCE {
+  static constexpr long tasks = 1;
+  static constexpr long scratch = floats64(L::B * L::OUT);
+  static void run(const uint64_t* p, int64_t, float* dl) {
+    int a = 0;
+    const float* x = arg<const float>(p, a++);
+    float* w = arg<float>(p, a++);
+    float* bias = L::BIAS ? arg<float>(p, a++) : nullptr;
+    const int32_t* label = arg<const int32_t>(p, a++);
+    float* loss = arg<float>(p, a++);
+    float* logits = arg<float>(p, a++);
+    float* correct = arg<float>(p, a++);
+    float* dx = L::DX ? arg<float>(p, a++) : nullptr;
+    // wout: [0] dW, [1] dB, [2..3] W's states, [4..5] b's states
+    float* wout[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+    if constexpr (O::KIND >= 0) {
+      constexpr int NS = opt_states<O>();
+      for (int k = 0; k < NS; k++) wout[2 + k] = arg<float>(p, a++);
+      if (L::BIAS)
+        for (int k = 0; k < NS; k++) wout[4 + k] = arg<float>(p, a++);
+    } else if constexpr (L::BWD) {
+      wout[0] = arg<float>(p, a++);
+      if (L::BIAS) wout[1] = arg<float>(p, a++);
+    }
+    const CnncStepScalars& sc = argscalars(p, a++);
+    const long first = argi(p, a++);
+    long valid = sc.valid;
+    long rows;
+    float invBatch;
+    if constexpr (L::ACC) {
+      if (valid < 1) valid = 1;
+      const long here = valid - first;
+      rows = here < 0 ? 0 : (here > L::B ? L::B : here);
+      invBatch = 1.0f / static_cast<float>(valid);
+    } else {
+      if (valid < 1 || valid > L::B) valid = L::B;
+      rows = valid;
+      invBatch = 1.0f / static_cast<float>(rows);
+    }
+    for (long r = 0; r < L::B; r++)
+      for (long o = 0; o < L::OUT; o++) {
+        float s = 0.0f;
+        for (long i = 0; i < L::IN; i++) s += x[r * L::IN + i] * w[o * L::IN + i];
+        if constexpr (L::BIAS) s += bias[o];
+        logits[r * L::OUT + o] = s;
+      }
+    float total = 0.0f, hits = 0.0f;
+    for (long r = rows; r < L::B; r++)
+      for (long c = 0; c < L::OUT; c++) dl[r * L::OUT + c] = 0.0f;
+    for (long r = 0; r < rows; r++) {
+      const float* row = logits + r * L::OUT;
+      float best = row[0];
+      long bestIdx = 0;
+      for (long c = 1; c < L::OUT; c++)
+        if (row[c] > best) {
+          best = row[c];
+          bestIdx = c;
+        }
+      float sum = 0.0f;
+      for (long c = 0; c < L::OUT; c++) sum += expf(row[c] - best);
+      const float lse = best + logf(sum);
+      const int32_t lab = label[r];
+      const bool labelOK = lab >= 0 && lab < L::OUT;
+      if constexpr (L::SMOOTH) {
+        float rowSum = 0.0f;
+        for (long c = 0; c < L::OUT; c++) rowSum += row[c];
+        for (long c = 0; c < L::OUT; c++) {
+          float d = (expf(row[c] - lse) - L::OFF) * invBatch;
+          if (c == lab) d -= L::ON * invBatch;
+          dl[r * L::OUT + c] = d;
+        }
+        total += labelOK ? lse - L::ON * row[lab] - L::OFF * rowSum : NAN;
+      } else {
+        for (long c = 0; c < L::OUT; c++) {
+          float d = expf(row[c] - lse) * invBatch;
+          if (c == lab) d -= invBatch;
+          dl[r * L::OUT + c] = d;
+        }
+        total += labelOK ? lse - row[lab] : NAN;
+      }
+      hits += bestIdx == lab ? 1.0f : 0.0f;
+    }
+    if constexpr (L::ACC) {
+      volatile float share = total * invBatch;  // rounded before it is added, as SoftmaxCE's
+      loss[0] += share;
+      correct[0] += hits;
+    } else {
+      loss[0] = total * invBatch;
+      correct[0] = hits;
+    }
+    if constexpr (L::DX) {
+      for (long r = 0; r < L::B; r++)
+        for (long i = 0; i < L::IN; i++) {
+          float s = 0.0f;
+          for (long o = 0; o < L::OUT; o++) s += dl[r * L::OUT + o] * w[o * L::IN + i];
+          if constexpr (L::MASKOUT) s = x[r * L::IN + i] > 0.0f ? s : 0.0f;  // the producer's ReLU mask
+          dx[r * L::IN + i] = s;
+        }
+    }
+    if constexpr (!L::BWD) return;  // evaluation: the forward alone
+    const OptRun<O> run(sc.lr, sc.step);
+    for (long o = 0; o < L::OUT; o++) {
+      for (long i = 0; i < L::IN; i++) {
+        float g = 0.0f;
+        for (long r = 0; r < L::B; r++) g += dl[r * L::OUT + o] * x[r * L::IN + i];
+        const long at = o * L::IN + i;
+        if constexpr (O::KIND < 0) {
+          if constexpr (L::ACC) wout[0][at] += g;
+          else wout[0][at] = g;
+        } else {
+          opt_range<O>(run, &g, w + at, wout[2] ? wout[2] + at : nullptr, wout[3] ? wout[3] + at : nullptr, 1);
+        }
+      }
+      if constexpr (L::BIAS) {
+        float g = 0.0f;
+        for (long r = 0; r < L::B; r++) g += dl[r * L::OUT + o];
+        if constexpr (O::KIND < 0) {
+          if constexpr (L::ACC) wout[1][o] += g;
+          else wout[1][o] = g;
+        } else {
+          opt_range<O>(run, &g, bias + o, wout[4] ? wout[4] + o : nullptr, wout[5] ? wout[5] + o : nullptr, 1);
+        }
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
 // Elementwise kernels and standalone updates: tasks are runs of CHUNK elements. E has N (elements)
 // and, for to_tensor, H, W, C.
 constexpr long CHUNK = 16384;

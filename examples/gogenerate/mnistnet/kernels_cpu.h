@@ -99,67 +99,21 @@ struct linear_fwd_b32_in784_out64_64d41ae8_g {
 };
 CNNC_CPU_KERNEL(linear_fwd_b32_in784_out64_64d41ae8, 4, LinFwd<linear_fwd_b32_in784_out64_64d41ae8_g, NoActF>)
 
-// linear_fwd_b32_in64_out10_a50d5375: linear block forward: y[32,10] = x[32,64]·Wᵀ + bias.
-struct linear_fwd_b32_in64_out10_a50d5375_g {
+// linear_cross_entropy_b32_in64_out10_8bdc5ba7: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy, dW, dB, dX (masked by x > 0); then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
+struct linear_cross_entropy_b32_in64_out10_8bdc5ba7_g {
   static constexpr long B = 32;
-  static constexpr long K = 64;
-  static constexpr long N = 10;
+  static constexpr long IN = 64;
+  static constexpr long OUT = 10;
   static constexpr bool BIAS = true;
-  static constexpr bool RELU = false;
-  static constexpr bool ACT = false;
-  static constexpr bool SAVEZ = false;
-  static constexpr bool HASY = false;
-  static constexpr bool MASKOUT = false;
-  static constexpr bool ACC = false;
-  static constexpr long TILE = 3;
-  static constexpr long BT = 32;
-};
-CNNC_CPU_KERNEL(linear_fwd_b32_in64_out10_a50d5375, 4, LinFwd<linear_fwd_b32_in64_out10_a50d5375_g, NoActF>)
-
-// softmax_cross_entropy_b32_c10_0175e58c: softmax cross-entropy: mean loss over the valid rows, the logits' gradient, the correct count.
-struct softmax_cross_entropy_b32_c10_0175e58c_g {
-  static constexpr long B = 32;
-  static constexpr long CLASSES = 10;
+  static constexpr bool DX = true;
+  static constexpr bool MASKOUT = true;
+  static constexpr bool BWD = true;
   static constexpr bool ACC = false;
   static constexpr bool SMOOTH = false;
   static constexpr float ON = 1.0f;
   static constexpr float OFF = 0.0f;
 };
-CNNC_CPU_KERNEL(softmax_cross_entropy_b32_c10_0175e58c, 7, SoftmaxCE<softmax_cross_entropy_b32_c10_0175e58c_g>)
-
-// linear_dgrad_b32_in64_out10_1adb4d42: linear block input gradient: dX[32,64] = dY[32,10]·W, then masked by the producer's ReLU (x > 0).
-struct linear_dgrad_b32_in64_out10_1adb4d42_g {
-  static constexpr long B = 32;
-  static constexpr long K = 64;
-  static constexpr long N = 10;
-  static constexpr bool BIAS = false;
-  static constexpr bool RELU = false;
-  static constexpr bool ACT = false;
-  static constexpr bool SAVEZ = false;
-  static constexpr bool HASY = false;
-  static constexpr bool MASKOUT = true;
-  static constexpr bool ACC = false;
-  static constexpr long TILE = 24;
-  static constexpr long BT = 0;
-};
-CNNC_CPU_KERNEL(linear_dgrad_b32_in64_out10_1adb4d42, 4, LinDgrad<linear_dgrad_b32_in64_out10_1adb4d42_g, NoActF>)
-
-// linear_wgrad_b32_in64_out10_6248180c: linear block weight gradient: dW[10,64] = dYᵀ·x over a batch of 32; dB = the batch sum of dY; then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
-struct linear_wgrad_b32_in64_out10_6248180c_g {
-  static constexpr long B = 32;
-  static constexpr long K = 64;
-  static constexpr long N = 10;
-  static constexpr bool BIAS = true;
-  static constexpr bool RELU = false;
-  static constexpr bool ACT = false;
-  static constexpr bool SAVEZ = false;
-  static constexpr bool HASY = false;
-  static constexpr bool MASKOUT = false;
-  static constexpr bool ACC = false;
-  static constexpr long TILE = 24;
-  static constexpr long BT = 0;
-};
-struct linear_wgrad_b32_in64_out10_6248180c_o {
+struct linear_cross_entropy_b32_in64_out10_8bdc5ba7_o {
   static constexpr long KIND = 0;
   static constexpr bool HAS_WD = false;
   static constexpr bool HAS_MOM = true;
@@ -174,7 +128,7 @@ struct linear_wgrad_b32_in64_out10_6248180c_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(linear_wgrad_b32_in64_out10_6248180c, 7, LinWgrad<linear_wgrad_b32_in64_out10_6248180c_g, linear_wgrad_b32_in64_out10_6248180c_o, NoActF>)
+CNNC_CPU_KERNEL(linear_cross_entropy_b32_in64_out10_8bdc5ba7, 12, LinearCE<linear_cross_entropy_b32_in64_out10_8bdc5ba7_g, linear_cross_entropy_b32_in64_out10_8bdc5ba7_o>)
 
 // linear_dgrad_b32_in784_out64_ee8519fe: linear block input gradient: dX[32,784] = dY[32,64]·W, then masked by the producer's ReLU (x > 0).
 struct linear_dgrad_b32_in784_out64_ee8519fe_g {
@@ -478,3 +432,19 @@ struct conv_wgrad_reduce_o8_k9_s32_update_15c70197_o {
   static constexpr double B2D = 0.0;
 };
 CNNC_CPU_KERNEL(conv_wgrad_reduce_o8_k9_s32_update_15c70197, 6, ConvWgradReduce<conv_wgrad_reduce_o8_k9_s32_update_15c70197_g, conv_wgrad_reduce_o8_k9_s32_update_15c70197_o>)
+
+// linear_cross_entropy_b32_in64_out10_24a3db25: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy (evaluation: no gradient, no update), dB.
+struct linear_cross_entropy_b32_in64_out10_24a3db25_g {
+  static constexpr long B = 32;
+  static constexpr long IN = 64;
+  static constexpr long OUT = 10;
+  static constexpr bool BIAS = true;
+  static constexpr bool DX = false;
+  static constexpr bool MASKOUT = false;
+  static constexpr bool BWD = false;
+  static constexpr bool ACC = false;
+  static constexpr bool SMOOTH = false;
+  static constexpr float ON = 1.0f;
+  static constexpr float OFF = 0.0f;
+};
+CNNC_CPU_KERNEL(linear_cross_entropy_b32_in64_out10_24a3db25, 9, LinearCE<linear_cross_entropy_b32_in64_out10_24a3db25_g, NoOpt>)

@@ -2,17 +2,14 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_8c326eb169560506_sse2_impl[16];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_8c326eb169560506_avx2_impl[16];
-namespace cnnc_cpu_8c326eb169560506_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_402b0fc6fc7a0b80_sse2_impl[14];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_402b0fc6fc7a0b80_avx2_impl[14];
+namespace cnnc_cpu_402b0fc6fc7a0b80_table {
 const char* const names[] = {
     "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
     "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
     "linear_fwd_b32_in784_out64_64d41ae8",
-    "linear_fwd_b32_in64_out10_a50d5375",
-    "softmax_cross_entropy_b32_c10_0175e58c",
-    "linear_dgrad_b32_in64_out10_1adb4d42",
-    "linear_wgrad_b32_in64_out10_6248180c",
+    "linear_cross_entropy_b32_in64_out10_8bdc5ba7",
     "linear_dgrad_b32_in784_out64_ee8519fe",
     "linear_wgrad_b32_in784_out64_6dc26c13",
     "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952",
@@ -22,11 +19,12 @@ const char* const names[] = {
     "update_n1152_196c6407",
     "conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d",
     "conv_wgrad_reduce_o8_k9_s32_update_15c70197",
+    "linear_cross_entropy_b32_in64_out10_24a3db25",
 };
-const int32_t nparams[] = {5, 5, 4, 4, 7, 4, 7, 4, 7, 4, 3, 6, 5, 6, 4, 6};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "53501e5248d39fb5df4e7de424dea11adcf3a854e2141bc601683d19c254b8bb", 16, names, nparams, {cnnc_cpu_8c326eb169560506_sse2_impl, cnnc_cpu_8c326eb169560506_avx2_impl}};
-}  // namespace cnnc_cpu_8c326eb169560506_table
+const int32_t nparams[] = {5, 5, 4, 12, 4, 7, 4, 3, 6, 5, 6, 4, 6, 9};
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "17b4c77cc8b6dbebb7f13090a39e4ab9a7f78c61f5211b36468d506873636135", 14, names, nparams, {cnnc_cpu_402b0fc6fc7a0b80_sse2_impl, cnnc_cpu_402b0fc6fc7a0b80_avx2_impl}};
+}  // namespace cnnc_cpu_402b0fc6fc7a0b80_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_8c326eb169560506(void) {
-  return &cnnc_cpu_8c326eb169560506_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_402b0fc6fc7a0b80(void) {
+  return &cnnc_cpu_402b0fc6fc7a0b80_table::library;
 }

@@ -17,7 +17,7 @@ var Spec = &trainer.Spec{
 	Eval: trainer.Step{
 		Correct: trainer.Tensor{
 			Name:   "correct",
-			Offset: 775168,
+			Offset: 773888,
 		},
 		Images: trainer.Tensor{
 			Name:   "images",
@@ -26,7 +26,7 @@ var Spec = &trainer.Spec{
 		},
 		Labels: trainer.Tensor{
 			Name:   "labels",
-			Offset: 774656,
+			Offset: 773376,
 			Shape:  []int64{32},
 		},
 		Launches: []trainer.Launch{{
@@ -51,19 +51,12 @@ var Spec = &trainer.Spec{
 			Kernel:   "linear_fwd_b32_in784_out64_64d41ae8",
 			MinBytes: 309504,
 		}, {
-			Args:     []trainer.Arg{{Offset: 757504}, {Offset: 413184}, {Offset: 418304}, {Offset: 772096}},
+			Args:     []trainer.Arg{{Offset: 757504}, {Offset: 413184}, {Offset: 418304}, {Offset: 773376}, {Offset: 773632}, {Offset: 772096}, {Offset: 773888}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
 			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    41280,
-			Grid:     [3]uint32{4, 1, 1},
-			Kernel:   "linear_fwd_b32_in64_out10_a50d5375",
-			MinBytes: 12072,
-		}, {
-			Args:     []trainer.Arg{{Offset: 772096}, {Offset: 774656}, {Offset: 774912}, {Offset: 773376}, {Offset: 775168}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
-			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    1280,
+			FLOPs:    124160,
 			Grid:     [3]uint32{1, 1, 1},
-			Kernel:   "softmax_cross_entropy_b32_c10_0175e58c",
-			MinBytes: 2696,
+			Kernel:   "linear_cross_entropy_b32_in64_out10_24a3db25",
+			MinBytes: 25600,
 		}},
 		Logits: trainer.Tensor{
 			Name:   "logits",
@@ -72,7 +65,7 @@ var Spec = &trainer.Spec{
 		},
 		Loss: trainer.Tensor{
 			Name:   "loss",
-			Offset: 774912,
+			Offset: 773632,
 		},
 	},
 	H:         28,
@@ -173,7 +166,7 @@ var Spec = &trainer.Spec{
 		},
 		Labels: trainer.Tensor{
 			Name:   "labels",
-			Offset: 1088256,
+			Offset: 1086976,
 			Shape:  []int64{32},
 		},
 		Launches: []trainer.Launch{{
@@ -198,33 +191,12 @@ var Spec = &trainer.Spec{
 			Kernel:   "linear_fwd_b32_in784_out64_64d41ae8",
 			MinBytes: 309504,
 		}, {
-			Args:     []trainer.Arg{{Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 1085696}},
+			Args:     []trainer.Arg{{Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 1086976}, {Offset: 1226752}, {Offset: 1085696}, {Offset: 1227008}, {Offset: 519168}, {Offset: 415744}, {Offset: 418560}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
 			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    41280,
-			Grid:     [3]uint32{4, 1, 1},
-			Kernel:   "linear_fwd_b32_in64_out10_a50d5375",
-			MinBytes: 12072,
-		}, {
-			Args:     []trainer.Arg{{Offset: 1085696}, {Offset: 1088256}, {Offset: 1226752}, {Offset: 1086976}, {Offset: 1227008}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}},
-			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    1280,
+			FLOPs:    124160,
 			Grid:     [3]uint32{1, 1, 1},
-			Kernel:   "softmax_cross_entropy_b32_c10_0175e58c",
-			MinBytes: 2696,
-		}, {
-			Args:     []trainer.Arg{{Offset: 1086976}, {Offset: 413184}, {Offset: 1077504}, {Offset: 519168}},
-			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    40960,
-			Grid:     [3]uint32{3, 1, 1},
-			Kernel:   "linear_dgrad_b32_in64_out10_1adb4d42",
-			MinBytes: 20224,
-		}, {
-			Args:     []trainer.Arg{{Offset: 1086976}, {Offset: 1077504}, {Offset: 413184}, {Offset: 418304}, {Offset: 415744}, {Offset: 418560}, {Kind: kernelarg.Scalars}},
-			Block:    [3]uint32{1, 1, 1},
-			FLOPs:    40960,
-			Grid:     [3]uint32{3, 1, 1},
-			Kernel:   "linear_wgrad_b32_in64_out10_6248180c",
-			MinBytes: 19872,
+			Kernel:   "linear_cross_entropy_b32_in64_out10_8bdc5ba7",
+			MinBytes: 25600,
 		}, {
 			Args:     []trainer.Arg{{Offset: 519168}, {Offset: 11264}, {Offset: 418816}, {Offset: 1077504}},
 			Block:    [3]uint32{1, 1, 1},
