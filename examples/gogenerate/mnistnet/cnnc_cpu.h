@@ -429,7 +429,11 @@ CNNC_INLINE AugBox aug_sample(const uint64_t* p, int i, long b) {
 // Convolution blocks (ir/fused.go). The geometry struct G has:
 //   B, C, H, W, U8 (input u8 HWC images, /255 in the loads), O, KH, KW, SH, SW, PH, PW, HO, WO,
 //   BIAS, RELU, POOL, PKH, PKW, PSH, PSW, PPH, PPW, PHO, PWO, BITS, HASY, MASKOUT,
-//   and the decomposition: BAND (rows per task), OT (channels per task), S (weight-gradient tasks).
+//   ACT, SAVEZ (an activation F other than ReLU folded in, as the linear blocks': the forward
+//   applies F::f before the pool and writes z too with SAVEZ; the gradients take F::g(dy, s),
+//   s the saved y or z, HASY's input), and the decomposition: BAND (rows per task), OT (channels
+//   per task), S (weight-gradient tasks).
+struct NoActF;  // no activation (below, with the activation functors)
 
 // Input tile: rows iyBase..iyBase+IR-1 of sample b, every channel, zero-padded, split by column
 // phase (ix + PW) mod SW so that a stride-SW conv reads consecutive floats:
@@ -582,9 +586,9 @@ CNNC_INLINE void fill_x(const void* xp, long b, long iyBase, float* Xt, const Au
 
 // The conv output's gradient dy(b, o, oy, ox) for oy = oyLo + r (r < DR), o = o0 + i (i < no),
 // ox < DW - QL, into Dt[(i * DR + r) * DW + QL + ox], zero elsewhere: from dout at the block's output resolution,
-// masked by the saved output y > 0 (HASY), routed through the packed argmax (POOL) — each pooled
+// masked by the saved output y > 0 (HASY) or times F's derivative (ACT), routed through the packed argmax (POOL) — each pooled
 // gradient lands on its window's maximum; sums over overlapping windows in window scan order.
-template <class G>
+template <class G, class F = NoActF>
 CNNC_INLINE void form_dy(const float* dout, const uint32_t* am, const float* yout, long b, long o0, long no, long oyLo, long DR,
                          long DW, long QL, float* Dt) {
   memset(Dt, 0, sizeof(float) * no * DR * DW);
@@ -596,7 +600,9 @@ CNNC_INLINE void form_dy(const float* dout, const uint32_t* am, const float* you
         const long pe = ((b * G::O + o0 + i) * G::HO + oy) * G::WO;
         float* dst = Dt + (i * DR + r) * DW + QL;
         for (long ox = 0; ox < cmin(G::WO, DW - QL); ox++) {
-          if constexpr (G::HASY) {
+          if constexpr (G::ACT) {
+            dst[ox] = F::g(dout[pe + ox], yout[pe + ox]);
+          } else if constexpr (G::HASY) {
             dst[ox] = masked(yout[pe + ox], dout[pe + ox]);
           } else {
             dst[ox] = dout[pe + ox];
@@ -616,7 +622,11 @@ CNNC_INLINE void form_dy(const float* dout, const uint32_t* am, const float* you
           const long cy = py * G::PSH - G::PPH + k / G::PKW, cx = px * G::PSW - G::PPW + k % G::PKW;
           if (cy < oyLo || cy >= oyLo + DR || cy < 0 || cy >= G::HO || cx < 0 || cx >= G::WO || QL + cx >= DW || k >= G::PKH * G::PKW) continue;
           float v = dout[pe];
-          if constexpr (G::HASY) v = masked(yout[pe], v);
+          if constexpr (G::ACT) {
+            v = F::g(v, yout[pe]);
+          } else if constexpr (G::HASY) {
+            v = masked(yout[pe], v);
+          }
           Dt[(i * DR + cy - oyLo) * DW + QL + cx] += v;
         }
       }
@@ -704,7 +714,7 @@ CNNC_INLINE void pool_row(const float* ct, long cyStart, long py, float* yrow, i
 // rows it reads (fill_x), computes the conv rows under its band in MO x (NV vectors) register
 // tiles — vectors across output columns, every tap a broadcast weight times a contiguous load —
 // and writes the block's output: pooled, with the window's first maximum in scan order.
-template <class G>
+template <class G, class F = NoActF>
 struct ConvFwd {
   // a map at most a vector wide (ResNet's 4x4 stage) takes one vector a row and twice the
   // channels a tile: 2 vectors would be three quarters padding there (the sums are the same)
@@ -724,7 +734,7 @@ struct ConvFwd {
   // conv rows cy in [cyA, cyB) of output channels o0..o0+M-1 (tile row cy - cyStart)
   template <int M>
   CNNC_MEMBER static void rows(const float* Xt, const float* w, const float* bias, long o0, long oc, long cyStart, long cyA, long cyB,
-                               float* Ct, float* y, long b) {
+                               float* Ct, float* y, float* z, long b) {
     const float* wo = w + o0 * K;
     for (long cy = cyA; cy < cyB; cy++) {
       const long t = cy - cyStart;
@@ -760,15 +770,24 @@ struct ConvFwd {
             vf v = acc[m][j];
             if constexpr (G::BIAS) v += bv;
             if constexpr (G::RELU) v = vrelu(v);
+            const vf zv = v;
+            if constexpr (G::ACT) {
+              CNNC_UNROLL
+              for (int l = 0; l < VW; l++) v[l] = F::f(v[l]);
+            }
             const long ox = x0 + j * VW;
             if constexpr (G::POOL) {
               vstore(Ct + ((o0 - oc + m) * CR + t) * WOP + ox, v);
             } else {
-              float* dst = y + ((b * G::O + o0 + m) * G::HO + cy) * G::WO + ox;
+              const long at = ((b * G::O + o0 + m) * G::HO + cy) * G::WO + ox;
               if (ox + VW <= G::WO) {
-                vstore(dst, v);
+                vstore(y + at, v);
+                if constexpr (G::SAVEZ) vstore(z + at, zv);
               } else {
-                for (int l = 0; l < VW && ox + l < G::WO; l++) dst[l] = v[l];
+                for (int l = 0; l < VW && ox + l < G::WO; l++) {
+                  y[at + l] = v[l];
+                  if constexpr (G::SAVEZ) z[at + l] = zv[l];
+                }
               }
             }
           }
@@ -783,6 +802,7 @@ struct ConvFwd {
     const float* w = arg<const float>(p, a++);
     const float* bias = G::BIAS ? arg<const float>(p, a++) : nullptr;
     float* y = arg<float>(p, a++);
+    float* z = G::SAVEZ ? arg<float>(p, a++) : nullptr;
     uint32_t* am = G::ARGMAX ? arg<uint32_t>(p, a++) : nullptr;  // inference: none
     const long og = task % NOG, band = task / NOG % NBANDS, b = task / (NOG * NBANDS);
     AugBox box{};
@@ -796,9 +816,9 @@ struct ConvFwd {
     float* Ct = s + XT / 4;
     fill_x<G, IR, JW>(x, b, cyStart * G::SH - G::PH, Xt, &box);
     long m0 = 0;
-    for (; m0 + MO <= no; m0 += MO) rows<MO>(Xt, w, bias, oc + m0, oc, cyStart, cyA, cyB, Ct, y, b);
+    for (; m0 + MO <= no; m0 += MO) rows<MO>(Xt, w, bias, oc + m0, oc, cyStart, cyA, cyB, Ct, y, z, b);
     if (m0 < no)
-      dispatch_tail2<G::OT % MO, (G::O - (NOG - 1) * G::OT) % MO>(no - m0, [&]<int M>() { rows<M>(Xt, w, bias, oc + m0, oc, cyStart, cyA, cyB, Ct, y, b); });
+      dispatch_tail2<G::OT % MO, (G::O - (NOG - 1) * G::OT) % MO>(no - m0, [&]<int M>() { rows<M>(Xt, w, bias, oc + m0, oc, cyStart, cyA, cyB, Ct, y, z, b); });
     if constexpr (G::POOL) {
       int* codes = reinterpret_cast<int*>(s + (XT + CT) / 4);
       for (long i = 0; i < no; i++) {
@@ -819,7 +839,7 @@ struct ConvFwd {
 // whose pixels all use the same taps, so each phase is a dense stride-1 correlation — runs MC x (NV
 // vectors) register tiles across the phase's columns. The maskout epilogue multiplies by
 // xmask > 0 (dx may be xmask: each element is read before it is written, by the same task).
-template <class G>
+template <class G, class F = NoActF>
 struct ConvDgrad {
   static constexpr int NV = cdiv(G::W, G::SW) <= VW ? 1 : 2, MC = 8 / NV;  // as ConvFwd's
   static constexpr long NBANDS = cdiv(G::H, G::BAND), NCG = cdiv(G::C, G::OT);
@@ -911,7 +931,7 @@ struct ConvDgrad {
     const long cc = cg * G::OT, nc = cmin(G::OT, G::C - cc);
     const long iy0 = band * G::BAND;
     const long oyLo = iy0 / G::SH + G::PH / G::SH - (KHP - 1);
-    form_dy<G>(dout, am, yout, b, 0, G::O, oyLo, DR, DW, QL, s);
+    form_dy<G, F>(dout, am, yout, b, 0, G::O, oyLo, DR, DW, QL, s);
     long m0 = 0;
     for (; m0 + MC <= nc; m0 += MC) channels<MC>(s, w, xmask, dx, b, cc + m0, iy0, oyLo);
     if (m0 < nc)
@@ -927,7 +947,7 @@ struct ConvDgrad {
 // samples and rows, adds their lane sums into its own sums in unit order, and writes them
 // to partial[task] (the plan's workspace). ConvWgradReduce adds the S partial sums in task order.
 // Several samples a unit keep the lane sums few where maps are small (ResNet's 8x8 and 4x4).
-template <class G>
+template <class G, class F = NoActF>
 struct ConvWgrad {
   static constexpr int MO = 3, NK = 3;
   static constexpr long K = G::C * G::KH * G::KW;
@@ -998,7 +1018,7 @@ struct ConvWgrad {
       const long b0 = u / NBANDS * G::NS, ns = cmin(G::NS, G::B - b0);
       const long cy0 = u % NBANDS * G::BAND, nr = cmin(G::BAND, G::HO - cy0);
       for (long si = 0; si < ns; si++) {
-        form_dy<G>(dout, am, yout, b0 + si, 0, G::O, cy0, G::BAND, WOP, 0, Dt + si * (DT1 / 4));
+        form_dy<G, F>(dout, am, yout, b0 + si, 0, G::O, cy0, G::BAND, WOP, 0, Dt + si * (DT1 / 4));
         AugBox box{};
         if constexpr (Augments<G>) box = aug_sample<G>(p, augArg, b0 + si);
         fill_x<G, IR, JW>(x, b0 + si, cy0 * G::SH - G::PH, Xt + si * (XT1 / 4), &box);

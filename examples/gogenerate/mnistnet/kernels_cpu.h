@@ -4,8 +4,8 @@
 // compile-time constants and a CNNC_CPU_KERNEL line instantiating a kernel template of
 // cnnc_cpu.h (runtime/native), which compiles this file once per instruction set.
 
-// conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d: conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
-struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d_g {
+// conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29: conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
+struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29_g {
   static constexpr long B = 32;
   static constexpr long C = 1;
   static constexpr long H = 28;
@@ -36,15 +36,17 @@ struct conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d_g {
   static constexpr bool HASY = true;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr long BAND = 14;
   static constexpr long OT = 8;
   static constexpr long S = 0;
   static constexpr long NS = 1;
 };
-CNNC_CPU_KERNEL(conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d, 5, ConvFwd<conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d_g>)
+CNNC_CPU_KERNEL(conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29, 5, ConvFwd<conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29_g>)
 
-// conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716: conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
-struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716_g {
+// conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e: conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0.
+struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -75,12 +77,14 @@ struct conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716_g {
   static constexpr bool HASY = true;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr long BAND = 7;
   static constexpr long OT = 16;
   static constexpr long S = 0;
   static constexpr long NS = 1;
 };
-CNNC_CPU_KERNEL(conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716, 5, ConvFwd<conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716_g>)
+CNNC_CPU_KERNEL(conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e, 5, ConvFwd<conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e_g>)
 
 // linear_fwd_b32_in784_out64_64d41ae8: linear block forward: y[32,64] = x[32,784]·Wᵀ + bias, then ReLU.
 struct linear_fwd_b32_in784_out64_64d41ae8_g {
@@ -179,8 +183,8 @@ struct linear_wgrad_b32_in784_out64_6dc26c13_o {
 };
 CNNC_CPU_KERNEL(linear_wgrad_b32_in784_out64_6dc26c13, 7, LinWgrad<linear_wgrad_b32_in784_out64_6dc26c13_g, linear_wgrad_b32_in784_out64_6dc26c13_o, NoActF>)
 
-// conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 16 partial sums.
-struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952_g {
+// conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 16 partial sums.
+struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -211,15 +215,17 @@ struct conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952_g {
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr long BAND = 14;
   static constexpr long OT = 0;
   static constexpr long S = 16;
   static constexpr long NS = 2;
 };
-CNNC_CPU_KERNEL(conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952, 4, ConvWgrad<conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952_g>)
+CNNC_CPU_KERNEL(conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9, 4, ConvWgrad<conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9_g>)
 
-// conv_wgrad_reduce_o16_k72_s16_grads_977f897a: adds the 16 partial sums of the 16x72 weight gradient and the bias gradient.
-struct conv_wgrad_reduce_o16_k72_s16_grads_977f897a_g {
+// conv_wgrad_reduce_o16_k72_s16_grads_bc71f249: adds the 16 partial sums of the 16x72 weight gradient and the bias gradient.
+struct conv_wgrad_reduce_o16_k72_s16_grads_bc71f249_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -250,12 +256,14 @@ struct conv_wgrad_reduce_o16_k72_s16_grads_977f897a_g {
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr long BAND = 14;
   static constexpr long OT = 0;
   static constexpr long S = 16;
   static constexpr long NS = 2;
 };
-CNNC_CPU_KERNEL(conv_wgrad_reduce_o16_k72_s16_grads_977f897a, 3, ConvWgradReduce<conv_wgrad_reduce_o16_k72_s16_grads_977f897a_g, NoOpt>)
+CNNC_CPU_KERNEL(conv_wgrad_reduce_o16_k72_s16_grads_bc71f249, 3, ConvWgradReduce<conv_wgrad_reduce_o16_k72_s16_grads_bc71f249_g, NoOpt>)
 
 // update_n16_b163518b: sgd_update of 16 parameters: sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0).
 struct update_n16_b163518b_g {
@@ -279,8 +287,8 @@ struct update_n16_b163518b_o {
 };
 CNNC_CPU_KERNEL(update_n16_b163518b, 6, Update<update_n16_b163518b_g, update_n16_b163518b_o>)
 
-// conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157: input gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax; dx masked by the input's x > 0.
-struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157_g {
+// conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa: input gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,8,14,14] to 16 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax; dx masked by the input's x > 0.
+struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa_g {
   static constexpr long B = 32;
   static constexpr long C = 8;
   static constexpr long H = 14;
@@ -311,12 +319,14 @@ struct conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157_g {
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = true;
   static constexpr bool ACC = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr long BAND = 14;
   static constexpr long OT = 8;
   static constexpr long S = 0;
   static constexpr long NS = 1;
 };
-CNNC_CPU_KERNEL(conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157, 5, ConvDgrad<conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157_g>)
+CNNC_CPU_KERNEL(conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa, 5, ConvDgrad<conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa_g>)
 
 // update_n1152_196c6407: sgd_update of 1152 parameters: sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0).
 struct update_n1152_196c6407_g {
@@ -340,8 +350,8 @@ struct update_n1152_196c6407_o {
 };
 CNNC_CPU_KERNEL(update_n1152_196c6407, 6, Update<update_n1152_196c6407_g, update_n1152_196c6407_o>)
 
-// conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
-struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d_g {
+// conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560: weight gradient of conv 3x3 stride 1x1 pad 1x1 of [B=32,1,28,28] (u8 HWC images, /255) to 8 channels + bias, ReLU, max-pool 2x2 stride 2x2 pad 0x0; dy from the output gradient routed through the packed argmax, 32 partial sums.
+struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560_g {
   static constexpr long B = 32;
   static constexpr long C = 1;
   static constexpr long H = 28;
@@ -372,15 +382,17 @@ struct conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d_g {
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr long BAND = 28;
   static constexpr long OT = 0;
   static constexpr long S = 32;
   static constexpr long NS = 1;
 };
-CNNC_CPU_KERNEL(conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d, 4, ConvWgrad<conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d_g>)
+CNNC_CPU_KERNEL(conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560, 4, ConvWgrad<conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560_g>)
 
-// conv_wgrad_reduce_o8_k9_s32_update_15c70197: adds the 32 partial sums of the 8x9 weight gradient and the bias gradient, then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
-struct conv_wgrad_reduce_o8_k9_s32_update_15c70197_g {
+// conv_wgrad_reduce_o8_k9_s32_update_bab0d19b: adds the 32 partial sums of the 8x9 weight gradient and the bias gradient, then sgd(lr=0.05,momentum=0.9,nesterov=false,weight_decay=0) in place.
+struct conv_wgrad_reduce_o8_k9_s32_update_bab0d19b_g {
   static constexpr long B = 32;
   static constexpr long C = 1;
   static constexpr long H = 28;
@@ -411,12 +423,14 @@ struct conv_wgrad_reduce_o8_k9_s32_update_15c70197_g {
   static constexpr bool HASY = false;
   static constexpr bool MASKOUT = false;
   static constexpr bool ACC = false;
+  static constexpr bool ACT = false;
+  static constexpr bool SAVEZ = false;
   static constexpr long BAND = 28;
   static constexpr long OT = 0;
   static constexpr long S = 32;
   static constexpr long NS = 1;
 };
-struct conv_wgrad_reduce_o8_k9_s32_update_15c70197_o {
+struct conv_wgrad_reduce_o8_k9_s32_update_bab0d19b_o {
   static constexpr long KIND = 0;
   static constexpr bool HAS_WD = false;
   static constexpr bool HAS_MOM = true;
@@ -431,7 +445,7 @@ struct conv_wgrad_reduce_o8_k9_s32_update_15c70197_o {
   static constexpr double B1D = 0.0;
   static constexpr double B2D = 0.0;
 };
-CNNC_CPU_KERNEL(conv_wgrad_reduce_o8_k9_s32_update_15c70197, 6, ConvWgradReduce<conv_wgrad_reduce_o8_k9_s32_update_15c70197_g, conv_wgrad_reduce_o8_k9_s32_update_15c70197_o>)
+CNNC_CPU_KERNEL(conv_wgrad_reduce_o8_k9_s32_update_bab0d19b, 6, ConvWgradReduce<conv_wgrad_reduce_o8_k9_s32_update_bab0d19b_g, conv_wgrad_reduce_o8_k9_s32_update_bab0d19b_o>)
 
 // linear_cross_entropy_b32_in64_out10_24a3db25: the classifier tail: logits of [64] -> [10] over a batch of 32, softmax cross-entropy (evaluation: no gradient, no update), dB.
 struct linear_cross_entropy_b32_in64_out10_24a3db25_g {

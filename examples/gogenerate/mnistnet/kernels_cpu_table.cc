@@ -2,29 +2,29 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_402b0fc6fc7a0b80_sse2_impl[14];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_402b0fc6fc7a0b80_avx2_impl[14];
-namespace cnnc_cpu_402b0fc6fc7a0b80_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_b27b2d31c270597f_sse2_impl[14];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_b27b2d31c270597f_avx2_impl[14];
+namespace cnnc_cpu_b27b2d31c270597f_table {
 const char* const names[] = {
-    "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
-    "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
+    "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29",
+    "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e",
     "linear_fwd_b32_in784_out64_64d41ae8",
     "linear_cross_entropy_b32_in64_out10_8bdc5ba7",
     "linear_dgrad_b32_in784_out64_ee8519fe",
     "linear_wgrad_b32_in784_out64_6dc26c13",
-    "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952",
-    "conv_wgrad_reduce_o16_k72_s16_grads_977f897a",
+    "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9",
+    "conv_wgrad_reduce_o16_k72_s16_grads_bc71f249",
     "update_n16_b163518b",
-    "conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157",
+    "conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa",
     "update_n1152_196c6407",
-    "conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d",
-    "conv_wgrad_reduce_o8_k9_s32_update_15c70197",
+    "conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560",
+    "conv_wgrad_reduce_o8_k9_s32_update_bab0d19b",
     "linear_cross_entropy_b32_in64_out10_24a3db25",
 };
 const int32_t nparams[] = {5, 5, 4, 12, 4, 7, 4, 3, 6, 5, 6, 4, 6, 9};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "17b4c77cc8b6dbebb7f13090a39e4ab9a7f78c61f5211b36468d506873636135", 14, names, nparams, {cnnc_cpu_402b0fc6fc7a0b80_sse2_impl, cnnc_cpu_402b0fc6fc7a0b80_avx2_impl}};
-}  // namespace cnnc_cpu_402b0fc6fc7a0b80_table
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "a4e0d3339c558e240501587c8be88f175e4f0ec7db31e9b69829e08c291804cc", 14, names, nparams, {cnnc_cpu_b27b2d31c270597f_sse2_impl, cnnc_cpu_b27b2d31c270597f_avx2_impl}};
+}  // namespace cnnc_cpu_b27b2d31c270597f_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_402b0fc6fc7a0b80(void) {
-  return &cnnc_cpu_402b0fc6fc7a0b80_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_b27b2d31c270597f(void) {
+  return &cnnc_cpu_b27b2d31c270597f_table::library;
 }

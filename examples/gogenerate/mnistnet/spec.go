@@ -34,14 +34,14 @@ var Spec = &trainer.Spec{
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    4214784,
 			Grid:     [3]uint32{32, 1, 1},
-			Kernel:   "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
+			Kernel:   "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29",
 			MinBytes: 238656,
 		}, {
 			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1536}, {Offset: 10752}, {Offset: 619520}, {Offset: 765696}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    14751744,
 			Grid:     [3]uint32{32, 1, 1},
-			Kernel:   "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
+			Kernel:   "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e",
 			MinBytes: 312000,
 		}, {
 			Args:     []trainer.Arg{{Offset: 619520}, {Offset: 11264}, {Offset: 412672}, {Offset: 757504}},
@@ -174,14 +174,14 @@ var Spec = &trainer.Spec{
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    4214784,
 			Grid:     [3]uint32{32, 1, 1},
-			Kernel:   "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_7c7a106d",
+			Kernel:   "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29",
 			MinBytes: 238656,
 		}, {
 			Args:     []trainer.Arg{{Offset: 876800}, {Offset: 1536}, {Offset: 10752}, {Offset: 418816}, {Offset: 1215488}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    14751744,
 			Grid:     [3]uint32{32, 1, 1},
-			Kernel:   "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_9cce9716",
+			Kernel:   "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e",
 			MinBytes: 312000,
 		}, {
 			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 11264}, {Offset: 412672}, {Offset: 1077504}},
@@ -216,14 +216,14 @@ var Spec = &trainer.Spec{
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    14551040,
 			Grid:     [3]uint32{16, 1, 1},
-			Kernel:   "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_d8f2c952",
+			Kernel:   "conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9",
 			MinBytes: 386752,
 		}, {
 			Args:     []trainer.Arg{{Offset: 418816}, {Offset: 1221888}, {Offset: 1226496}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    17520,
 			Grid:     [3]uint32{2, 1, 1},
-			Kernel:   "conv_wgrad_reduce_o16_k72_s16_grads_977f897a",
+			Kernel:   "conv_wgrad_reduce_o16_k72_s16_grads_bc71f249",
 			MinBytes: 79424,
 		}, {
 			Args: []trainer.Arg{{Offset: 10752}, {Offset: 1226496}, {Offset: 11008}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}, {
@@ -240,7 +240,7 @@ var Spec = &trainer.Spec{
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    14450688,
 			Grid:     [3]uint32{32, 1, 1},
-			Kernel:   "conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_dbd98157",
+			Kernel:   "conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa",
 			MinBytes: 512640,
 		}, {
 			Args: []trainer.Arg{{Offset: 1536}, {Offset: 1221888}, {Offset: 6144}, {Kind: kernelarg.Scalars}, {Kind: kernelarg.Int}, {
@@ -257,14 +257,14 @@ var Spec = &trainer.Spec{
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    3813376,
 			Grid:     [3]uint32{32, 1, 1},
-			Kernel:   "conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_3b29908d",
+			Kernel:   "conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560",
 			MinBytes: 249216,
 		}, {
 			Args:     []trainer.Arg{{Offset: 418816}, {}, {Offset: 1024}, {Offset: 512}, {Offset: 1280}, {Kind: kernelarg.Scalars}},
 			Block:    [3]uint32{1, 1, 1},
 			FLOPs:    2480,
 			Grid:     [3]uint32{1, 1, 1},
-			Kernel:   "conv_wgrad_reduce_o8_k9_s32_update_15c70197",
+			Kernel:   "conv_wgrad_reduce_o8_k9_s32_update_bab0d19b",
 			MinBytes: 11520,
 		}},
 		Loss: trainer.Tensor{
