@@ -35,7 +35,8 @@ train {
 	require.NoError(t, err)
 	assert.Equal(t, schedule.Schedule{Kind: schedule.OneCycle, PctStart: 0.25, DivFactor: 25, FinalDivFactor: 1e4}, c.Spec.Schedule)
 	assert.Equal(t, float32(0.2), c.Spec.LR)
-	assert.Contains(t, string(c.Kernels), "softmax_cross_entropy_b4_c3_ls0p1")
+	// the loss is the classifier tail's (linear_cross_entropy: fc's forward, the loss and its gradients in one kernel)
+	assert.Regexp(t, `linear_cross_entropy_b4_in36_out3\w*_ls0p1`, string(c.Kernels))
 
 	code, err := trainergen.SpecFile("specpkg", c.Spec)
 	require.NoError(t, err)
