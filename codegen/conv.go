@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
-	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Convolution blocks (ir/fused.go): conv + bias + ReLU + max-pool forward,
@@ -59,7 +58,8 @@ type convGeom struct {
 	// Act is the block's folded activation other than ReLU (its kernel
 	// family, templates/activations.cu.tmpl; Consts its constants, actName
 	// its name suffix); HasY then means the saved y or z its gradient
-	// reads, and SaveZ that the forward block writes z.
+	// reads, and SaveZ that the forward block writes z (pooled: z at each
+	// pooled output's argmax, which the pool epilogue keeps).
 	Act     string
 	Consts  map[string]string
 	actName string
@@ -79,9 +79,6 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	g.Act, g.Consts, g.actName = foldedAct(&a)
 	if g.Act != "" {
 		g.HasY = true
-		if a.Pool != nil && ops.LinearSavesPre(&a) {
-			return nil, fmt.Errorf("codegen: %s: the pool epilogue keeps no z at the argmax for %s's gradient", n.Text(), g.Act)
-		}
 	}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
