@@ -411,7 +411,9 @@ func DirectConvChecks(t testing.TB) []Case {
 }
 
 // ConvInferChecks are the forward checks of every pooled conv case as an
-// inference graph has it (cnnc build --infer): no argmax output.
+// inference graph has it (cnnc build --infer): no argmax output. Then each
+// activation of LinearActs on a pooled ConvActCases case (in turn): those
+// whose gradient reads z save none there.
 func ConvInferChecks(t testing.TB) []Case {
 	var checks []Case
 	for _, c := range ConvCases {
@@ -419,6 +421,17 @@ func ConvInferChecks(t testing.TB) []Case {
 			c.NoArgmax = true
 			checks = append(checks, Case{Name: "fwd " + c.String(), N: ConvForward(t, c)})
 		}
+	}
+	var pooled []Conv
+	for _, c := range ConvActCases {
+		if c.Pool != nil {
+			pooled = append(pooled, c)
+		}
+	}
+	for ai, a := range LinearActs {
+		c := pooled[ai%len(pooled)]
+		c.Act, c.Alpha, c.NoArgmax = a.Op, a.Alpha, true
+		checks = append(checks, Case{Name: "fwd " + c.String(), N: ConvForward(t, c)})
 	}
 	return checks
 }
