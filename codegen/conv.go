@@ -18,7 +18,8 @@ import (
 //     HWC images converted as they load). With a pool epilogue the BN
 //     columns are the conv outputs under a tile of pooled outputs (with the
 //     overlap of overlapping windows), kept in shared memory; only the pooled
-//     values and their packed argmax reach global memory.
+//     values and their packed argmax reach global memory (and, for an
+//     activation whose gradient reads z, z at each argmax: SaveZ).
 //   - conv_block_dgrad: dx(c, i) = sum over r = (o, ky, kx) of w(o, c, ky, kx)·dy(o, (i + pad - k)/s).
 //     Pixels are split into stride phases (iy mod SH, ix mod SW), whose
 //     pixels all use the same taps, so a block — BM input channels x a
