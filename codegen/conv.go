@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
-	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Convolution blocks (ir/fused.go): conv + bias + ReLU + max-pool forward,
@@ -19,7 +18,8 @@ import (
 //     HWC images converted as they load). With a pool epilogue the BN
 //     columns are the conv outputs under a tile of pooled outputs (with the
 //     overlap of overlapping windows), kept in shared memory; only the pooled
-//     values and their packed argmax reach global memory.
+//     values and their packed argmax reach global memory (and, for an
+//     activation whose gradient reads z, z at each argmax: SaveZ).
 //   - conv_block_dgrad: dx(c, i) = sum over r = (o, ky, kx) of w(o, c, ky, kx)·dy(o, (i + pad - k)/s).
 //     Pixels are split into stride phases (iy mod SH, ix mod SW), whose
 //     pixels all use the same taps, so a block — BM input channels x a
@@ -59,7 +59,8 @@ type convGeom struct {
 	// Act is the block's folded activation other than ReLU (its kernel
 	// family, templates/activations.cu.tmpl; Consts its constants, actName
 	// its name suffix); HasY then means the saved y or z its gradient
-	// reads, and SaveZ that the forward block writes z.
+	// reads, and SaveZ that the forward block writes z (pooled: z at each
+	// pooled output's argmax, which the pool epilogue keeps).
 	Act     string
 	Consts  map[string]string
 	actName string
@@ -79,9 +80,6 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	g.Act, g.Consts, g.actName = foldedAct(&a)
 	if g.Act != "" {
 		g.HasY = true
-		if a.Pool != nil && ops.LinearSavesPre(&a) {
-			return nil, fmt.Errorf("codegen: %s: the pool epilogue keeps no z at the argmax for %s's gradient", n.Text(), g.Act)
-		}
 	}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:

@@ -14,8 +14,8 @@ import (
 // becomes one conv2d_block (the full-resolution conv output never exists; a
 // pooled block saves its pooled output and a packed argmax; an activation
 // whose gradient reads its input has the block also write the
-// pre-activation output; a max-pool after gelu, silu or hardswish stays
-// unfused for now) unless the conv is grouped or dilated
+// pre-activation output — pooled, only at each pooled output's argmax)
+// unless the conv is grouped or dilated
 // (then it runs its own direct kernels, and its parameters a separate
 // update); conv2d -> tanh -> avgpool2d becomes one conv2d_tanh_avgpool
 // (compiler/ops/conv_tanh_pool.go: the pooled output, plus the tanh
@@ -226,12 +226,11 @@ func (f *fuser) blockStart(n *ir.Node) (ir.Attrs, []*ir.Value, *ir.Node) {
 // [-> maxpool2d] into one conv2d_block. Like linearBlock, an activation
 // whose gradient reads its input has the block also write the
 // pre-activation output (Attrs.SaveAct, the block's last output, named as
-// the conv's output was). A max-pool joins the block after ReLU or an
-// activation whose derivative reads its output (sigmoid, tanh, leaky_relu
-// with a positive slope: f'(·) at the argmax from the pooled y); after
-// gelu, silu or hardswish it stays a max-pool of its own for now (the
-// kernels' pool epilogues keep no z at the argmax; ops/conv_block.go's
-// reference takes that form too).
+// the conv's output was). A max-pool joins the block after any of them:
+// after ReLU or an activation whose derivative reads its output (sigmoid,
+// tanh, leaky_relu with a positive slope) f'(·) at the argmax comes from
+// the pooled y; after gelu, silu or hardswish the saved z is pooled-size,
+// z at each pooled output's argmax (ops/conv_block.go).
 func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	a, ins, last := f.blockStart(n)
 	if r := f.onlyPointwise(n.Out()); !a.ReLU && r != nil {
@@ -240,7 +239,7 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 		f.absorbed[r] = true
 		last = r
 	}
-	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil && !ops.LinearSavesPre(&a) && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
+	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
 		a.Pool = &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}
 		f.absorbed[p] = true
 		last = p

@@ -32,7 +32,8 @@ type convGeom struct {
 	PHO, PWO, Bits               int64
 	HasY, MaskOut, Acc           bool
 	// Act: an activation other than ReLU folded in (its functor, cnnc_cpu.h, and constants;
-	// HasY then means the saved y or z its derivative reads), SaveZ: the forward writes z.
+	// HasY then means the saved y or z its derivative reads), SaveZ: the forward writes z (pooled: at
+	// each pooled output's argmax).
 	Act, SaveZ  bool
 	functor     string
 	actName     string // its kernel family (ops.BNActKernel)
@@ -50,9 +51,6 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	g.actName = ops.BNActKernel(&a)
 	if g.Act = a.Act != 0; g.Act {
 		g.HasY = true
-		if a.Pool != nil && ops.LinearSavesPre(&a) {
-			return nil, fmt.Errorf("%s: the pooled conv kernels keep no z at the argmax for %s's gradient", n.Text(), a.Act)
-		}
 	}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
@@ -186,6 +184,9 @@ func (g *convGeom) splitForward() {
 		s := floats64(g.C * ir * g.SW * jw)
 		if g.Pool {
 			s += floats64(g.OT*cr*wop) + floats64(band*g.PWO)
+			if g.SaveZ { // z beside f(z), for z at the argmax
+				s += floats64(g.OT * cr * wop)
+			}
 		}
 		return s
 	}

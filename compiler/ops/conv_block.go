@@ -27,9 +27,11 @@ import (
 // (Attrs.SaveAct; not in a forward-only graph) — pooled, z at the argmax
 // positions only, a pooled-size tensor. Unfused, the activation would save
 // a full-resolution tensor, so the block never saves more than the pair
-// (or the triple, with the pool) it replaces. (The kernels, codegen, keep
-// no z at the argmax yet: the fuse pass leaves the max-pool after gelu,
-// silu and hardswish unfused.)
+// (or the triple, with the pool) it replaces. The pooled kernels keep the
+// conv outputs' z until the pool has picked each window's maximum of f(z)
+// (the CUDA epilogue keeps z alone and applies f as it compares, the CPU's
+// z beside f(z)), then write z there — the position the argmax word
+// records — and the gradients read it where they read the pooled y.
 
 var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, attrFusedAct, attrFusedSlope, ir.AttrPool, ir.AttrArgmax, attrSaveAct}
 
