@@ -24,16 +24,17 @@ import (
 // valid count from the step's scalar block: a padded last batch is
 // normalised over its real samples.
 //
-// The cells' layout, part[(c·chunks + p)·2 + {mean, M2}] with chunk p the
+// The cells' layout, part[(p·C + c)·2 + {mean, M2}] with chunk p the
 // values p·bnChunk.. of the channel's batch-major B·S, is the conv
-// forward's column tile (bnChunk = its BN): a conv block could write the
-// cells in its epilogue and make the first pass unnecessary.
+// forward's column tile (bnChunk = its BN): a conv block whose output only
+// the batch norm reads writes the cells in its epilogue (ir.Attrs.BNStats;
+// the statistics node's fifth input), and the first pass is not launched.
 
 const bnThreads = 256 // the templates' reductions assume it
 
 // bnChunk is the statistics' first pass's values a cell (a warp's, so a
 // multiple of 32).
-const bnChunk = 64
+const bnChunk = ops.BNChunk
 
 func init() {
 	register(ops.BatchNormStats, batchNormRule)
@@ -66,6 +67,9 @@ func bnCells(c, s, batch int64) ir.Type {
 // statistics (samples: the batch; evaluation's kernel needs none, and a
 // plan's workspace holding it costs a few bytes per value of the batch).
 func batchNormStatsScratch(n *ir.Node, samples int64, _ sizing) (int64, error) {
+	if len(n.Ins) == 5 {
+		return 0, nil // the cells are the conv block's partials (its output, which the first pass fills when the block ran in a micro-batch loop)
+	}
 	c, s := n.Ins[0].Type.Dims[0], n.Ins[0].Type.SampleElems()/n.Ins[0].Type.Dims[0]
 	return ScratchAligned(bnCells(c, s, samples).Bytes(1)), nil
 }
@@ -103,7 +107,7 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 		return err
 	}
 	var args []Arg
-	for _, v := range n.Ins {
+	for _, v := range n.Ins[:min(len(n.Ins), 4)] { // not the statistics' partials (the fifth): they replace x below
 		args = append(args, buf(v))
 	}
 	for _, v := range n.Outs {
@@ -119,13 +123,19 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 	case "batchnorm_grad":
 		return batchNormGradPasses(e, n, k)
 	case "batchnorm_stats":
-		// the first pass reads x into the cells; the merge reads the cells
-		cells := e.scratch(n, "cells", bnCells(k.C, k.S, e.batch))
-		if err := batchNormCells(e, n, k, cells); err != nil {
-			return err
+		// the first pass reads x into the cells (unless the conv block before wrote them); the merge reads the cells
+		flops, bytes = 8*k.C*k.Chunks, bytes-n.Ins[0].Type.Bytes(e.batch)
+		cells := n.Ins[len(n.Ins)-1]
+		if len(n.Ins) == 4 || !e.bnParts[cells] {
+			if len(n.Ins) == 4 {
+				cells = e.scratch(n, "cells", bnCells(k.C, k.S, e.batch))
+			} // else the conv block ran in a micro-batch loop: its partials' buffer (large enough) takes the cells
+			if err := batchNormCells(e, n, k, cells); err != nil {
+				return err
+			}
+			bytes += cells.Type.Bytes(e.batch)
 		}
 		args[0] = buf(cells)
-		flops, bytes = 8*k.C*k.Chunks, bytes-n.Ins[0].Type.Bytes(e.batch)+cells.Type.Bytes(e.batch)
 	}
 	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: grid, Block: block, SharedBytes: 0,
 		Args: args, FLOPs: flops, MinBytes: bytes})

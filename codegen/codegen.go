@@ -271,6 +271,9 @@ type emitter struct {
 	// accumulate: the node being generated adds its unbatched outputs to
 	// the buffers (genItem.accumulate)
 	accumulate bool
+	// bnParts: the batch norm partials a conv block has written at the
+	// whole batch (ir.Attrs.BNStats; not in a micro-batch loop)
+	bnParts map[*ir.Value]bool
 }
 
 // kernel renders template family with data (which must have a Name field

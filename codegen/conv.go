@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Convolution blocks (ir/fused.go): conv + bias + ReLU + max-pool forward,
@@ -55,6 +56,12 @@ type convGeom struct {
 	PHO, PWO                     int64 // pooled output
 	Bits, Per, BitMask           int64 // argmax bits per element, elements per 32-bit word, (1<<Bits)-1
 	Bias, ReLU, HasY, MaskOut    bool
+	// BNStats: the forward also writes batch norm's statistics partials
+	// (ir.Attrs.BNStats; BNPartUsed of the buffer's BNPartElems floats
+	// are chunks, the rest zero)
+	BNStats                 bool
+	BNPartUsed, BNPartElems int64
+	BNRot                   bool // the partials' rows are read rotated (CS even: rows would share banks)
 	// derived sizes
 	HW, HWO, KHKW, K, PHWO int64
 	WElems, PooledTotal    int64  // O·K weights; B·O·PHO·PWO pooled outputs
@@ -66,7 +73,7 @@ type convGeom struct {
 func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	a := n.Attrs
 	g := &convGeom{B: batch, O: a.Out, KH: a.Kernel[0], KW: a.Kernel[1], SH: a.Stride[0], SW: a.Stride[1], PH: a.Pad[0], PW: a.Pad[1],
-		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut}
+		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut, BNStats: a.BNStats && n.Op == ir.OpConvBlock}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
 		g.U8, g.H, g.W, g.C = true, x.Dims[0], x.Dims[1], x.Dims[2]
@@ -137,6 +144,9 @@ func (g *convGeom) name() string {
 		if g.NoArgmax {
 			b.WriteString("_noargmax")
 		}
+	}
+	if g.BNStats {
+		b.WriteString("_bnstats")
 	}
 	if g.Idx == "long" {
 		b.WriteString("_i64")
@@ -308,6 +318,10 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		return err
 	}
 	g.Aug = newAugData(n.Attrs.Aug, e.eval)
+	if g.BNStats && e.batch != e.prog.Batch {
+		// a micro-batch loop's step: the statistics compute the partials from the output after the loop
+		g.BNStats = false
+	}
 	d := &convData{convGeom: g, gemmTile: tileFor(g.O)}
 	if e.prec.tensor() {
 		d.gemmTile = tcTile(g.O)
@@ -342,6 +356,11 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	} else {
 		d.NTotal = g.B * g.HWO
 		grid[0] = uint32((d.NTotal + d.BN - 1) / d.BN)
+		if g.BNStats {
+			if err := d.bnPartials(); err != nil {
+				return fmt.Errorf("codegen: %s: %v", n.Text(), err)
+			}
+		}
 	}
 	sharedBytes := d.SharedFloats * 4
 	family := "conv_block_fwd"
@@ -357,6 +376,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		d.TCRows = roundUp(d.BK, tc.KS)
 		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.XLD, tcLD(d.BN, 4)
 		d.CS = d.TCLDC
+		d.BNRot = g.BNStats && d.CS%2 == 0
 		sharedBytes = max(d.TCRows*(d.WS+d.XLD)*tc.Elem, d.epilogueFloats()*4) + tcAlignSlack
 		if halo := d.haloTile(); halo > 0 && halo <= maxStaticShared && e.arch != "sm_80" {
 			d.Halo, sharedBytes = true, halo
@@ -391,6 +411,18 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		params = append(params, "unsigned int* __restrict__ argmax")
 		args = append(args, buf(n.Outs[1]))
 	}
+	if g.BNStats {
+		if e.bnParts == nil {
+			e.bnParts = map[*ir.Value]bool{}
+		}
+		e.bnParts[n.Outs[1]] = true
+		params = append(params, "float* __restrict__ bnpart")
+		args = append(args, buf(n.Outs[1]))
+		if g.Aug == nil || !g.Aug.Train { // the partials count the valid samples
+			params = append(params, scalarsParam)
+			args = append(args, scalarsArg)
+		}
+	}
 	params, args = augParams(g.Aug, params, args)
 	d.Params = strings.Join(params, ", ")
 	if err := e.kernel(family, d.Name, d); err != nil {
@@ -398,6 +430,25 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	}
 	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(sharedBytes),
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+	return nil
+}
+
+// bnPartials lays out an unpooled forward block's batch norm partials
+// (ops.BNPartialsType): column tile p is chunk p of every channel's
+// batch-major values, so the tile's width must be the chunk's; the
+// epilogue stages the tile's outputs in shared memory (rows CS apart) and
+// reduces each channel's row there.
+func (d *convData) bnPartials() error {
+	if d.BN != ops.BNChunk {
+		return fmt.Errorf("a batch norm chunk of %d values needs %d-column tiles, not %d", ops.BNChunk, ops.BNChunk, d.BN)
+	}
+	chunks := (d.NTotal + d.BN - 1) / d.BN
+	d.BNPartUsed = chunks * d.O * 2
+	d.BNPartElems = d.B * d.O * ((d.HWO + d.BN - 1) / d.BN) * 2
+	if d.CS == 0 {
+		d.CS = d.BN + 1 // rows on distinct banks
+	}
+	d.SharedFloats = max(d.SharedFloats, d.BM*d.CS)
 	return nil
 }
 

@@ -51,6 +51,20 @@ import (
 // with dz. Unfused, z (or f(z)) would be saved for the activation's
 // gradient beside x.
 //
+// The fuse pass has a conv block whose output only a batch norm reads (in
+// training) write the statistics' partials in its epilogue (Attrs.BNStats,
+// printed bnstats=true): per chunk p of BNChunk consecutive values of a
+// channel's batch-major B·S values and channel c, the chunk's valid
+// values' mean and M2 (sum of squared deviations: no sum of squares
+// cancels) at part[(p·C + c)·2 + {0, 1}] (BNPartialsType; chunks with no
+// valid value hold (0, 0)). batchnorm_stats then takes them as a fifth
+// input and merges the chunks in order with Chan's update instead of
+// reading x again (x stays its first input: its shape, and the
+// normalisation reads it next anyway). The reference computes the
+// statistics from x either way (BNMergePartials is the merge's float64
+// form, for the kernels' tests); a block the planner puts in a micro-batch
+// loop writes no partials, and the targets' statistics then read x.
+//
 // A padded last batch (fewer valid samples than the compiled batch) is
 // normalised over the valid samples only, and its padding gets no
 // gradient. Unlike PyTorch, which refuses a batch of one value per channel
@@ -261,10 +275,67 @@ func inferBNStats(n *ir.Node) ([]ir.Type, error) {
 		return nil, fmt.Errorf("batchnorm_stats needs [B,C,H,W] or [B,F], but %s is %s", n.Ins[0].Name, x)
 	}
 	c := channelType(x)
-	if len(n.Ins) != 4 || !in(n, 1).Equal(c) || !in(n, 2).Equal(c) || !in(n, 3).Equal(ir.Type{DType: ir.I64}) {
-		return nil, fmt.Errorf("batchnorm_stats takes x, running_mean and running_var %s, and num_batches_tracked i64[]", c)
+	if (len(n.Ins) != 4 && len(n.Ins) != 5) || !in(n, 1).Equal(c) || !in(n, 2).Equal(c) || !in(n, 3).Equal(ir.Type{DType: ir.I64}) {
+		return nil, fmt.Errorf("batchnorm_stats takes x, running_mean and running_var %s, num_batches_tracked i64[], and optionally x's partials", c)
+	}
+	if len(n.Ins) == 5 && (len(x.Dims) != 3 || !in(n, 4).Equal(BNPartialsType(x))) {
+		return nil, fmt.Errorf("batchnorm_stats: partials %s are %s, want %s", n.Ins[4].Name, in(n, 4), BNPartialsType(x))
 	}
 	return []ir.Type{c, c}, nil
+}
+
+// BNChunk is the values of a channel one statistics partial covers: the
+// conv forward kernels' column tile (codegen's tileFor), so that a tile's
+// epilogue writes its chunk's.
+const BNChunk = 64
+
+// BNPartialsType is the type of the statistics' partials of a [B,C,S]
+// value x: C·⌈S/BNChunk⌉·2 floats a sample, so that at any batch B the
+// buffer holds the ⌈B·S/BNChunk⌉ chunks' (mean, M2) of every channel (the
+// layout is chunk-major, part[(p·C + c)·2 + {0, 1}]; the rest is zero).
+func BNPartialsType(x ir.Type) ir.Type {
+	c, s := bnGeom(x)
+	return ir.F32Batched(c, (s+BNChunk-1)/BNChunk, 2)
+}
+
+// BNPartials is the float64 reference of the partials of x ([batch,C,S]):
+// per chunk and channel, the mean and M2 of the chunk's values, two-pass,
+// in BNPartialsType's layout.
+func BNPartials(x []float64, batch, c, s int) []float64 {
+	chunks := (batch*s + BNChunk - 1) / BNChunk
+	part := make([]float64, batch*c*((s+BNChunk-1)/BNChunk)*2)
+	for p := 0; p < chunks; p++ {
+		lo, hi := p*BNChunk, min((p+1)*BNChunk, batch*s)
+		for ch := 0; ch < c; ch++ {
+			at := func(j int) float64 { return x[((j/s)*c+ch)*s+j%s] }
+			sum := 0.0
+			for j := lo; j < hi; j++ {
+				sum += at(j)
+			}
+			mu, m2 := sum/float64(hi-lo), 0.0
+			for j := lo; j < hi; j++ {
+				m2 += (at(j) - mu) * (at(j) - mu)
+			}
+			part[(p*c+ch)*2], part[(p*c+ch)*2+1] = mu, m2
+		}
+	}
+	return part
+}
+
+// BNMergePartials merges channel ch's chunks of part (BNPartials' layout)
+// in order with Chan's update: the batch's mean and biased variance.
+func BNMergePartials(part []float64, batch, c, s, ch int) (mean, variance float64) {
+	var n, mu, q float64
+	for p := 0; p*BNChunk < batch*s; p++ {
+		nb := float64(min(BNChunk, batch*s-p*BNChunk))
+		mb, qb := part[(p*c+ch)*2], part[(p*c+ch)*2+1]
+		t := n + nb
+		d := mb - mu
+		mu += d * nb / t
+		q += qb + d*d*n*nb/t
+		n = t
+	}
+	return mu, q / n
 }
 
 func inferBN(rank int) func(n *ir.Node) ([]ir.Type, error) {
@@ -382,6 +453,9 @@ func refBNStats(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	}
 	count := float64(env.Batch * s)
 	for ch := 0; ch < c; ch++ {
+		// from x also with a conv block's partials (a fifth input): they
+		// are the same statistics, and x is the truth the kernels' merge
+		// is checked against (a block in a micro-batch loop writes none)
 		sum := 0.0
 		bnValues(env.Batch, c, s, ch, func(i int) { sum += x[i] })
 		mu := sum / count

@@ -14,7 +14,7 @@ import (
 // (templates/conv.cu.tmpl). The reference kernels compose the unfused ones,
 // so "fused step == unfused step" is checked in float64.
 
-var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, ir.AttrPool, ir.AttrArgmax}
+var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, ir.AttrPool, ir.AttrArgmax, ir.AttrBNStats}
 
 var _ = Register(ir.OpConvBlock, &Def{
 	OpInfo: ir.OpInfo{Name: "conv2d_block", Attrs: convBlockAttrs, Infer: inferConvBlock, FLOPs: flopsConvBlock, Layout: blockLayout},
@@ -98,6 +98,12 @@ func inferConvBlock(n *ir.Node) ([]ir.Type, error) {
 	_, outs, err := convBlockShapes(n, p.X.Type, p.W, p.B)
 	if err == nil && n.Attrs.NoArgmax && len(outs) == 2 {
 		outs = outs[:1] // inference: no backward reads the argmax
+	}
+	if err == nil && n.Attrs.BNStats {
+		if n.Attrs.Pool != nil {
+			return nil, fmt.Errorf("%s: a pooled block writes no batch norm partials", n.Op)
+		}
+		outs = append(outs, BNPartialsType(outs[0]))
 	}
 	return outs, err
 }
@@ -236,6 +242,10 @@ func refConvBlock(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	y := refConv2D(env, probe, cins)[0]
 	if a.ReLU {
 		y = reluValues(y)
+	}
+	if a.BNStats {
+		c, s := bnGeom(ct)
+		return [][]float64{y, BNPartials(y, env.Batch, int(c), int(s))}
 	}
 	if a.Pool == nil {
 		return [][]float64{y}
