@@ -166,3 +166,82 @@ func TestBatchNormManyChunks(t *testing.T) {
 		require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 9), n.Text())
 	}
 }
+
+// bnConvSrc: two conv blocks whose outputs only a batch norm reads (a u8
+// image into 6 channels of 13x11 maps, 143 values a sample, so chunks span
+// samples; 40 channels, a 64-row tile, of stride-2 7x6 maps), so both write
+// the statistics' partials in their epilogue (Attrs.BNStats).
+const bnConvSrc = `model T(image: f32[3,13,11], label: class[4]) {
+    c1 = conv2d(image, out=6, kernel=3, padding=1, bias=false)
+    r1 = relu(batchnorm2d(c1))
+    c2 = conv2d(r1, out=40, kernel=3, stride=2, padding=1)
+    bn2 = batchnorm2d(c2)
+    logits = linear(flatten(bn2), out=4)
+    loss = cross_entropy(logits, label)
+}
+`
+
+// The conv blocks that write batch norm's partials and the statistics
+// that merge them, on the CPU emulator against the float64 reference with
+// NaN-poisoned outputs (the partials included), FFMA and tensor-core
+// paths, at batches 1, 3 and 17 (38 chunks a channel), and the statistics
+// at a padded batch (9 of 17 valid: a chunk straddles the valid end).
+// The statistics node's partials input is the reference's partials of its
+// x (ops.BNPartials), so the merge is checked against the statistics of x
+// itself. Tolerance: kernelcheck.Tolerance — a chunk's mean and M2 are
+// sums of at most 64 values (relative error near 64·2^-24), Chan's merges
+// add the tree's depth (at most 9 levels) times 2^-24; the conv's own
+// error is the forward tests'.
+func TestBatchNormStatsInConvEpilogue(t *testing.T) {
+	res, err := compiler.CompileSource("t.cnn", []byte(bnConvSrc), compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		switch {
+		case n.Op == ir.OpConvBlock:
+			require.True(t, n.Attrs.BNStats, n.Text())
+			nodes = append(nodes, n)
+		case n.Op == ops.BatchNormStats:
+			require.Len(t, n.Ins, 5, "%s merges the conv's partials", n.Text())
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 4)
+	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32} {
+		for _, batch := range []int64{1, 3, 17} {
+			prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: testSMs(prec)})
+			require.NoError(t, err)
+			for _, l := range prog.Launches {
+				require.NotContains(t, l.Kernel, "batchnorm_stats_partial", "the conv blocks wrote the cells")
+			}
+			dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+			require.NoError(t, err)
+			for i, n := range nodes {
+				ins := bnConvInputs(n, batch, prec, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, reference.NodeOptions{Training: true, Update: true})
+				require.NoError(t, err, n.Text())
+				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s b%d %s: %s", prec, batch, n.Text(), r)
+				t.Logf("%s b%d %s: %s", prec, batch, n.Text(), r)
+				if batch == 17 && n.Op == ops.BatchNormStats { // a conv leaves its padding's outputs as computed
+					// the partials a conv writes at 9 valid samples: the valid values' chunks
+					x := n.Ins[0].Type
+					valid := ops.BNPartials(ins[0], 9, int(x.Dims[0]), int(x.SampleElems()/x.Dims[0]))
+					ins[4] = append(valid, make([]float64, len(ins[4])-len(valid))...)
+					require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 9), "%s %s", prec, n.Text())
+				}
+			}
+			dev.Close()
+		}
+	}
+}
+
+// bnConvInputs are random inputs of n, rounded for prec; a statistics
+// node's partials are its x's (the reference's layout).
+func bnConvInputs(n *ir.Node, batch int64, prec codegen.Precision, rng *rand.Rand) [][]float64 {
+	ins := kernelcheck.RoundInputs(n, kernelcheck.RandomInputs(n, batch, rng), prec)
+	if n.Op == ops.BatchNormStats {
+		x := n.Ins[0].Type
+		ins[4] = ops.BNPartials(ins[0], int(batch), int(x.Dims[0]), int(x.SampleElems()/x.Dims[0]))
+	}
+	return ins
+}
