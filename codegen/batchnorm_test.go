@@ -15,6 +15,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/cpu"
 )
 
@@ -268,6 +269,29 @@ func TestBatchNormStatsInConvEpilogue(t *testing.T) {
 			}
 			dev.Close()
 		}
+	}
+}
+
+// The conv blocks writing batch norm partials (flat and region tiles) and
+// the merges reading them, at batch 32 on every precision, through ptxas:
+// no spills, no local memory (requireClean).
+func TestPtxasBNStatsInConvEpilogue(t *testing.T) {
+	nvcc.Require(t)
+	res, err := compiler.CompileSource("t.cnn", []byte(bnConvSrc), compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		if n.Attrs.BNStats || n.Op == ops.BatchNormStats {
+			nodes = append(nodes, n)
+		}
+	}
+	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32, codegen.BF16} {
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		require.Contains(t, string(prog.Source), "_bnstats", "%s: the conv blocks write the partials", prec)
+		ks, err := codegen.CompilePtxas(prog.Source, "bnconv.cu", nvcc.Targets)
+		require.NoError(t, err)
+		requireClean(t, prog, ks)
 	}
 }
 
