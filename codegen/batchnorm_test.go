@@ -176,7 +176,9 @@ func TestBatchNormManyChunks(t *testing.T) {
 // chunks span samples), 40 channels of 13x11 maps from f32 (tensor cores:
 // output regions of one sample), 8 channels of stride-2 7x6 maps (one
 // whole map a region) and 8 of 4x3 maps (tensor cores: whole maps of
-// several consecutive samples a tile, the last tile part padding).
+// several consecutive samples a tile, the last tile part padding), twice,
+// the second with a gelu folded into the block: its partials are of the
+// gelu's output, and z (save=true) stays the block's last output.
 const bnConvSrc = `model T(image: f32[3,13,11], label: class[4]) {
     c1 = conv2d(image, out=6, kernel=3, padding=1, bias=false)
     r1 = relu(batchnorm2d(c1))
@@ -186,7 +188,9 @@ const bnConvSrc = `model T(image: f32[3,13,11], label: class[4]) {
     bn3 = batchnorm2d(c3)
     c4 = conv2d(bn3, out=8, kernel=3, stride=2, padding=1)
     bn4 = batchnorm2d(c4)
-    logits = linear(flatten(bn4), out=4)
+    g5 = gelu(conv2d(bn4, out=8, kernel=3, padding=1))
+    bn5 = batchnorm2d(g5)
+    logits = linear(flatten(bn5), out=4)
     loss = cross_entropy(logits, label)
 }
 `
@@ -219,7 +223,10 @@ func TestBatchNormStatsInConvEpilogue(t *testing.T) {
 			nodes = append(nodes, n)
 		}
 	}
-	require.Len(t, nodes, 8)
+	require.Len(t, nodes, 10)
+	last := nodes[len(nodes)-2]
+	require.True(t, last.Attrs.SaveAct && last.Attrs.BNStats, last.Text())
+	require.Len(t, last.Outs, 3, last.Text())
 	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32} {
 		for _, batch := range []int64{1, 3, 17} {
 			prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: testSMs(prec)})
