@@ -342,8 +342,9 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		return err
 	}
 	g.Aug = newAugData(n.Attrs.Aug, e.eval)
-	if g.BNStats && e.batch != e.prog.Batch {
-		// a micro-batch loop's step: the statistics compute the partials from the output after the loop
+	if g.BNStats && (e.batch != e.prog.Batch || e.eval) {
+		// a micro-batch loop's step: the statistics compute the partials from the output after the loop; evaluation's
+		// statistics are the running ones
 		g.BNStats = false
 	}
 	d := &convData{convGeom: g, gemmTile: tileFor(g.O)}
