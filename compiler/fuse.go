@@ -30,7 +30,13 @@ import (
 // it (the whole tail, its backward and its update in one kernel; see
 // linearCrossEntropy) — batch norm's normalisation [-> relu or another
 // pointwise activation] one normalisation with the activation folded in
-// (Attrs.ReLU, Attrs.Act; its statistics stay a node of their own). Images arrive as uint8 HWC, converted inside conv loads (or by
+// (Attrs.ReLU, Attrs.Act; its statistics stay a node of their own). An
+// unpooled conv block whose output only a batch norm reads, in a training
+// graph, also writes the statistics' partials in its epilogue
+// (Attrs.BNStats, its second output; of the activation's output when one
+// is folded), which the statistics node merges instead of reading the
+// conv output again (compiler/ops/batchnorm.go); evaluation and inference
+// use the running statistics, and their conv blocks write none. Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
 //
 // Backward: derived again over the fused forward graph by autodiff's
@@ -107,6 +113,7 @@ type fuser struct {
 	image    *ir.Value                // u8 image input
 	aug      *augment.Spec            // the data block's augmentation, applied by the image's readers
 	tensor   *ir.Value                // f32 image, when a non-conv layer reads it
+	bnPart   map[*ir.Node]*ir.Value   // batchnorm_stats node -> the partials its conv block writes
 }
 
 func (f *fuser) val(v *ir.Value) *ir.Value {
@@ -185,6 +192,9 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 				ins[i] = f.tensor
 			}
 		}
+		if part := f.bnPart[n]; part != nil {
+			ins = append(ins, part)
+		}
 		var names []string
 		for _, o := range n.Outs {
 			names = append(names, o.Name)
@@ -249,7 +259,11 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	if a.Pool != nil && !a.NoArgmax {
 		outs = append(outs, last.Out().Name+".argmax")
 	}
-	if a.SaveAct {
+	stats := f.onlyBatchNorm(last.Out())
+	if a.BNStats = a.Pool == nil && stats != nil; a.BNStats {
+		outs = append(outs, last.Out().Name+".bnpart")
+	}
+	if a.SaveAct { // z, the last output
 		outs = append(outs, n.Out().Name)
 	}
 	b := f.g.NewNode(ir.OpConvBlock, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
@@ -258,10 +272,32 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	}
 	b.Attrs = a
 	f.replaceOutput(last, b)
+	if a.BNStats {
+		if f.bnPart == nil {
+			f.bnPart = map[*ir.Node]*ir.Value{}
+		}
+		f.bnPart[stats] = b.Outs[1]
+	}
 	if a.SaveAct {
 		b.Outs[len(b.Outs)-1].Pos = n.Out().Pos
 	}
 	return b
+}
+
+// onlyBatchNorm returns the statistics node of the batch norm that is v's
+// only reader — its batchnorm_stats and the normalisation reading those
+// statistics, nothing else — in a training graph (evaluation and inference
+// use the running statistics), or nil.
+func (f *fuser) onlyBatchNorm(v *ir.Value) *ir.Node {
+	rs := f.readers[v]
+	if f.g.ForwardOnly() || len(rs) != 2 || v == f.g.Loss || rs[0].Op != ops.BatchNormStats || rs[0].Ins[0] != v || len(rs[0].Ins) != 4 {
+		return nil
+	}
+	apply := rs[1]
+	if (apply.Op != ops.BatchNorm2D) || apply.Ins[0] != v || apply.Ins[1] != rs[0].Outs[0] {
+		return nil
+	}
+	return rs[0]
 }
 
 // convTanhPool fuses conv2d -> tanh -> avgpool2d (each the only reader of

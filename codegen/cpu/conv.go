@@ -228,7 +228,29 @@ func convForward(e codegen.Emitter, n *ir.Node) error {
 		structs: []structSpec{{"g", g.defs()}}, impl: "ConvFwd<%s>", nparams: len(args)}, args)
 	k = g.withAct(k)
 	name := emit(e, k)
-	return launch(e, n, name, g.forwardTasks(), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
+	if err := launch(e, n, name, g.forwardTasks(), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch())); err != nil {
+		return err
+	}
+	if n.Attrs.BNStats {
+		return bnPartials(e, n)
+	}
+	return nil
+}
+
+// bnPartials launches, after a conv block with Attrs.BNStats, the batch norm statistics partials
+// of its output (its second output) in their layout (compiler/ops BNPartialsType); this target's
+// batchnorm_stats still reads the conv output itself (in float64), so they serve the layout's
+// tests and the other targets.
+func bnPartials(e codegen.Emitter, n *ir.Node) error {
+	y, part := n.Outs[0], n.Outs[1]
+	c, s := bnGeom(y.Type)
+	b := e.Batch()
+	defs := []def{{"B", b}, {"C", c}, {"S", s}, {"CHUNK", int64(ops.BNChunk)}, {"ELEMS", part.Type.Elems(b)}}
+	name := emit(e, kernelSpec{family: "bn_partials", shape: fmt.Sprintf("c%d_s%d_b%d", c, s, b),
+		doc:     fmt.Sprintf("batch norm statistics partials of [%d,%d,%d] (the batch valid at run time).", b, c, s),
+		structs: []structSpec{{"g", defs}}, impl: "BNPartials<%s>", nparams: 3})
+	return launch(e, n, name, c, []codegen.Arg{buf(y), buf(part), {Kind: kernelarg.Scalars}},
+		4*y.Type.Elems(b), y.Type.Bytes(b)+part.Type.Bytes(b))
 }
 
 // The input gradient's split: OT input channels and BAND input rows (a multiple of the stride) a

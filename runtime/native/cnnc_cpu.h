@@ -2169,6 +2169,37 @@ struct BNStats {  // x, running_mean, running_var, num_batches_tracked, mean, in
     if (c == 0) tracked[0] += 1;
   }
 };
+// A conv block's batch norm statistics partials (compiler/ops BNPartialsType; the conv's second
+// output, Attrs.BNStats), flat-tiled: per chunk q of CHUNK consecutive values of channel c's
+// batch-major B·S and channel c, the chunk's valid values' mean and M2 = Σ(v - mean)² (two passes)
+// at part[(q·C + c)·2 + {0, 1}], (0, 0) for a chunk without a valid value; task 0 zeroes the
+// buffer's floats past the chunks (ELEMS in all). One task per channel, a fixed order.
+template <class G>
+struct BNPartials {  // y, part, scalars
+  static constexpr long tasks = G::C, scratch = 0;
+  static void run(const uint64_t* p, int64_t c, float*) {
+    const float* y = arg<const float>(p, 0);
+    float* part = arg<float>(p, 1);
+    const long valid = bnValid<G>(p, 2), n = valid * G::S;
+    constexpr long chunks = (G::B * G::S + G::CHUNK - 1) / G::CHUNK;
+    for (long q = 0; q < chunks; q++) {
+      const long lo = q * G::CHUNK, hi = n < lo + G::CHUNK ? n : lo + G::CHUNK;
+      const auto at = [&](long j) { return y[((j / G::S) * G::C + c) * G::S + j % G::S]; };
+      float s = 0.0f;
+      for (long j = lo; j < hi; j++) s += at(j);
+      const float mu = hi > lo ? s / static_cast<float>(hi - lo) : 0.0f;
+      float m2 = 0.0f;
+      for (long j = lo; j < hi; j++) {
+        const float d = at(j) - mu;
+        m2 += d * d;
+      }
+      part[(q * G::C + c) * 2] = mu;
+      part[(q * G::C + c) * 2 + 1] = m2;
+    }
+    if (c == 0)
+      for (long e = chunks * G::C * 2; e < G::ELEMS; e++) part[e] = 0.0f;
+  }
+};
 template <class G>
 struct BNStatsEval {  // the same parameters: mean, invstd from the running statistics; nothing changes
   static constexpr long tasks = 1, scratch = 0;
