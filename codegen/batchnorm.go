@@ -24,16 +24,19 @@ import (
 // valid count from the step's scalar block: a padded last batch is
 // normalised over its real samples.
 //
-// The cells' layout, part[(c·chunks + p)·2 + {mean, M2}] with chunk p the
-// values p·bnChunk.. of the channel's batch-major B·S, is the conv
-// forward's column tile (bnChunk = its BN): a conv block could write the
-// cells in its epilogue and make the first pass unnecessary.
+// The statistics' cells, part[(p·C + c)·2 + {mean, M2}] with cell p of
+// channel c the values p·bnChunk.. of the channel's batch-major B·S, are
+// the conv forward's partials layout (ops.BNPartialsType): a conv block
+// whose output only the batch norm reads writes its tiles' cells (a tile
+// may be an output region of one or several samples: the merge derives
+// each cell's count from the tiling, ops.BNTiling.Count) in its epilogue (ir.Attrs.BNStats; the statistics node's fifth
+// input), and the first pass is not launched.
 
 const bnThreads = 256 // the templates' reductions assume it
 
 // bnChunk is the statistics' first pass's values a cell (a warp's, so a
 // multiple of 32).
-const bnChunk = 64
+const bnChunk = ops.BNChunk
 
 func init() {
 	register(ops.BatchNormStats, batchNormRule)
@@ -49,6 +52,10 @@ type bnKernel struct {
 	Eps, Momentum string
 	Affine        bool
 	Chunk, Chunks int64 // the statistics' cells
+	// the merge's cells are a conv block's tiles (RH > 0: output regions
+	// of [H,W] maps; else flat chunks of Chunk values), ops.BNTiling
+	ops.BNTiling
+	H, W int64
 	// Act is the gradient's folded activation's kernel family ("" for
 	// none; its formulas are templates/activations.cu.tmpl's), YSave that
 	// its gradient reads the output, Consts its constants.
@@ -57,17 +64,26 @@ type bnKernel struct {
 	Consts map[string]string
 }
 
-// bnCells is the statistics' scratch: (mean, M2) per chunk and channel.
+// bnCells is the gradient's scratch: two sums per chunk and channel.
 func bnCells(c, s, batch int64) ir.Type {
 	return ir.F32Fixed(c, (batch*s+bnChunk-1)/bnChunk, 2)
+}
+
+// bnStatsCells is the statistics' scratch: (mean, M2) per chunk and
+// channel.
+func bnStatsCells(c, s, batch int64) ir.Type {
+	return ir.F32Fixed((batch*s+bnChunk-1)/bnChunk, c, ops.BNCell)
 }
 
 // batchNormStatsScratch is batchNormRule's scratch for the training
 // statistics (samples: the batch; evaluation's kernel needs none, and a
 // plan's workspace holding it costs a few bytes per value of the batch).
 func batchNormStatsScratch(n *ir.Node, samples int64, _ sizing) (int64, error) {
+	if len(n.Ins) == 5 {
+		return 0, nil // the cells are the conv block's partials (its output, which the first pass fills when the block ran in a micro-batch loop)
+	}
 	c, s := n.Ins[0].Type.Dims[0], n.Ins[0].Type.SampleElems()/n.Ins[0].Type.Dims[0]
-	return ScratchAligned(bnCells(c, s, samples).Bytes(1)), nil
+	return ScratchAligned(bnStatsCells(c, s, samples).Bytes(1)), nil
 }
 
 func batchNormRule(e *emitter, n *ir.Node) error {
@@ -97,13 +113,21 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 		k.Doc = fmt.Sprintf("batch norm gradient over [B,%s] (B = %d, valid at run time)", shapeName(x.Dims), e.batch)
 	default:
 		k.Name = fmt.Sprintf("%s_%s_b%d_eps%s_m%s", family, shapeName(x.Dims), e.batch, nameNumber(n.Attrs.Eps), nameNumber(n.Attrs.Momentum))
+		if part, ok := e.bnParts[n.Ins[len(n.Ins)-1]]; family == "batchnorm_stats" && len(n.Ins) == 5 && ok {
+			k.Chunks, k.BNTiling = part.cells, part.tiling // the conv block's tiles' cells
+			k.H, k.W = x.Dims[1], x.Dims[2]
+			k.Name += fmt.Sprintf("_cells%d", part.cells)
+			if t := part.tiling; t.RH > 0 {
+				k.Name += fmt.Sprintf("_r%dx%dx%d", t.RH, t.RW, t.NS)
+			}
+		}
 		k.Doc = fmt.Sprintf("batch norm statistics over [B,%s] (B = %d, valid at run time), eps %g, momentum %g", shapeName(x.Dims), e.batch, n.Attrs.Eps, n.Attrs.Momentum)
 	}
 	if err := e.kernel(family, k.Name, k); err != nil {
 		return err
 	}
 	var args []Arg
-	for _, v := range n.Ins {
+	for _, v := range n.Ins[:min(len(n.Ins), 4)] { // not the statistics' partials (the fifth): they replace x below
 		args = append(args, buf(v))
 	}
 	for _, v := range n.Outs {
@@ -119,13 +143,19 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 	case "batchnorm_grad":
 		return batchNormGradPasses(e, n, k)
 	case "batchnorm_stats":
-		// the first pass reads x into the cells; the merge reads the cells
-		cells := e.scratch(n, "cells", bnCells(k.C, k.S, e.batch))
-		if err := batchNormCells(e, n, k, cells); err != nil {
-			return err
+		// the first pass reads x into the cells (unless the conv block before wrote them); the merge reads the cells
+		flops, bytes = 8*k.C*k.Chunks, bytes-n.Ins[0].Type.Bytes(e.batch)
+		cells := n.Ins[len(n.Ins)-1]
+		if _, ok := e.bnParts[cells]; len(n.Ins) == 4 || !ok {
+			if len(n.Ins) == 4 {
+				cells = e.scratch(n, "cells", bnStatsCells(k.C, k.S, e.batch))
+			} // else the conv block ran in a micro-batch loop: its partials' buffer (large enough) takes the cells
+			if err := batchNormCells(e, n, k, cells); err != nil {
+				return err
+			}
+			bytes += cells.Type.Bytes(e.batch)
 		}
 		args[0] = buf(cells)
-		flops, bytes = 8*k.C*k.Chunks, bytes-n.Ins[0].Type.Bytes(e.batch)+cells.Type.Bytes(e.batch)
 	}
 	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: grid, Block: block, SharedBytes: 0,
 		Args: args, FLOPs: flops, MinBytes: bytes})

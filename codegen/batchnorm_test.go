@@ -1,6 +1,7 @@
 package codegen_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/cpu"
 )
 
@@ -166,4 +168,170 @@ func TestBatchNormManyChunks(t *testing.T) {
 		t.Logf("%s", r)
 		require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 9), n.Text())
 	}
+}
+
+// bnConvSrc: four conv blocks whose outputs only a batch norm reads, so
+// all write the statistics' partials in their epilogue (Attrs.BNStats): a
+// u8 image into 6 channels of 13x11 maps (143 values a sample: flat
+// chunks span samples), 40 channels of 13x11 maps from f32 (tensor cores:
+// output regions of one sample), 8 channels of stride-2 7x6 maps (one
+// whole map a region) and 8 of 4x3 maps (tensor cores: whole maps of
+// several consecutive samples a tile, the last tile part padding), twice,
+// the second with a gelu folded into the block: its partials are of the
+// gelu's output, and z (save=true) stays the block's last output.
+const bnConvSrc = `model T(image: f32[3,13,11], label: class[4]) {
+    c1 = conv2d(image, out=6, kernel=3, padding=1, bias=false)
+    r1 = relu(batchnorm2d(c1))
+    c2 = conv2d(r1, out=40, kernel=3, padding=1)
+    r2 = relu(batchnorm2d(c2))
+    c3 = conv2d(r2, out=8, kernel=3, stride=2, padding=1)
+    bn3 = batchnorm2d(c3)
+    c4 = conv2d(bn3, out=8, kernel=3, stride=2, padding=1)
+    bn4 = batchnorm2d(c4)
+    g5 = gelu(conv2d(bn4, out=8, kernel=3, padding=1))
+    bn5 = batchnorm2d(g5)
+    logits = linear(flatten(bn5), out=4)
+    loss = cross_entropy(logits, label)
+}
+`
+
+// The conv blocks that write batch norm's partials and the statistics
+// that merge them, on the CPU emulator against the float64 reference with
+// NaN-poisoned outputs (the partials included, tiled as the target tiles
+// each block: Program.BNTiles), FFMA and tensor-core paths, at batches 1,
+// 3 and 17 (38 flat chunks a channel), and at a padded batch (9 of 17
+// valid: a flat chunk and a several-sample tile straddle the valid end).
+// The statistics node's partials input is the reference's partials of its
+// x in its conv block's tiling, so the merge is checked against the
+// statistics of x itself. Tolerance: kernelcheck.Tolerance — a cell's mean
+// and M2 are sums of at most 64 values (relative error near 64·2^-24),
+// Chan's merges add the tree's depth (at most 9 levels) times 2^-24; the
+// conv's own error is the forward tests'. The cells are also checked
+// field by field against the float64 partials of the kernel's own output
+// (checkBNCells), also at the padded batch.
+func TestBatchNormStatsInConvEpilogue(t *testing.T) {
+	res, err := compiler.CompileSource("t.cnn", []byte(bnConvSrc), compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		switch {
+		case n.Op == ir.OpConvBlock:
+			require.True(t, n.Attrs.BNStats, n.Text())
+			nodes = append(nodes, n)
+		case n.Op == ops.BatchNormStats:
+			require.Len(t, n.Ins, 5, "%s merges the conv's partials", n.Text())
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 10)
+	last := nodes[len(nodes)-2]
+	require.True(t, last.Attrs.SaveAct && last.Attrs.BNStats, last.Text())
+	require.Len(t, last.Outs, 3, last.Text())
+	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32} {
+		for _, batch := range []int64{1, 3, 17} {
+			prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: testSMs(prec)})
+			require.NoError(t, err)
+			for _, l := range prog.Launches {
+				require.NotContains(t, l.Kernel, "batchnorm_stats_partial", "the conv blocks wrote the cells")
+			}
+			if prec == codegen.TF32 && batch > 1 { // the region tilings this test exists for
+				var one, several bool
+				for _, tl := range prog.BNTiles {
+					one = one || tl.NS == 1 && tl.TilesPerSample > 1
+					several = several || tl.NS > 1
+				}
+				require.True(t, one && several, "tilings %v", prog.BNTiles)
+			}
+			dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+			require.NoError(t, err)
+			for i, n := range nodes {
+				ins := bnConvInputs(n, prog, batch, batch, prec, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				opts := reference.NodeOptions{Training: true, Update: true, BNTiles: prog.BNTiles}
+				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, opts)
+				require.NoError(t, err, n.Text())
+				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s b%d %s: %s", prec, batch, n.Text(), r)
+				part := n.Ins[len(n.Ins)-1] // a statistics node's partials
+				if n.Op == ir.OpConvBlock {
+					part = n.Outs[1]
+				}
+				t.Logf("%s b%d %s (tiling %+v): %s", prec, batch, n.Text(), prog.BNTiles[part], r)
+				valids := []int64{batch}
+				if batch == 17 {
+					valids = append(valids, 9)
+				}
+				for _, valid := range valids {
+					if n.Op == ir.OpConvBlock {
+						got, err := kernelcheck.Launch(dev, prog, n, ins, kernelcheck.Scalars{Valid: valid})
+						require.NoError(t, err, n.Text())
+						y := n.Outs[0].Type
+						want := ops.BNPartials(got.Outs[0], int(batch), int(valid), y.Dims[0], y.Dims[1], y.Dims[2],
+							prog.BNTiles[n.Outs[1]], len(got.Outs[1]))
+						checkBNCells(t, got.Outs[0], got.Outs[1], want, "%s b%d valid %d %s", prec, batch, valid, n.Text())
+					} else if valid < batch { // a conv leaves its padding's outputs as computed
+						// the partials a conv writes at 9 valid samples: the valid values' cells
+						ins = bnConvInputs(n, prog, batch, valid, prec, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+						require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, valid), "%s %s", prec, n.Text())
+					}
+				}
+			}
+			dev.Close()
+		}
+	}
+}
+
+// The conv blocks writing batch norm partials (flat and region tiles) and
+// the merges reading them, at batch 32 on every precision, through ptxas:
+// no spills, no local memory (requireClean).
+func TestPtxasBNStatsInConvEpilogue(t *testing.T) {
+	nvcc.Require(t)
+	res, err := compiler.CompileSource("t.cnn", []byte(bnConvSrc), compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		if n.Attrs.BNStats || n.Op == ops.BatchNormStats {
+			nodes = append(nodes, n)
+		}
+	}
+	for _, prec := range []codegen.Precision{codegen.FP32, codegen.TF32, codegen.BF16} {
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: prec, SMs: testSMs(prec)})
+		require.NoError(t, err)
+		require.Contains(t, string(prog.Source), "_bnstats", "%s: the conv blocks write the partials", prec)
+		ks, err := codegen.CompilePtxas(prog.Source, "bnconv.cu", nvcc.Targets)
+		require.NoError(t, err)
+		requireClean(t, prog, ks)
+	}
+}
+
+// checkBNCells compares a conv block's partials with the float64 ones of
+// its output y, field by field: the means relative to the largest |y| (a
+// mean of at most 64 values: error near 64·2^-24 of it), the M2s relative
+// to the largest M2 (two-pass sums of at most 64 squares), so that a
+// tile's cell is checked at its own scale, not the tensor's.
+func checkBNCells(t *testing.T, y, got, want []float64, msg string, args ...any) {
+	t.Helper()
+	ys, qs := 0.0, 0.0
+	for _, v := range y {
+		ys = math.Max(ys, math.Abs(v))
+	}
+	for i := 1; i < len(want); i += ops.BNCell {
+		qs = math.Max(qs, want[i])
+	}
+	require.Len(t, got, len(want))
+	what := fmt.Sprintf(msg, args...)
+	for i := 0; i < len(want); i += ops.BNCell {
+		require.LessOrEqual(t, math.Abs(got[i]-want[i]), kernelcheck.Tolerance*ys, "mean of cell %d: %g vs %g: %s", i/ops.BNCell, got[i], want[i], what)
+		require.LessOrEqual(t, math.Abs(got[i+1]-want[i+1]), kernelcheck.Tolerance*qs, "M2 of cell %d: %g vs %g: %s", i/ops.BNCell, got[i+1], want[i+1], what)
+	}
+}
+
+// bnConvInputs are random inputs of n, rounded for prec; a statistics
+// node's partials are those of its x's first valid samples, tiled as its
+// conv block's in prog.
+func bnConvInputs(n *ir.Node, prog *codegen.Program, batch, valid int64, prec codegen.Precision, rng *rand.Rand) [][]float64 {
+	ins := kernelcheck.RoundInputs(n, kernelcheck.RandomInputs(n, batch, rng), prec)
+	if n.Op == ops.BatchNormStats {
+		x := n.Ins[0].Type
+		ins[4] = ops.BNPartials(ins[0], int(batch), int(valid), x.Dims[0], x.Dims[1], x.Dims[2], prog.BNTiles[n.Ins[4]], len(ins[4]))
+	}
+	return ins
 }

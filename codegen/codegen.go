@@ -95,6 +95,10 @@ type Program struct {
 	// graph: each is live only while its node runs, is allocated like a
 	// value (Type.Bytes(Batch)), and needs no initial contents.
 	Scratch []*ir.Value
+	// BNTiles: the tiling of the batch norm partials a conv block writes
+	// (its output value) where it is not flat (ops.BNTiling), for the
+	// reference (reference.NodeOptions.BNTiles).
+	BNTiles map[*ir.Value]ops.BNTiling
 }
 
 // NoRuleError is Generate's error for an op that has no kernel rule, or
@@ -271,6 +275,16 @@ type emitter struct {
 	// accumulate: the node being generated adds its unbatched outputs to
 	// the buffers (genItem.accumulate)
 	accumulate bool
+	// bnParts: the batch norm partials a conv block has written at the
+	// whole batch (ir.Attrs.BNStats; not in a micro-batch loop): their
+	// cells a channel and tiling
+	bnParts map[*ir.Value]bnPart
+}
+
+// bnPart is a conv block's batch norm partials as the merge reads them.
+type bnPart struct {
+	cells  int64
+	tiling ops.BNTiling
 }
 
 // kernel renders template family with data (which must have a Name field

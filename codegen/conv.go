@@ -19,7 +19,8 @@ import (
 //     HWC images converted as they load). With a pool epilogue the BN
 //     columns are the conv outputs under a tile of pooled outputs (with the
 //     overlap of overlapping windows), kept in shared memory; only the pooled
-//     values and their packed argmax reach global memory.
+//     values and their packed argmax reach global memory (and, for an
+//     activation whose gradient reads z, z at each argmax: SaveZ).
 //   - conv_block_dgrad: dx(c, i) = sum over r = (o, ky, kx) of w(o, c, ky, kx)·dy(o, (i + pad - k)/s).
 //     Pixels are split into stride phases (iy mod SH, ix mod SW), whose
 //     pixels all use the same taps, so a block — BM input channels x a
@@ -59,11 +60,18 @@ type convGeom struct {
 	// Act is the block's folded activation other than ReLU (its kernel
 	// family, templates/activations.cu.tmpl; Consts its constants, actName
 	// its name suffix); HasY then means the saved y or z its gradient
-	// reads, and SaveZ that the forward block writes z.
+	// reads, and SaveZ that the forward block writes z (pooled: z at each
+	// pooled output's argmax, which the pool epilogue keeps).
 	Act     string
 	Consts  map[string]string
 	actName string
 	SaveZ   bool
+	// BNStats: the forward also writes batch norm's statistics partials
+	// (ir.Attrs.BNStats; BNCells cells of each channel, BNPartUsed of the
+	// buffer's BNPartElems floats, the rest zeroed)
+	BNStats                          bool
+	BNCells, BNPartUsed, BNPartElems int64
+	BNRot                            bool // the partials' rows are read rotated (CS even: rows would share banks)
 	// derived sizes
 	HW, HWO, KHKW, K, PHWO int64
 	WElems, PooledTotal    int64  // O·K weights; B·O·PHO·PWO pooled outputs
@@ -75,13 +83,11 @@ type convGeom struct {
 func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	a := n.Attrs
 	g := &convGeom{B: batch, O: a.Out, KH: a.Kernel[0], KW: a.Kernel[1], SH: a.Stride[0], SW: a.Stride[1], PH: a.Pad[0], PW: a.Pad[1],
-		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut, SaveZ: a.SaveAct}
+		Bias: a.Bias, ReLU: a.ReLU, HasY: a.ReLU && !a.DOutMasked, MaskOut: a.MaskOut, SaveZ: a.SaveAct,
+		BNStats: a.BNStats && n.Op == ir.OpConvBlock}
 	g.Act, g.Consts, g.actName = foldedAct(&a)
 	if g.Act != "" {
 		g.HasY = true
-		if a.Pool != nil && ops.LinearSavesPre(&a) {
-			return nil, fmt.Errorf("codegen: %s: the pool epilogue keeps no z at the argmax for %s's gradient", n.Text(), g.Act)
-		}
 	}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
@@ -154,6 +160,9 @@ func (g *convGeom) name() string {
 		if g.NoArgmax {
 			b.WriteString("_noargmax")
 		}
+	}
+	if g.BNStats {
+		b.WriteString("_bnstats")
 	}
 	if g.Idx == "long" {
 		b.WriteString("_i64")
@@ -332,6 +341,11 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		return err
 	}
 	g.Aug = newAugData(n.Attrs.Aug, e.eval)
+	if g.BNStats && (e.batch != e.prog.Batch || e.eval) {
+		// a micro-batch loop's step: the statistics compute the partials from the output after the loop; evaluation's
+		// statistics are the running ones
+		g.BNStats = false
+	}
 	d := &convData{convGeom: g, gemmTile: tileFor(g.O)}
 	if e.prec.tensor() {
 		d.gemmTile = tcTile(g.O)
@@ -373,6 +387,9 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	} else {
 		d.NTotal = g.B * g.HWO
 		grid[0] = uint32((d.NTotal + d.BN - 1) / d.BN)
+		if g.BNStats {
+			d.bnShared()
+		}
 	}
 	d.NS = max(d.NS, 1)
 	sharedBytes := d.SharedFloats * 4
@@ -389,6 +406,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		d.TCRows = roundUp(d.BK, tc.KS)
 		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.XLD, tcLD(d.BN, 4)
 		d.CS = d.TCLDC
+		d.BNRot = g.BNStats && d.CS%2 == 0
 		sharedBytes = max(d.TCRows*(d.WS+d.XLD)*tc.Elem, d.epilogueFloats()*4) + tcAlignSlack
 		if halo := d.haloTile(); halo > 0 && halo <= maxStaticShared && e.arch != "sm_80" {
 			d.Halo, sharedBytes = true, halo
@@ -404,6 +422,9 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		grid[0] = uint32(divUp(g.B, d.NS) * d.TilesPerSample)
 	case regions: // the halo did not fit: the columns are gathered, B·HO·WO of them in order
 		d.RH, d.RW, d.NS, d.TilesW, d.TilesPerSample = 0, 0, 1, 0, 0
+	}
+	if g.BNStats {
+		d.bnPartials(n.Outs[1].Type, int64(grid[0]))
 	}
 	if sharedBytes > maxStaticShared {
 		return fmt.Errorf("codegen: %s: the conv tile needs %d bytes of shared memory", n.Text(), sharedBytes)
@@ -433,6 +454,24 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		params = append(params, "unsigned int* __restrict__ argmax")
 		args = append(args, buf(n.Outs[1]))
 	}
+	if g.BNStats {
+		if e.bnParts == nil {
+			e.bnParts = map[*ir.Value]bnPart{}
+		}
+		e.bnParts[n.Outs[1]] = bnPart{d.BNCells, d.bnTiling()}
+		if d.bnTiling().RH > 0 {
+			if e.prog.BNTiles == nil {
+				e.prog.BNTiles = map[*ir.Value]ops.BNTiling{}
+			}
+			e.prog.BNTiles[n.Outs[1]] = d.bnTiling()
+		}
+		params = append(params, "float* __restrict__ bnpart")
+		args = append(args, buf(n.Outs[1]))
+		if g.Aug == nil || !g.Aug.Train { // the partials count the valid samples
+			params = append(params, scalarsParam)
+			args = append(args, scalarsArg)
+		}
+	}
 	params, args = augParams(g.Aug, params, args)
 	d.Params = strings.Join(params, ", ")
 	if err := e.kernel(family, d.Name, d); err != nil {
@@ -441,6 +480,41 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 	e.launch(&Launch{Node: n, Kernel: d.Name, Grid: grid, Block: [3]uint32{uint32(d.T), 1, 1}, SharedBytes: int(sharedBytes),
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 	return nil
+}
+
+// bnShared makes room for an unpooled forward block's batch norm
+// partials: the epilogue stages the tile's outputs in shared memory (rows
+// CS apart) and reduces each channel's row there.
+func (d *convData) bnShared() {
+	if d.CS == 0 {
+		d.CS = d.BN + 1 // rows on distinct banks
+	}
+	d.SharedFloats = max(d.SharedFloats, d.BM*d.CS)
+}
+
+// bnTiling is the block's tiles as the partials' cells (ops.BNTiling):
+// output regions when it stages their halo, else flat column chunks.
+func (d *convData) bnTiling() ops.BNTiling {
+	if !d.Halo || d.RH == 0 {
+		return ops.BNTiling{}
+	}
+	return ops.BNTiling{RH: d.RH, RW: d.RW, NS: d.NS, TilesW: d.TilesW, TilesPerSample: d.TilesPerSample}
+}
+
+// bnPartials lays out an unpooled forward block's batch norm partials
+// (ops.BNPartialsType, part of type pt): one (count, mean, M2) cell per
+// tile (the grid's tiles of them) and channel. A tile of more than
+// ops.BNChunk columns, or more tiles than the buffer holds cells (the
+// bound ops.BNCellsPerSample assumes of the tilings), writes none: the
+// statistics then compute the cells from the output, as in a micro-batch
+// loop.
+func (d *convData) bnPartials(pt ir.Type, tiles int64) {
+	elems, t := pt.Elems(d.B), d.bnTiling()
+	if d.BN > ops.BNChunk || t.RH == 0 && d.BN != ops.BNChunk || t.Tiles(d.B, d.HWO) != tiles || tiles*d.O*ops.BNCell > elems {
+		d.BNStats = false // not the tiles the layout names, or more than it holds
+		return
+	}
+	d.BNCells, d.BNPartUsed, d.BNPartElems = tiles, tiles*d.O*ops.BNCell, elems
 }
 
 // weightLoad picks how a forward block's threads load a chunk of weights

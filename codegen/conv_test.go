@@ -150,7 +150,8 @@ func TestConvBlockForward(t *testing.T) {
 }
 
 // The pooled forward cases as inference graphs have them (no argmax), at
-// batches 1 and 3 (cnnc build --infer).
+// batches 1 and 3 (cnnc build --infer), and pooled blocks with each
+// activation folded in (kernelcases.ConvInferChecks: no z saved).
 func TestConvBlockForwardWithoutArgmax(t *testing.T) {
 	for _, batch := range []int64{1, 3} {
 		var checks []kernelCheck
@@ -158,6 +159,11 @@ func TestConvBlockForwardWithoutArgmax(t *testing.T) {
 			if c.Pool != nil {
 				c.NoArgmax = true
 				checks = append(checks, kernelCheck{name: c.String(), n: kernelcases.ConvForward(t, c)})
+			}
+		}
+		for _, c := range kernelcases.ConvInferChecks(t) {
+			if c.N.Attrs.Act != 0 {
+				checks = append(checks, kernelCheck{name: c.Name, n: c.N})
 			}
 		}
 		require.NotEmpty(t, checks)

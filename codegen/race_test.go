@@ -34,6 +34,18 @@ func TestKernelsAreRaceFree(t *testing.T) {
 	require.NoError(t, err)
 	lenet, err := os.ReadFile("../examples/lenet5.cnn")
 	require.NoError(t, err)
+	// pools after activations whose gradients read z: the pool epilogues
+	// write z at the argmax (the second one's windows overlap)
+	actPool := []byte(`model ActPool(image: f32[1,13,11], label: class[10]) {
+    c1 = conv2d(image, out=6, kernel=3, padding=1)
+    p1 = maxpool(gelu(c1), kernel=2)
+    c2 = conv2d(p1, out=10, kernel=3, padding=1)
+    p2 = maxpool(silu(c2), kernel=3, stride=2, padding=1)
+    o  = linear(flatten(p2), out=10)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.05, momentum=0.9) }
+`)
 	for _, c := range []struct {
 		name  string
 		src   []byte
@@ -53,6 +65,8 @@ func TestKernelsAreRaceFree(t *testing.T) {
 		// convs without a fused pool (tanh between): the tensor-core forward
 		// over output regions, its halo staged by cp.async
 		{"lenet5.cnn", lenet, 3, plan.Config{}, codegen.TF32},
+		{"actpool.cnn", actPool, 3, plan.Config{}, codegen.FP32},
+		{"actpool.cnn", actPool, 3, plan.Config{}, codegen.TF32},
 	} {
 		t.Run(fmt.Sprintf("%s_b%d_mb%d_%s", c.name, c.batch, c.cfg.MicroBatch, c.prec), func(t *testing.T) {
 			checkRaceFree(t, c.name, c.src, c.batch, c.cfg, c.prec)

@@ -14,8 +14,8 @@ import (
 // becomes one conv2d_block (the full-resolution conv output never exists; a
 // pooled block saves its pooled output and a packed argmax; an activation
 // whose gradient reads its input has the block also write the
-// pre-activation output; a max-pool after gelu, silu or hardswish stays
-// unfused for now) unless the conv is grouped or dilated
+// pre-activation output — pooled, only at each pooled output's argmax)
+// unless the conv is grouped or dilated
 // (then it runs its own direct kernels, and its parameters a separate
 // update); conv2d -> tanh -> avgpool2d becomes one conv2d_tanh_avgpool
 // (compiler/ops/conv_tanh_pool.go: the pooled output, plus the tanh
@@ -30,7 +30,13 @@ import (
 // it (the whole tail, its backward and its update in one kernel; see
 // linearCrossEntropy) — batch norm's normalisation [-> relu or another
 // pointwise activation] one normalisation with the activation folded in
-// (Attrs.ReLU, Attrs.Act; its statistics stay a node of their own). Images arrive as uint8 HWC, converted inside conv loads (or by
+// (Attrs.ReLU, Attrs.Act; its statistics stay a node of their own). An
+// unpooled conv block whose output only a batch norm reads, in a training
+// graph, also writes the statistics' partials in its epilogue
+// (Attrs.BNStats, its second output; of the activation's output when one
+// is folded), which the statistics node merges instead of reading the
+// conv output again (compiler/ops/batchnorm.go); evaluation and inference
+// use the running statistics, and their conv blocks write none. Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
 //
 // Backward: derived again over the fused forward graph by autodiff's
@@ -107,6 +113,7 @@ type fuser struct {
 	image    *ir.Value                // u8 image input
 	aug      *augment.Spec            // the data block's augmentation, applied by the image's readers
 	tensor   *ir.Value                // f32 image, when a non-conv layer reads it
+	bnPart   map[*ir.Node]*ir.Value   // batchnorm_stats node -> the partials its conv block writes
 }
 
 func (f *fuser) val(v *ir.Value) *ir.Value {
@@ -185,6 +192,9 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 				ins[i] = f.tensor
 			}
 		}
+		if part := f.bnPart[n]; part != nil {
+			ins = append(ins, part)
+		}
 		var names []string
 		for _, o := range n.Outs {
 			names = append(names, o.Name)
@@ -226,12 +236,11 @@ func (f *fuser) blockStart(n *ir.Node) (ir.Attrs, []*ir.Value, *ir.Node) {
 // [-> maxpool2d] into one conv2d_block. Like linearBlock, an activation
 // whose gradient reads its input has the block also write the
 // pre-activation output (Attrs.SaveAct, the block's last output, named as
-// the conv's output was). A max-pool joins the block after ReLU or an
-// activation whose derivative reads its output (sigmoid, tanh, leaky_relu
-// with a positive slope: f'(·) at the argmax from the pooled y); after
-// gelu, silu or hardswish it stays a max-pool of its own for now (the
-// kernels' pool epilogues keep no z at the argmax; ops/conv_block.go's
-// reference takes that form too).
+// the conv's output was). A max-pool joins the block after any of them:
+// after ReLU or an activation whose derivative reads its output (sigmoid,
+// tanh, leaky_relu with a positive slope) f'(·) at the argmax comes from
+// the pooled y; after gelu, silu or hardswish the saved z is pooled-size,
+// z at each pooled output's argmax (ops/conv_block.go).
 func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	a, ins, last := f.blockStart(n)
 	if r := f.onlyPointwise(n.Out()); !a.ReLU && r != nil {
@@ -240,7 +249,7 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 		f.absorbed[r] = true
 		last = r
 	}
-	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil && !ops.LinearSavesPre(&a) && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
+	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
 		a.Pool = &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}
 		f.absorbed[p] = true
 		last = p
@@ -250,7 +259,11 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	if a.Pool != nil && !a.NoArgmax {
 		outs = append(outs, last.Out().Name+".argmax")
 	}
-	if a.SaveAct {
+	stats := f.onlyBatchNorm(last.Out())
+	if a.BNStats = a.Pool == nil && stats != nil; a.BNStats {
+		outs = append(outs, last.Out().Name+".bnpart")
+	}
+	if a.SaveAct { // z, the last output
 		outs = append(outs, n.Out().Name)
 	}
 	b := f.g.NewNode(ir.OpConvBlock, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
@@ -259,10 +272,32 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	}
 	b.Attrs = a
 	f.replaceOutput(last, b)
+	if a.BNStats {
+		if f.bnPart == nil {
+			f.bnPart = map[*ir.Node]*ir.Value{}
+		}
+		f.bnPart[stats] = b.Outs[1]
+	}
 	if a.SaveAct {
 		b.Outs[len(b.Outs)-1].Pos = n.Out().Pos
 	}
 	return b
+}
+
+// onlyBatchNorm returns the statistics node of the batch norm that is v's
+// only reader — its batchnorm_stats and the normalisation reading those
+// statistics, nothing else — in a training graph (evaluation and inference
+// use the running statistics), or nil.
+func (f *fuser) onlyBatchNorm(v *ir.Value) *ir.Node {
+	rs := f.readers[v]
+	if f.g.ForwardOnly() || len(rs) != 2 || v == f.g.Loss || rs[0].Op != ops.BatchNormStats || rs[0].Ins[0] != v || len(rs[0].Ins) != 4 {
+		return nil
+	}
+	apply := rs[1]
+	if (apply.Op != ops.BatchNorm2D) || apply.Ins[0] != v || apply.Ins[1] != rs[0].Outs[0] {
+		return nil
+	}
+	return rs[0]
 }
 
 // convTanhPool fuses conv2d -> tanh -> avgpool2d (each the only reader of

@@ -32,7 +32,8 @@ type convGeom struct {
 	PHO, PWO, Bits               int64
 	HasY, MaskOut, Acc           bool
 	// Act: an activation other than ReLU folded in (its functor, cnnc_cpu.h, and constants;
-	// HasY then means the saved y or z its derivative reads), SaveZ: the forward writes z.
+	// HasY then means the saved y or z its derivative reads), SaveZ: the forward writes z (pooled: at
+	// each pooled output's argmax).
 	Act, SaveZ  bool
 	functor     string
 	actName     string // its kernel family (ops.BNActKernel)
@@ -50,9 +51,6 @@ func newConvGeom(n *ir.Node, x ir.Type, batch int64) (*convGeom, error) {
 	g.actName = ops.BNActKernel(&a)
 	if g.Act = a.Act != 0; g.Act {
 		g.HasY = true
-		if a.Pool != nil && ops.LinearSavesPre(&a) {
-			return nil, fmt.Errorf("%s: the pooled conv kernels keep no z at the argmax for %s's gradient", n.Text(), a.Act)
-		}
 	}
 	switch {
 	case x.DType == ir.U8 && len(x.Dims) == 3:
@@ -186,6 +184,9 @@ func (g *convGeom) splitForward() {
 		s := floats64(g.C * ir * g.SW * jw)
 		if g.Pool {
 			s += floats64(g.OT*cr*wop) + floats64(band*g.PWO)
+			if g.SaveZ { // z beside f(z), for z at the argmax
+				s += floats64(g.OT * cr * wop)
+			}
 		}
 		return s
 	}
@@ -227,7 +228,29 @@ func convForward(e codegen.Emitter, n *ir.Node) error {
 		structs: []structSpec{{"g", g.defs()}}, impl: "ConvFwd<%s>", nparams: len(args)}, args)
 	k = g.withAct(k)
 	name := emit(e, k)
-	return launch(e, n, name, g.forwardTasks(), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
+	if err := launch(e, n, name, g.forwardTasks(), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch())); err != nil {
+		return err
+	}
+	if n.Attrs.BNStats {
+		return bnPartials(e, n)
+	}
+	return nil
+}
+
+// bnPartials launches, after a conv block with Attrs.BNStats, the batch norm statistics partials
+// of its output (its second output) in their layout (compiler/ops BNPartialsType); this target's
+// batchnorm_stats still reads the conv output itself (in float64), so they serve the layout's
+// tests and the other targets.
+func bnPartials(e codegen.Emitter, n *ir.Node) error {
+	y, part := n.Outs[0], n.Outs[1]
+	c, s := bnGeom(y.Type)
+	b := e.Batch()
+	defs := []def{{"B", b}, {"C", c}, {"S", s}, {"CHUNK", int64(ops.BNChunk)}, {"ELEMS", part.Type.Elems(b)}}
+	name := emit(e, kernelSpec{family: "bn_partials", shape: fmt.Sprintf("c%d_s%d_b%d", c, s, b),
+		doc:     fmt.Sprintf("batch norm statistics partials of [%d,%d,%d] (the batch valid at run time).", b, c, s),
+		structs: []structSpec{{"g", defs}}, impl: "BNPartials<%s>", nparams: 3})
+	return launch(e, n, name, c, []codegen.Arg{buf(y), buf(part), {Kind: kernelarg.Scalars}},
+		4*y.Type.Elems(b), y.Type.Bytes(b)+part.Type.Bytes(b))
 }
 
 // The input gradient's split: OT input channels and BAND input rows (a multiple of the stride) a

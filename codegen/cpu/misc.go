@@ -226,7 +226,11 @@ func batchNorm(e codegen.Emitter, n *ir.Node, x ir.Type, family, impl string, ex
 		family, impl, tasks = "batchnorm_stats_eval", "BNStatsEval<%s>", 1
 	}
 	var args []codegen.Arg
-	for _, v := range append(append([]*ir.Value{}, n.Ins...), n.Outs...) {
+	ins := n.Ins
+	if family == "batchnorm_stats" || family == "batchnorm_stats_eval" {
+		ins = ins[:4] // not a conv block's partials (Attrs.BNStats): the statistics read x in float64
+	}
+	for _, v := range append(append([]*ir.Value{}, ins...), n.Outs...) {
 		args = append(args, buf(v))
 	}
 	args = append(args, codegen.Arg{Kind: kernelarg.Scalars}) // the batch's valid count

@@ -198,3 +198,12 @@ func TestLinearActSteps(t *testing.T) {
 	require.NoError(t, err)
 	checkSteps(t, "linact.cnn", src, 5, 4, 3)
 }
+
+// Whole training steps of ../testdata/convactpool.cnn (conv blocks pooling after gelu, silu,
+// hardswish and leaky_relu with a negative slope: z saved at the argmax, f' through it in
+// form_dy) against the reference — codegen's TestConvActPoolSteps.
+func TestConvActPoolSteps(t *testing.T) {
+	src, err := os.ReadFile("../testdata/convactpool.cnn")
+	require.NoError(t, err)
+	checkSteps(t, "convactpool.cnn", src, 3, 4, 3)
+}

@@ -348,6 +348,14 @@ type Attrs struct {
 	// NoArgmax: a pooled block of an inference graph keeps no argmax (no
 	// backward reads it).
 	NoArgmax bool
+	// BNStats: an unpooled conv block of a training graph whose output
+	// only a batch norm reads also writes that batch norm's statistics'
+	// partials (compiler/ops.BNPartialsType), so no pass re-reads its
+	// output for them. The planner may still put the block in a
+	// micro-batch loop (the layers before a batch norm): codegen then
+	// writes no partials there and the statistics compute them from the
+	// output, as without the fusion.
+	BNStats bool
 	// SaveAct: a conv2d_tanh_avgpool block also writes its full-resolution
 	// tanh output, which its backward reads (its input needs a gradient);
 	// without it the backward recomputes the conv.

@@ -149,6 +149,10 @@ var (
 	// AttrArgmax is printed only for a pooled block without argmax (inference).
 	AttrArgmax = AttrSpec{Name: "argmax", Text: func(a *Attrs) string { return fmt.Sprint(!a.NoArgmax) },
 		Default: func(a *Attrs) bool { return !a.NoArgmax }}
+	// AttrBNStats is printed only for a block that writes batch norm's
+	// statistics' partials.
+	AttrBNStats = AttrSpec{Name: "bnstats", Text: func(a *Attrs) string { return fmt.Sprint(a.BNStats) },
+		Default: func(a *Attrs) bool { return !a.BNStats }}
 	AttrOpt = AttrSpec{Name: "opt", Text: func(a *Attrs) string {
 		if a.Opt == nil {
 			return "none"

@@ -51,6 +51,25 @@ import (
 // with dz. Unfused, z (or f(z)) would be saved for the activation's
 // gradient beside x.
 //
+// The fuse pass has a conv block whose output only a batch norm reads (in
+// training) write the statistics' partials in its epilogue (Attrs.BNStats,
+// printed bnstats=true): per tile p of the block (at most BNChunk outputs:
+// BNChunk consecutive batch-major values, or an output region of one or
+// several samples — BNTiling; the target picks it) and channel c, the
+// tile's valid values' (samples below the step's valid count) mean and M2 (sum of squared deviations: no sum of squares cancels)
+// at part[(p·C + c)·2 + {0, 1}] (BNPartialsType; tiles with no valid value
+// hold zeros). batchnorm_stats then takes them as a fifth input and merges
+// the cells in order with Chan's update, each with its tile's count
+// (BNTiling.Count: the tiling and the valid samples give it, so no stored
+// count is trusted and the merge's work is data-independent), instead of
+// reading x again (x stays its first input: its
+// shape, and the normalisation reads it next anyway). The reference
+// computes the statistics from x either way, and the conv block's
+// partials flat-tiled unless RefEnv.BNTiles names the target's tiling
+// (BNMergePartials is the merge's float64 form, for the kernels' tests);
+// a block the planner puts in a micro-batch
+// loop writes no partials, and the targets' statistics then read x.
+//
 // A padded last batch (fewer valid samples than the compiled batch) is
 // normalised over the valid samples only, and its padding gets no
 // gradient. Unlike PyTorch, which refuses a batch of one value per channel
@@ -261,10 +280,140 @@ func inferBNStats(n *ir.Node) ([]ir.Type, error) {
 		return nil, fmt.Errorf("batchnorm_stats needs [B,C,H,W] or [B,F], but %s is %s", n.Ins[0].Name, x)
 	}
 	c := channelType(x)
-	if len(n.Ins) != 4 || !in(n, 1).Equal(c) || !in(n, 2).Equal(c) || !in(n, 3).Equal(ir.Type{DType: ir.I64}) {
-		return nil, fmt.Errorf("batchnorm_stats takes x, running_mean and running_var %s, and num_batches_tracked i64[]", c)
+	if (len(n.Ins) != 4 && len(n.Ins) != 5) || !in(n, 1).Equal(c) || !in(n, 2).Equal(c) || !in(n, 3).Equal(ir.Type{DType: ir.I64}) {
+		return nil, fmt.Errorf("batchnorm_stats takes x, running_mean and running_var %s, num_batches_tracked i64[], and optionally x's partials", c)
+	}
+	if len(n.Ins) == 5 && (len(x.Dims) != 3 || !in(n, 4).Equal(BNPartialsType(x))) {
+		return nil, fmt.Errorf("batchnorm_stats: partials %s are %s, want %s", n.Ins[4].Name, in(n, 4), BNPartialsType(x))
 	}
 	return []ir.Type{c, c}, nil
+}
+
+// BNChunk is the values of a channel one statistics partial covers at
+// most: the conv forward kernels' column tile (codegen's tileFor and
+// regionTile), so that a tile's epilogue writes its own cell.
+const BNChunk = 64
+
+// BNCell is the floats of one statistics partial: (mean, M2); its count
+// follows from its tile (BNTiling.Count), so no reader trusts a stored one.
+const BNCell = 2
+
+// BNTiling is how a conv block's tiles cover its output, which decides the
+// cells of its statistics partials: one cell a tile and channel. Flat
+// (RH = 0): tile p holds positions p·BNChunk.. of the channel's
+// batch-major B·S values. Regions: tile p holds the RH x RW output region
+// p mod TilesPerSample (row-major over TilesW regions a row) of each of
+// the NS samples from ⌊p / TilesPerSample⌋·NS. Tiles(batch) cells a
+// channel.
+type BNTiling struct {
+	RH, RW, NS, TilesW, TilesPerSample int64
+}
+
+// Tiles is the tiles a batch of samples of [C,H,W] outputs (s = H·W
+// values a channel) takes.
+func (t BNTiling) Tiles(batch, s int64) int64 {
+	if t.RH == 0 {
+		return (batch*s + BNChunk - 1) / BNChunk
+	}
+	return (batch + t.NS - 1) / t.NS * t.TilesPerSample
+}
+
+// Count is the valid values of tile p of an [h,w] map's channel when the
+// first valid samples count: what the tile's cell merges.
+func (t BNTiling) Count(p, valid, h, w int64) int64 {
+	if t.RH == 0 {
+		return max(0, min(BNChunk, valid*h*w-p*BNChunk))
+	}
+	b0, r := p/t.TilesPerSample*t.NS, p%t.TilesPerSample
+	y0, x0 := r/t.TilesW*t.RH, r%t.TilesW*t.RW
+	return max(0, min(t.NS, valid-b0)) * (min(y0+t.RH, h) - y0) * (min(x0+t.RW, w) - x0)
+}
+
+// BNCellsPerSample bounds the cells a sample of an [h,w] map (s = h·w
+// values) can take over any tiling the conv kernels use: flat chunks take
+// at most ⌈s/BNChunk⌉ a sample, regions at most those of full-width bands
+// of ⌊BNChunk/w⌋ rows, which codegen's regionTile never exceeds (it picks
+// the fewest tiles, and the bands are one of its candidates); codegen
+// checks the bound and writes no partials where it fails.
+func BNCellsPerSample(h, w int64) int64 {
+	rw := min(w, BNChunk)
+	return max((h*w+BNChunk-1)/BNChunk, (h+BNChunk/rw-1)/(BNChunk/rw)*((w+rw-1)/rw))
+}
+
+// BNPartialsType is the type of the statistics' partials of a [B,C,H,W]
+// value x: BNCellsPerSample·C cells of (mean, M2) a sample, so that at any
+// batch the buffer holds every tile's cells, tile-major:
+// part[(p·C + c)·2 + {0, 1}]; the floats past the tiles' are zero.
+func BNPartialsType(x ir.Type) ir.Type {
+	c := x.Dims[0]
+	return ir.F32Batched(c, BNCellsPerSample(x.Dims[1], x.Dims[2]), BNCell)
+}
+
+// BNPartials is the float64 reference of the partials of x ([batch,C,H,W],
+// of which the first valid samples count) tiled as t: per tile and channel
+// the mean and M2 (two-pass) of the tile's valid values, in
+// BNPartialsType's layout (elems floats; a tile without a valid value
+// holds (0, 0)).
+func BNPartials(x []float64, batch, valid int, c, h, w int64, t BNTiling, elems int) []float64 {
+	s := h * w
+	part := make([]float64, elems)
+	tiles := t.Tiles(int64(batch), s)
+	for p := int64(0); p < tiles; p++ {
+		var at []int64 // the tile's valid values, as offsets of channel 0's
+		if t.RH == 0 {
+			for j := p * BNChunk; j < min((p+1)*BNChunk, int64(valid)*s); j++ {
+				at = append(at, (j/s*c)*s+j%s)
+			}
+		} else {
+			b0, r := p/t.TilesPerSample*t.NS, p%t.TilesPerSample
+			y0, x0 := r/t.TilesW*t.RH, r%t.TilesW*t.RW
+			for b := b0; b < min(b0+t.NS, int64(valid)); b++ {
+				for oy := y0; oy < min(y0+t.RH, h); oy++ {
+					for ox := x0; ox < min(x0+t.RW, w); ox++ {
+						at = append(at, b*c*s+oy*w+ox)
+					}
+				}
+			}
+		}
+		if len(at) == 0 {
+			continue
+		}
+		for ch := int64(0); ch < c; ch++ {
+			sum := 0.0
+			for _, i := range at {
+				sum += x[i+ch*s]
+			}
+			mu, m2 := sum/float64(len(at)), 0.0
+			for _, i := range at {
+				m2 += (x[i+ch*s] - mu) * (x[i+ch*s] - mu)
+			}
+			cell := (p*c + ch) * BNCell
+			part[cell], part[cell+1] = mu, m2
+		}
+	}
+	return part
+}
+
+// BNMergePartials merges channel ch's cells of part (BNPartials' layout,
+// tiled as t over a batch of [c,h,w] maps of which valid count) in order
+// with Chan's update, each cell's count from its tile: the mean and
+// biased variance of the valid values.
+func BNMergePartials(part []float64, t BNTiling, batch, valid, c, h, w, ch int64) (mean, variance float64) {
+	var n, mu, q float64
+	for p := int64(0); p < t.Tiles(batch, h*w); p++ {
+		nb := float64(t.Count(p, valid, h, w))
+		if nb == 0 {
+			continue
+		}
+		cell := (p*c + ch) * BNCell
+		mb, qb := part[cell], part[cell+1]
+		tn := n + nb
+		d := mb - mu
+		mu += d * nb / tn
+		q += qb + d*d*n*nb/tn
+		n = tn
+	}
+	return mu, q / n
 }
 
 func inferBN(rank int) func(n *ir.Node) ([]ir.Type, error) {
@@ -382,6 +531,9 @@ func refBNStats(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	}
 	count := float64(env.Batch * s)
 	for ch := 0; ch < c; ch++ {
+		// from x also with a conv block's partials (a fifth input): they
+		// are the same statistics, and x is the truth the kernels' merge
+		// is checked against (a block in a micro-batch loop writes none)
 		sum := 0.0
 		bnValues(env.Batch, c, s, ch, func(i int) { sum += x[i] })
 		mu := sum / count

@@ -174,6 +174,7 @@ func blockGrad(gradOp, weightOp ir.Op) GradRule {
 		g := b.Graph()
 		x := n.Ins[0]
 		a := n.Attrs
+		a.BNStats = false // the forward's alone
 		a.DOutMasked = b.Marked(maskedKey, n.Out())
 		var saved []*ir.Value
 		if a.Pool != nil {

@@ -27,11 +27,13 @@ import (
 // (Attrs.SaveAct; not in a forward-only graph) — pooled, z at the argmax
 // positions only, a pooled-size tensor. Unfused, the activation would save
 // a full-resolution tensor, so the block never saves more than the pair
-// (or the triple, with the pool) it replaces. (The kernels, codegen, keep
-// no z at the argmax yet: the fuse pass leaves the max-pool after gelu,
-// silu and hardswish unfused.)
+// (or the triple, with the pool) it replaces. The pooled kernels keep the
+// conv outputs' z until the pool has picked each window's maximum of f(z)
+// (the CUDA epilogue keeps z alone and applies f as it compares, the CPU's
+// z beside f(z)), then write z there — the position the argmax word
+// records — and the gradients read it where they read the pooled y.
 
-var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, attrFusedAct, attrFusedSlope, ir.AttrPool, ir.AttrArgmax, attrSaveAct}
+var convBlockAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrBias, ir.AttrReLU, attrFusedAct, attrFusedSlope, ir.AttrPool, ir.AttrArgmax, attrSaveAct, ir.AttrBNStats}
 
 var _ = Register(ir.OpConvBlock, &Def{
 	OpInfo: ir.OpInfo{Name: "conv2d_block", Attrs: convBlockAttrs, Infer: inferConvBlock, FLOPs: flopsConvBlock, Layout: blockLayout},
@@ -118,6 +120,12 @@ func inferConvBlock(n *ir.Node) ([]ir.Type, error) {
 	}
 	if n.Attrs.NoArgmax && len(outs) == 2 {
 		outs = outs[:1] // inference: no backward reads the argmax
+	}
+	if n.Attrs.BNStats {
+		if n.Attrs.Pool != nil {
+			return nil, fmt.Errorf("%s: a pooled block writes no batch norm partials", n.Op)
+		}
+		outs = append(outs, BNPartialsType(outs[0])) // before z (SaveAct: the last output)
 	}
 	if n.Attrs.SaveAct {
 		if !LinearSavesPre(&n.Attrs) || n.Attrs.NoArgmax {
@@ -262,10 +270,14 @@ func refConvBlock(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	z := refConv2D(env, probe, cins)[0]
 	y := linearAct(env, n, z)
 	if a.Pool == nil {
-		if a.SaveAct {
-			return [][]float64{y, z}
+		outs := [][]float64{y}
+		if a.BNStats {
+			outs = append(outs, refBNPartials(env, n, ct, y))
 		}
-		return [][]float64{y}
+		if a.SaveAct {
+			outs = append(outs, z)
+		}
+		return outs
 	}
 	pooled, argmax, at := maxpoolArgmax(env, a.Pool, ct, y)
 	if a.NoArgmax {
@@ -279,6 +291,14 @@ func refConvBlock(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 		return [][]float64{pooled, argmax, zp}
 	}
 	return [][]float64{pooled, argmax}
+}
+
+// refBNPartials are the batch norm partials of block n's output y (type
+// ct), tiled as the target tiles the block (env.BNTiles; flat otherwise),
+// over the whole batch.
+func refBNPartials(env *RefEnv, n *ir.Node, ct ir.Type, y []float64) []float64 {
+	part := n.Outs[1]
+	return BNPartials(y, env.Batch, env.Batch, ct.Dims[0], ct.Dims[1], ct.Dims[2], env.BNTiles[part], int(part.Type.Elems(int64(env.Batch))))
 }
 
 // maxpoolArgmax pools x: the maxima, their window indices and their flat

@@ -119,6 +119,10 @@ type RefEnv struct {
 	// FusedGrad receives the gradients a weight-gradient block with a
 	// fused update computed, when the run does not update (may be nil).
 	FusedGrad func(p *ir.Param, grad []float64)
+	// BNTiles: the tiling of a conv block's batch norm partials (its
+	// output value; BNTiling) where a target's is not flat, so that the
+	// reference writes the cells the kernels do.
+	BNTiles map[*ir.Value]BNTiling
 }
 
 // LossBatch is the batch the loss averages over: the whole batch, also

@@ -268,6 +268,9 @@ type NodeOptions struct {
 	Seed     uint64 // dropout RNG
 	Training bool   // dropout on
 	Update   bool   // fused updates apply (else they return nothing)
+	// BNTiles: the target's tiling of conv blocks' batch norm partials
+	// (ops.RefEnv.BNTiles; codegen.Program.BNTiles)
+	BNTiles map[*ir.Value]ops.BNTiling
 }
 
 // RunNode runs one node's reference kernel on the given inputs (one slice

@@ -30,6 +30,6 @@ func RunNodeSlice(n *ir.Node, ins [][]float64, batch int, o NodeOptions, s Slice
 	if s.First < 0 || (s.Of > 0 && s.First+batch > s.Of) {
 		return nil, fmt.Errorf("reference: samples [%d,%d) are outside a batch of %d", s.First, s.First+batch, s.Of)
 	}
-	env := &ops.RefEnv{Batch: batch, Training: o.Training, Update: o.Update, Seed: o.Seed, Step: o.Step, FirstSample: s.First, FullBatch: s.Of}
+	env := &ops.RefEnv{Batch: batch, Training: o.Training, Update: o.Update, Seed: o.Seed, Step: o.Step, FirstSample: s.First, FullBatch: s.Of, BNTiles: o.BNTiles}
 	return k(env, n, ins), nil
 }

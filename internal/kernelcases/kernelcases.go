@@ -320,7 +320,7 @@ func ConvChecks(t testing.TB) []Case {
 
 // ConvActCases are conv blocks for the activations of LinearActs (odd sizes and channel
 // counts, u8 images, strides, padding, 1x1 and 64-row tiles; pools that overlap, are padded or
-// rectangular — dropped for an activation whose gradient reads z: its pool stays unfused).
+// rectangular — for an activation whose gradient reads z, the forward writes z at the argmax).
 var ConvActCases = []Conv{
 	{C: 3, H: 13, W: 11, U8: true, Out: 5, K: k3, S: s1, P: p1, Bias: true, Pool: Window(k2, s2, p0)},
 	{C: 5, H: 9, W: 7, Out: 9, K: [2]int64{2, 3}, S: [2]int64{2, 1}, P: [2]int64{1, 0}},
@@ -338,9 +338,6 @@ func ConvActChecks(t testing.TB) []Case {
 		for j := 0; j < 2; j++ {
 			c := ConvActCases[(ai+j)%len(ConvActCases)]
 			c.Act, c.Alpha = a.Op, a.Alpha
-			if c.attrs().SaveAct {
-				c.Pool = nil
-			}
 			checks = append(checks, Case{Name: "fwd " + c.String(), N: ConvForward(t, c)})
 			d := c.F32()
 			d.MaskOut = j == 1
@@ -414,7 +411,9 @@ func DirectConvChecks(t testing.TB) []Case {
 }
 
 // ConvInferChecks are the forward checks of every pooled conv case as an
-// inference graph has it (cnnc build --infer): no argmax output.
+// inference graph has it (cnnc build --infer): no argmax output. Then each
+// activation of LinearActs on a pooled ConvActCases case (in turn): those
+// whose gradient reads z save none there.
 func ConvInferChecks(t testing.TB) []Case {
 	var checks []Case
 	for _, c := range ConvCases {
@@ -422,6 +421,17 @@ func ConvInferChecks(t testing.TB) []Case {
 			c.NoArgmax = true
 			checks = append(checks, Case{Name: "fwd " + c.String(), N: ConvForward(t, c)})
 		}
+	}
+	var pooled []Conv
+	for _, c := range ConvActCases {
+		if c.Pool != nil {
+			pooled = append(pooled, c)
+		}
+	}
+	for ai, a := range LinearActs {
+		c := pooled[ai%len(pooled)]
+		c.Act, c.Alpha, c.NoArgmax = a.Op, a.Alpha, true
+		checks = append(checks, Case{Name: "fwd " + c.String(), N: ConvForward(t, c)})
 	}
 	return checks
 }

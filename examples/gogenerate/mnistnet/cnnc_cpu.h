@@ -430,8 +430,9 @@ CNNC_INLINE AugBox aug_sample(const uint64_t* p, int i, long b) {
 //   B, C, H, W, U8 (input u8 HWC images, /255 in the loads), O, KH, KW, SH, SW, PH, PW, HO, WO,
 //   BIAS, RELU, POOL, PKH, PKW, PSH, PSW, PPH, PPW, PHO, PWO, BITS, HASY, MASKOUT,
 //   ACT, SAVEZ (an activation F other than ReLU folded in, as the linear blocks': the forward
-//   applies F::f before the pool and writes z too with SAVEZ; the gradients take F::g(dy, s),
-//   s the saved y or z, HASY's input), and the decomposition: BAND (rows per task), OT (channels
+//   applies F::f before the pool and writes z too with SAVEZ — pooled, z at each pooled output's
+//   argmax, a pooled-size tensor —; the gradients take F::g(dy, s), s the saved y or z (pooled:
+//   at the argmax), HASY's input), and the decomposition: BAND (rows per task), OT (channels
 //   per task), S (weight-gradient tasks).
 struct NoActF;  // no activation (below, with the activation functors)
 
@@ -727,9 +728,10 @@ struct ConvFwd {
   static constexpr long CR = G::POOL ? (G::BAND - 1) * G::PSH + G::PKH : G::BAND;  // conv rows of a band
   static constexpr long IR = (CR - 1) * G::SH + G::KH;                            // input rows they read
   static constexpr long K = G::C * G::KH * G::KW;
+  // ZT: z beside f(z) (CT) for a pooled block that saves z at each pooled output's argmax (SAVEZ)
   static constexpr long XT = floats64(G::C * IR * G::SW * JW), CT = G::POOL ? floats64(G::OT * CR * WOP) : 0,
-                        CODES = G::POOL ? floats64(G::BAND * G::PWO) : 0;
-  static constexpr long scratch = XT + CT + CODES;
+                        ZT = G::POOL && G::SAVEZ ? CT : 0, CODES = G::POOL ? floats64(G::BAND * G::PWO) : 0;
+  static constexpr long scratch = XT + CT + ZT + CODES;
 
   // conv rows cy in [cyA, cyB) of output channels o0..o0+M-1 (tile row cy - cyStart)
   template <int M>
@@ -778,6 +780,7 @@ struct ConvFwd {
             const long ox = x0 + j * VW;
             if constexpr (G::POOL) {
               vstore(Ct + ((o0 - oc + m) * CR + t) * WOP + ox, v);
+              if constexpr (G::SAVEZ) vstore(Ct + CT / 4 + ((o0 - oc + m) * CR + t) * WOP + ox, zv);  // Zt, after Ct
             } else {
               const long at = ((b * G::O + o0 + m) * G::HO + cy) * G::WO + ox;
               if (ox + VW <= G::WO) {
@@ -796,13 +799,24 @@ struct ConvFwd {
     }
   }
 
+  // z at the argmax of pooled rows r0..r0+nr-1 of one channel (the codes pool_row left), from its conv rows' z held WOP
+  // apart from conv row cyStart (zt); a window with no position inside the conv output (none pools so) gets 0
+  CNNC_MEMBER static void pooled_z(const float* zt, long cyStart, long r0, long nr, const int* codes, float* zp) {
+    for (long pr = 0; pr < nr; pr++)
+      for (long px = 0; px < G::PWO; px++) {
+        const int k = codes[pr * G::PWO + px];
+        const long cy = (r0 + pr) * G::PSH - G::PPH + k / G::PKW, cx = px * G::PSW - G::PPW + k % G::PKW;
+        zp[pr * G::PWO + px] = cy >= 0 && cy < G::HO && cx >= 0 && cx < G::WO ? zt[(cy - cyStart) * WOP + cx] : 0.0f;
+      }
+  }
+
   static void run(const uint64_t* p, int64_t task, float* s) {
     int a = 0;
     const void* x = arg<const void>(p, a++);
     const float* w = arg<const float>(p, a++);
     const float* bias = G::BIAS ? arg<const float>(p, a++) : nullptr;
     float* y = arg<float>(p, a++);
-    float* z = G::SAVEZ ? arg<float>(p, a++) : nullptr;
+    float* z = G::SAVEZ ? arg<float>(p, a++) : nullptr;  // pooled: z at each pooled output's argmax
     uint32_t* am = G::ARGMAX ? arg<uint32_t>(p, a++) : nullptr;  // inference: none
     const long og = task % NOG, band = task / NOG % NBANDS, b = task / (NOG * NBANDS);
     AugBox box{};
@@ -820,11 +834,12 @@ struct ConvFwd {
     if (m0 < no)
       dispatch_tail2<G::OT % MO, (G::O - (NOG - 1) * G::OT) % MO>(no - m0, [&]<int M>() { rows<M>(Xt, w, bias, oc + m0, oc, cyStart, cyA, cyB, Ct, y, z, b); });
     if constexpr (G::POOL) {
-      int* codes = reinterpret_cast<int*>(s + (XT + CT) / 4);
+      int* codes = reinterpret_cast<int*>(s + (XT + CT + ZT) / 4);
       for (long i = 0; i < no; i++) {
         const long o = oc + i;
         float* yp = y + ((b * G::O + o) * G::PHO + r0) * G::PWO;
         for (long pr = 0; pr < nr; pr++) pool_row<G, WOP>(Ct + i * CR * WOP, cyStart, r0 + pr, yp + pr * G::PWO, codes + pr * G::PWO);
+        if constexpr (G::SAVEZ) pooled_z(Ct + CT / 4 + i * CR * WOP, cyStart, r0, nr, codes, z + ((b * G::O + o) * G::PHO + r0) * G::PWO);
         if constexpr (G::ARGMAX)
           put_argmax<G::BITS>(am, ((b * G::O + o) * G::PHO + r0) * G::PWO, nr * G::PWO, G::B * G::O * G::PHO * G::PWO,
                               [&](long e) { return codes[e]; });
@@ -2153,6 +2168,37 @@ struct BNStats {  // x, running_mean, running_var, num_batches_tracked, mean, in
     rmean[c] = (1.0f - G::MOM) * rmean[c] + G::MOM * mu;
     rvar[c] = (1.0f - G::MOM) * rvar[c] + G::MOM * unbiased;
     if (c == 0) tracked[0] += 1;
+  }
+};
+// A conv block's batch norm statistics partials (compiler/ops BNPartialsType; the conv's second
+// output, Attrs.BNStats), flat-tiled: per chunk q of CHUNK consecutive values of channel c's
+// batch-major B·S and channel c, the chunk's valid values' mean and M2 = Σ(v - mean)² (two passes)
+// at part[(q·C + c)·2 + {0, 1}], (0, 0) for a chunk without a valid value; task 0 zeroes the
+// buffer's floats past the chunks (ELEMS in all). One task per channel, a fixed order.
+template <class G>
+struct BNPartials {  // y, part, scalars
+  static constexpr long tasks = G::C, scratch = 0;
+  static void run(const uint64_t* p, int64_t c, float*) {
+    const float* y = arg<const float>(p, 0);
+    float* part = arg<float>(p, 1);
+    const long valid = bnValid<G>(p, 2), n = valid * G::S;
+    constexpr long chunks = (G::B * G::S + G::CHUNK - 1) / G::CHUNK;
+    for (long q = 0; q < chunks; q++) {
+      const long lo = q * G::CHUNK, hi = n < lo + G::CHUNK ? n : lo + G::CHUNK;
+      const auto at = [&](long j) { return y[((j / G::S) * G::C + c) * G::S + j % G::S]; };
+      float s = 0.0f;
+      for (long j = lo; j < hi; j++) s += at(j);
+      const float mu = hi > lo ? s / static_cast<float>(hi - lo) : 0.0f;
+      float m2 = 0.0f;
+      for (long j = lo; j < hi; j++) {
+        const float d = at(j) - mu;
+        m2 += d * d;
+      }
+      part[(q * G::C + c) * 2] = mu;
+      part[(q * G::C + c) * 2 + 1] = m2;
+    }
+    if (c == 0)
+      for (long e = chunks * G::C * 2; e < G::ELEMS; e++) part[e] = 0.0f;
   }
 };
 template <class G>

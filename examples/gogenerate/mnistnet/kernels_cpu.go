@@ -4,7 +4,7 @@ package mnistnet
 
 // #cgo CXXFLAGS: -std=gnu++20 -O3 -g0 -fvisibility=hidden
 // #include <stdint.h>
-// const void* cnnc_cpu_builtin_b27b2d31c270597f(void);
+// const void* cnnc_cpu_builtin_70eebc4f0ba26d98(void);
 import "C"
 
 import (
@@ -14,4 +14,4 @@ import (
 )
 
 // The CPU target's kernels compiled into the program: the device runs them without a compiler.
-func init() { native.RegisterBuiltin(unsafe.Pointer(C.cnnc_cpu_builtin_b27b2d31c270597f)) }
+func init() { native.RegisterBuiltin(unsafe.Pointer(C.cnnc_cpu_builtin_70eebc4f0ba26d98)) }
