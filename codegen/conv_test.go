@@ -12,7 +12,6 @@ import (
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler/ir"
-	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/internal/nvcc"
@@ -607,18 +606,7 @@ func TestConvBlockActivationKernelsTensorCores(t *testing.T) {
 // block gradient n on inputs ins (TestConvBlockActivationKernelsTensorCores).
 func convStagedBound(t *testing.T, n *ir.Node, ins [][]float64, batch int64) float64 {
 	t.Helper()
-	p, err := n.Parts()
-	require.NoError(t, err)
-	at := func(v *ir.Value) []float64 {
-		for i, in := range n.Ins {
-			if in == v {
-				return ins[i]
-			}
-		}
-		t.Fatalf("%s does not read %s", n.Text(), v.Name)
-		return nil
-	}
-	dz := ops.PointwiseOf(n.Attrs.Act).Grad.Ref(&ops.RefEnv{Batch: int(batch)}, n, [][]float64{at(p.DOut), at(p.Y)})[0]
+	p, at, dz := blockGradDz(t, n, ins, batch)
 	a := n.Attrs
 	var b float64
 	var k int64
@@ -640,9 +628,7 @@ func convStagedBound(t *testing.T, n *ir.Node, ins [][]float64, batch int64) flo
 	if pw := a.Pool; pw != nil {
 		k *= (pw.Kernel[0] + pw.Stride[0] - 1) / pw.Stride[0] * ((pw.Kernel[1] + pw.Stride[1] - 1) / pw.Stride[1])
 	}
-	want, err := reference.RunNode(n, ins, int(batch), reference.NodeOptions{})
-	require.NoError(t, err)
-	return float64(k) * maxAbs(dz) * b / maxAbs(want[0])
+	return stagedRatio(t, n, ins, batch, float64(k)*maxAbs(dz)*b)
 }
 
 // The conv blocks with each activation folded in (kernelcases.ConvActChecks:
