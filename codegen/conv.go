@@ -35,6 +35,9 @@ import (
 //     a scratch buffer of partial sums (Program.Scratch), then the reduce
 //     kernel adds the splits in a fixed order and writes dw (and db) or
 //     applies the optimizer step. No float atomics: every run is bit-exact.
+//     The reduce is a launch of its own, not folded into the last split
+//     block to arrive: that block's serial tail is predicted slower than
+//     the launch (linear.go's split-K constants say why and by how much).
 
 func init() {
 	register(ir.OpConvBlock, convBlockForwardRule)

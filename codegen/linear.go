@@ -33,6 +33,28 @@ const (
 	// not worth a second launch), the k range is split into slices of at
 	// least gemmMinSliceTiles tiles, at most gemmMaxSplits of them, summed
 	// by a reduce kernel in slice order.
+	//
+	// The reduce stays a launch of its own (here and for the conv weight
+	// gradients, conv.go) rather than the "last block reduces" fix-up
+	// (each split block stores its partial tile, fences, takes a ticket
+	// from a per-tile counter, and the last to arrive adds the splits in
+	// order and runs the epilogue): these GEMMs split because they have
+	// few output tiles, so the fix-up's tail — S partial tiles read by
+	// one 4-warp block after the last split ends — runs on a handful of
+	// SMs where the reduce launch spreads the same bytes over the GPU. At
+	// compiler/perf's rates (a lone block of 4 warps moves ~14 GB/s from
+	// the L2: its 64-byte port times 4 of the 37 warps Little's law asks)
+	// SimpleCNN's three reduces at batch 32 on the H200 (fc1 225 splits of
+	// 4 tiles, conv2 176 of 3, conv1 528 of 1) cost 2.3, 2.8 and 3.2 µs
+	// with their launch gap; the fix-up's tail would take 68, 80 and
+	// 80 µs, split in two levels (√S groups, each's last block adding its
+	// group) 9.6, 12.8 and 7.5 µs, as a tree of pairs 9.6, 12.0 and
+	// 9.0 µs; at batch 256 fc1 (33 splits of 32 tiles) 10.2 / 4.2 / 7.2
+	// µs against 2.5 (compiler/perf TestSplitKFixupTailIsSlowerThanTheReduceLaunch;
+	// BENCHMARKS.md, "Split-K reduced by the last block").
+	// The counters would also need bytes no other buffer reuses and that
+	// are zero before the first step (the workspace is arena space, live
+	// during its step only): reserved like the step's scalar block.
 	gemmSplitMinTiles = 16
 	gemmMinSliceTiles = 2
 	gemmMaxSplits     = 512

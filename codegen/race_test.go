@@ -21,8 +21,9 @@ import (
 // The emulator runs a block's threads one after another, so a kernel that
 // reads what another thread wrote without a barrier in between can be right
 // by luck in its default order. Race mode (emu.Module.SetSchedule) runs the
-// threads of every barrier interval in reverse and in seeded random orders,
-// with shared memory poisoned at every block: every kernel family of the
+// threads of every barrier interval in reverse and in seeded random orders
+// (and the grid's blocks in reverse and in seeded permutations), with
+// shared memory poisoned at every block: every kernel family of the
 // examples — their planned training steps, in-place aliasing and
 // micro-batch loops included — must give the same bits in every order,
 // launch by launch. (runtime/emu's race tests show that a kernel missing a

@@ -363,6 +363,9 @@ struct Launch {
   uint64_t shared_bytes = 0;
   uint32_t flags = 0;
   uint64_t nblocks = 0;
+  // race mode: the blocks run in the order block_at(i) = (order_a * i + order_c) mod nblocks (then
+  // reversed for kFlagReverse), a bijection since gcd(order_a, nblocks) = 1 (block_order_init)
+  uint64_t order_a = 1, order_c = 0;
   uint32_t nthreads = 0;
   std::atomic<uint64_t> next_block{0};
   std::atomic<int> failed{0};
@@ -1064,6 +1067,40 @@ inline void fill_order(const Launch* L, uint8_t* order, uint32_t n, uint64_t key
   }
 }
 
+// The race-mode orders also take the blocks of the grid in another order than 0, 1, 2, ... (the
+// default): reversed for kFlagReverse; for kFlagShuffle an affine permutation i -> (a·i + c) mod n
+// with a seeded stride a coprime to n and a seeded offset c. A kernel whose blocks communicate
+// through global memory (a "last block reduces" counter: which block arrives last depends on the
+// order) must give the same bits in every order; with one worker the order is exactly this one.
+inline uint64_t gcd64(uint64_t a, uint64_t b) {
+  while (b) {
+    const uint64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+inline void block_order_init(Launch* L) {
+  L->order_a = 1, L->order_c = 0;
+  const uint64_t n = L->nblocks;
+  if (!(L->flags & kFlagShuffle) || n < 2) return;
+  const uint64_t r = mix64(mix64(L->flags >> kSeedShift) ^ 0xB10C);
+  uint64_t a = 1 + r % n;  // 1..n
+  while (gcd64(a, n) != 1) a = a % n + 1;
+  L->order_a = a;
+  L->order_c = mix64(r) % n;
+}
+
+// block_at is the block that the i-th block taken from the grid runs as.
+inline uint64_t block_at(const Launch* L, uint64_t i) {
+  if (!(L->flags & kOrderFlags) || L->trace) return i;  // a traced launch samples in the default order
+  const uint64_t n = L->nblocks;
+  if (L->flags & kFlagReverse) i = n - 1 - i;
+  // a·i can pass 64 bits (a grid holds up to 2^63 blocks): a 128-bit product
+  return uint64_t((unsigned __int128)L->order_a * i % n + L->order_c) % n;
+}
+
 inline uint64_t block_linear(const Worker* w) {
   const BlockCtx& B = w->block;
   return (uint64_t(B.blockIdx.z) * B.gridDim.y + B.blockIdx.y) * B.gridDim.x + B.blockIdx.x;
@@ -1269,7 +1306,7 @@ inline void launch_work(Launch* L, Worker* w) {
 #else
     if (b >= L->nblocks) break;
 #endif
-    if (!run_block(w, b)) {
+    if (!run_block(w, block_at(L, b))) {
       int expected = 0;
       if (L->failed.compare_exchange_strong(expected, 1)) memcpy(L->error, w->fail, sizeof w->fail);
       break;
@@ -1540,6 +1577,7 @@ CNNC_EMU_API void* cnnc_emu_launch_new(void (*entry)(void**), void** params, con
   L->nblocks = uint64_t(grid[0]) * grid[1] * grid[2];
   L->nthreads = uint32_t(nthreads);
   cnnc_emu::init_wmma_maps(L);
+  cnnc_emu::block_order_init(L);
   return L;
 }
 

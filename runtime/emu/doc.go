@@ -49,6 +49,11 @@
 // shared memory is filled with 0xFF (NaN) at the start of every block, and wmma fragments get a
 // permuted element layout; comparing a launch's output bit for bit with the forward order's
 // exposes such races (codegen's TestKernelsAreRaceFree does it for every kernel of the examples).
+// The orders also take the grid's blocks in another order (reversed, or a seeded affine
+// permutation i -> (a·i + c) mod blocks; a traced launch keeps the default): blocks that meet
+// through global memory — a "last block reduces" counter, where which block arrives last depends
+// on the order — must give the same bits in every order too (exactly that order with one worker;
+// with several, blocks also overlap).
 //
 // Access traces (Module.Trace, on a module compiled with TraceFlags): every load and store a
 // kernel makes to shared or global memory is recorded with its lane and its site (the access

@@ -157,10 +157,10 @@ type Order uint8
 const (
 	// OrderForward runs warp by warp, each warp's lanes in order (the default).
 	OrderForward Order = iota
-	// OrderReverse runs the warps, and each warp's lanes, last first.
+	// OrderReverse runs the warps, and each warp's lanes, last first; and the grid's blocks last first.
 	OrderReverse
 	// OrderShuffle runs them in a random order drawn from Schedule.Seed, anew for every barrier
-	// interval, warp and sweep.
+	// interval, warp and sweep; the grid's blocks in a permutation drawn from the seed.
 	OrderShuffle
 )
 
@@ -177,7 +177,7 @@ func (o Order) String() string {
 }
 
 // Schedule is the race mode: how a module's launches order the threads of a block between
-// barriers. A correct kernel gives the same bits in every order; one that reads what another
+// barriers, and the blocks of the grid (reversed, or a seeded permutation). A correct kernel gives the same bits in every order; one that reads what another
 // thread writes without a barrier (or warp synchronisation) in between, or that depends on the
 // element layout of wmma fragments, does not. Under a schedule — forward included, so that runs
 // compare — dynamic and static shared memory is filled with 0xFF bytes (NaN floats) at the start

@@ -132,3 +132,39 @@ func TestRaceModePermutesFragmentLayouts(t *testing.T) {
 		}
 	}
 }
+
+// The race-mode orders also change the order of a grid's blocks, so which block of a "last block
+// reduces" kernel arrives last changes with the schedule: a sum in a fixed order gives the same bits
+// in every order, one that starts at the last block does not; the counter is back at 0 after each.
+func TestRaceModeChangesWhichBlockIsLast(t *testing.T) {
+	m, b := raceModule(t, "race.cu"), buffers{t}
+	m.SetWorkers(1) // the block order is then exactly the schedule's
+	const blocks = 61
+	in := randomMatrix(rand.New(rand.NewPCG(16, 17)), blocks*32)
+	for i := range in {
+		in[i] *= float32(math.Ldexp(1, i%23-11)) // magnitudes far apart: the order of the sum shows
+	}
+	x, partial, counter := allocCopy(b, in), b.alloc(4*blocks*32), allocCopy(b, []uint32{0})
+	out, last := b.alloc(4*32), b.alloc(4)
+	for _, ordered := range []int32{1, 0} {
+		var lasts []uint32
+		res := runOrders(t, m, func() []uint32 {
+			launch(t, m, "last_block_sum", Dim1(blocks), Dim1(32), 0, x, partial, counter, out, last, ordered)
+			require.Equal(t, []uint32{0}, read[uint32](t, counter, 1), "the last block resets the counter")
+			lasts = append(lasts, read[uint32](t, last, 1)[0])
+			return read[uint32](t, out, 32)
+		})
+		require.Equal(t, uint32(blocks-1), lasts[0], "forward: the last block of the grid is last")
+		require.Equal(t, uint32(0), lasts[1], "reverse: block 0 is last")
+		for i, s := range raceSchedules[1:] {
+			require.NotEqual(t, lasts[0], lasts[i+2], "under %v another block is last", s)
+		}
+		for i, s := range raceSchedules {
+			if ordered == 1 {
+				require.Equal(t, res[0], res[i+1], "the sum in block order under %v", s)
+			} else {
+				require.NotEqual(t, res[0], res[i+1], "the sum from the last block under %v: the race must show", s)
+			}
+		}
+	}
+}

@@ -39,3 +39,27 @@ extern "C" __global__ void read_unwritten(unsigned* out, int write) {
   __syncthreads();
   out[threadIdx.x] = s[threadIdx.x];
 }
+
+// "The last block reduces" (split-K fix-up): each block writes its 32 partials, fences, and takes a
+// ticket from a counter; the block that draws the last ticket adds every block's partials and resets
+// the counter. ordered != 0 adds them in block order 0..n-1 (right in every block order); ordered == 0
+// starts after the last block (its result depends on which block arrives last: a race).
+extern "C" __global__ void last_block_sum(const float* x, float* partial, unsigned* counter, float* out,
+                                          unsigned* last, int ordered) {
+  __shared__ bool isLast;
+  const unsigned lane = threadIdx.x, n = gridDim.x;
+  partial[blockIdx.x * 32 + lane] = x[blockIdx.x * 32 + lane] * 3.0f;
+  __threadfence();
+  __syncthreads();
+  if (lane == 0) isLast = atomicAdd(counter, 1u) == n - 1;
+  __syncthreads();
+  if (!isLast) return;
+  __threadfence();
+  float sum = 0.0f;
+  for (unsigned s = 0; s < n; ++s) sum += partial[(ordered ? s : (blockIdx.x + 1 + s) % n) * 32 + lane];
+  out[lane] = sum;
+  if (lane == 0) {
+    *last = blockIdx.x;
+    *counter = 0;
+  }
+}
