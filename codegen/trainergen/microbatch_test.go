@@ -15,6 +15,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -217,13 +218,7 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) batch = 6 }
 			if step == 2 {
 				valid = 5 // a padded last batch
 			}
-			b := trainer.Batch{Valid: valid, Pixels: make([]uint8, valid*3*9*8), Labels: make([]int32, valid)}
-			for i := range b.Pixels {
-				b.Pixels[i] = uint8(rng.IntN(256))
-			}
-			for i := range b.Labels {
-				b.Labels[i] = int32(rng.IntN(5))
-			}
+			b := trainertest.RandomBatch(c.Spec, valid, rng)
 			loss, _, err := sess.TrainStep(b)
 			require.NoError(t, err)
 			r, err := ref.Run(reference.Batch{N: valid, Pixels: b.Pixels, Labels: b.Labels}, reference.Train)
