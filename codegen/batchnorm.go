@@ -27,7 +27,8 @@ import (
 // The statistics' cells, part[(p·C + c)·2 + {mean, M2}] with cell p of
 // channel c the values p·bnChunk.. of the channel's batch-major B·S, are
 // the conv forward's partials layout (ops.BNPartialsType): a conv block
-// whose output only the batch norm reads writes its tiles' cells (a tile
+// (or a direct conv, flat cells: direct_conv.go) whose output only the
+// batch norm reads writes its tiles' cells (a tile
 // may be an output region of one or several samples: the merge derives
 // each cell's count from the tiling, ops.BNTiling.Count) in its epilogue (ir.Attrs.BNStats; the statistics node's fifth
 // input), and the first pass is not launched.

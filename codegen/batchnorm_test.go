@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -242,41 +243,60 @@ func TestBatchNormStatsInConvEpilogue(t *testing.T) {
 				}
 				require.True(t, one && several, "tilings %v", prog.BNTiles)
 			}
-			dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
-			require.NoError(t, err)
-			for i, n := range nodes {
-				ins := bnConvInputs(n, prog, batch, batch, prec, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
-				opts := reference.NodeOptions{Training: true, Update: true, BNTiles: prog.BNTiles}
-				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, opts)
-				require.NoError(t, err, n.Text())
-				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s b%d %s: %s", prec, batch, n.Text(), r)
-				part := n.Ins[len(n.Ins)-1] // a statistics node's partials
-				if n.Op == ir.OpConvBlock {
-					part = n.Outs[1]
-				}
-				t.Logf("%s b%d %s (tiling %+v): %s", prec, batch, n.Text(), prog.BNTiles[part], r)
-				valids := []int64{batch}
-				if batch == 17 {
-					valids = append(valids, 9)
-				}
-				for _, valid := range valids {
-					if n.Op == ir.OpConvBlock {
-						got, err := kernelcheck.Launch(dev, prog, n, ins, kernelcheck.Scalars{Valid: valid})
-						require.NoError(t, err, n.Text())
-						y := n.Outs[0].Type
-						want := ops.BNPartials(got.Outs[0], int(batch), int(valid), y.Dims[0], y.Dims[1], y.Dims[2],
-							prog.BNTiles[n.Outs[1]], len(got.Outs[1]))
-						checkBNCells(t, got.Outs[0], got.Outs[1], want, "%s b%d valid %d %s", prec, batch, valid, n.Text())
-					} else if valid < batch { // a conv leaves its padding's outputs as computed
-						// the partials a conv writes at 9 valid samples: the valid values' cells
-						ins = bnConvInputs(n, prog, batch, valid, prec, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
-						require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, valid), "%s %s", prec, n.Text())
-					}
-				}
-			}
-			dev.Close()
+			checkBNPartialNodes(t, prog, nodes, batch, prec)
 		}
 	}
+}
+
+// checkBNPartialNodes runs nodes — convs that write batch norm's partials
+// (conv blocks or direct convs, Attrs.BNStats) and the statistics merging
+// them — of prog (at batch, on prec) on the CPU emulator against the
+// float64 reference with NaN-poisoned outputs, the partials tiled as
+// prog.BNTiles says; a conv's cells also field by field against the
+// float64 partials of its own output (checkBNCells), and at batch 17 at a
+// padded batch of 9 valid samples. TestBatchNormStatsInConvEpilogue gives
+// the tolerance's analysis.
+func checkBNPartialNodes(t *testing.T, prog *codegen.Program, nodes []*ir.Node, batch int64, prec codegen.Precision) {
+	t.Helper()
+	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+	require.NoError(t, err)
+	for i, n := range nodes {
+		ins := bnConvInputs(n, prog, batch, batch, prec, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+		opts := reference.NodeOptions{Training: true, Update: true, BNTiles: prog.BNTiles}
+		r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, opts)
+		require.NoError(t, err, n.Text())
+		require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s b%d %s: %s", prec, batch, n.Text(), r)
+		part := n.Ins[len(n.Ins)-1] // a statistics node's partials
+		if writesBNPartials(n) {
+			part = n.Outs[1]
+		}
+		t.Logf("%s b%d %s (tiling %+v): %s", prec, batch, n.Text(), prog.BNTiles[part], r)
+		valids := []int64{batch}
+		if batch == 17 {
+			valids = append(valids, 9)
+		}
+		for _, valid := range valids {
+			if writesBNPartials(n) {
+				got, err := kernelcheck.Launch(dev, prog, n, ins, kernelcheck.Scalars{Valid: valid})
+				require.NoError(t, err, n.Text())
+				y := n.Outs[0].Type
+				want := ops.BNPartials(got.Outs[0], int(batch), int(valid), y.Dims[0], y.Dims[1], y.Dims[2],
+					prog.BNTiles[n.Outs[1]], len(got.Outs[1]))
+				checkBNCells(t, got.Outs[0], got.Outs[1], want, "%s b%d valid %d %s", prec, batch, valid, n.Text())
+			} else if valid < batch { // a conv leaves its padding's outputs as computed
+				// the partials a conv writes at 9 valid samples: the valid values' cells
+				ins = bnConvInputs(n, prog, batch, valid, prec, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, valid), "%s %s", prec, n.Text())
+			}
+		}
+	}
+	dev.Close()
+}
+
+// writesBNPartials: n is a conv that writes batch norm's partials as its
+// second output.
+func writesBNPartials(n *ir.Node) bool {
+	return (n.Op == ir.OpConvBlock || n.Op == ir.OpConv2D) && n.Attrs.BNStats
 }
 
 // The conv blocks writing batch norm partials (flat and region tiles) and
@@ -300,6 +320,85 @@ func TestPtxasBNStatsInConvEpilogue(t *testing.T) {
 		require.NoError(t, err)
 		requireClean(t, prog, ks)
 	}
+}
+
+// bnDirectSrc: convs the conv blocks do not take (the direct kernels)
+// whose outputs only a batch norm reads, so each writes the statistics'
+// partials (Attrs.BNStats): a grouped 3x3 conv of the image (3 groups of
+// 2 outputs) into 13x11 maps (143 values a sample: flat chunks span
+// samples), a depthwise 3x3 stride 2 with a bias into 7x6 maps, a
+// dilated 3x3 (dilation 2) and a depthwise 3x3 stride 1 keeping them.
+const bnDirectSrc = `model T(image: f32[3,13,11], label: class[4]) {
+    d1 = conv2d(image, out=6, kernel=3, padding=1, groups=3, bias=false)
+    b1 = batchnorm2d(d1)
+    d2 = conv2d(b1, out=6, kernel=3, stride=2, padding=1, groups=6)
+    b2 = batchnorm2d(d2)
+    d3 = conv2d(b2, out=5, kernel=3, padding=2, dilation=2, bias=false)
+    b3 = batchnorm2d(d3)
+    d4 = conv2d(b3, out=5, kernel=3, padding=1, groups=5, bias=false)
+    b4 = batchnorm2d(d4)
+    logits = linear(flatten(b4), out=4)
+    loss = cross_entropy(logits, label)
+}
+`
+
+// bnDirectNodes compiles bnDirectSrc: its direct convs, each writing
+// partials, and the statistics that merge them.
+func bnDirectNodes(t *testing.T) []*ir.Node {
+	t.Helper()
+	res, err := compiler.CompileSource("t.cnn", []byte(bnDirectSrc), compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		switch n.Op {
+		case ir.OpConv2D:
+			require.True(t, n.Attrs.BNStats, n.Text())
+			nodes = append(nodes, n)
+		case ops.BatchNormStats:
+			require.Len(t, n.Ins, 5, "%s merges the conv's partials", n.Text())
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 8)
+	return nodes
+}
+
+// The direct convs (grouped, depthwise stride 2 and 1, dilated) that
+// write batch norm's partials and the statistics that merge them, on the
+// CPU emulator against the float64 reference with NaN-poisoned outputs
+// (checkBNPartialNodes: the partials in the flat tiling the direct kernel
+// declares, and at a padded batch of 9 of 17), at batches 1, 3 and 17.
+// Tolerance: TestBatchNormStatsInConvEpilogue's — a cell's mean and M2
+// come from at most 64 values (two per lane, then a 5-level butterfly of
+// Chan merges), the conv's own error is the direct forward's.
+func TestBatchNormStatsInDirectConv(t *testing.T) {
+	nodes := bnDirectNodes(t)
+	for _, batch := range []int64{1, 3, 17} {
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		var fused int
+		for _, l := range prog.Launches {
+			require.NotContains(t, l.Kernel, "batchnorm_stats_partial", "the direct convs wrote the cells")
+			if strings.HasPrefix(l.Kernel, "direct_conv_fwd") && strings.HasSuffix(l.Kernel, "_bnstats") {
+				fused++
+			}
+		}
+		require.Equal(t, 4, fused, "the direct convs' forwards write the partials")
+		require.Empty(t, prog.BNTiles, "flat cells")
+		checkBNPartialNodes(t, prog, nodes, batch, codegen.FP32)
+	}
+}
+
+// The direct convs writing batch norm partials and the merges reading
+// them at batch 32 through ptxas: no spills, no local memory.
+func TestPtxasBNStatsInDirectConv(t *testing.T) {
+	nvcc.Require(t)
+	prog, err := codegen.GenerateNodes("T", bnDirectNodes(t), codegen.Options{Batch: 32, SMs: 132})
+	require.NoError(t, err)
+	require.Contains(t, string(prog.Source), "_bnstats", "the direct convs write the partials")
+	ks, err := codegen.CompilePtxas(prog.Source, "bndirect.cu", nvcc.Targets)
+	require.NoError(t, err)
+	requireClean(t, prog, ks)
 }
 
 // checkBNCells compares a conv block's partials with the float64 ones of

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/ops"
 )
 
 // Direct convolutions (templates/direct_conv.cu.tmpl): the kernels of an
@@ -17,7 +18,12 @@ import (
 // dimension (directSplits, from the batch and the SM count as the conv
 // blocks' wgradSplits), a block per (weight row, split) writes its partial
 // sums by a fixed tree, and conv_block_wgrad_reduce adds the splits in
-// order — deterministic for a given split count.
+// order — deterministic for a given split count. A forward whose output
+// only a batch norm reads (ir.Attrs.BNStats, in training and not in a
+// micro-batch loop) also writes the statistics' partials
+// (directConvBNRule): flat cells of ops.BNChunk values, a warp each, the
+// tiling batchnorm_stats merges; elsewhere it writes none and the
+// statistics compute the cells from the output, as after a conv block.
 
 func init() {
 	register(ir.OpConv2D, directConvRule("direct_conv_fwd"))
@@ -105,6 +111,13 @@ type directConvGeom struct {
 	Elems, InElems, WElems int64 // outputs, inputs, weights at the batch
 	Bias, Accumulate       bool
 	launchElems            int64
+	// BNStats: the forward also writes batch norm's statistics partials
+	// (ir.Attrs.BNStats; direct_conv_fwd_bn): BNCells flat cells of Chunk
+	// values a channel, BNPartUsed of the buffer's BNPartElems floats, the
+	// rest zeroed
+	BNStats                 bool
+	Chunk, BNCells          int64
+	BNPartUsed, BNPartElems int64
 	// the weight and bias gradients' partial kernels: T threads (Warps
 	// warps) per block, TG taps of a weight row per block (TGN blocks per
 	// row), Q positions in splits of QPer
@@ -180,6 +193,11 @@ func directConvRule(family string) rule {
 				suffix += "_bias"
 			}
 			k.launchElems, what = k.Elems, "forward"
+			if n.Attrs.BNStats && e.batch == e.prog.Batch && !e.eval && !k.Accumulate {
+				// not in a micro-batch loop (the statistics then compute the cells from the output after it), nor in
+				// evaluation (the running statistics)
+				return directConvBNRule(e, n, family, shape, suffix, g, k)
+			}
 		default:
 			k.launchElems, what = k.InElems, "input gradient"
 		}
@@ -200,6 +218,38 @@ func directConvRule(family string) rule {
 			Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 		return nil
 	}
+}
+
+// directConvBNRule generates a direct conv forward that also writes batch
+// norm's statistics partials (direct_conv_fwd_bn): flat cells of
+// ops.BNChunk values of a channel's batch-major outputs (ops.BNTiling{},
+// the tiling batchnorm_stats's merge then reads), a warp each.
+func directConvBNRule(e *emitter, n *ir.Node, family, shape, suffix string, groups int64, k *directConvGeom) error {
+	part := n.Outs[1]
+	k.BNStats, k.Chunk = true, ops.BNChunk
+	k.BNCells = ops.BNTiling{}.Tiles(k.B, k.HWO)
+	k.BNPartUsed, k.BNPartElems = k.BNCells*k.O*ops.BNCell, part.Type.Elems(k.B)
+	if k.BNPartUsed > k.BNPartElems {
+		return fmt.Errorf("codegen: %s: %d cells a channel overflow the partials %s", n.Text(), k.BNCells, part.Type)
+	}
+	k.Name = fmt.Sprintf("%s_%s_b%d%s_bnstats", family, shape, e.batch, suffix)
+	k.Doc = k.doc("forward", groups) + ", with batch norm's statistics partials"
+	if err := e.kernel("direct_conv_fwd_bn", k.Name, k); err != nil {
+		return err
+	}
+	if e.bnParts == nil {
+		e.bnParts = map[*ir.Value]bnPart{}
+	}
+	e.bnParts[part] = bnPart{cells: k.BNCells} // flat: no Program.BNTiles entry
+	var args []Arg
+	for _, v := range n.Ins {
+		args = append(args, buf(v))
+	}
+	args = append(args, buf(n.Out()), buf(part), scalarsArg)
+	const warps = elementwiseBlock / 32
+	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: [3]uint32{uint32(divUp(k.BNCells*k.O, warps)), 1, 1}, Block: [3]uint32{elementwiseBlock, 1, 1},
+		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+	return nil
 }
 
 // directReduceRule generates the weight (or bias) gradient of a direct

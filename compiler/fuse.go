@@ -35,7 +35,9 @@ import (
 // graph, also writes the statistics' partials in its epilogue
 // (Attrs.BNStats, its second output; of the activation's output when one
 // is folded), which the statistics node merges instead of reading the
-// conv output again (compiler/ops/batchnorm.go); evaluation and inference
+// conv output again (compiler/ops/batchnorm.go); so does an unfused
+// (grouped, depthwise or dilated) conv2d whose output only a batch norm
+// reads, in its direct kernel (directConvStats); evaluation and inference
 // use the running statistics, and their conv blocks write none. Images arrive as uint8 HWC, converted inside conv loads (or by
 // to_tensor for other readers). Other ops stay as they are.
 //
@@ -199,10 +201,19 @@ func (f *fuser) fuseForward(n *ir.Node) error {
 		for _, o := range n.Outs {
 			names = append(names, o.Name)
 		}
+		stats := f.directConvStats(n)
+		if stats != nil {
+			names = append(names, n.Out().Name+".bnpart")
+		}
 		out = f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, names, ir.RoleActivation)
 		out.Attrs = n.Attrs
 		for i, o := range n.Outs {
 			f.repl[o] = out.Outs[i]
+		}
+		if stats != nil {
+			out.Attrs.BNStats = true
+			out.Outs[1].Pos = n.Out().Pos
+			f.setBNPart(stats, out.Outs[1])
 		}
 	}
 	if err := inferNode(out); err != nil {
@@ -273,15 +284,34 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 	b.Attrs = a
 	f.replaceOutput(last, b)
 	if a.BNStats {
-		if f.bnPart == nil {
-			f.bnPart = map[*ir.Node]*ir.Value{}
-		}
-		f.bnPart[stats] = b.Outs[1]
+		f.setBNPart(stats, b.Outs[1])
 	}
 	if a.SaveAct {
 		b.Outs[len(b.Outs)-1].Pos = n.Out().Pos
 	}
 	return b
+}
+
+// setBNPart records that part, a conv's second output, holds the
+// statistics' partials that batchnorm_stats node stats merges (its fifth
+// input).
+func (f *fuser) setBNPart(stats *ir.Node, part *ir.Value) {
+	if f.bnPart == nil {
+		f.bnPart = map[*ir.Node]*ir.Value{}
+	}
+	f.bnPart[stats] = part
+}
+
+// directConvStats returns the statistics node of the batch norm that is
+// the only reader of conv2d n's output when n runs the direct kernels (a
+// grouped, depthwise or dilated conv, which no block takes), in a
+// training graph, or nil: such a conv, unfused, writes the statistics'
+// partials as its second output (Attrs.BNStats) like a conv block.
+func (f *fuser) directConvStats(n *ir.Node) *ir.Node {
+	if n.Op != ir.OpConv2D || fusableConv(n) {
+		return nil
+	}
+	return f.onlyBatchNorm(n.Out())
 }
 
 // onlyBatchNorm returns the statistics node of the batch norm that is v's

@@ -237,7 +237,7 @@ func convForward(e codegen.Emitter, n *ir.Node) error {
 	return nil
 }
 
-// bnPartials launches, after a conv block with Attrs.BNStats, the batch norm statistics partials
+// bnPartials launches, after a conv block or direct conv with Attrs.BNStats, the batch norm statistics partials
 // of its output (its second output) in their layout (compiler/ops BNPartialsType); this target's
 // batchnorm_stats still reads the conv output itself (in float64), so they serve the layout's
 // tests and the other targets.

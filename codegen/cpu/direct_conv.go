@@ -86,7 +86,8 @@ func (g *directGeom) split(units, work int64) int64 {
 }
 
 // directConv emits the kernel of a conv2d, conv2d_grad_input, conv2d_grad_weight or
-// conv2d_grad_bias node: its inputs, then its output, are the parameters.
+// conv2d_grad_bias node: its inputs, then its output, are the parameters. A forward that writes
+// batch norm's partials (Attrs.BNStats) launches bn_partials after it, as a conv block does.
 func directConv(e codegen.Emitter, n *ir.Node) error {
 	x, y := codegen.DirectConvTypes(n)
 	g, err := newDirectGeom(n, x, y, e.Batch())
@@ -123,5 +124,11 @@ func directConv(e codegen.Emitter, n *ir.Node) error {
 	}
 	args = append(args, buf(n.Out()))
 	name := emit(e, kernelSpec{family: family, shape: shape, doc: g.doc(what), structs: []structSpec{{"g", g.defs()}}, impl: impl, nparams: len(args)})
-	return launch(e, n, name, tasks, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
+	if err := launch(e, n, name, tasks, args, n.FLOPs(e.Batch()), minBytes(n, e.Batch())); err != nil {
+		return err
+	}
+	if n.Op == ir.OpConv2D && n.Attrs.BNStats {
+		return bnPartials(e, n) // as after a conv block
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,6 +15,7 @@ import (
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/plan"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/trainertest"
 	"github.com/cnnc/cnnc/runtime/trainer"
 )
 
@@ -152,5 +154,84 @@ train { optimizer = adam(lr=0.01) batch = 10 }
 			want[i] = float64(v)
 		}
 		assert.Less(t, maxRel(y, want), 1e-4, p.Name)
+	}
+}
+
+// A depthwise conv whose output only a batch norm reads writes the
+// statistics' partials (the direct kernel, direct_conv_fwd_bn) on the whole
+// batch; in a micro-batched trunk it writes none and the statistics compute
+// the cells from its output after the loop (batchnorm_stats_partial); the
+// backward's recomputation of it (the planner's choice with no budget, and
+// under a budget that also recomputes bn) writes them again. Each CUDA trainer (on the emulator) follows the reference step by
+// step, a padded last batch included: loss within 1e-5, parameters and
+// running statistics within 1e-4 (the other trainer tests' bounds).
+func TestDepthwiseBNPartialsInLoopsAndRecomputation(t *testing.T) {
+	src := []byte(`model DW(image: f32[3,9,8], label: class[5]) {
+    c1   = conv2d(image, out=4, kernel=3, padding=1, bias=false)
+    dw   = conv2d(relu(c1), out=4, kernel=3, stride=2, padding=1, groups=4, bias=false)
+    bn   = batchnorm2d(dw)
+    dw2  = conv2d(hardswish(bn), out=4, kernel=3, padding=1, groups=4, bias=false)
+    bn2  = batchnorm2d(dw2)
+    out  = linear(flatten(relu(bn2)), out=5)
+    loss = cross_entropy(out, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9) batch = 6 }
+`)
+	compile := func(cfg func(*plan.Plan) plan.Config) *trainergen.Compiled {
+		res, err := compiler.CompileSource("dw.cnn", src, compiler.Options{})
+		require.NoError(t, err)
+		base, err := plan.Build(res.Graph, plan.Config{Batch: res.Train.Batch, NoRecompute: true})
+		require.NoError(t, err)
+		c, err := driver.Compile(res, cfg(base), driver.CUDA)
+		require.NoError(t, err)
+		return c
+	}
+	// kernels: the launches' kernel names, joined
+	kernels := func(c *trainergen.Compiled) string {
+		var ks []string
+		for _, l := range c.Spec.Train.Launches {
+			ks = append(ks, l.Kernel)
+		}
+		return strings.Join(ks, " ")
+	}
+	// the depthwise convs' forwards with the partials at the whole batch
+	const dwBN, dw2BN = "direct_conv_fwd_x4x9x8_o4_k3x3s2x2p1x1d1x1_g4_b6_bnstats", "direct_conv_fwd_x4x5x4_o4_k3x3s1x1p1x1d1x1_g4_b6_bnstats"
+	full := compile(func(*plan.Plan) plan.Config { return plan.Config{} })
+	assert.Contains(t, kernels(full), dwBN)
+	assert.Contains(t, kernels(full), dw2BN)
+	assert.NotContains(t, kernels(full), "batchnorm_stats_partial", "the convs wrote the cells")
+	assert.Contains(t, full.Plan.Choices.Recompute, "dw", "the backward recomputes dw, partials and all")
+	micro := compile(func(*plan.Plan) plan.Config { return plan.Config{MicroBatch: 4, Trunk: "dw"} })
+	require.NotEmpty(t, micro.Plan.Loops)
+	assert.NotContains(t, kernels(micro), dwBN, "dw, in the loop, writes none")
+	assert.Contains(t, kernels(micro), dw2BN)
+	assert.Contains(t, kernels(micro), "batchnorm_stats_partial", "bn's statistics compute the cells from dw's output")
+	recomp := compile(func(p *plan.Plan) plan.Config { return plan.Config{Budget: p.ArenaBytes - 1} })
+	require.Equal(t, "recompute", recomp.Plan.Choices.Strategy)
+	t.Logf("recomputed: %v", recomp.Plan.Choices.Recompute)
+	for name, c := range map[string]*trainergen.Compiled{"full": full, "micro": micro, "recompute": recomp} {
+		sess := newSession(t, c, 2)
+		ref := reference.New(c.Plan.Graph, 2)
+		rng := rand.New(rand.NewPCG(3, 5))
+		for step := 0; step < 3; step++ {
+			valid := 6
+			if step == 2 {
+				valid = 5 // a padded last batch
+			}
+			b := trainertest.RandomBatch(c.Spec, valid, rng)
+			loss, _, err := sess.TrainStep(b)
+			require.NoError(t, err)
+			r, err := ref.Run(reference.Batch{N: valid, Pixels: b.Pixels, Labels: b.Labels}, reference.Train)
+			require.NoError(t, err)
+			assert.InDelta(t, r.Loss, float64(loss), 1e-5*math.Max(1, r.Loss), "%s: step %d loss", name, step)
+		}
+		for _, p := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.Buffers...) {
+			if p.DType == trainer.DTypeI64 {
+				continue
+			}
+			got, err := sess.ReadTensor(p)
+			require.NoError(t, err)
+			assert.Less(t, maxRel(got, ref.ParamByName(p.Name)), 1e-4, "%s: %s", name, p.Name)
+		}
 	}
 }

@@ -68,7 +68,10 @@ import (
 // partials flat-tiled unless RefEnv.BNTiles names the target's tiling
 // (BNMergePartials is the merge's float64 form, for the kernels' tests);
 // a block the planner puts in a micro-batch
-// loop writes no partials, and the targets' statistics then read x.
+// loop writes no partials, and the targets' statistics then read x. An
+// unfused conv2d (grouped, depthwise or dilated: the direct kernels)
+// whose output only a batch norm reads does the same (conv2d.go; its
+// CUDA kernel's cells are flat chunks).
 //
 // A padded last batch (fewer valid samples than the compiled batch) is
 // normalised over the valid samples only, and its padding gets no

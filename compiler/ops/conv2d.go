@@ -13,7 +13,11 @@ import (
 //
 // The fuse pass turns a plain one (with a ReLU and a max-pool after it)
 // into a conv2d_block, whose kernels run it; grouped and dilated convs run
-// the direct kernels (codegen/direct_conv.go).
+// the direct kernels (codegen/direct_conv.go). Such a conv whose output
+// only a batch norm reads (in training) also writes the statistics'
+// partials as its second output (Attrs.BNStats, printed bnstats=true;
+// BNPartialsType, in the tiling the target declares: RefEnv.BNTiles, flat
+// otherwise), as a conv block does (batchnorm.go).
 
 // Limits of the arguments, from what the generated kernels can launch.
 const (
@@ -34,9 +38,13 @@ const (
 
 var convAttrs = []ir.AttrSpec{ir.AttrOut, ir.AttrKernel, ir.AttrStride, ir.AttrPad, ir.AttrDilation, ir.AttrGroups}
 
+// conv2dAttrs are the forward's: a direct conv may write batch norm's
+// partials (Attrs.BNStats).
+var conv2dAttrs = ir.AttrList(convAttrs, ir.AttrBNStats)
+
 var _ = Register(ir.OpConv2D, &Def{
 	OpInfo: ir.OpInfo{
-		Name: "conv2d", Attrs: convAttrs, Infer: inferConv2D, FLOPs: flopsConv2D,
+		Name: "conv2d", Attrs: conv2dAttrs, Infer: inferConv2DNode, FLOPs: flopsConv2D,
 		ParamTypes: convParamTypes,
 	},
 	Doc: "2-D convolution",
@@ -74,18 +82,20 @@ var _ = Register(ir.OpConv2D, &Def{
 	Grad: func(b GradBuilder, n *ir.Node, dy *ir.Value, need []bool) []*ir.Value {
 		x, w := n.Ins[0], n.Ins[1]
 		gs := make([]*ir.Value, len(n.Ins))
+		fa := n.Attrs
+		fa.BNStats = false // the forward's alone
 		if need[0] {
-			a := n.Attrs
+			a := fa
 			a.Dims = x.Type.Dims
 			gs[0] = b.Emit(ir.OpConv2DGradInput, n, a, x, dy, w)
 		}
-		gs[1] = b.Emit(ir.OpConv2DGradWeight, n, n.Attrs, w, dy, x)
+		gs[1] = b.Emit(ir.OpConv2DGradWeight, n, fa, w, dy, x)
 		if len(n.Ins) > 2 {
 			gs[2] = b.Emit(ir.OpConv2DGradBias, n, ir.Attrs{}, n.Ins[2], dy)
 		}
 		return gs
 	},
-	Ref: refConv2D,
+	Ref: refConv2DNode,
 	// plain convs run in conv2d_block (the fuse pass); grouped and dilated
 	// ones in the direct family
 	Kernel: Kernel{Custom: "direct_conv"},
@@ -211,6 +221,16 @@ func inferConv2D(n *ir.Node) ([]ir.Type, error) {
 	return one(ir.F32Batched(n.Attrs.Out, ho, wo))
 }
 
+// inferConv2DNode is a conv2d node's outputs: y, and the batch norm
+// partials after it when it writes them (Attrs.BNStats).
+func inferConv2DNode(n *ir.Node) ([]ir.Type, error) {
+	ts, err := inferConv2D(n)
+	if err != nil || !n.Attrs.BNStats {
+		return ts, err
+	}
+	return append(ts, BNPartialsType(ts[0])), nil
+}
+
 func inferConv2DGradInput(n *ir.Node) ([]ir.Type, error) {
 	dy, w := in(n, 0), in(n, 1)
 	if err := needRank(n, 0, dy, 3, "[B,C,H,W]"); err != nil {
@@ -313,6 +333,16 @@ func refConv2D(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 		}
 	}
 	return [][]float64{y}
+}
+
+// refConv2DNode is a conv2d node's reference: y, and its batch norm
+// partials when it writes them (Attrs.BNStats; refBNPartials).
+func refConv2DNode(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
+	outs := refConv2D(env, n, ins)
+	if n.Attrs.BNStats {
+		outs = append(outs, refBNPartials(env, n, n.Out().Type, outs[0]))
+	}
+	return outs
 }
 
 func refConv2DGradInput(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {

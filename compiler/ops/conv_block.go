@@ -293,9 +293,9 @@ func refConvBlock(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	return [][]float64{pooled, argmax}
 }
 
-// refBNPartials are the batch norm partials of block n's output y (type
-// ct), tiled as the target tiles the block (env.BNTiles; flat otherwise),
-// over the whole batch.
+// refBNPartials are the batch norm partials of block (or direct conv2d) n's
+// output y (type ct; the partials its second output), tiled as the target
+// tiles the node (env.BNTiles; flat otherwise), over the whole batch.
 func refBNPartials(env *RefEnv, n *ir.Node, ct ir.Type, y []float64) []float64 {
 	part := n.Outs[1]
 	return BNPartials(y, env.Batch, env.Batch, ct.Dims[0], ct.Dims[1], ct.Dims[2], env.BNTiles[part], int(part.Type.Elems(int64(env.Batch))))
