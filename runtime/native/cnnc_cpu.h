@@ -2217,7 +2217,7 @@ struct BNStatsEval {  // the same parameters: mean, invstd from the running stat
 // BNGrad's dy with no max-pool folded into the normalisation: read where it is.
 struct NoPoolR {
   static constexpr bool on = false;
-  CNNC_INLINE static float dy(const float* dy, const uint32_t*, long i) { return dy[i]; }
+  CNNC_INLINE float dy(const float* dy, const uint32_t*, long i) { return dy[i]; }
 };
 // dx = invstd·(g - Σg/n - x̂·Σ(g·x̂)/n), g = dy·weight, x̂ = (x-mean)·invstd, 0 for the padding;
 // affine: dweight = Σ dy·x̂, dbias = Σ dy. ACT (an activation F folded into the normalisation,
@@ -2449,7 +2449,7 @@ CNNC_INLINE void pool_windows_of(long iy, long ix, long& pyLo, long& pyHi, long&
 template <class P>
 struct PoolR {
   static constexpr bool on = true;
-  CNNC_INLINE static float dy(const float* dy, const uint32_t* am, long i) {
+  CNNC_INLINE float dy(const float* dy, const uint32_t* am, long i) {
     const long ix = i % P::W, iy = i / P::W % P::H, plane = i / (P::H * P::W);
     long pyLo, pyHi, pxLo, pxHi;
     pool_windows_of<P>(iy, ix, pyLo, pyHi, pxLo, pxHi);
