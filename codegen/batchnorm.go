@@ -20,7 +20,12 @@ import (
 // The normalisation itself is an elementwise kernel bound in its op's file
 // (the ReLU or other pointwise activation after it folded in by the fuse
 // pass; the gradient's cells and dx passes then recompute the values
-// before the activation and take its derivative, bnAct). All read the batch's
+// before the activation and take its derivative, bnAct). With a max-pool
+// folded in (ir.Attrs.Pool), batchnorm2d is this file's: batchnorm_apply_pool,
+// a thread per packed argmax word (bnPool) normalising its outputs'
+// windows, writing the maxima and the word; the gradient's cells and dx
+// passes then read the pooled dy and the argmax and route dy to each
+// full-resolution value as they load it. All read the batch's
 // valid count from the step's scalar block: a padded last batch is
 // normalised over its real samples.
 //

@@ -51,6 +51,22 @@ import (
 // with dz. Unfused, z (or f(z)) would be saved for the activation's
 // gradient beside x.
 //
+// A max-pool after a batchnorm2d (and its folded activation), its only
+// reader, folds in too (Attrs.Pool, printed pool=max(...), as the conv
+// block's: compiler/fuse.go): y is the pool of f(z) — the same maxima and
+// first-maximum ties as the conv block's (maxpoolArgmax) — and a training
+// graph's normalisation also writes the packed argmax (ir.ArgmaxType; no
+// argmax in forward-only graphs: printed argmax=false). The
+// full-resolution normalised values never exist: saved are x, the
+// statistics, the pooled y and the argmax. batchnorm_grad (pool=...) then
+// reads the pooled dy and the argmax (its last input) and routes dy to
+// full resolution as it loads it — a position's is the sum of the pooled
+// dy of the windows whose argmax names it, overlapping windows included —
+// before f'(z) and batch norm's own backward. A folded ReLU's mask is the
+// pooled y > 0 (max and ReLU commute: the ReLU's derivative at each
+// argmax), applied to the pooled dy by the reader's maskout epilogue or a
+// relu_grad on the pooled values, as unpooled.
+//
 // The fuse pass has a conv block whose output only a batch norm reads (in
 // training) write the statistics' partials in its epilogue (Attrs.BNStats,
 // printed bnstats=true): per tile p of the block (at most BNChunk outputs:
