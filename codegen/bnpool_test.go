@@ -80,6 +80,47 @@ func TestBatchNormPoolKernels(t *testing.T) {
 	}
 }
 
+// bnPoolEvalNodes are kernelcases.BNPoolEvalModel's pooled normalisations
+// compiled for evaluation: two, without argmax.
+func bnPoolEvalNodes(t *testing.T) []*ir.Node {
+	t.Helper()
+	res, err := compiler.CompileSource("bnpool_eval.cnn", []byte(kernelcases.BNPoolEvalModel), compiler.Options{Evaluation: true})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		require.NotEqual(t, ir.OpMaxPool2D, n.Op, "%s: a max-pool after batch norm is not folded", n.Text())
+		if n.Op == ops.BatchNorm2D {
+			require.NotNil(t, n.Attrs.Pool, n.Text())
+			require.True(t, n.Attrs.NoArgmax, n.Text())
+			require.Len(t, n.Outs, 1, n.Text())
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 2)
+	return nodes
+}
+
+// The evaluation graph's pooled normalisations (no argmax) on the CPU
+// emulator against the reference with NaN-poisoned outputs, at batches 1
+// and 3. Tolerance: as TestBatchNormPoolKernels's forward.
+func TestBatchNormPoolEvalKernels(t *testing.T) {
+	nodes := bnPoolEvalNodes(t)
+	for _, batch := range []int64{1, 3} {
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Eval: true})
+		require.NoError(t, err)
+		dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
+		require.NoError(t, err)
+		for i, n := range nodes {
+			ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, reference.NodeOptions{})
+			require.NoError(t, err, n.Text())
+			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s: %s", n.Text(), r)
+			t.Logf("b%d %s: %s", batch, n.Text(), r)
+		}
+		dev.Close()
+	}
+}
+
 // Whole training steps of testdata/bnpool_odd.cnn on the CPU emulator
 // against the reference.
 func TestBatchNormPoolSteps(t *testing.T) {
@@ -96,6 +137,11 @@ func TestPtxasBatchNormPool(t *testing.T) {
 	prog, err := codegen.GenerateNodes("T", bnPoolNodes(t, "testdata/bnpool_odd.cnn"), codegen.Options{Batch: 32})
 	require.NoError(t, err)
 	ks, err := codegen.CompilePtxas(prog.Source, "bnpool.cu", nvcc.Targets)
+	require.NoError(t, err)
+	requireClean(t, prog, ks)
+	prog, err = codegen.GenerateNodes("T", bnPoolEvalNodes(t), codegen.Options{Batch: 32, Eval: true})
+	require.NoError(t, err)
+	ks, err = codegen.CompilePtxas(prog.Source, "bnpool_eval.cu", nvcc.Targets)
 	require.NoError(t, err)
 	requireClean(t, prog, ks)
 }

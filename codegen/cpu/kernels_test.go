@@ -419,3 +419,33 @@ func TestBatchNormPoolKernels(t *testing.T) {
 		}
 	}
 }
+
+// The evaluation graph's pooled normalisations (kernelcases.BNPoolEvalModel: no argmax) on every
+// instruction set against the reference with NaN-poisoned outputs, at batches 1 and 3 — codegen's
+// TestBatchNormPoolEvalKernels. Tolerance: as TestBatchNormPoolKernels's forward.
+func TestBatchNormPoolEvalKernels(t *testing.T) {
+	res, err := compiler.CompileSource("bnpool_eval.cnn", []byte(kernelcases.BNPoolEvalModel), compiler.Options{Evaluation: true})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		if n.Op == ops.BatchNorm2D {
+			require.True(t, n.Attrs.Pool != nil && n.Attrs.NoArgmax && len(n.Outs) == 1, n.Text())
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 2)
+	for _, batch := range []int64{1, 3} {
+		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Eval: true})
+		require.NoError(t, err)
+		for _, isa := range isas(t) {
+			dev := openDevice(t, prog, native.Options{ISA: isa})
+			for i, n := range nodes {
+				ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, reference.NodeOptions{})
+				require.NoError(t, err, "%s %s", isa, n.Text())
+				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, n.Text(), r)
+				t.Logf("b%d %s %s: %s", batch, isa, n.Text(), r)
+			}
+		}
+	}
+}
