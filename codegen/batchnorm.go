@@ -22,8 +22,8 @@ import (
 // pass; the gradient's cells and dx passes then recompute the values
 // before the activation and take its derivative, bnAct). With a max-pool
 // folded in (ir.Attrs.Pool), batchnorm2d is this file's: batchnorm_apply_pool,
-// a thread per packed argmax word (bnPool) normalising its outputs'
-// windows, writing the maxima and the word; the gradient's cells and dx
+// a thread per pooled output normalising its window, writing the maximum,
+// a packed argmax word's lanes (bnPool) combining their fields; the gradient's cells and dx
 // passes then read the pooled dy and the argmax and route dy to each
 // full-resolution value as they load it. All read the batch's
 // valid count from the step's scalar block: a padded last batch is
@@ -110,8 +110,9 @@ func (p *bnPool) suffix() string {
 
 // batchNormApplyRule: batchnorm2d's normalisation, the elementwise
 // batchnorm_apply kernel (ops.BNApplyKernel) — or, with a folded max-pool,
-// batchnorm_apply_pool: a thread per argmax word normalises (and
-// activates) its outputs' windows and writes their maxima and the word.
+// batchnorm_apply_pool: a thread per pooled output normalises (and
+// activates) its window and writes the maximum; the lanes of an argmax
+// word pack it with shuffles.
 func batchNormApplyRule(e *emitter, n *ir.Node) error {
 	x := n.Ins[0].Type
 	pool := newBNPool(&n.Attrs, x)
@@ -120,9 +121,6 @@ func batchNormApplyRule(e *emitter, n *ir.Node) error {
 	}
 	k := &bnKernel{B: e.batch, C: x.Dims[0], S: pool.HW, Affine: len(n.Ins) == 5, Pool: pool, ReLU: n.Attrs.ReLU,
 		Argmax: len(n.Outs) == 2, Elems: n.Out().Type.Elems(e.batch)}
-	if !k.Argmax {
-		pool.Per = 1 // nothing packed: a thread an output
-	}
 	k.Name = fmt.Sprintf("batchnorm_apply_pool_%s_b%d_%s", shapeName(x.Dims), e.batch, ops.BNApplyKernel.Suffix(n))
 	act, consts, suffix := foldedAct(&n.Attrs)
 	k.Act, k.Consts = act, consts
@@ -141,8 +139,7 @@ func batchNormApplyRule(e *emitter, n *ir.Node) error {
 	for _, v := range append(append([]*ir.Value{}, n.Ins...), n.Outs...) {
 		args = append(args, buf(v))
 	}
-	groups := (k.Elems + pool.Per - 1) / pool.Per
-	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: gridFor(groups, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
+	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: gridFor(k.Elems, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
 		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
 	return nil
 }
