@@ -131,7 +131,8 @@ func TestBatchNormPoolSteps(t *testing.T) {
 
 // The pooled normalisation's and its gradient's kernels compile with nvcc
 // for every target without spills or local memory, at the examples' batch
-// 32, and so do the forward-only ones (no argmax).
+// 32, and so do the forward-only ones (no argmax) and vgg_small's at its
+// batch 128.
 func TestPtxasBatchNormPool(t *testing.T) {
 	nvcc.Require(t)
 	prog, err := codegen.GenerateNodes("T", bnPoolNodes(t, "testdata/bnpool_odd.cnn"), codegen.Options{Batch: 32})
@@ -142,6 +143,23 @@ func TestPtxasBatchNormPool(t *testing.T) {
 	prog, err = codegen.GenerateNodes("T", bnPoolEvalNodes(t), codegen.Options{Batch: 32, Eval: true})
 	require.NoError(t, err)
 	ks, err = codegen.CompilePtxas(prog.Source, "bnpool_eval.cu", nvcc.Targets)
+	require.NoError(t, err)
+	requireClean(t, prog, ks)
+	// vgg_small's own (bn2, bn4, bn5: ReLU, 2x2 windows) at its batch 128
+	src, err := os.ReadFile("../examples/vgg_small.cnn")
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("vgg_small.cnn", src, compiler.Options{})
+	require.NoError(t, err)
+	var vgg []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		if (n.Op == ops.BatchNorm2D || n.Op == ops.BatchNormGrad) && n.Attrs.Pool != nil {
+			vgg = append(vgg, n)
+		}
+	}
+	require.Len(t, vgg, 6, "bn2, bn4, bn5 and their gradients")
+	prog, err = codegen.GenerateNodes("T", vgg, codegen.Options{Batch: 128})
+	require.NoError(t, err)
+	ks, err = codegen.CompilePtxas(prog.Source, "bnpool_vgg.cu", nvcc.Targets)
 	require.NoError(t, err)
 	requireClean(t, prog, ks)
 }
