@@ -20,7 +20,12 @@ import (
 // The normalisation itself is an elementwise kernel bound in its op's file
 // (the ReLU or other pointwise activation after it folded in by the fuse
 // pass; the gradient's cells and dx passes then recompute the values
-// before the activation and take its derivative, bnAct). All read the batch's
+// before the activation and take its derivative, bnAct). With a max-pool
+// folded in (ir.Attrs.Pool), batchnorm2d is this file's: batchnorm_apply_pool,
+// a thread per pooled output normalising its window, writing the maximum,
+// a packed argmax word's lanes (bnPool) combining their fields; the gradient's cells and dx
+// passes then read the pooled dy and the argmax and route dy to each
+// full-resolution value as they load it. All read the batch's
 // valid count from the step's scalar block: a padded last batch is
 // normalised over its real samples.
 //
@@ -42,6 +47,7 @@ const bnChunk = ops.BNChunk
 func init() {
 	register(ops.BatchNormStats, batchNormRule)
 	register(ops.BatchNormGrad, batchNormRule)
+	register(ops.BatchNorm2D, batchNormApplyRule)
 	registerScratch(ops.BatchNormStats, batchNormStatsScratch)
 	registerScratch(ops.BatchNormGrad, batchNormGradScratch)
 }
@@ -63,6 +69,80 @@ type bnKernel struct {
 	Act    string
 	YSave  bool
 	Consts map[string]string
+	// Pool is the folded max-pool's geometry (nil: none): the pooled
+	// normalisation's, and its gradient's routing of the pooled dy
+	Pool *bnPool
+	// the pooled normalisation's: its folded ReLU, whether it writes the
+	// argmax, and its pooled outputs
+	ReLU, Argmax bool
+	Elems        int64
+}
+
+// bnPool is a batch norm's folded max-pool (ir.Attrs.Pool) over [H,W] maps
+// (HW values) into [HO,WO] (HWO), and its packed argmax's Bits an output,
+// Per a 32-bit word and BitMask (codegen/argmax.go).
+type bnPool struct {
+	H, W, HO, WO, HW, HWO, KH, KW, SH, SW, PH, PW int64
+	Bits, Per, BitMask                            int64
+}
+
+// newBNPool is the pool geometry of batch norm x [C,H,W] with attributes a
+// (nil without Attrs.Pool).
+func newBNPool(a *ir.Attrs, x ir.Type) *bnPool {
+	pw := a.Pool
+	if pw == nil {
+		return nil
+	}
+	ho, _ := ir.ConvOut(x.Dims[1], pw.Kernel[0], pw.Stride[0], pw.Pad[0])
+	wo, _ := ir.ConvOut(x.Dims[2], pw.Kernel[1], pw.Stride[1], pw.Pad[1])
+	bits := ir.ArgmaxType(pw.Kernel[0] * pw.Kernel[1]).Bits
+	return &bnPool{H: x.Dims[1], W: x.Dims[2], HO: ho, WO: wo, HW: x.Dims[1] * x.Dims[2], HWO: ho * wo,
+		KH: pw.Kernel[0], KW: pw.Kernel[1], SH: pw.Stride[0], SW: pw.Stride[1], PH: pw.Pad[0], PW: pw.Pad[1],
+		Bits: bits, Per: 32 / bits, BitMask: 1<<bits - 1}
+}
+
+// suffix names the pool in kernel names.
+func (p *bnPool) suffix() string {
+	if p == nil {
+		return ""
+	}
+	return fmt.Sprintf("_pool%dx%ds%dx%dp%dx%d", p.KH, p.KW, p.SH, p.SW, p.PH, p.PW)
+}
+
+// batchNormApplyRule: batchnorm2d's normalisation, the elementwise
+// batchnorm_apply kernel (ops.BNApplyKernel) — or, with a folded max-pool,
+// batchnorm_apply_pool: a thread per pooled output normalises (and
+// activates) its window and writes the maximum; the lanes of an argmax
+// word pack it with shuffles.
+func batchNormApplyRule(e *emitter, n *ir.Node) error {
+	x := n.Ins[0].Type
+	pool := newBNPool(&n.Attrs, x)
+	if pool == nil {
+		return elementwiseRule(ops.BNApplyKernel)(e, n)
+	}
+	k := &bnKernel{B: e.batch, C: x.Dims[0], S: pool.HW, Affine: len(n.Ins) == 5, Pool: pool, ReLU: n.Attrs.ReLU,
+		Argmax: len(n.Outs) == 2, Elems: n.Out().Type.Elems(e.batch)}
+	k.Name = fmt.Sprintf("batchnorm_apply_pool_%s_b%d_%s", shapeName(x.Dims), e.batch, ops.BNApplyKernel.Suffix(n))
+	act, consts, suffix := foldedAct(&n.Attrs)
+	k.Act, k.Consts = act, consts
+	if act != "" {
+		k.Name = strings.TrimSuffix(k.Name, "_"+act) + suffix
+	}
+	k.Name += pool.suffix()
+	if !k.Argmax {
+		k.Name += "_noargmax"
+	}
+	k.Doc = fmt.Sprintf("batch norm over [B,%s] (B = %d) with the max-pool after it folded in", shapeName(x.Dims), e.batch)
+	if err := e.kernel("batchnorm_apply_pool", k.Name, k); err != nil {
+		return err
+	}
+	var args []Arg
+	for _, v := range append(append([]*ir.Value{}, n.Ins...), n.Outs...) {
+		args = append(args, buf(v))
+	}
+	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: gridFor(k.Elems, elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
+		Args: args, FLOPs: n.FLOPs(e.batch), MinBytes: minBytes(n, e.batch)})
+	return nil
 }
 
 // bnCells is the gradient's scratch: two sums per chunk and channel.
@@ -102,6 +182,9 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 		family = "batchnorm_stats_eval"
 	}
 	k := &bnKernel{B: e.batch, C: x.Dims[0], S: x.SampleElems() / x.Dims[0], Affine: n.Attrs.Bias, Chunk: bnChunk}
+	if n.Op == ops.BatchNormGrad {
+		k.Pool = newBNPool(&n.Attrs, x) // dy is the folded pool's output's gradient
+	}
 	k.Chunks = (k.B*k.S + bnChunk - 1) / bnChunk
 	k.Eps, k.Momentum = cFloat(n.Attrs.Eps), cFloat(n.Attrs.Momentum)
 	switch family {
@@ -110,7 +193,7 @@ func batchNormRule(e *emitter, n *ir.Node) error {
 		if k.Affine {
 			k.Name += "_affine"
 		}
-		k.Name += bnAct(n, k)
+		k.Name += bnAct(n, k) + k.Pool.suffix()
 		k.Doc = fmt.Sprintf("batch norm gradient over [B,%s] (B = %d, valid at run time)", shapeName(x.Dims), e.batch)
 	default:
 		k.Name = fmt.Sprintf("%s_%s_b%d_eps%s_m%s", family, shapeName(x.Dims), e.batch, nameNumber(n.Attrs.Eps), nameNumber(n.Attrs.Momentum))
@@ -193,6 +276,11 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 		}
 		pk.Name += bnAct(n, &pk)
 	}
+	pk.Name += k.Pool.suffix()
+	var am []Arg // a folded pool's argmax, for routing the pooled dy
+	if k.Pool != nil {
+		am = []Arg{buf(n.Ins[len(n.Ins)-1])}
+	}
 	if err := e.kernel("batchnorm_grad_partial", pk.Name, &pk); err != nil {
 		return err
 	}
@@ -202,7 +290,7 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 	const warps = bnThreads / 32
 	xBytes, cellBytes := x.Type.Bytes(e.batch), cells.Type.Bytes(e.batch)
 	e.launch(&Launch{Node: n, Kernel: pk.Name, Grid: [3]uint32{uint32((k.C*k.Chunks + warps - 1) / warps), 1, 1},
-		Block: [3]uint32{bnThreads, 1, 1}, Args: append(append([]Arg{buf(dy), buf(x), buf(mean), buf(invstd)}, wb...), buf(cells), scalarsArg),
+		Block: [3]uint32{bnThreads, 1, 1}, Args: append(append(append([]Arg{buf(dy), buf(x), buf(mean), buf(invstd)}, wb...), am...), buf(cells), scalarsArg),
 		FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: 2*xBytes + cellBytes})
 	rargs := []Arg{buf(cells), buf(sums)}
 	if k.Affine {
@@ -214,7 +302,7 @@ func batchNormGradPasses(e *emitter, n *ir.Node, k *bnKernel) error {
 	if k.Affine && k.Act == "" {
 		args = append(args, buf(n.Ins[4]))
 	}
-	args = append(args, buf(sums), buf(n.Outs[0]), scalarsArg)
+	args = append(append(args, am...), buf(sums), buf(n.Outs[0]), scalarsArg)
 	e.launch(&Launch{Node: n, Kernel: k.Name, Grid: gridFor(x.Type.Elems(e.batch), elementwiseBlock), Block: [3]uint32{elementwiseBlock, 1, 1},
 		Args: args, FLOPs: 5 * x.Type.Elems(e.batch), MinBytes: 3 * xBytes})
 	return nil

@@ -29,8 +29,11 @@ import (
 // cross_entropy reading it one linear_cross_entropy when one block holds
 // it (the whole tail, its backward and its update in one kernel; see
 // linearCrossEntropy) — batch norm's normalisation [-> relu or another
-// pointwise activation] one normalisation with the activation folded in
-// (Attrs.ReLU, Attrs.Act; its statistics stay a node of their own). An
+// pointwise activation] [-> maxpool2d] one normalisation with the
+// activation folded in (Attrs.ReLU, Attrs.Act; its statistics stay a node
+// of their own) and, for batchnorm2d, the max-pool too (Attrs.Pool: the
+// pooled output and, training, a packed argmax, as a pooled conv block's;
+// the full-resolution normalised values never exist). An
 // unpooled conv block whose output only a batch norm reads, in a training
 // graph, also writes the statistics' partials in its epilogue
 // (Attrs.BNStats, its second output; of the activation's output when one
@@ -512,8 +515,13 @@ func needsGrad(v *ir.Value) bool {
 // batchNormReLU copies batch norm's normalisation n, with a ReLU that is
 // its only reader folded in (Attrs.ReLU), or another pointwise activation
 // (Attrs.Act, ops.PointwiseOf): one elementwise kernel instead of two, and
-// the normalised values before the activation never exist. Its
-// statistics node stays before it (compiler/ops/batchnorm.go).
+// the normalised values before the activation never exist. A batchnorm2d
+// whose (activated) output only a max-pool of at most MaxFusedPoolWindow
+// values reads takes the pool too (Attrs.Pool), as a conv block does: it
+// writes the pooled output and, in a training graph, the packed argmax
+// (named after the pool's output), and the full-resolution normalised
+// values never exist. Its statistics node stays before it
+// (compiler/ops/batchnorm.go).
 func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
 	last := n
 	a := n.Attrs
@@ -526,6 +534,12 @@ func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
 		f.absorbed[r] = true
 		last = r
 	}
+	if p := f.only(last.Out(), ir.OpMaxPool2D); n.Op == ops.BatchNorm2D && p != nil && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
+		a.Pool = &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}
+		a.NoArgmax = f.g.ForwardOnly() // no backward reads it
+		f.absorbed[p] = true
+		last = p
+	}
 	ins := make([]*ir.Value, len(n.Ins))
 	for i, v := range n.Ins {
 		ins[i] = f.val(v)
@@ -533,7 +547,11 @@ func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
 			ins[i] = f.tensor
 		}
 	}
-	b := f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, []string{last.Out().Name}, ir.RoleActivation)
+	outs := []string{last.Out().Name}
+	if a.Pool != nil && !a.NoArgmax {
+		outs = append(outs, last.Out().Name+".argmax")
+	}
+	b := f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
 	b.Attrs = a
 	f.replaceOutput(last, b)
 	return b

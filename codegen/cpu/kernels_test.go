@@ -373,3 +373,79 @@ func TestBatchNormActKernels(t *testing.T) {
 		}
 	})
 }
+
+// Batch norm with its activation and the max-pool after it folded in (Attrs.Pool: cnnc_cpu.h's
+// BNApplyPool, and BNGrad routing the pooled dy through the argmax with PoolR) of
+// ../testdata/bnpool_odd.cnn (an overlapping padded 3x3/2 window after ReLU, 2x2 after gelu, 2x1/1
+// after tanh; affine and not) on every instruction set against the reference with NaN-poisoned
+// outputs, at batches 1 and 3, and a padded batch for the gradients — codegen's
+// TestBatchNormPoolKernels. A gradient's argmax names positions inside the map
+// (kernelcases.BNPoolArgmax). Tolerance: kernelcheck.Tolerance — per value the normalisation's four
+// operations and the activation's formula, the max exact; the routed dy sums at most 4 windows'
+// values; the gradient's sums (in double) run over at most 3·63 values. The argmax must match.
+func TestBatchNormPoolKernels(t *testing.T) {
+	src, err := os.ReadFile("../testdata/bnpool_odd.cnn")
+	require.NoError(t, err)
+	res, err := compiler.CompileSource("bnpool_odd.cnn", src, compiler.Options{})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		require.NotEqual(t, ir.OpMaxPool2D, n.Op, "%s: a max-pool after batch norm is not folded", n.Text())
+		if (n.Op == ops.BatchNorm2D || n.Op == ops.BatchNormGrad) && n.Attrs.Pool != nil {
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 6, "three pooled normalisations and their gradients")
+	for _, batch := range []int64{1, 3} {
+		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		require.NoError(t, err)
+		for _, isa := range isas(t) {
+			dev := openDevice(t, prog, native.Options{ISA: isa})
+			for i, n := range nodes {
+				rng := rand.New(rand.NewPCG(uint64(i)+1, uint64(batch)))
+				ins := kernelcheck.RandomInputs(n, batch, rng)
+				if n.Op == ops.BatchNormGrad {
+					kernelcases.BNPoolArgmax(n, ins, batch, rng)
+				}
+				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, reference.NodeOptions{Training: true, Update: true})
+				require.NoError(t, err, "%s %s", isa, n.Text())
+				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, n.Text(), r)
+				require.Zero(t, r.ArgmaxMismatches, "%s %s: %s", isa, n.Text(), r)
+				t.Logf("b%d %s %s: %s", batch, isa, n.Text(), r)
+				if n.Op == ops.BatchNormGrad && batch == 3 { // over 2 valid samples, 0 for the padding
+					require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), "%s %s", isa, n.Text())
+				}
+			}
+		}
+	}
+}
+
+// The evaluation graph's pooled normalisations (kernelcases.BNPoolEvalModel: no argmax) on every
+// instruction set against the reference with NaN-poisoned outputs, at batches 1 and 3 — codegen's
+// TestBatchNormPoolEvalKernels. Tolerance: as TestBatchNormPoolKernels's forward.
+func TestBatchNormPoolEvalKernels(t *testing.T) {
+	res, err := compiler.CompileSource("bnpool_eval.cnn", []byte(kernelcases.BNPoolEvalModel), compiler.Options{Evaluation: true})
+	require.NoError(t, err)
+	var nodes []*ir.Node
+	for _, n := range res.Graph.Nodes {
+		if n.Op == ops.BatchNorm2D {
+			require.True(t, n.Attrs.Pool != nil && n.Attrs.NoArgmax && len(n.Outs) == 1, n.Text())
+			nodes = append(nodes, n)
+		}
+	}
+	require.Len(t, nodes, 2)
+	for _, batch := range []int64{1, 3} {
+		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Eval: true})
+		require.NoError(t, err)
+		for _, isa := range isas(t) {
+			dev := openDevice(t, prog, native.Options{ISA: isa})
+			for i, n := range nodes {
+				ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, reference.NodeOptions{})
+				require.NoError(t, err, "%s %s", isa, n.Text())
+				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, n.Text(), r)
+				t.Logf("b%d %s %s: %s", batch, isa, n.Text(), r)
+			}
+		}
+	}
+}

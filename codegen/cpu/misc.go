@@ -38,6 +38,9 @@ func init() {
 	register(ops.BatchNormGrad, batchNormGrad)
 	for _, op := range []ir.Op{ops.BatchNorm2D, ops.BatchNorm1D} {
 		register(op, func(e codegen.Emitter, n *ir.Node) error {
+			if n.Attrs.Pool != nil {
+				return batchNormPool(e, n)
+			}
 			functor, consts := bnActFunctor(n)
 			return elementwise("batchnorm_apply", "BNApply<%[1]s, "+functor+">", func(n *ir.Node) []def {
 				c, s := bnGeom(n.Ins[0].Type)
@@ -199,7 +202,44 @@ func batchNormGrad(e codegen.Emitter, n *ir.Node) error {
 		ysave = p.SaveOutput
 	}
 	extra := append([]def{{"AFFINE", n.Attrs.Bias}, {"ACT", n.Attrs.Act != 0}, {"YSAVE", ysave}}, consts...)
-	return batchNorm(e, n, n.Ins[1].Type, "batchnorm_grad", "BNGrad<%[1]s, "+functor+">", extra)
+	impl := "BNGrad<%[1]s, " + functor + ">"
+	if n.Attrs.Pool != nil {
+		// dy is the folded pool's output's gradient, routed through the argmax (PoolR)
+		extra = append(extra, bnPoolDefs(n.Attrs.Pool, n.Ins[1].Type)...)
+		impl = "BNGrad<%[1]s, " + functor + ", PoolR<%[1]s>>"
+	}
+	return batchNorm(e, n, n.Ins[1].Type, "batchnorm_grad", impl, extra)
+}
+
+// bnPoolDefs are the constants of a max-pool pw folded into a batch norm of x [C,H,W]: PoolR's
+// and BNApplyPool's geometry and the argmax's BITS.
+func bnPoolDefs(pw *ir.Window, x ir.Type) []def {
+	ho, _ := ir.ConvOut(x.Dims[1], pw.Kernel[0], pw.Stride[0], pw.Pad[0])
+	wo, _ := ir.ConvOut(x.Dims[2], pw.Kernel[1], pw.Stride[1], pw.Pad[1])
+	return []def{{"H", x.Dims[1]}, {"W", x.Dims[2]}, {"PHO", ho}, {"PWO", wo}, {"KH", pw.Kernel[0]}, {"KW", pw.Kernel[1]},
+		{"SH", pw.Stride[0]}, {"SW", pw.Stride[1]}, {"PH", pw.Pad[0]}, {"PW", pw.Pad[1]},
+		{"BITS", ir.ArgmaxType(pw.Kernel[0] * pw.Kernel[1]).Bits}}
+}
+
+// batchNormPool: a batch norm with the max-pool after it folded in (Attrs.Pool), BNApplyPool:
+// tasks of chunk pooled outputs, each normalising (and activating) its window and writing the
+// maximum and, in training, its packed argmax.
+func batchNormPool(e codegen.Emitter, n *ir.Node) error {
+	x := n.Ins[0].Type
+	functor, consts := bnActFunctor(n)
+	elems := n.Out().Type.Elems(e.Batch())
+	defs := append([]def{{"N", elems}, {"C", x.Dims[0]}, {"AFFINE", len(n.Ins) == 5}, {"RELU", n.Attrs.ReLU}, {"ARGMAX", len(n.Outs) == 2}},
+		append(bnPoolDefs(n.Attrs.Pool, x), consts...)...)
+	var args []codegen.Arg
+	for _, v := range append(append([]*ir.Value{}, n.Ins...), n.Outs...) {
+		args = append(args, buf(v))
+	}
+	pw := n.Attrs.Pool
+	name := emit(e, kernelSpec{family: "batchnorm_apply_pool", shape: fmt.Sprintf("c%d_h%d_w%d_k%dx%ds%dx%dp%dx%d_b%d", x.Dims[0], x.Dims[1], x.Dims[2],
+		pw.Kernel[0], pw.Kernel[1], pw.Stride[0], pw.Stride[1], pw.Pad[0], pw.Pad[1], e.Batch()),
+		doc:     fmt.Sprintf("%s over [%d,%d,%d,%d] with the max-pool after it folded in.", n.Op, e.Batch(), x.Dims[0], x.Dims[1], x.Dims[2]),
+		structs: []structSpec{{"g", defs}}, impl: "BNApplyPool<%[1]s, " + functor + ">", nparams: len(args)})
+	return launch(e, n, name, cdiv(elems, chunk), args, n.FLOPs(e.Batch()), minBytes(n, e.Batch()))
 }
 
 // bnActFunctor is the functor of the activation folded into batch norm node n (Attrs.Act),

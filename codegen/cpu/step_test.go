@@ -118,6 +118,14 @@ func TestBatchNormReLUSteps(t *testing.T) {
 	checkSteps(t, "bnrelu_odd.cnn", src, 3, 4, 3)
 }
 
+// Whole training steps of ../testdata/bnpool_odd.cnn (batch norms with their activations and the
+// max-pools after them folded in) against the reference — codegen's TestBatchNormPoolSteps.
+func TestBatchNormPoolSteps(t *testing.T) {
+	src, err := os.ReadFile("../testdata/bnpool_odd.cnn")
+	require.NoError(t, err)
+	checkSteps(t, "bnpool_odd.cnn", src, 3, 4, 3)
+}
+
 // Whole training steps with each activation besides ReLU folded into batch norm (the gradients
 // recomputing z; kernelcases.BNActModel) against the reference — codegen's TestBatchNormActSteps.
 func TestBatchNormActSteps(t *testing.T) {

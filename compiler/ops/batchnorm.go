@@ -51,6 +51,22 @@ import (
 // with dz. Unfused, z (or f(z)) would be saved for the activation's
 // gradient beside x.
 //
+// A max-pool after a batchnorm2d (and its folded activation), its only
+// reader, folds in too (Attrs.Pool, printed pool=max(...), as the conv
+// block's: compiler/fuse.go): y is the pool of f(z) — the same maxima and
+// first-maximum ties as the conv block's (maxpoolArgmax) — and a training
+// graph's normalisation also writes the packed argmax (ir.ArgmaxType; no
+// argmax in forward-only graphs: printed argmax=false). The
+// full-resolution normalised values never exist: saved are x, the
+// statistics, the pooled y and the argmax. batchnorm_grad (pool=...) then
+// reads the pooled dy and the argmax (its last input) and routes dy to
+// full resolution as it loads it — a position's is the sum of the pooled
+// dy of the windows whose argmax names it, overlapping windows included —
+// before f'(z) and batch norm's own backward. A folded ReLU's mask is the
+// pooled y > 0 (max and ReLU commute: the ReLU's derivative at each
+// argmax), applied to the pooled dy by the reader's maskout epilogue or a
+// relu_grad on the pooled values, as unpooled.
+//
 // The fuse pass has a conv block whose output only a batch norm reads (in
 // training) write the statistics' partials in its epilogue (Attrs.BNStats,
 // printed bnstats=true): per tile p of the block (at most BNChunk outputs:
@@ -93,6 +109,9 @@ var (
 		Default: func(a *ir.Attrs) bool { return a.Act == 0 }}
 	attrFusedSlope = ir.AttrSpec{Name: "slope", Text: func(a *ir.Attrs) string { return fmt.Sprint(a.Alpha) },
 		Default: func(a *ir.Attrs) bool { return a.Act != LeakyReLU }}
+	// pool: the fuse pass folded the max-pool after the normalisation (and
+	// its activation) into it; printed only then
+	attrFusedPool = ir.AttrSpec{Name: "pool", Text: ir.AttrPool.Text, Default: func(a *ir.Attrs) bool { return a.Pool == nil }}
 )
 
 var BatchNormStats = New(&Def{
@@ -115,7 +134,7 @@ var BatchNorm1D = New(bnDef("batchnorm1d", 1, 91, "nn.BatchNorm1d", "`[F]` -> sa
 
 var BatchNormGrad = New(&Def{
 	OpInfo: ir.OpInfo{
-		Name: "batchnorm_grad", Attrs: []ir.AttrSpec{attrAffine, attrFusedAct, attrFusedSlope}, Infer: inferBNGrad, FLOPs: flopsBNGrad,
+		Name: "batchnorm_grad", Attrs: []ir.AttrSpec{attrAffine, attrFusedAct, attrFusedSlope, attrFusedPool}, Infer: inferBNGrad, FLOPs: flopsBNGrad,
 		BatchCoupled: true,
 	},
 	Doc:    "a batch norm's input, weight and bias gradients, through the batch statistics",
@@ -134,9 +153,15 @@ func bnDef(name string, rank, order int, torch, shape string) *Def {
 		"F.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=0.3, eps=0.001)",
 		"F.batch_norm(x, running_mean, running_var, None, None, training=True, momentum=0.1, eps=1e-5)",
 	}
+	kernel := BNApplyKernel
+	if !features {
+		// the pooled normalisation (Attrs.Pool) is codegen's batchnorm
+		// family; the plain one its elementwise kernel (BNApplyKernel)
+		kernel = Kernel{Custom: "batchnorm"}
+	}
 	return &Def{
 		OpInfo: ir.OpInfo{
-			Name: name, Attrs: []ir.AttrSpec{attrFusedReLU, attrFusedAct, attrFusedSlope}, Infer: inferBN(rank), FLOPs: flopsBNApply, ParamTypes: bnParamTypes, InPlace: inPlace0,
+			Name: name, Attrs: []ir.AttrSpec{attrFusedReLU, attrFusedAct, attrFusedSlope, attrFusedPool, ir.AttrArgmax}, Infer: inferBN(rank), FLOPs: flopsBNApply, ParamTypes: bnParamTypes, InPlace: bnInPlace,
 		},
 		Doc: "batch normalisation",
 		DSL: &DSL{
@@ -170,26 +195,40 @@ func bnDef(name string, rank, order int, torch, shape string) *Def {
 			Examples: examples,
 			Torch:    tc,
 		},
-		Grad: bnGrad,
-		Ref:  refBNApply,
-		Kernel: Kernel{Elementwise: "batchnorm_apply", Data: func(n *ir.Node) map[string]any {
-			c, s := bnGeom(n.Ins[0].Type)
-			return map[string]any{"C": c, "S": s, "Affine": len(n.Ins) == 5, "ReLU": n.Attrs.ReLU, "Act": BNActKernel(&n.Attrs)}
-		}, Consts: BNActConsts, Suffix: func(n *ir.Node) string {
-			s := "plain"
-			if len(n.Ins) == 5 {
-				s = "affine"
-			}
-			if n.Attrs.ReLU {
-				s += "_relu"
-			}
-			if a := BNActKernel(&n.Attrs); a != "" {
-				s += "_" + a
-			}
-			return s
-		}},
-		ONNX: &ONNX{Emit: emitBN},
+		Grad:   bnGrad,
+		Ref:    refBNApply,
+		Kernel: kernel,
+		ONNX:   &ONNX{Emit: emitBN},
 	}
+}
+
+// BNApplyKernel is the unpooled normalisation's elementwise kernel
+// (batchnorm1d's binding; codegen's batchnorm2d rule uses it when the node
+// has no pool).
+var BNApplyKernel = Kernel{Elementwise: "batchnorm_apply", Data: func(n *ir.Node) map[string]any {
+	c, s := bnGeom(n.Ins[0].Type)
+	return map[string]any{"C": c, "S": s, "Affine": len(n.Ins) == 5, "ReLU": n.Attrs.ReLU, "Act": BNActKernel(&n.Attrs)}
+}, Consts: BNActConsts, Suffix: func(n *ir.Node) string {
+	s := "plain"
+	if len(n.Ins) == 5 {
+		s = "affine"
+	}
+	if n.Attrs.ReLU {
+		s += "_relu"
+	}
+	if a := BNActKernel(&n.Attrs); a != "" {
+		s += "_" + a
+	}
+	return s
+}}
+
+// bnInPlace: the unpooled normalisation may overwrite x; a pooled one
+// writes a smaller output other threads' windows still read x under.
+func bnInPlace(n *ir.Node) []int {
+	if n.Attrs.Pool != nil {
+		return nil
+	}
+	return inPlace0(n)
 }
 
 // expandBN puts the statistics node before the normalisation node n, whose
@@ -229,7 +268,10 @@ func BNActConsts(a *ir.Attrs) []Const {
 // The statistics get none: this rule differentiates through them. A
 // folded ReLU's mask comes first, as the standalone ReLU's rule applies it;
 // a folded activation's derivative is batchnorm_grad's own (act), from z
-// recomputed — it reads the bias for that.
+// recomputed — it reads the bias for that. With a folded pool, dy is the
+// pooled output's gradient (the ReLU mask, pooled y > 0, is the mask at
+// each argmax: max and ReLU commute) and batchnorm_grad also reads the
+// argmax (its last input), routing dy to full resolution as it loads it.
 func bnGrad(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 	x := n.Ins[0]
 	if n.Attrs.ReLU && !b.Marked(maskedKey, n.Out()) {
@@ -243,9 +285,12 @@ func bnGrad(b GradBuilder, n *ir.Node, dy *ir.Value, _ []bool) []*ir.Value {
 		ins = append(ins, n.Ins[3])
 		outs = append(outs, n.Ins[3].Name+".grad", n.Ins[4].Name+".grad")
 	}
-	ga := ir.Attrs{Bias: affine, Act: n.Attrs.Act, Alpha: n.Attrs.Alpha}
+	ga := ir.Attrs{Bias: affine, Act: n.Attrs.Act, Alpha: n.Attrs.Alpha, Pool: n.Attrs.Pool}
 	if ga.Act != 0 && affine {
 		ins = append(ins, n.Ins[4])
+	}
+	if ga.Pool != nil {
+		ins = append(ins, n.Outs[1]) // the argmax: dy is the pooled output's gradient
 	}
 	gn := b.Node(BatchNormGrad, n, ga, ins, outs, ir.RoleActGrad)
 	gs := make([]*ir.Value, len(n.Ins))
@@ -444,8 +489,32 @@ func inferBN(rank int) func(n *ir.Node) ([]ir.Type, error) {
 				return nil, fmt.Errorf("%s: %s is %s, want %s", n.Op, v.Name, v.Type, c)
 			}
 		}
-		return []ir.Type{x}, nil
+		if n.Attrs.Pool == nil {
+			return []ir.Type{x}, nil
+		}
+		if rank != 3 {
+			return nil, fmt.Errorf("%s: only batchnorm2d pools", n.Op)
+		}
+		y, am, err := bnPoolTypes(n.Attrs.Pool, x)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", n.Op, err)
+		}
+		if n.Attrs.NoArgmax {
+			return []ir.Type{y}, nil // a forward-only graph: no backward reads the argmax
+		}
+		return []ir.Type{y, am}, nil
 	}
+}
+
+// bnPoolTypes are the pooled output and argmax types of a batch norm of
+// the [B,C,H,W] value x with the max-pool pw folded in.
+func bnPoolTypes(pw *ir.Window, x ir.Type) (y, argmax ir.Type, err error) {
+	pool := &ir.Node{Op: ir.OpMaxPool2D, Attrs: ir.Attrs{Kernel: pw.Kernel, Stride: pw.Stride, Pad: pw.Pad}, Ins: []*ir.Value{stub("x", x)}}
+	ps, err := inferPool(pool)
+	if err != nil {
+		return ir.Type{}, ir.Type{}, err
+	}
+	return ps[0], ir.ArgmaxType(pw.Kernel[0]*pw.Kernel[1], ps[0].Dims...), nil
 }
 
 func inferBNGrad(n *ir.Node) ([]ir.Type, error) {
@@ -456,15 +525,33 @@ func inferBNGrad(n *ir.Node) ([]ir.Type, error) {
 			want = 6 // the bias, for z
 		}
 	}
+	if n.Attrs.Pool != nil {
+		want++ // the argmax
+	}
 	if len(n.Ins) != want {
 		return nil, fmt.Errorf("batchnorm_grad takes %d inputs, got %d", want, len(n.Ins))
 	}
 	dy, x := in(n, 0), in(n, 1)
-	if !dy.Equal(x) || x.DType != ir.F32 || !x.Batched || len(x.Dims) == 0 {
+	params := n.Ins[2:]
+	wantDy := x
+	if pw := n.Attrs.Pool; pw != nil {
+		if x.DType != ir.F32 || !x.Batched || len(x.Dims) != 3 {
+			return nil, fmt.Errorf("batchnorm_grad: a pooled batch norm's input %s is %s, want [B,C,H,W]", n.Ins[1].Name, x)
+		}
+		y, am, err := bnPoolTypes(pw, x)
+		if err != nil {
+			return nil, fmt.Errorf("batchnorm_grad: %v", err)
+		}
+		if !in(n, len(n.Ins)-1).Equal(am) {
+			return nil, fmt.Errorf("batchnorm_grad: argmax %s is %s, want %s", n.Ins[len(n.Ins)-1].Name, in(n, len(n.Ins)-1), am)
+		}
+		wantDy, params = y, n.Ins[2:len(n.Ins)-1]
+	}
+	if !dy.Equal(wantDy) || x.DType != ir.F32 || !x.Batched || len(x.Dims) == 0 {
 		return nil, fmt.Errorf("batchnorm_grad: gradient %s is %s but the input %s is %s", n.Ins[0].Name, dy, n.Ins[1].Name, x)
 	}
 	c := channelType(x)
-	for _, v := range n.Ins[2:] {
+	for _, v := range params {
 		if !v.Type.Equal(c) {
 			return nil, fmt.Errorf("batchnorm_grad: %s is %s, want %s", v.Name, v.Type, c)
 		}
@@ -479,16 +566,25 @@ func inferBNGrad(n *ir.Node) ([]ir.Type, error) {
 // per element.
 func flopsBNStats(n *ir.Node) int64 { return ir.MulSat(4, n.Ins[0].Type.SampleElems()) }
 
-// flopsBNApply: subtract, two multiplies and an add per output, and the
-// folded ReLU's max or the folded activation's own count.
+// flopsBNApply: subtract, two multiplies and an add per normalised value,
+// and the folded ReLU's max or the folded activation's own count; a folded
+// pool compares its window per pooled output (the conv block's count).
 func flopsBNApply(n *ir.Node) int64 {
 	k := int64(4)
 	if n.Attrs.ReLU {
 		k++
 	}
-	f := ir.MulSat(k, n.Outs[0].Type.SampleElems())
+	x := n.Ins[0].Type
+	f := ir.MulSat(k, x.SampleElems())
 	if p := PointwiseOf(n.Attrs.Act); p != nil {
-		f += p.Fwd.FLOPs(n)
+		full := n
+		if n.Attrs.Pool != nil { // the activation runs at full resolution
+			full = &ir.Node{Op: n.Op, Attrs: n.Attrs, Ins: n.Ins, Outs: []*ir.Value{stub("z", x)}}
+		}
+		f += p.Fwd.FLOPs(full)
+	}
+	if pw := n.Attrs.Pool; pw != nil {
+		f = ir.AddSat(f, ir.MulSat(n.Outs[0].Type.SampleElems(), pw.Kernel[0], pw.Kernel[1]))
 	}
 	return f
 }
@@ -497,9 +593,9 @@ func flopsBNApply(n *ir.Node) int64 {
 // z again (four), its f where the derivative reads the output, and the
 // activation's gradient.
 func flopsBNGrad(n *ir.Node) int64 {
-	f := flopsPerInput0(10)(n)
+	f := ir.MulSat(10, n.Ins[1].Type.SampleElems()) // per value of x (dy is pooled with a folded pool)
 	if p := PointwiseOf(n.Attrs.Act); p != nil {
-		f += ir.MulSat(4, n.Ins[0].Type.SampleElems()) + p.Grad.FLOPs(n)
+		f += ir.MulSat(4, n.Ins[1].Type.SampleElems()) + p.Grad.FLOPs(n)
 		if p.SaveOutput {
 			f += p.Fwd.FLOPs(n)
 		}
@@ -577,6 +673,14 @@ func refBNApply(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	if p := PointwiseOf(n.Attrs.Act); p != nil {
 		y = p.F(env, n, y)
 	}
+	if pw := n.Attrs.Pool; pw != nil {
+		// the conv block's pool: the same maxima and first-maximum ties
+		pooled, argmax, _ := maxpoolArgmax(env, pw, n.Ins[0].Type, y)
+		if n.Attrs.NoArgmax {
+			return [][]float64{pooled}
+		}
+		return [][]float64{pooled, argmax}
+	}
 	return [][]float64{y}
 }
 
@@ -599,8 +703,14 @@ func refBNGrad(env *RefEnv, n *ir.Node, ins [][]float64) [][]float64 {
 	c64, s64 := bnGeom(n.Ins[1].Type)
 	c, s := int(c64), int(s64)
 	affine := n.Attrs.Bias
+	wb := ins[4:]
+	if pw := n.Attrs.Pool; pw != nil {
+		// the pooled dy to full resolution through the argmax (the last input)
+		wb = ins[4 : len(ins)-1]
+		dy = unpoolArgmax(env, pw, n.Ins[1].Type, dy, ins[len(ins)-1])
+	}
 	if p := PointwiseOf(n.Attrs.Act); p != nil {
-		dy = p.DX(env, n, dy, bnZ(x, mean, invstd, ins[4:], c, s))
+		dy = p.DX(env, n, dy, bnZ(x, mean, invstd, wb, c, s))
 	}
 	dx, dw, db := make([]float64, len(x)), make([]float64, c), make([]float64, c)
 	count := float64(env.Batch * s)

@@ -156,8 +156,8 @@ func maskSource(b GradBuilder, x *ir.Value) *ir.Value {
 	if d := src.Def; d != nil && d.Op == ir.OpReLU {
 		return src // a standalone ReLU: y > 0 is its mask too
 	}
-	if d := src.Def; d != nil && (d.Op == BatchNorm2D || d.Op == BatchNorm1D) && d.Attrs.ReLU {
-		return src // a batch norm with its ReLU folded in (the fuse pass)
+	if d := src.Def; d != nil && (d.Op == BatchNorm2D || d.Op == BatchNorm1D) && d.Attrs.ReLU && src == d.Out() {
+		return src // a batch norm with its ReLU folded in (the fuse pass; pooled or not: max and ReLU commute)
 	}
 	return nil
 }
@@ -263,10 +263,18 @@ func preActivationGrad(env *RefEnv, n *ir.Node, p ir.BlockParts, vals map[*ir.Va
 	if pw == nil {
 		return d
 	}
+	return unpoolArgmax(env, pw, convT, d, vals[p.Argmax])
+}
+
+// unpoolArgmax routes d, the gradient of the max-pool pw's output over
+// the full-resolution type convT, back to full resolution through the
+// argmax am (window indices, as maxpoolArgmax gives them): each position
+// gets the sum of the gradients of the windows whose maximum it is
+// (overlapping windows included).
+func unpoolArgmax(env *RefEnv, pw *ir.Window, convT ir.Type, d, am []float64) []float64 {
 	out := poolOutType(pw, convT)
 	g := windowGeom(ir.Attrs{Kernel: pw.Kernel, Stride: pw.Stride, Pad: pw.Pad}, convT, out)
 	full := make([]float64, convT.Elems(int64(env.Batch)))
-	am := vals[p.Argmax]
 	for b := 0; b < env.Batch; b++ {
 		for c := 0; c < g.c; c++ {
 			for oy := 0; oy < g.ho; oy++ {

@@ -147,6 +147,34 @@ train { optimizer = adam(lr=0.01)
 	for _, act := range bnActs {
 		models["batch norm "+strings.Split(act, "(")[0]] = bnActModel(act)
 	}
+	// a max-pool after batch norm and its activation folds into the
+	// normalisation (Attrs.Pool): overlapping padded windows (k=3, s=2) and
+	// k=2 on odd maps; the ReLU's mask from the reader's maskout epilogue
+	// (a conv, a linear through flatten) or, where the pooled output has
+	// two readers, a relu_grad on the pooled values
+	models["bn pool relu"] = `model Q(image: f32[3,9,7], label: class[4]) {
+    c1 = conv2d(image, out=4, kernel=3, padding=1, bias=false)
+    p1 = maxpool(relu(batchnorm2d(c1)), kernel=3, stride=2, padding=1)
+    c2 = conv2d(p1, out=4, kernel=3, padding=1, bias=false)
+    s  = add(c2, p1)
+    p2 = maxpool(relu(batchnorm2d(s, affine=false)), kernel=2)
+    c3 = conv2d(p2, out=3, kernel=1)
+    p3 = maxpool(relu(batchnorm2d(c3)), kernel=[2,1])
+    o  = linear(flatten(p3), out=4)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9) }
+`
+	models["bn pool gelu"] = `model G(image: f32[3,9,7], label: class[4]) {
+    c1 = conv2d(image, out=4, kernel=3, padding=1, bias=false)
+    p1 = maxpool(gelu(batchnorm2d(c1)), kernel=3, stride=2, padding=1)
+    c2 = conv2d(p1, out=5, kernel=3, padding=1, bias=false)
+    p2 = maxpool(gelu(batchnorm2d(c2, affine=false)), kernel=2)
+    o  = linear(flatten(p2), out=4)
+    loss = cross_entropy(o, label)
+}
+train { optimizer = sgd(lr=0.1, momentum=0.9) }
+`
 	// a conv block folds each of them (and the max-pool after one: see the
 	// "conv <act>" models), and so does a linear block
 	models["activations after blocks"] = `model A(image: f32[3,7,5], label: class[4]) {
@@ -280,6 +308,35 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) }
 					}
 				}
 				assert.Equal(t, 4, folded, "both normalisations and both gradients carry %s", act)
+			}
+			if act, ok := strings.CutPrefix(name, "bn pool "); ok {
+				pooled, grads, reluGrads := 0, 0, 0
+				for _, n := range fused.Nodes {
+					assert.NotEqual(t, ir.OpMaxPool2D, n.Op, "every max-pool folds into the batch norm before it: %s", n.Text())
+					assert.Nil(t, ops.PointwiseOf(n.Op), "%s folds into its batch norm: %s", act, n.Text())
+					if n.Op == ops.BatchNorm2D {
+						require.NotNil(t, n.Attrs.Pool, n.Text())
+						require.Len(t, n.Outs, 2, "the pooled output and its argmax: %s", n.Text())
+						assert.Equal(t, ir.Argmax, n.Outs[1].Type.DType, n.Text())
+						pooled++
+					}
+					if n.Op == ops.BatchNormGrad {
+						require.NotNil(t, n.Attrs.Pool, n.Text())
+						assert.Equal(t, ir.Argmax, n.Ins[len(n.Ins)-1].Type.DType, "the gradient reads the argmax: %s", n.Text())
+						grads++
+					}
+					if n.Op == ir.OpReLUGrad {
+						reluGrads++
+					}
+				}
+				assert.Equal(t, grads, pooled, fused.Text())
+				if act == "relu" {
+					assert.Equal(t, 3, pooled, fused.Text())
+					assert.Equal(t, 1, reluGrads, "p1 has two readers, so its mask is a relu_grad on the pooled values; p2's and p3's readers apply theirs")
+				} else {
+					assert.Equal(t, 2, pooled, fused.Text())
+				}
+				assert.Less(t, savedBytes(fused), savedBytes(unfused), "the full-resolution normalised values are not saved")
 			}
 			eu, ef := New(unfused, 7), New(fused, 7)
 			rng := rand.New(rand.NewPCG(5, 6))

@@ -2215,27 +2215,36 @@ struct BNStatsEval {  // the same parameters: mean, invstd from the running stat
     }
   }
 };
+// BNGrad's dy with no max-pool folded into the normalisation: read where it is.
+struct NoPoolR {
+  static constexpr bool on = false;
+  CNNC_INLINE float dy(const float* dy, const uint32_t*, long i) { return dy[i]; }
+};
 // dx = invstd·(g - Σg/n - x̂·Σ(g·x̂)/n), g = dy·weight, x̂ = (x-mean)·invstd, 0 for the padding;
 // affine: dweight = Σ dy·x̂, dbias = Σ dy. ACT (an activation F folded into the normalisation,
 // compiler/ops Attrs.Act): dy is first F's gradient at z = x̂[·weight + bias], recomputed as
 // BNApply computes it — F::g(dy, z), or F::g(dy, F::f(z)) with YSAVE (the gradient reads the
-// output) — and the bias is a parameter after the weight.
-template <class G, class F = NoActF>
-struct BNGrad {  // dy, x, mean, invstd, [weight, [bias,]] dx, [dweight, dbias,] scalars
+// output) — and the bias is a parameter after the weight. R routes dy: NoPoolR, or PoolR (a
+// max-pool folded in, Attrs.Pool: dy is the pooled output's gradient, and the packed argmax a
+// parameter before dx).
+template <class G, class F = NoActF, class R = NoPoolR>
+struct BNGrad {  // dy, x, mean, invstd, [weight, [bias,]] [argmax,] dx, [dweight, dbias,] scalars
   static constexpr long tasks = G::C, scratch = 0;
   static void run(const uint64_t* p, int64_t c, float*) {
     const float* dy0 = arg<const float>(p, 0);
     const float* x = arg<const float>(p, 1);
     const float mu = arg<const float>(p, 2)[c], is = arg<const float>(p, 3)[c];
-    constexpr int k = (G::AFFINE ? 5 : 4) + (G::AFFINE && G::ACT ? 1 : 0);  // dx's parameter
+    constexpr int na = (G::AFFINE ? 5 : 4) + (G::AFFINE && G::ACT ? 1 : 0);  // the argmax's parameter (R::on)
+    constexpr int k = na + (R::on ? 1 : 0);                                 // dx's parameter
+    const uint32_t* am = R::on ? arg<const uint32_t>(p, na) : nullptr;
     const float w = G::AFFINE ? arg<const float>(p, 4)[c] : 1.0f;
     const float bias = G::AFFINE && G::ACT ? arg<const float>(p, 5)[c] : 0.0f;
     const auto dy = [&](long i) {
       if constexpr (!G::ACT) {
-        return dy0[i];
+        return R::dy(dy0, am, i);
       } else {
         const float z = G::AFFINE ? (x[i] - mu) * is * w + bias : (x[i] - mu) * is;
-        return F::g(dy0[i], G::YSAVE ? F::f(z) : z);
+        return F::g(R::dy(dy0, am, i), G::YSAVE ? F::f(z) : z);
       }
     };
     float* dx = arg<float>(p, k);
@@ -2435,6 +2444,81 @@ CNNC_INLINE void pool_windows_of(long iy, long ix, long& pyLo, long& pyHi, long&
   pxLo = ix + P::PW - P::KW + 1 > 0 ? (ix + P::PW - P::KW + P::SW) / P::SW : 0;
   pxHi = cmin((ix + P::PW) / P::SW, P::PWO - 1);
 }
+// A max-pool folded into a batch norm (compiler/ops Attrs.Pool), BNGrad's R: position i's
+// gradient is the sum of the pooled dy over the windows whose packed argmax names it (P has H, W,
+// PHO, PWO, KH, KW, SH, SW, PH, PW and the argmax's BITS).
+template <class P>
+struct PoolR {
+  static constexpr bool on = true;
+  CNNC_INLINE float dy(const float* dy, const uint32_t* am, long i) {
+    const long ix = i % P::W, iy = i / P::W % P::H, plane = i / (P::H * P::W);
+    long pyLo, pyHi, pxLo, pxHi;
+    pool_windows_of<P>(iy, ix, pyLo, pyHi, pxLo, pxHi);
+    float s = 0.0f;
+    for (long py = pyLo; py <= pyHi; py++)
+      for (long px = pxLo; px <= pxHi; px++) {
+        const long o = (plane * P::PHO + py) * P::PWO + px;
+        const long k = get_argmax<P::BITS>(am, o);
+        if (py * P::SH - P::PH + k / P::KW == iy && px * P::SW - P::PW + k % P::KW == ix) s += dy[o];
+      }
+    return s;
+  }
+};
+// A batch norm with the max-pool after it folded in (compiler/ops Attrs.Pool): per pooled output
+// (N of them, E also has C, AFFINE, RELU, ARGMAX, BITS and the pool's geometry as PoolR's), its
+// window's values normalised as BNApply computes them, their maximum (the first in scan order on
+// ties) and, with ARGMAX, its window index packed into the argmax (a task's CHUNK outputs fill
+// whole words). The full-resolution normalised values are never stored.
+template <class E, class F = NoActF>
+struct BNApplyPool {  // x, mean, invstd, [weight, bias,] out, [argmax]
+  static constexpr long tasks = cdiv(E::N, CHUNK), scratch = 0;
+  static void run(const uint64_t* p, int64_t task, float*) {
+    const float* x = arg<const float>(p, 0);
+    const float* mean = arg<const float>(p, 1);
+    const float* invstd = arg<const float>(p, 2);
+    float* out = arg<float>(p, E::AFFINE ? 5 : 3);
+    uint32_t* am = E::ARGMAX ? arg<uint32_t>(p, E::AFFINE ? 6 : 4) : nullptr;
+    CNNC_RANGE(E::N);
+    uint32_t word = 0;
+    for (long o = lo; o < hi; o++) {
+      const long px = o % E::PWO, py = o / E::PWO % E::PHO, plane = o / (E::PHO * E::PWO), c = plane % E::C;
+      const float mu = mean[c], is = invstd[c];
+      const float w = E::AFFINE ? arg<const float>(p, 3)[c] : 1.0f, b = E::AFFINE ? arg<const float>(p, 4)[c] : 0.0f;
+      const float* xp = x + plane * E::H * E::W;
+      float best = 0.0f;
+      long at = -1;
+      for (long ky = 0; ky < E::KH; ky++) {
+        const long iy = py * E::SH - E::PH + ky;
+        if (iy < 0 || iy >= E::H) continue;
+        for (long kx = 0; kx < E::KW; kx++) {
+          const long ix = px * E::SW - E::PW + kx;
+          if (ix < 0 || ix >= E::W) continue;
+          float v;
+          if constexpr (E::AFFINE) {
+            v = (xp[iy * E::W + ix] - mu) * is * w + b;
+          } else {
+            v = (xp[iy * E::W + ix] - mu) * is;
+          }
+          if constexpr (E::RELU) v = v > 0.0f ? v : 0.0f;
+          v = F::f(v);
+          if (at < 0 || v > best) {
+            best = v;
+            at = ky * E::KW + kx;
+          }
+        }
+      }
+      out[o] = best;
+      if constexpr (E::ARGMAX) {
+        // the task's outputs start a word (CHUNK is a multiple of 32/BITS): whole words, no atomics
+        constexpr long PER = 32 / E::BITS;
+        word = (o % PER == 0 ? 0u : word) | static_cast<uint32_t>(at) << (o % PER * E::BITS);
+        if (o % PER == PER - 1 || o == hi - 1) am[o / PER] = word;
+      }
+    }
+    (void)am;
+    (void)word;
+  }
+};
 template <class P>
 struct MaxPoolGrad {  // dy, x, dx
   static constexpr long tasks = cdiv(P::N, CHUNK), scratch = 0;

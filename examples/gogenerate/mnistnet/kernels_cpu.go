@@ -4,7 +4,7 @@ package mnistnet
 
 // #cgo CXXFLAGS: -std=gnu++20 -O3 -g0 -fvisibility=hidden
 // #include <stdint.h>
-// const void* cnnc_cpu_builtin_70eebc4f0ba26d98(void);
+// const void* cnnc_cpu_builtin_5790eed960a7594b(void);
 import "C"
 
 import (
@@ -14,4 +14,4 @@ import (
 )
 
 // The CPU target's kernels compiled into the program: the device runs them without a compiler.
-func init() { native.RegisterBuiltin(unsafe.Pointer(C.cnnc_cpu_builtin_70eebc4f0ba26d98)) }
+func init() { native.RegisterBuiltin(unsafe.Pointer(C.cnnc_cpu_builtin_5790eed960a7594b)) }

@@ -2,27 +2,27 @@
 // The CPU target's kernels of kernels_cpu.h for avx2 (runtime/native).
 #include "cnnc_cpu.h"
 #pragma GCC target("avx2,fma")
-namespace cnnc_cpu_70eebc4f0ba26d98_avx2 {
+namespace cnnc_cpu_5790eed960a7594b_avx2 {
 #define CNNC_VW 8
 #include "cnnc_cpu.h"
 #include "kernels_cpu.h"
 #undef CNNC_VW
-}  // namespace cnnc_cpu_70eebc4f0ba26d98_avx2
+}  // namespace cnnc_cpu_5790eed960a7594b_avx2
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_70eebc4f0ba26d98_avx2_impl[14];
-const cnnc_cpu_kernel_impl cnnc_cpu_70eebc4f0ba26d98_avx2_impl[14] = {
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29::run, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e::run, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::linear_fwd_b32_in784_out64_64d41ae8::run, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_fwd_b32_in784_out64_64d41ae8::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_fwd_b32_in784_out64_64d41ae8::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::linear_cross_entropy_b32_in64_out10_8bdc5ba7::run, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_cross_entropy_b32_in64_out10_8bdc5ba7::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_cross_entropy_b32_in64_out10_8bdc5ba7::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::linear_dgrad_b32_in784_out64_ee8519fe::run, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_dgrad_b32_in784_out64_ee8519fe::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_dgrad_b32_in784_out64_ee8519fe::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::linear_wgrad_b32_in784_out64_6dc26c13::run, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_wgrad_b32_in784_out64_6dc26c13::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_wgrad_b32_in784_out64_6dc26c13::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9::run, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_reduce_o16_k72_s16_grads_bc71f249::run, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_reduce_o16_k72_s16_grads_bc71f249::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_reduce_o16_k72_s16_grads_bc71f249::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::update_n16_b163518b::run, cnnc_cpu_70eebc4f0ba26d98_avx2::update_n16_b163518b::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::update_n16_b163518b::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa::run, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::update_n1152_196c6407::run, cnnc_cpu_70eebc4f0ba26d98_avx2::update_n1152_196c6407::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::update_n1152_196c6407::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560::run, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_reduce_o8_k9_s32_update_bab0d19b::run, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_reduce_o8_k9_s32_update_bab0d19b::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::conv_wgrad_reduce_o8_k9_s32_update_bab0d19b::tasks},
-    {&cnnc_cpu_70eebc4f0ba26d98_avx2::linear_cross_entropy_b32_in64_out10_24a3db25::run, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_cross_entropy_b32_in64_out10_24a3db25::scratch, cnnc_cpu_70eebc4f0ba26d98_avx2::linear_cross_entropy_b32_in64_out10_24a3db25::tasks},
+extern const cnnc_cpu_kernel_impl cnnc_cpu_5790eed960a7594b_avx2_impl[14];
+const cnnc_cpu_kernel_impl cnnc_cpu_5790eed960a7594b_avx2_impl[14] = {
+    {&cnnc_cpu_5790eed960a7594b_avx2::conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29::run, cnnc_cpu_5790eed960a7594b_avx2::conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29::scratch, cnnc_cpu_5790eed960a7594b_avx2::conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e::run, cnnc_cpu_5790eed960a7594b_avx2::conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e::scratch, cnnc_cpu_5790eed960a7594b_avx2::conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::linear_fwd_b32_in784_out64_64d41ae8::run, cnnc_cpu_5790eed960a7594b_avx2::linear_fwd_b32_in784_out64_64d41ae8::scratch, cnnc_cpu_5790eed960a7594b_avx2::linear_fwd_b32_in784_out64_64d41ae8::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::linear_cross_entropy_b32_in64_out10_8bdc5ba7::run, cnnc_cpu_5790eed960a7594b_avx2::linear_cross_entropy_b32_in64_out10_8bdc5ba7::scratch, cnnc_cpu_5790eed960a7594b_avx2::linear_cross_entropy_b32_in64_out10_8bdc5ba7::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::linear_dgrad_b32_in784_out64_ee8519fe::run, cnnc_cpu_5790eed960a7594b_avx2::linear_dgrad_b32_in784_out64_ee8519fe::scratch, cnnc_cpu_5790eed960a7594b_avx2::linear_dgrad_b32_in784_out64_ee8519fe::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::linear_wgrad_b32_in784_out64_6dc26c13::run, cnnc_cpu_5790eed960a7594b_avx2::linear_wgrad_b32_in784_out64_6dc26c13::scratch, cnnc_cpu_5790eed960a7594b_avx2::linear_wgrad_b32_in784_out64_6dc26c13::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9::run, cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9::scratch, cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_b26ba3a9::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_reduce_o16_k72_s16_grads_bc71f249::run, cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_reduce_o16_k72_s16_grads_bc71f249::scratch, cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_reduce_o16_k72_s16_grads_bc71f249::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::update_n16_b163518b::run, cnnc_cpu_5790eed960a7594b_avx2::update_n16_b163518b::scratch, cnnc_cpu_5790eed960a7594b_avx2::update_n16_b163518b::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa::run, cnnc_cpu_5790eed960a7594b_avx2::conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa::scratch, cnnc_cpu_5790eed960a7594b_avx2::conv_dgrad_x8x14x14_o16_k3x3s1p1_pool2s2_b32_ac35b6fa::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::update_n1152_196c6407::run, cnnc_cpu_5790eed960a7594b_avx2::update_n1152_196c6407::scratch, cnnc_cpu_5790eed960a7594b_avx2::update_n1152_196c6407::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560::run, cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560::scratch, cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_8e05a560::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_reduce_o8_k9_s32_update_bab0d19b::run, cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_reduce_o8_k9_s32_update_bab0d19b::scratch, cnnc_cpu_5790eed960a7594b_avx2::conv_wgrad_reduce_o8_k9_s32_update_bab0d19b::tasks},
+    {&cnnc_cpu_5790eed960a7594b_avx2::linear_cross_entropy_b32_in64_out10_24a3db25::run, cnnc_cpu_5790eed960a7594b_avx2::linear_cross_entropy_b32_in64_out10_24a3db25::scratch, cnnc_cpu_5790eed960a7594b_avx2::linear_cross_entropy_b32_in64_out10_24a3db25::tasks},
 };

@@ -2,9 +2,9 @@
 // The kernel table of kernels_cpu.h (runtime/native).
 #include "cnnc_cpu.h"
 
-extern const cnnc_cpu_kernel_impl cnnc_cpu_70eebc4f0ba26d98_sse2_impl[14];
-extern const cnnc_cpu_kernel_impl cnnc_cpu_70eebc4f0ba26d98_avx2_impl[14];
-namespace cnnc_cpu_70eebc4f0ba26d98_table {
+extern const cnnc_cpu_kernel_impl cnnc_cpu_5790eed960a7594b_sse2_impl[14];
+extern const cnnc_cpu_kernel_impl cnnc_cpu_5790eed960a7594b_avx2_impl[14];
+namespace cnnc_cpu_5790eed960a7594b_table {
 const char* const names[] = {
     "conv_fwd_x1x28x28u8_o8_k3x3s1p1_pool2s2_b32_a180fb29",
     "conv_fwd_x8x14x14_o16_k3x3s1p1_pool2s2_b32_337d977e",
@@ -22,9 +22,9 @@ const char* const names[] = {
     "linear_cross_entropy_b32_in64_out10_24a3db25",
 };
 const int32_t nparams[] = {5, 5, 4, 12, 4, 7, 4, 3, 6, 5, 6, 4, 6, 9};
-const cnnc_cpu_library library = {CNNC_CPU_ABI, "a4e0d3339c558e240501587c8be88f175e4f0ec7db31e9b69829e08c291804cc", 14, names, nparams, {cnnc_cpu_70eebc4f0ba26d98_sse2_impl, cnnc_cpu_70eebc4f0ba26d98_avx2_impl}};
-}  // namespace cnnc_cpu_70eebc4f0ba26d98_table
+const cnnc_cpu_library library = {CNNC_CPU_ABI, "a4e0d3339c558e240501587c8be88f175e4f0ec7db31e9b69829e08c291804cc", 14, names, nparams, {cnnc_cpu_5790eed960a7594b_sse2_impl, cnnc_cpu_5790eed960a7594b_avx2_impl}};
+}  // namespace cnnc_cpu_5790eed960a7594b_table
 
-extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_70eebc4f0ba26d98(void) {
-  return &cnnc_cpu_70eebc4f0ba26d98_table::library;
+extern "C" __attribute__((weak, visibility("hidden"))) const cnnc_cpu_library* cnnc_cpu_builtin_5790eed960a7594b(void) {
+  return &cnnc_cpu_5790eed960a7594b_table::library;
 }
