@@ -286,6 +286,7 @@ type convData struct {
 	TCA, TCB            string
 	TCLDA, TCLDB, TCLDC int64
 	XLD                 int64 // tensor-core forward: the im2col tile's row stride (tcLD)
+	WLD                 int64 // tensor-core forward: the weight tile's row stride (tcRowLD; w(m0 + m, chunk row r) at m*WLD + r)
 	TCUnroll            int64 // tc_mma's unroll of the k steps (0: all)
 	// tensor-core dgrad: where the dy region's copies lie (floats from the
 	// aligned base)
@@ -400,14 +401,16 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
 		d.TC, family = tc, "conv_block_fwd_tc"
-		// Ws keeps BM + Pad: its stores (8 rows of a warp WS apart) would conflict at tcLD's stride and cost more than
-		// the A loads gain
-		d.WS, d.XLD = d.BM+tc.Pad, tcLD(d.BN, tc.Elem)
+		// Ws is row-major (w's own order: a thread's weight loads go to consecutive elements of a row), so that both
+		// its stores (32/WL rows of a warp WLD apart) and the row-major A loads (4 rows of 32 bytes a phase) hit
+		// distinct banks: a column-major Ws, WS = BM + Pad apart, takes 2 wavefronts a phase in the A loads, and at
+		// tcLD's stride its stores conflict
 		d.TCRows = roundUp(d.BK, tc.KS)
-		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.XLD, tcLD(d.BN, 4)
+		d.WLD, d.XLD = tcRowLD(d.TCRows, tc.Elem, d.WL), tcLD(d.BN, tc.Elem)
+		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WLD, d.XLD, tcLD(d.BN, 4)
 		d.CS = d.TCLDC
 		d.BNRot = g.BNStats && d.CS%2 == 0
-		sharedBytes = max(d.TCRows*(d.WS+d.XLD)*tc.Elem, d.epilogueFloats()*4) + tcAlignSlack
+		sharedBytes = max((d.BM*d.WLD+d.TCRows*d.XLD)*tc.Elem, d.epilogueFloats()*4) + tcAlignSlack
 		if halo := d.haloTile(); halo > 0 && halo <= maxStaticShared && e.arch != "sm_80" {
 			d.Halo, sharedBytes = true, halo
 			if e.prec == TF32 {
@@ -614,7 +617,7 @@ func (d *convData) haloTile() int64 {
 	d.HS = haloStride(d.HC, d.RH*d.RW, d.RW, g.SH, g.SW)
 	d.HP = d.HR * d.HS
 	d.HsFloats = roundUp(d.NS*d.CB*d.HP, 4)
-	d.HsOff = roundUp(d.TCRows*(d.WS+d.XLD)*d.TC.Elem, 16) / 4
+	d.HsOff = roundUp((d.BM*d.WLD+d.TCRows*d.XLD)*d.TC.Elem, 16) / 4
 	d.HaloIters = divUp(d.NS*d.CB*d.HR*d.HC, d.T)
 	return max(4*(d.HsOff+2*d.HsFloats), d.epilogueFloats()*4) + tcAlignSlack
 }
