@@ -730,7 +730,7 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 	shared := func() int64 { return 4 * d.OC * (d.KHP*d.KWP*d.WS + d.RH*d.RW) }
 	family := "conv_block_dgrad"
 	if e.prec.tensor() {
-		if err := d.dgradTCTile(e.prec, hu, wu); err != nil {
+		if err := d.dgradTCTile(e.prec, hu, wu, e.sms); err != nil {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
 		family = "conv_block_dgrad_tc"
@@ -803,13 +803,14 @@ func conflictFreeStride(n, elem int64) int64 {
 // stays aligned, or 16 pixels where the phase's wu pixels are wider: fewer
 // global sectors per warp) with the output channels DP elements apart
 // (conflict-free), and a fragment's 16 pixels are 16/TW rows of the tile.
-// dgradTCWarps warps split the BN pixels, each FM x FN fragments; BN
+// dgradTCWarps warps split the BN pixels, each FM x FN fragments (a
+// 16-row tile: 2 warps of 4 where the grid fills the sms SMs); BN
 // shrinks while the tile would be twice as tall as the phase (hu rows).
 // Past dgradTCSharedCap bytes of shared memory the chunk of output
 // channels halves (down to KS); past maxStaticShared, the tap rows whose
 // weights are staged at once (KHA), then the tile (its fragments per warp,
 // then its warps).
-func (d *convData) dgradTCTile(p Precision, hu, wu int64) error {
+func (d *convData) dgradTCTile(p Precision, hu, wu, sms int64) error {
 	elem := int64(4)
 	if p == BF16 {
 		elem = 2
@@ -833,11 +834,18 @@ func (d *convData) dgradTCTile(p Precision, hu, wu int64) error {
 		d.TCLDC = conflictFreeStride(d.BN, 4)
 		return nil
 	}
-	fn := max(1, 2/(d.BM/16))
-	for fn > 1 && dgradTCWarps*16*fn/2/d.TW >= hu {
+	fn, warps := max(1, 2/(d.BM/16)), int64(dgradTCWarps)
+	if d.BM == 16 && sms > 0 {
+		// one fragment row: 2 warps of 4 fragments rather than 4 of 2 where the grid of 64-thread blocks still fills
+		// the GPU named (fillBlocks), so that each A fragment is loaded by half as many warps
+		g := d.convGeom
+		if blocks := g.B * g.SH * g.SW * divUp(hu, 128/d.TW) * divUp(wu, d.TW) * divUp(g.C, d.BM); blocks >= fillBlocks(sms, 64) {
+			fn, warps = 4, 2
+		}
+	}
+	for fn > 1 && warps*16*fn/2/d.TW >= hu {
 		fn /= 2
 	}
-	warps := int64(dgradTCWarps)
 	if err := layout(warps, fn); err != nil {
 		return err
 	}
