@@ -287,6 +287,11 @@ type convData struct {
 	TCLDA, TCLDB, TCLDC int64
 	XLD                 int64 // tensor-core forward: the im2col tile's row stride (tcLD)
 	WLD                 int64 // tensor-core forward: the weight tile's row stride (tcRowLD; w(m0 + m, chunk row r) at m*WLD + r)
+	// PoolStages: the tensor-core pooled forward's pool pass applies the
+	// scale, bias and activations to each accumulator it reads, instead of a
+	// pass over Cs in place before it (a read and a write of every
+	// accumulator in shared memory, and a barrier)
+	PoolStages bool
 	TCUnroll            int64 // tc_mma's unroll of the k steps (0: all)
 	// tensor-core dgrad: where the dy region's copies lie (floats from the
 	// aligned base)
@@ -400,7 +405,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		if err != nil {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
-		d.TC, family = tc, "conv_block_fwd_tc"
+		d.TC, family, d.PoolStages = tc, "conv_block_fwd_tc", g.Pool
 		// Ws is row-major (w's own order: a thread's weight loads go to consecutive elements of a row), so that both
 		// its stores (32/WL rows of a warp WLD apart) and the row-major A loads (4 rows of 32 bytes a phase) hit
 		// distinct banks: a column-major Ws, WS = BM + Pad apart, takes 2 wavefronts a phase in the A loads, and at
