@@ -292,7 +292,7 @@ type convData struct {
 	// pass over Cs in place before it (a read and a write of every
 	// accumulator in shared memory, and a barrier)
 	PoolStages bool
-	TCUnroll            int64 // tc_mma's unroll of the k steps (0: all)
+	TCUnroll   int64 // tc_mma's unroll of the k steps (0: all)
 	// tensor-core dgrad: where the dy region's copies lie (floats from the
 	// aligned base)
 	DsOff int64
