@@ -161,7 +161,9 @@ func launchKey(l trainer.Launch) string {
 // traceStep traces each launch with the blocks sample gives (nil: every
 // block); a launch that reuse accepts and whose reuseKey memo holds takes
 // those counts without running (reuse nil: none), and the ones it traces
-// go into memo.
+// go into memo. With $CNNC_PERF_SITES set it neither reads nor writes the
+// cache nor reuses counts, and dumps the sites of the launches it names
+// (dumpSites).
 func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.BlockSample, reuse func(trainer.Launch) bool, memo *traceMemo,
 	cached bool) ([]Accesses, error) {
 	reusable := func(l trainer.Launch) bool { return reuse != nil && memo != nil && reuse(l) }
