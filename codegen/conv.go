@@ -809,7 +809,8 @@ func conflictFreeStride(n, elem int64) int64 {
 // global sectors per warp) with the output channels DP elements apart
 // (conflict-free), and a fragment's 16 pixels are 16/TW rows of the tile.
 // dgradTCWarps warps split the BN pixels, each FM x FN fragments (a
-// 16-row tile: 2 warps of 4 where the grid fills the sms SMs); BN
+// 16-row tile with phases of at most 9 taps: 2 warps of 4 where the grid
+// fills the sms SMs); BN
 // shrinks while the tile would be twice as tall as the phase (hu rows).
 // Past dgradTCSharedCap bytes of shared memory the chunk of output
 // channels halves (down to KS); past maxStaticShared, the tap rows whose
@@ -840,9 +841,10 @@ func (d *convData) dgradTCTile(p Precision, hu, wu, sms int64) error {
 		return nil
 	}
 	fn, warps := max(1, 2/(d.BM/16)), int64(dgradTCWarps)
-	if d.BM == 16 && sms > 0 {
+	if d.BM == 16 && sms > 0 && d.KHP*d.KWP <= 9 {
 		// one fragment row: 2 warps of 4 fragments rather than 4 of 2 where the grid of 64-thread blocks still fills
-		// the GPU named (fillBlocks), so that each A fragment is loaded by half as many warps
+		// the GPU named (fillBlocks), so that each A fragment is loaded by half as many warps; phases of at most 9
+		// taps (a 7x7 stride-2 conv's 16 spill at the 128 registers of 8 blocks a SM on sm_80)
 		g := d.convGeom
 		if blocks := g.B * g.SH * g.SW * divUp(hu, 128/d.TW) * divUp(wu, d.TW) * divUp(g.C, d.BM); blocks >= fillBlocks(sms, 64) {
 			fn, warps = 4, 2
