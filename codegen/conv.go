@@ -292,7 +292,10 @@ type convData struct {
 	// pass over Cs in place before it (a read and a write of every
 	// accumulator in shared memory, and a barrier)
 	PoolStages bool
-	TCUnroll   int64 // tc_mma's unroll of the k steps (0: all)
+	// PoolPairs: with PoolStages, 2-wide windows at stride 2 read each
+	// window row's two positions as one float2 (even CS and RW: aligned)
+	PoolPairs bool
+	TCUnroll  int64 // tc_mma's unroll of the k steps (0: all)
 	// tensor-core dgrad: where the dy region's copies lie (floats from the
 	// aligned base)
 	DsOff int64
@@ -414,6 +417,7 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		d.WLD, d.XLD = tcRowLD(d.TCRows, tc.Elem, d.WL), tcLD(d.BN, tc.Elem)
 		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WLD, d.XLD, tcLD(d.BN, 4)
 		d.CS = d.TCLDC
+		d.PoolPairs = g.Pool && g.PKW == 2 && g.PSW == 2 && d.RW%2 == 0 && d.CS%2 == 0
 		d.BNRot = g.BNStats && d.CS%2 == 0
 		sharedBytes = max((d.BM*d.WLD+d.TCRows*d.XLD)*tc.Elem, d.epilogueFloats()*4) + tcAlignSlack
 		if halo := d.haloTile(); halo > 0 && halo <= maxStaticShared && e.arch != "sm_80" {
