@@ -72,6 +72,6 @@ func TestPtxasClip(t *testing.T) {
 // and with a micro-batch loop before the norm.
 func TestClipKernelsAreRaceFree(t *testing.T) {
 	src := []byte(kernelcases.ClipModel("adam(lr=0.01)"))
-	checkRaceFree(t, "clip.cnn", src, 3, plan.Config{}, codegen.FP32)
-	checkRaceFree(t, "clip.cnn", src, 3, plan.Config{MicroBatch: 2}, codegen.FP32)
+	checkRaceFree(t, "clip.cnn", src, 3, plan.Config{}, codegen.FP32, 0)
+	checkRaceFree(t, "clip.cnn", src, 3, plan.Config{MicroBatch: 2}, codegen.FP32, 0)
 }

@@ -289,7 +289,16 @@ type convData struct {
 	TCA, TCB            string
 	TCLDA, TCLDB, TCLDC int64
 	XLD                 int64 // tensor-core forward: the im2col tile's row stride (tcLD)
-	TCUnroll            int64 // tc_mma's unroll of the k steps (0: all)
+	WLD                 int64 // tensor-core forward: the weight tile's row stride (tcRowLD; w(m0 + m, chunk row r) at m*WLD + r)
+	// PoolStages: the tensor-core pooled forward's pool pass applies the
+	// scale, bias and activations to each accumulator it reads, instead of a
+	// pass over Cs in place before it (a read and a write of every
+	// accumulator in shared memory, and a barrier)
+	PoolStages bool
+	// PoolPairs: with PoolStages, 2-wide windows at stride 2 read each
+	// window row's two positions as one float2 (even CS and RW: aligned)
+	PoolPairs bool
+	TCUnroll  int64 // tc_mma's unroll of the k steps (0: all)
 	// tensor-core dgrad: where the dy region's copies lie (floats from the
 	// aligned base)
 	DsOff int64
@@ -402,15 +411,18 @@ func convBlockForwardRule(e *emitter, n *ir.Node) error {
 		if err != nil {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
-		d.TC, family = tc, "conv_block_fwd_tc"
-		// Ws keeps BM + Pad: its stores (8 rows of a warp WS apart) would conflict at tcLD's stride and cost more than
-		// the A loads gain
-		d.WS, d.XLD = d.BM+tc.Pad, tcLD(d.BN, tc.Elem)
+		d.TC, family, d.PoolStages = tc, "conv_block_fwd_tc", g.Pool
+		// Ws is row-major (w's own order: a thread's weight loads go to consecutive elements of a row), so that both
+		// its stores (32/WL rows of a warp WLD apart) and the row-major A loads (4 rows of 32 bytes a phase) hit
+		// distinct banks: a column-major Ws, WS = BM + Pad apart, takes 2 wavefronts a phase in the A loads, and at
+		// tcLD's stride its stores conflict
 		d.TCRows = roundUp(d.BK, tc.KS)
-		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WS, d.XLD, tcLD(d.BN, 4)
+		d.WLD, d.XLD = tcRowLD(d.TCRows, tc.Elem, d.WL), tcLD(d.BN, tc.Elem)
+		d.TCA, d.TCB, d.TCLDA, d.TCLDB, d.TCLDC = "Ws", "Xs", d.WLD, d.XLD, tcLD(d.BN, 4)
 		d.CS = d.TCLDC
+		d.PoolPairs = g.Pool && g.PKW == 2 && g.PSW == 2 && d.RW%2 == 0 && d.CS%2 == 0
 		d.BNRot = g.BNStats && d.CS%2 == 0
-		sharedBytes = max(d.TCRows*(d.WS+d.XLD)*tc.Elem, d.epilogueFloats()*4) + tcAlignSlack
+		sharedBytes = max((d.BM*d.WLD+d.TCRows*d.XLD)*tc.Elem, d.epilogueFloats()*4) + tcAlignSlack
 		if halo := d.haloTile(); halo > 0 && halo <= maxStaticShared && e.arch != "sm_80" {
 			d.Halo, sharedBytes = true, halo
 			if e.prec == TF32 {
@@ -617,7 +629,7 @@ func (d *convData) haloTile() int64 {
 	d.HS = haloStride(d.HC, d.RH*d.RW, d.RW, g.SH, g.SW)
 	d.HP = d.HR * d.HS
 	d.HsFloats = roundUp(d.NS*d.CB*d.HP, 4)
-	d.HsOff = roundUp(d.TCRows*(d.WS+d.XLD)*d.TC.Elem, 16) / 4
+	d.HsOff = roundUp((d.BM*d.WLD+d.TCRows*d.XLD)*d.TC.Elem, 16) / 4
 	d.HaloIters = divUp(d.NS*d.CB*d.HR*d.HC, d.T)
 	return max(4*(d.HsOff+2*d.HsFloats), d.epilogueFloats()*4) + tcAlignSlack
 }
@@ -730,7 +742,7 @@ func convBlockGradInputRule(e *emitter, n *ir.Node) error {
 	shared := func() int64 { return 4 * d.OC * (d.KHP*d.KWP*d.WS + d.RH*d.RW) }
 	family := "conv_block_dgrad"
 	if e.prec.tensor() {
-		if err := d.dgradTCTile(e.prec, hu, wu); err != nil {
+		if err := d.dgradTCTile(e.prec, hu, wu, e.sms); err != nil {
 			return fmt.Errorf("codegen: %s: %v", n.Text(), err)
 		}
 		family = "conv_block_dgrad_tc"
@@ -803,13 +815,15 @@ func conflictFreeStride(n, elem int64) int64 {
 // stays aligned, or 16 pixels where the phase's wu pixels are wider: fewer
 // global sectors per warp) with the output channels DP elements apart
 // (conflict-free), and a fragment's 16 pixels are 16/TW rows of the tile.
-// dgradTCWarps warps split the BN pixels, each FM x FN fragments; BN
+// dgradTCWarps warps split the BN pixels, each FM x FN fragments (a
+// 16-row tile with phases of at most 9 taps: 2 warps of 4 where the grid
+// fills the sms SMs); BN
 // shrinks while the tile would be twice as tall as the phase (hu rows).
 // Past dgradTCSharedCap bytes of shared memory the chunk of output
 // channels halves (down to KS); past maxStaticShared, the tap rows whose
 // weights are staged at once (KHA), then the tile (its fragments per warp,
 // then its warps).
-func (d *convData) dgradTCTile(p Precision, hu, wu int64) error {
+func (d *convData) dgradTCTile(p Precision, hu, wu, sms int64) error {
 	elem := int64(4)
 	if p == BF16 {
 		elem = 2
@@ -833,11 +847,19 @@ func (d *convData) dgradTCTile(p Precision, hu, wu int64) error {
 		d.TCLDC = conflictFreeStride(d.BN, 4)
 		return nil
 	}
-	fn := max(1, 2/(d.BM/16))
-	for fn > 1 && dgradTCWarps*16*fn/2/d.TW >= hu {
+	fn, warps := max(1, 2/(d.BM/16)), int64(dgradTCWarps)
+	if d.BM == 16 && sms > 0 && d.KHP*d.KWP <= 9 {
+		// one fragment row: 2 warps of 4 fragments rather than 4 of 2 where the grid of 64-thread blocks still fills
+		// the GPU named (fillBlocks), so that each A fragment is loaded by half as many warps; phases of at most 9
+		// taps (a 7x7 stride-2 conv's 16 spill at the 128 registers of 8 blocks a SM on sm_80)
+		g := d.convGeom
+		if blocks := g.B * g.SH * g.SW * divUp(hu, 128/d.TW) * divUp(wu, d.TW) * divUp(g.C, d.BM); blocks >= fillBlocks(sms, 64) {
+			fn, warps = 4, 2
+		}
+	}
+	for fn > 1 && warps*16*fn/2/d.TW >= hu {
 		fn /= 2
 	}
-	warps := int64(dgradTCWarps)
 	if err := layout(warps, fn); err != nil {
 		return err
 	}

@@ -43,6 +43,13 @@ func runKernelChecks(t *testing.T, batch int64, checks []kernelCheck) float64 {
 // kernelcheck.Tolerance then still applies).
 func runKernelChecksAt(t *testing.T, prec codegen.Precision, batch int64, checks []kernelCheck) float64 {
 	t.Helper()
+	return runKernelChecksSMs(t, prec, batch, testSMs(prec), checks, nil)
+}
+
+// runKernelChecksSMs is runKernelChecksAt for a GPU of sms SMs; check, when
+// not nil, sees the program first (the geometry a test means to exercise).
+func runKernelChecksSMs(t *testing.T, prec codegen.Precision, batch, sms int64, checks []kernelCheck, check func(*codegen.Program)) float64 {
+	t.Helper()
 	var nodes []*ir.Node
 	seen := map[*ir.Node]bool{}
 	for _, c := range checks {
@@ -51,8 +58,11 @@ func runKernelChecksAt(t *testing.T, prec codegen.Precision, batch int64, checks
 			nodes = append(nodes, c.n)
 		}
 	}
-	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: testSMs(prec)})
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Precision: prec, SMs: sms})
 	require.NoError(t, err)
+	if check != nil {
+		check(prog)
+	}
 	dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
 	require.NoError(t, err)
 	defer dev.Close()
@@ -445,6 +455,36 @@ func TestConvGradInputTensorCoresPtxas(t *testing.T) {
 	}
 }
 
+// The 2-warp tensor-core input-gradient kernels (16-row tiles whose grid
+// fills the GPU: SimpleCNN's convs at batch 256 on 132 SMs) compile for
+// sm_80 and sm_90 without spills.
+func TestConvGradInputTwoWarpsPtxas(t *testing.T) {
+	nvcc.Require(t)
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var nodes []*ir.Node
+		for _, c := range []convCase{
+			{C: 16, H: 63, W: 63, Out: 32, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+			{C: 3, H: 128, W: 128, U8: true, Out: 16, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+		} {
+			masked := c.F32()
+			masked.Masked, masked.MaskOut = c.ReLU, true
+			nodes = append(nodes, kernelcases.ConvGradInput(t, c.F32()), kernelcases.ConvGradInput(t, masked))
+		}
+		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 256, Precision: prec, SMs: 132})
+		require.NoError(t, err)
+		for _, k := range prog.Kernels {
+			require.Contains(t, k.Text, "__launch_bounds__(64,", "%s: %s takes 2 warps", prec, k.Name)
+		}
+		ks, err := codegen.CompilePtxas(prog.Source, "conv_dgrad_tc2.cu", nvcc.Targets)
+		require.NoError(t, err)
+		require.Len(t, ks, len(prog.Kernels)*len(nvcc.Targets), "%s: ptxas reports on every kernel for every target", prec)
+		for _, k := range ks {
+			require.True(t, k.Clean(), "%s spills or uses a local-memory stack frame", k)
+			t.Log(k)
+		}
+	}
+}
+
 // tcBackwardCases are the forward cases whose pool windows do not overlap:
 // there every conv output's gradient is one output gradient (or zero),
 // representable when the inputs are rounded. Where windows overlap it is a
@@ -473,6 +513,35 @@ func TestConvBlockGradInputTensorCores(t *testing.T) {
 			}
 		}
 		t.Logf("%s: worst relative error at batch 3: %.2e", prec, runKernelChecksAt(t, prec, 3, checks))
+	}
+}
+
+// The tensor-core input-gradient kernels of 16-row tiles as 2 warps of 4
+// fragments, the layout a grid that fills the GPU takes (one SM named here,
+// so that batch 3 fills it): SimpleCNN's conv2 and conv1 shapes, smaller,
+// a strided one (4 phases) and a wide one.
+func TestConvBlockGradInputTensorCoresTwoWarps(t *testing.T) {
+	cases := []convCase{
+		{C: 16, H: 37, W: 35, Out: 32, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+		{C: 3, H: 34, W: 30, U8: true, Out: 16, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+		{C: 5, H: 40, W: 36, Out: 8, K: k5, S: s2, P: [2]int64{2, 2}, Bias: true},
+		{C: 2, H: 20, W: 41, Out: 3, K: k3, S: s1, P: p1, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+	}
+	for _, prec := range []codegen.Precision{codegen.TF32, codegen.BF16} {
+		var checks []kernelCheck
+		for _, c := range cases {
+			plain, masked := c.F32(), c.F32()
+			masked.Masked, masked.MaskOut = c.ReLU, true
+			for _, v := range []convCase{plain, masked} {
+				checks = append(checks, kernelCheck{name: v.String(), n: kernelcases.ConvGradInput(t, v)})
+			}
+		}
+		worst := runKernelChecksSMs(t, prec, 3, 1, checks, func(prog *codegen.Program) {
+			for _, k := range prog.Kernels {
+				require.Contains(t, k.Text, "__launch_bounds__(64,", "%s: %s takes 2 warps", prec, k.Name)
+			}
+		})
+		t.Logf("%s: worst relative error at batch 3: %.2e", prec, worst)
 	}
 }
 

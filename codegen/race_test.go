@@ -53,24 +53,32 @@ train { optimizer = sgd(lr=0.05, momentum=0.9) }
 		batch int64
 		cfg   plan.Config
 		prec  codegen.Precision
+		sms   int64 // the GPU's SMs the geometry is sized for (0: none named)
 	}{
-		{"simplecnn.cnn", simple, 2, plan.Config{}, codegen.FP32},
-		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.FP32},
+		{"simplecnn.cnn", simple, 2, plan.Config{}, codegen.FP32, 0},
+		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.FP32, 0},
 		// a micro-batched trunk: accumulating weight gradients, the loss's
 		// accumulating variant, zero fills, sliced operands
-		{"mnist.cnn", mnist, 5, plan.Config{MicroBatch: 2, Trunk: "conv2"}, codegen.FP32},
+		{"mnist.cnn", mnist, 5, plan.Config{MicroBatch: 2, Trunk: "conv2"}, codegen.FP32, 0},
 		// the tensor-core kernels (whose fragment layouts the race orders
 		// also permute)
-		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.TF32},
-		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.BF16},
+		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.TF32, 0},
+		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.BF16, 0},
 		// convs without a fused pool (tanh between): the tensor-core forward
 		// over output regions, its halo staged by cp.async
-		{"lenet5.cnn", lenet, 3, plan.Config{}, codegen.TF32},
-		{"actpool.cnn", actPool, 3, plan.Config{}, codegen.FP32},
-		{"actpool.cnn", actPool, 3, plan.Config{}, codegen.TF32},
+		{"lenet5.cnn", lenet, 3, plan.Config{}, codegen.TF32, 0},
+		{"actpool.cnn", actPool, 3, plan.Config{}, codegen.FP32, 0},
+		{"actpool.cnn", actPool, 3, plan.Config{}, codegen.TF32, 0},
+		// the geometry of a GPU named, one SM (so that batch 2 fills it):
+		// the 16-row input-gradient tiles as 2 warps of 4 fragments
+		{"simplecnn.cnn", simple, 2, plan.Config{}, codegen.TF32, 1},
 	} {
-		t.Run(fmt.Sprintf("%s_b%d_mb%d_%s", c.name, c.batch, c.cfg.MicroBatch, c.prec), func(t *testing.T) {
-			checkRaceFree(t, c.name, c.src, c.batch, c.cfg, c.prec)
+		name := fmt.Sprintf("%s_b%d_mb%d_%s", c.name, c.batch, c.cfg.MicroBatch, c.prec)
+		if c.sms > 0 {
+			name += fmt.Sprintf("_sm%d", c.sms)
+		}
+		t.Run(name, func(t *testing.T) {
+			checkRaceFree(t, c.name, c.src, c.batch, c.cfg, c.prec, c.sms)
 		})
 	}
 }
@@ -78,10 +86,10 @@ train { optimizer = sgd(lr=0.05, momentum=0.9) }
 // raceSchedules are the orders compared with the forward one.
 var raceSchedules = []emu.Schedule{{Order: emu.OrderReverse}, {Order: emu.OrderShuffle, Seed: 1}, {Order: emu.OrderShuffle, Seed: 77}}
 
-func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.Config, prec codegen.Precision) {
+func checkRaceFree(t *testing.T, name string, src []byte, batch int64, cfg plan.Config, prec codegen.Precision, sms int64) {
 	res, err := compiler.CompileSource(name, src, compiler.Options{Batch: batch})
 	require.NoError(t, err)
-	res.Train.Precision = string(prec)
+	res.Train.Precision, res.Train.SMs = string(prec), sms
 	comp, err := driver.Compile(res, cfg, driver.CUDA)
 	require.NoError(t, err)
 	spec := comp.Spec

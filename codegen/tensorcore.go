@@ -58,6 +58,44 @@ func tcLD(n, elem int64) int64 {
 	}
 }
 
+// tcRowLD is the row stride (elements of elem bytes, at least n) of a
+// row-major matrix_a tile whose wmma loads read ks elements a row (32
+// bytes: tf32 k8, bf16 k16) and which a warp stores wl consecutive
+// elements of a row at a time, 32/wl rows stride apart (the forward conv's
+// weight staging): a multiple of 16 bytes whose 4 rows of a load phase
+// fall on distinct banks (the stride 8 or 24 banks modulo 32) and, where
+// one exists within a few steps, whose stores hit distinct banks too.
+func tcRowLD(n, elem, wl int64) int64 {
+	step := 16 / elem
+	first := int64(0)
+	for ld := roundUp(n, step); ld < roundUp(n, step)+64*step; ld += step {
+		if sh := ld * elem / 4 % 32; sh != 8 && sh != 24 {
+			continue
+		}
+		if first == 0 {
+			first = ld
+		}
+		if storeBanksDistinct(ld, elem, wl) {
+			return ld
+		}
+	}
+	return first
+}
+
+// storeBanksDistinct says whether a warp whose lane l stores element
+// (l/wl)*ld + l%wl of elem bytes touches each bank in one word at most.
+func storeBanksDistinct(ld, elem, wl int64) bool {
+	word := map[int64]int64{} // bank -> word
+	for l := int64(0); l < 32; l++ {
+		w := ((l/wl)*ld + l%wl) * elem / 4
+		if prev, ok := word[w%32]; ok && prev != w {
+			return false
+		}
+		word[w%32] = w
+	}
+	return true
+}
+
 // roundUp is n rounded up to a multiple of m.
 func roundUp(n, m int64) int64 { return (n + m - 1) / m * m }
 

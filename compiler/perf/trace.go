@@ -7,10 +7,14 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 
@@ -157,10 +161,16 @@ func launchKey(l trainer.Launch) string {
 // traceStep traces each launch with the blocks sample gives (nil: every
 // block); a launch that reuse accepts and whose reuseKey memo holds takes
 // those counts without running (reuse nil: none), and the ones it traces
-// go into memo.
+// go into memo. With $CNNC_PERF_SITES set it neither reads nor writes the
+// cache nor reuses counts, and dumps the sites of the launches it names
+// (dumpSites).
 func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.BlockSample, reuse func(trainer.Launch) bool, memo *traceMemo,
 	cached bool) ([]Accesses, error) {
 	reusable := func(l trainer.Launch) bool { return reuse != nil && memo != nil && reuse(l) }
+	dump := os.Getenv("CNNC_PERF_SITES")
+	if dump != "" {
+		cached, memo = false, nil // trace every launch again
+	}
 	spec := comp.Spec
 	key := sha256.New()
 	fmt.Fprintf(key, "%s\x00%v\x00%g\x00%s\x00", traceVersion, traceSample, traceReuseFLOPs, comp.Train.Source)
@@ -179,7 +189,11 @@ func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.Bloc
 			return out, nil
 		}
 	}
-	mod, err := emu.Compile(comp.Train.Source, "trace.cu", emu.Options{Flags: emu.TraceFlags})
+	flags := emu.TraceFlags
+	if dump != "" {
+		flags = append(slices.Clone(flags), "-g") // addr2line names the sites' lines
+	}
+	mod, err := emu.Compile(comp.Train.Source, "trace.cu", emu.Options{Flags: flags})
 	if err != nil {
 		return nil, err
 	}
@@ -207,6 +221,9 @@ func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.Bloc
 			return nil, fmt.Errorf("perf: tracing launch %d (%s): %w", i, l.Kernel, err)
 		}
 		out[i] = sumSites(sites)
+		if dump != "" && strings.Contains(l.Kernel, dump) {
+			dumpSites(os.Stderr, mod.Path(), i, l.Kernel, sites)
+		}
 		if reusable(l) {
 			memo.put(reuseKey(comp, l), out[i])
 		}
@@ -215,6 +232,45 @@ func traceStep(comp *trainergen.Compiled, sample func(trainer.Launch) []emu.Bloc
 		cachefile.Write(cache, data)
 	}
 	return out, nil
+}
+
+// dumpSites writes a launch's access sites to w, the most shared-memory
+// wavefronts first, each with its source line (addr2line on the module's
+// library): the debug dump of CNNC_PERF_SITES=SUBSTRING, which traces the
+// launches whose kernel's name holds SUBSTRING again (no cache) and writes
+// theirs to stderr.
+func dumpSites(w io.Writer, lib string, i int, kernel string, sites []emu.AccessSite) {
+	sites = slices.Clone(sites)
+	sort.SliceStable(sites, func(a, b int) bool {
+		if sites[a].Space != sites[b].Space {
+			return sites[a].Space == emu.Shared
+		}
+		return sites[a].Transactions > sites[b].Transactions
+	})
+	args := []string{"-e", lib}
+	for _, s := range sites {
+		args = append(args, fmt.Sprintf("%#x", s.PC))
+	}
+	lines := make([]string, len(sites))
+	if out, err := exec.Command("addr2line", args...).Output(); err == nil {
+		copy(lines, strings.Split(strings.TrimSpace(string(out)), "\n"))
+	}
+	a := sumSites(sites)
+	fmt.Fprintf(w, "launch %d %s: shared %.0f accesses, %.0f wavefronts (ideal %.0f)\n", i, kernel, a.SharedAccesses, a.SharedWavefronts, a.SharedIdeal)
+	for j, s := range sites {
+		kind := "load"
+		if s.Store {
+			kind = "store"
+		}
+		if s.Matrix {
+			kind += " matrix"
+		}
+		if s.Async {
+			kind += " async"
+		}
+		fmt.Fprintf(w, "  %-6s %-13s w%-2d acc %10.0f lanes/acc %5.1f trans %10.0f (%.2f/acc)  %s\n", s.Space, kind, s.Width,
+			s.Accesses, s.Lanes/math.Max(s.Accesses, 1), s.Transactions, s.Transactions/math.Max(s.Accesses, 1), filepath.Base(lines[j]))
+	}
 }
 
 // sumSites adds a launch's sites up.

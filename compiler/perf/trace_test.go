@@ -196,3 +196,21 @@ func cloneLaunch(l trainer.Launch) trainer.Launch {
 	l.Args = append([]trainer.Arg(nil), l.Args...)
 	return l
 }
+
+// dumpSites (CNNC_PERF_SITES) lists shared sites before global ones, the
+// most wavefronts first, with the launch's totals.
+func TestDumpSitesOrder(t *testing.T) {
+	var b strings.Builder
+	dumpSites(&b, "/nonexistent.so", 3, "k", []emu.AccessSite{
+		{PC: 1, Space: emu.Global, Accesses: 10, Lanes: 320, Transactions: 90, Bytes: 1280},
+		{PC: 2, Space: emu.Shared, Accesses: 4, Lanes: 128, Transactions: 4, Bytes: 512},
+		{PC: 3, Space: emu.Shared, Store: true, Matrix: true, Accesses: 2, Lanes: 64, Transactions: 16, Bytes: 2048},
+	})
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	require.Len(t, lines, 4)
+	assert.Equal(t, "launch 3 k: shared 6 accesses, 20 wavefronts (ideal 20)", lines[0])
+	assert.Contains(t, lines[1], "shared store matrix")
+	assert.Contains(t, lines[1], "(8.00/acc)")
+	assert.Contains(t, lines[2], "shared load")
+	assert.Contains(t, lines[3], "global load")
+}
