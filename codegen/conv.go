@@ -1001,6 +1001,9 @@ func emitWeightGrad(e *emitter, n *ir.Node, p ir.BlockParts, d *convData, family
 		g.Idx = "long"
 	}
 	d.Name = fmt.Sprintf("conv_block_wgrad_%s%s_b%d_split%d%s", g.name(), gradName(g), g.B, d.Splits, precName(e.prec))
+	if d.WGHalo {
+		d.Name += "_halo"
+	}
 	d.Doc = "weight gradient of " + g.doc() + gradDoc(g)
 	xt := "float"
 	if g.U8 {

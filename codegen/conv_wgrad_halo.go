@@ -1,0 +1,166 @@
+package codegen
+
+import (
+	"github.com/cnnc/cnnc/compiler/ir"
+)
+
+// The staged-region weight gradient (conv_block_wgrad_halo_tc, issue 11):
+// the tensor-core weight gradient of conv_wgrad_tc.go gathers each chunk's
+// im2col columns from global memory, so every input element is read about
+// KH·KW times from the L2, and each column tile re-reads dy. Here a block
+// reads each input element about once:
+//
+//   - the reduction runs over regions of WHR x WHW conv outputs of one
+//     sample (WHW a multiple of the mma's k, 8 for TF32); split z of the
+//     grid takes regions [z·NR/Splits, (z+1)·NR/Splits) in order;
+//   - per region the block stages the input halo of its 16 channels (the
+//     grid's x dimension: channel tiles of 16, so N = 16 per fragment) once
+//     from global memory, written into KW copies, copy kx holding at
+//     (channel, halo row hr, j) the pixel (iy0 + hr, (ox0 + j)·SW + kx - PW)
+//     — the dgrad's "one copy per horizontal tap offset" trick: wmma wants a
+//     fixed leading dimension and 32-byte aligned fragment pointers, and in
+//     copy kx the positions (r, j0..j0+7) of tap (ky, kx) are the 8
+//     consecutive floats at halo row r·SH + ky, so each tap's GEMM
+//     dw(o, c, ky, kx) += sum over positions dy(o, q)·x(c, q + tap) reads
+//     its B fragments straight from the copies;
+//   - it stages dy for the region once (routed through the pool's argmax
+//     or the ReLU mask by conv_wgrad_dy, as the gathering kernel does), at
+//     BM (16 or 32) channels of the grid's y dimension;
+//   - warp w owns taps w·WHTPW.. (all BM rows: the A fragments, dy, are
+//     loaded once per k step and feed every tap of the warp), so the block
+//     computes the whole BM x 16·KH·KW tile; its partial goes to split z's
+//     scratch as the gathering kernel's does, and conv_block_wgrad_reduce
+//     sums the splits in a fixed order with the update fused;
+//   - the bias gradient (channel tile 0) sums the staged dy rows in fp32,
+//     each lane over fixed positions, then the lanes by a fixed xor tree:
+//     deterministic.
+//
+// Leading dimensions are 8 modulo 32 floats (32 bytes modulo 128), so that
+// a fragment's 16 lines of 32 bytes spread over the banks (four per
+// wavefront), as in conv_wgrad_tc.go.
+//
+// When: TF32 (BF16 would stage rounded dy, and the bias sums want fp32),
+// f32 inputs (u8 and augmented images keep the gathering kernel: their
+// HWC layout or per-sample boxes do not stage as planes), kernels of more
+// than one tap (a 1x1 conv reads each input once anyway), at most 16
+// warps, and staging within maxStaticShared. Where it applies it replaces
+// the gathering kernel: it reads x about (WHR + KH - 1)/WHR ·
+// (WHHC/(WHW·SW)) times instead of KH·KW, and dy once instead of once per
+// column tile, for the same tensor-core work and as many fragment loads
+// per mma (see BENCHMARKS.md, h/wgradhalo, for the model's figures).
+
+// wgradHaloTPW is the most taps a warp multiplies per 16 rows of the tile
+// (accumulators: 8 floats per fragment, at most 48 per thread).
+const wgradHaloTPW = 6
+
+// wgradHaloLDC is the row stride (floats) of the accumulator tiles in
+// shared memory at the end: 16 columns, 8 modulo 32 apart.
+const wgradHaloLDC = 24
+
+// wgradHalo is the staged-region layout (wgradTC embeds it).
+type wgradHalo struct {
+	WGHalo                  bool  // the staged-region kernel
+	WHR, WHW                int64 // conv-output rows and columns of a region (WHW a multiple of 8)
+	WHTilesW, WHRegions     int64 // regions across a conv output row; per sample
+	WHNR                    int64 // regions in the batch
+	WHHR, WHHC              int64 // the halo's input rows and columns
+	WHLDX, WHCopy           int64 // a staged channel's stride (WHHR·WHW padded); a copy's (16·WHLDX)
+	WHNP, WHLDD, WHDsOff    int64 // positions per region; dy's row stride; where dy lies (floats from the base)
+	WHTaps, WHTPW, WHWarps  int64 // KH·KW; taps per warp; warps
+	WHLDC, WHBR, WHCsFloats int64 // the accumulators' row stride; bias rows per warp; the accumulator tiles' floats
+}
+
+// ld8 pads a leading dimension (floats, a multiple of 8) to 8 modulo 32.
+func ld8(n int64) int64 { return n + (8-n%32+32)%32 }
+
+// wgradHaloLayout lays out the staged-region kernel for a layer, or
+// returns nil where it does not apply (see above). Regions are WHW =
+// roundUp(WO / divUp(WO, 32), 8) columns wide (the fewest tiles of at
+// most 32, as even as the mma's k allows) and WHR rows high: the most of
+// 4, 2, 1 (at most HO) whose staging fits maxStaticShared.
+func wgradHaloLayout(g *convGeom, prec Precision) *wgradHaloGeom {
+	taps := g.KH * g.KW
+	if prec != TF32 || g.U8 || g.Aug != nil || taps < 2 {
+		return nil
+	}
+	bm := min(roundUp(g.O, 16), 32)
+	fm := bm / 16
+	groups := divUp(taps, wgradHaloTPW/fm)
+	tpw := divUp(taps, groups)
+	warps := divUp(taps, tpw)
+	if warps > 16 {
+		return nil
+	}
+	rw := roundUp(divUp(g.WO, divUp(g.WO, 32)), 8)
+	for _, r := range []int64{4, 2, 1} {
+		if r > 1 && r > g.HO {
+			continue
+		}
+		h := wgradHalo{WGHalo: true, WHR: r, WHW: rw, WHTaps: taps, WHTPW: tpw, WHWarps: warps, WHLDC: wgradHaloLDC}
+		h.WHTilesW = divUp(g.WO, rw)
+		h.WHRegions = divUp(g.HO, r) * h.WHTilesW
+		h.WHNR = g.B * h.WHRegions
+		h.WHHR = (r-1)*g.SH + g.KH
+		h.WHHC = (rw-1)*g.SW + g.KW
+		h.WHLDX = ld8(h.WHHR * rw)
+		h.WHCopy = 16 * h.WHLDX
+		h.WHNP = r * rw
+		h.WHLDD = ld8(h.WHNP)
+		h.WHDsOff = g.KW * h.WHCopy
+		h.WHBR = divUp(bm, warps)
+		h.WHCsFloats = taps * bm * wgradHaloLDC
+		shared := 4*max(h.WHDsOff+bm*h.WHLDD, h.WHCsFloats) + tcAlignSlack
+		if shared > maxStaticShared {
+			continue
+		}
+		tc, err := newTCConv(prec, bm, 16, 1)
+		if err != nil {
+			return nil
+		}
+		return &wgradHaloGeom{wgradHalo: h, tc: tc, shared: shared,
+			tile: gemmTile{BM: bm, BN: 16 * taps, T: 32 * warps}}
+	}
+	return nil
+}
+
+// wgradHaloGeom is a staged-region layout with its tile (BN = 16·KH·KW:
+// the grid's x dimension, divUp(K, BN), is the channel tiles) and shared
+// bytes.
+type wgradHaloGeom struct {
+	wgradHalo
+	tile   gemmTile
+	tc     *tcConv
+	shared int64
+}
+
+// wgradHaloSplits splits the regions so that the grid fills a GPU of sms
+// SMs (fillBlocks over the channel and row tiles), each split at least 4
+// regions (fewer partials to reduce: a region is already 32 to 128
+// positions); with no GPU named, wgradLegacyBlocks blocks at most.
+func wgradHaloSplits(g *convGeom, l *wgradHaloGeom, batch, sms int64) int64 {
+	nr := batch * l.WHRegions
+	tiles := divUp(g.C, 16) * divUp(g.O, l.tile.BM)
+	blocks := fillBlocks(sms, l.tile.T)
+	if sms <= 0 {
+		blocks = wgradLegacyBlocks
+	}
+	return min(divUp(blocks, tiles), max(1, nr/4), 65535)
+}
+
+// wgradHaloPartials is the staged-region kernel's scratch (wgradPartials).
+func wgradHaloPartials(g *convGeom, l *wgradHaloGeom, sms int64) ir.Type {
+	we := g.O * g.K
+	if g.Bias {
+		we += g.O
+	}
+	return ir.F32Fixed(maxOver(g.B, func(b int64) int64 { return wgradHaloSplits(g, l, b, sms) }), we)
+}
+
+// convBlockGradWeightHaloRule emits the staged-region kernel laid out in l.
+func convBlockGradWeightHaloRule(e *emitter, n *ir.Node, p ir.BlockParts, g *convGeom, l *wgradHaloGeom) error {
+	d := &convData{convGeom: g, gemmTile: l.tile, TC: l.tc, wgradTC: wgradTC{wgradHalo: l.wgradHalo, DYLoadAll: true}}
+	d.DPT, d.G = 1, 1 // conv_wgrad_dy: one channel (m0 + grp) per call
+	d.MinBlocks = max(1, fillWarpsPerSM/l.WHWarps)
+	d.Splits = wgradHaloSplits(g, l, g.B, e.sms)
+	return emitWeightGrad(e, n, p, d, "conv_block_wgrad_halo_tc", l.shared, wgradHaloPartials(g, l, e.sms))
+}
