@@ -66,8 +66,10 @@ type wgradHalo struct {
 	WHHR, WHHC              int64 // the halo's input rows and columns
 	WHLDX, WHCopy           int64 // a staged channel's stride (WHHR·WHW padded); a copy's (16·WHLDX)
 	WHNP, WHLDD, WHDsOff    int64 // positions per region; dy's row stride; where dy lies (floats from the base)
-	WHTaps, WHTPW, WHWarps  int64 // KH·KW; taps per warp; warps
-	WHLDC, WHBR, WHCsFloats int64 // the accumulators' row stride; bias rows per warp; the accumulator tiles' floats
+	WHTaps, WHTPW, WHWarps  int64 // KH·KW; taps per warp; warps per group (one per tap group)
+	WHGroups, WHAllWarps    int64 // groups of warps, each its share of a region's k steps; warps in all
+	WHLDC, WHTS             int64 // the accumulators' row stride; a tap's tile stride (BM·WHLDC + 8: taps on other banks)
+	WHBR, WHCsFloats        int64 // bias rows per warp; the accumulator tiles' floats
 }
 
 // ld8 pads a leading dimension (floats, a multiple of 8) to 8 modulo 32.
@@ -85,18 +87,20 @@ func wgradHaloLayout(g *convGeom, prec Precision) *wgradHaloGeom {
 	}
 	bm := min(roundUp(g.O, 16), 32)
 	fm := bm / 16
-	groups := divUp(taps, wgradHaloTPW/fm)
-	tpw := divUp(taps, groups)
+	tapGroups := divUp(taps, wgradHaloTPW/fm)
+	tpw := divUp(taps, tapGroups)
 	warps := divUp(taps, tpw)
 	if warps > 16 {
 		return nil
 	}
+	groups := max(1, 8/warps) // warps of a block: as many as 8, register-limited residency in whole blocks
 	rw := roundUp(divUp(g.WO, divUp(g.WO, 32)), 8)
 	for _, r := range []int64{4, 2, 1} {
 		if r > 1 && r > g.HO {
 			continue
 		}
-		h := wgradHalo{WGHalo: true, WHR: r, WHW: rw, WHTaps: taps, WHTPW: tpw, WHWarps: warps, WHLDC: wgradHaloLDC}
+		h := wgradHalo{WGHalo: true, WHR: r, WHW: rw, WHTaps: taps, WHTPW: tpw, WHWarps: warps, WHLDC: wgradHaloLDC,
+			WHGroups: groups, WHAllWarps: groups * warps}
 		h.WHTilesW = divUp(g.WO, rw)
 		h.WHRegions = divUp(g.HO, r) * h.WHTilesW
 		h.WHNR = g.B * h.WHRegions
@@ -107,8 +111,9 @@ func wgradHaloLayout(g *convGeom, prec Precision) *wgradHaloGeom {
 		h.WHNP = r * rw
 		h.WHLDD = ld8(h.WHNP)
 		h.WHDsOff = g.KW * h.WHCopy
-		h.WHBR = divUp(bm, warps)
-		h.WHCsFloats = taps * bm * wgradHaloLDC
+		h.WHBR = divUp(bm, h.WHAllWarps)
+		h.WHTS = bm*wgradHaloLDC + 8
+		h.WHCsFloats = taps * h.WHTS
 		shared := 4*max(h.WHDsOff+bm*h.WHLDD, h.WHCsFloats) + tcAlignSlack
 		if shared > maxStaticShared {
 			continue
@@ -118,7 +123,7 @@ func wgradHaloLayout(g *convGeom, prec Precision) *wgradHaloGeom {
 			return nil
 		}
 		return &wgradHaloGeom{wgradHalo: h, tc: tc, shared: shared,
-			tile: gemmTile{BM: bm, BN: 16 * taps, T: 32 * warps}}
+			tile: gemmTile{BM: bm, BN: 16 * taps, T: 32 * h.WHAllWarps}}
 	}
 	return nil
 }
@@ -160,7 +165,7 @@ func wgradHaloPartials(g *convGeom, l *wgradHaloGeom, sms int64) ir.Type {
 func convBlockGradWeightHaloRule(e *emitter, n *ir.Node, p ir.BlockParts, g *convGeom, l *wgradHaloGeom) error {
 	d := &convData{convGeom: g, gemmTile: l.tile, TC: l.tc, wgradTC: wgradTC{wgradHalo: l.wgradHalo, DYLoadAll: true}}
 	d.DPT, d.G = 1, 1 // conv_wgrad_dy: one channel (m0 + grp) per call
-	d.MinBlocks = max(1, fillWarpsPerSM/l.WHWarps)
+	d.MinBlocks = divUp(fillWarpsPerSM, l.WHAllWarps) // 16 warps resident: the registers' cap
 	d.Splits = wgradHaloSplits(g, l, g.B, e.sms)
 	return emitWeightGrad(e, n, p, d, "conv_block_wgrad_halo_tc", l.shared, wgradHaloPartials(g, l, e.sms))
 }
