@@ -59,17 +59,17 @@ const wgradHaloLDC = 24
 
 // wgradHalo is the staged-region layout (wgradTC embeds it).
 type wgradHalo struct {
-	WGHalo                  bool  // the staged-region kernel
-	WHR, WHW                int64 // conv-output rows and columns of a region (WHW a multiple of 8)
-	WHTilesW, WHRegions     int64 // regions across a conv output row; per sample
-	WHNR                    int64 // regions in the batch
-	WHHR, WHHC              int64 // the halo's input rows and columns
-	WHLDX, WHCopy           int64 // a staged channel's stride (WHHR·WHW padded); a copy's (16·WHLDX)
-	WHNP, WHLDD, WHDsOff    int64 // positions per region; dy's row stride; where dy lies (floats from the base)
-	WHTaps, WHTPW, WHWarps  int64 // KH·KW; taps per warp; warps per group (one per tap group)
-	WHGroups, WHAllWarps    int64 // groups of warps, each its share of a region's k steps; warps in all
-	WHLDC, WHTS             int64 // the accumulators' row stride; a tap's tile stride (BM·WHLDC + 8: taps on other banks)
-	WHBR, WHCsFloats        int64 // bias rows per warp; the accumulator tiles' floats
+	WGHalo                 bool  // the staged-region kernel
+	WHR, WHW               int64 // conv-output rows and columns of a region (WHW a multiple of 8)
+	WHTilesW, WHRegions    int64 // regions across a conv output row; per sample
+	WHNR                   int64 // regions in the batch
+	WHHR, WHHC             int64 // the halo's input rows and columns
+	WHLDX, WHCopy          int64 // a staged channel's stride (WHHR·WHW padded); a copy's (16·WHLDX)
+	WHNP, WHLDD, WHDsOff   int64 // positions per region; dy's row stride; where dy lies (floats from the base)
+	WHTaps, WHTPW, WHWarps int64 // KH·KW; taps per warp; warps per group (one per tap group)
+	WHGroups, WHAllWarps   int64 // groups of warps, each its share of a region's k steps; warps in all
+	WHLDC, WHTS            int64 // the accumulators' row stride; a tap's tile stride (BM·WHLDC + 8: taps on other banks)
+	WHBR, WHCsFloats       int64 // bias rows per warp; the accumulator tiles' floats
 }
 
 // ld8 pads a leading dimension (floats, a multiple of 8) to 8 modulo 32.
@@ -164,7 +164,7 @@ func wgradHaloPartials(g *convGeom, l *wgradHaloGeom, sms int64) ir.Type {
 // convBlockGradWeightHaloRule emits the staged-region kernel laid out in l.
 func convBlockGradWeightHaloRule(e *emitter, n *ir.Node, p ir.BlockParts, g *convGeom, l *wgradHaloGeom) error {
 	d := &convData{convGeom: g, gemmTile: l.tile, TC: l.tc, wgradTC: wgradTC{wgradHalo: l.wgradHalo, DYLoadAll: true}}
-	d.DPT, d.G = 1, 1 // conv_wgrad_dy: one channel (m0 + grp) per call
+	d.DPT, d.G = 1, 1                                 // conv_wgrad_dy: one channel (m0 + grp) per call
 	d.MinBlocks = divUp(fillWarpsPerSM, l.WHAllWarps) // 16 warps resident: the registers' cap
 	d.Splits = wgradHaloSplits(g, l, g.B, e.sms)
 	return emitWeightGrad(e, n, p, d, "conv_block_wgrad_halo_tc", l.shared, wgradHaloPartials(g, l, e.sms))
