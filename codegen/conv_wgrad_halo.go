@@ -54,8 +54,8 @@ import (
 const wgradHaloTPW = 6
 
 // wgradHaloLDC is the row stride (floats) of the accumulator tiles in
-// shared memory at the end: 16 columns, 8 modulo 32 apart.
-const wgradHaloLDC = 24
+// shared memory at the end: 16 columns, two rows a wavefront.
+const wgradHaloLDC = 16
 
 // wgradHalo is the staged-region layout (wgradTC embeds it).
 type wgradHalo struct {
@@ -64,11 +64,13 @@ type wgradHalo struct {
 	WHTilesW, WHRegions    int64 // regions across a conv output row; per sample
 	WHNR                   int64 // regions in the batch
 	WHHR, WHHC             int64 // the halo's input rows and columns
-	WHLDX, WHCopy          int64 // a staged channel's stride (WHHR·WHW padded); a copy's (16·WHLDX)
+	WHCT, WHNF             int64 // channels per block (at most 16); fragments of 16 planes (kx, channel) per kernel row
+	WHLDX                  int64 // a staged plane's stride (WHHR·WHW padded)
 	WHNP, WHLDD, WHDsOff   int64 // positions per region; dy's row stride; where dy lies (floats from the base)
-	WHTaps, WHTPW, WHWarps int64 // KH·KW; taps per warp; warps per group (one per tap group)
+	WHTaps, WHUnits        int64 // KH·KW; the tile's units (kernel row ky, plane fragment nf): KH·WHNF
+	WHTPW, WHWarps         int64 // units per warp; warps per group (one per unit group)
 	WHGroups, WHAllWarps   int64 // groups of warps, each its share of a region's k steps; warps in all
-	WHLDC, WHTS            int64 // the accumulators' row stride; a tap's tile stride (BM·WHLDC + 8: taps on other banks)
+	WHLDC, WHTS            int64 // the accumulators' row stride; a unit's tile stride (BM·WHLDC + 8: units on other banks)
 	WHBR, WHCsFloats       int64 // bias rows per warp; the accumulator tiles' floats
 }
 
@@ -82,38 +84,40 @@ func ld8(n int64) int64 { return n + (8-n%32+32)%32 }
 // 4, 2, 1 (at most HO) whose staging fits maxStaticShared.
 func wgradHaloLayout(g *convGeom, prec Precision) *wgradHaloGeom {
 	taps := g.KH * g.KW
-	if prec != TF32 || g.U8 || g.Aug != nil || taps < 2 {
+	if prec != TF32 || g.Aug != nil || taps < 2 {
 		return nil
 	}
 	bm := min(roundUp(g.O, 16), 32)
 	fm := bm / 16
-	tapGroups := divUp(taps, wgradHaloTPW/fm)
-	tpw := divUp(taps, tapGroups)
-	warps := divUp(taps, tpw)
+	ct := min(g.C, 16)
+	nf := divUp(g.KW*ct, 16)
+	units := g.KH * nf
+	unitGroups := divUp(units, wgradHaloTPW/fm)
+	tpw := divUp(units, unitGroups)
+	warps := divUp(units, tpw)
 	if warps > 16 {
 		return nil
 	}
 	groups := max(1, 8/warps) // warps of a block: as many as 8, register-limited residency in whole blocks
 	rw := roundUp(divUp(g.WO, divUp(g.WO, 32)), 8)
-	for _, r := range []int64{4, 2, 1} {
+	for _, r := range []int64{8, 4, 2, 1} {
 		if r > 1 && r > g.HO {
 			continue
 		}
-		h := wgradHalo{WGHalo: true, WHR: r, WHW: rw, WHTaps: taps, WHTPW: tpw, WHWarps: warps, WHLDC: wgradHaloLDC,
-			WHGroups: groups, WHAllWarps: groups * warps}
+		h := wgradHalo{WGHalo: true, WHR: r, WHW: rw, WHCT: ct, WHNF: nf, WHTaps: taps, WHUnits: units, WHTPW: tpw, WHWarps: warps,
+			WHLDC: wgradHaloLDC, WHGroups: groups, WHAllWarps: groups * warps}
 		h.WHTilesW = divUp(g.WO, rw)
 		h.WHRegions = divUp(g.HO, r) * h.WHTilesW
 		h.WHNR = g.B * h.WHRegions
 		h.WHHR = (r-1)*g.SH + g.KH
 		h.WHHC = (rw-1)*g.SW + g.KW
 		h.WHLDX = ld8(h.WHHR * rw)
-		h.WHCopy = 16 * h.WHLDX
 		h.WHNP = r * rw
 		h.WHLDD = ld8(h.WHNP)
-		h.WHDsOff = g.KW * h.WHCopy
+		h.WHDsOff = 16 * nf * h.WHLDX
 		h.WHBR = divUp(bm, h.WHAllWarps)
 		h.WHTS = bm*wgradHaloLDC + 8
-		h.WHCsFloats = taps * h.WHTS
+		h.WHCsFloats = units * h.WHTS
 		shared := 4*max(h.WHDsOff+bm*h.WHLDD, h.WHCsFloats) + tcAlignSlack
 		if shared > maxStaticShared {
 			continue
@@ -123,7 +127,7 @@ func wgradHaloLayout(g *convGeom, prec Precision) *wgradHaloGeom {
 			return nil
 		}
 		return &wgradHaloGeom{wgradHalo: h, tc: tc, shared: shared,
-			tile: gemmTile{BM: bm, BN: 16 * taps, T: 32 * h.WHAllWarps}}
+			tile: gemmTile{BM: bm, BN: ct * taps, T: 32 * h.WHAllWarps}}
 	}
 	return nil
 }
@@ -144,7 +148,7 @@ type wgradHaloGeom struct {
 // positions); with no GPU named, wgradLegacyBlocks blocks at most.
 func wgradHaloSplits(g *convGeom, l *wgradHaloGeom, batch, sms int64) int64 {
 	nr := batch * l.WHRegions
-	tiles := divUp(g.C, 16) * divUp(g.O, l.tile.BM)
+	tiles := divUp(g.C, l.WHCT) * divUp(g.O, l.tile.BM)
 	blocks := fillBlocks(sms, l.tile.T)
 	if sms <= 0 {
 		blocks = wgradLegacyBlocks
