@@ -59,19 +59,19 @@ const wgradHaloLDC = 16
 
 // wgradHalo is the staged-region layout (wgradTC embeds it).
 type wgradHalo struct {
-	WGHalo                 bool  // the staged-region kernel
-	WHR, WHW               int64 // conv-output rows and columns of a region (WHW a multiple of 8)
-	WHTilesW, WHRegions    int64 // regions across a conv output row; per sample
-	WHNR                   int64 // regions in the batch
-	WHHR, WHHC             int64 // the halo's input rows and columns
-	WHCT, WHNF             int64 // channels per block (at most 16); fragments of 16 planes (kx, channel) per kernel row
-	WHLDX                  int64 // a staged plane's stride (WHHR·WHW padded)
-	WHNP, WHLDD, WHDsOff   int64 // positions per region; dy's row stride; where dy lies (floats from the base)
-	WHTaps, WHUnits        int64 // KH·KW; the tile's units (kernel row ky, plane fragment nf): KH·WHNF
-	WHTPW, WHWarps         int64 // units per warp; warps per group (one per unit group)
-	WHGroups, WHAllWarps   int64 // groups of warps, each its share of a region's k steps; warps in all
-	WHLDC, WHTS            int64 // the accumulators' row stride; a unit's tile stride (BM·WHLDC + 8: units on other banks)
-	WHBR, WHCsFloats       int64 // bias rows per warp; the accumulator tiles' floats
+	WGHalo               bool  // the staged-region kernel
+	WHR, WHW             int64 // conv-output rows and columns of a region (WHW a multiple of 8)
+	WHTilesW, WHRegions  int64 // regions across a conv output row; per sample
+	WHNR                 int64 // regions in the batch
+	WHHR, WHHC           int64 // the halo's input rows and columns
+	WHCT, WHNF           int64 // channels per block (at most 16); fragments of 16 planes (kx, channel) per kernel row
+	WHLDX                int64 // a staged plane's stride (WHHR·WHW padded)
+	WHNP, WHLDD, WHDsOff int64 // positions per region; dy's row stride; where dy lies (floats from the base)
+	WHTaps, WHUnits      int64 // KH·KW; the tile's units (kernel row ky, plane fragment nf): KH·WHNF
+	WHTPW, WHWarps       int64 // units per warp; warps per group (one per unit group)
+	WHGroups, WHAllWarps int64 // groups of warps, each its share of a region's k steps; warps in all
+	WHLDC, WHTS          int64 // the accumulators' row stride; a unit's tile stride (BM·WHLDC + 8: units on other banks)
+	WHBR, WHCsFloats     int64 // bias rows per warp; the accumulator tiles' floats
 }
 
 // ld8 pads a leading dimension (floats, a multiple of 8) to 8 modulo 32.
