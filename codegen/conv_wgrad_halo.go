@@ -13,41 +13,58 @@ import (
 //   - the reduction runs over regions of WHR x WHW conv outputs of one
 //     sample (WHW a multiple of the mma's k, 8 for TF32); split z of the
 //     grid takes regions [z·NR/Splits, (z+1)·NR/Splits) in order;
-//   - per region the block stages the input halo of its 16 channels (the
-//     grid's x dimension: channel tiles of 16, so N = 16 per fragment) once
-//     from global memory, written into KW copies, copy kx holding at
-//     (channel, halo row hr, j) the pixel (iy0 + hr, (ox0 + j)·SW + kx - PW)
-//     — the dgrad's "one copy per horizontal tap offset" trick: wmma wants a
+//   - per region the block stages the input halo of its WHCT channels (at
+//     most 16; the grid's x dimension is the channel tiles) once from
+//     global memory into planes: plane kx·WHCT + cc holds at (halo row hr,
+//     column j) the pixel (iy0 + hr, (ox0 + j)·SW + kx - PW) of channel cc —
+//     the dgrad's "one copy per horizontal tap offset" trick: wmma wants a
 //     fixed leading dimension and 32-byte aligned fragment pointers, and in
-//     copy kx the positions (r, j0..j0+7) of tap (ky, kx) are the 8
-//     consecutive floats at halo row r·SH + ky, so each tap's GEMM
-//     dw(o, c, ky, kx) += sum over positions dy(o, q)·x(c, q + tap) reads
-//     its B fragments straight from the copies;
+//     plane (kx, cc) the positions (r, j0..j0+7) of tap (ky, kx) are the 8
+//     consecutive floats at halo row r·SH + ky. So the N = 16 columns of a
+//     B fragment are 16 consecutive planes (WHLDX apart) and a unit of the
+//     tile, (kernel row ky, planes 16nf..16nf+15), is read straight from
+//     the staging: dw(o, c, ky, kx) += sum over positions dy(o, q)·x(c,
+//     q + tap). Few channels share a fragment (SimpleCNN's conv1: 3
+//     channels x 3 columns = 9 planes, one unit per kernel row; conv2: 16
+//     channels, 48 planes, 3 units per row); u8 images (HWC) are loaded
+//     channel-fastest and multiplied as integers, scaled by 1/255 at the end;
 //   - it stages dy for the region once (routed through the pool's argmax
 //     or the ReLU mask by conv_wgrad_dy, as the gathering kernel does), at
 //     BM (16 or 32) channels of the grid's y dimension;
-//   - warp w owns taps w·WHTPW.. (all BM rows: the A fragments, dy, are
-//     loaded once per k step and feed every tap of the warp), so the block
-//     computes the whole BM x 16·KH·KW tile; its partial goes to split z's
-//     scratch as the gathering kernel's does, and conv_block_wgrad_reduce
-//     sums the splits in a fixed order with the update fused;
+//   - warp w of a group owns units w·WHTPW.. of all BM rows (the A
+//     fragments, dy, are loaded once per k step and feed every unit of the
+//     warp: 2 A and 3 B loads per 6 mma_syncs for conv2, the gathering
+//     kernel's ratio); WHGroups groups of warps (up to 8 warps a block) take
+//     a region's k steps in turn and add their tiles in group order, so the
+//     block's partial (BM x WHCT·KH·KW) goes to split z's scratch as the
+//     gathering kernel's does, and conv_block_wgrad_reduce sums the splits
+//     in a fixed order with the update fused;
 //   - the bias gradient (channel tile 0) sums the staged dy rows in fp32,
 //     each lane over fixed positions, then the lanes by a fixed xor tree:
 //     deterministic.
 //
 // Leading dimensions are 8 modulo 32 floats (32 bytes modulo 128), so that
 // a fragment's 16 lines of 32 bytes spread over the banks (four per
-// wavefront), as in conv_wgrad_tc.go.
+// wavefront), as in conv_wgrad_tc.go; the accumulator tiles at the end lie
+// a unit apart at 8 modulo 32, so that the readout (consecutive threads,
+// consecutive weights: coalesced partial stores) meets at most 3-way
+// conflicts. __launch_bounds__ asks for 16 resident warps (the fill rule);
+// the staging loops are not unrolled, which keeps the registers under that
+// cap without spills (TestPtxasConvWeightGradHalo).
 //
 // When: TF32 (BF16 would stage rounded dy, and the bias sums want fp32),
-// f32 inputs (u8 and augmented images keep the gathering kernel: their
-// HWC layout or per-sample boxes do not stage as planes), kernels of more
-// than one tap (a 1x1 conv reads each input once anyway), at most 16
-// warps, and staging within maxStaticShared. Where it applies it replaces
-// the gathering kernel: it reads x about (WHR + KH - 1)/WHR ·
-// (WHHC/(WHW·SW)) times instead of KH·KW, and dy once instead of once per
-// column tile, for the same tensor-core work and as many fragment loads
-// per mma (see BENCHMARKS.md, h/wgradhalo, for the model's figures).
+// no augmentation (its per-sample boxes stay with the gathering kernel),
+// kernels of more than one tap (a 1x1 conv reads each input once anyway),
+// at most 16 warps, and staging within maxStaticShared. Where it applies
+// it replaces the gathering kernel: the model predicts it faster on
+// SimpleCNN's both layers at batches 32 and 256 (BENCHMARKS.md,
+// h/wgradhalo: conv2 21.0 -> 10.5 and 155.2 -> 64.7 µs, conv1 14.1 -> 9.7
+// and 100.8 -> 66.1 µs), since it reads x about (WHR + KH - 1)/WHR ·
+// WHHC/(WHW·SW) times instead of KH·KW and dy once instead of once per
+// column tile, for the same tensor-core work and fragment loads per mma.
+// Its splits are more (a region is already 32 to 256 positions) and so
+// are the partials the reduce reads (conv2 at batch 32: 7.3 MB instead of
+// 3.3 MB, the reduce 4.3 instead of 2.8 µs).
 
 // wgradHaloTPW is the most taps a warp multiplies per 16 rows of the tile
 // (accumulators: 8 floats per fragment, at most 48 per thread).
@@ -170,6 +187,11 @@ func convBlockGradWeightHaloRule(e *emitter, n *ir.Node, p ir.BlockParts, g *con
 	d := &convData{convGeom: g, gemmTile: l.tile, TC: l.tc, wgradTC: wgradTC{wgradHalo: l.wgradHalo, DYLoadAll: true}}
 	d.DPT, d.G = 1, 1                                 // conv_wgrad_dy: one channel (m0 + grp) per call
 	d.MinBlocks = divUp(fillWarpsPerSM, l.WHAllWarps) // 16 warps resident: the registers' cap
+	if g.Act != "" && d.MinBlocks > 1 {
+		// a folded activation's f' in the dy staging (hardswish under a
+		// pool) spills a few words at that cap: one block fewer
+		d.MinBlocks--
+	}
 	d.Splits = wgradHaloSplits(g, l, g.B, e.sms)
 	return emitWeightGrad(e, n, p, d, "conv_block_wgrad_halo_tc", l.shared, wgradHaloPartials(g, l, e.sms))
 }
