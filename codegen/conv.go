@@ -954,6 +954,7 @@ func convBlockGradWeightScratch(n *ir.Node, b int64, sz sizing) (int64, error) {
 		return 0, err
 	}
 	if sz.prec.tensor() {
+		g.Aug = newAugData(n.Attrs.Aug, false) // augmented inputs keep the gathering kernel (wgradHaloLayout)
 		return ScratchAligned(wgradTCPartials(g, sz.prec, sz.sms).Bytes(b)), nil
 	}
 	return ScratchAligned(wgradPartials(g, wgradTile(g.O, sz.prec), sz.sms).Bytes(b)), nil
