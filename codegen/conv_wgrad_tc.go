@@ -9,6 +9,10 @@ import (
 // The tensor-core weight gradient (conv_block_wgrad_tc): dw(o, r) = sum over
 // positions q = (b, oy, ox) of dy(o, q)·x(r, q), an M = O by N = K = C·KH·KW
 // GEMM whose reduction runs over batch x space.
+// At TF32 without augmentation, for kernels of more than one tap, the
+// staged-region kernel (conv_wgrad_halo.go) replaces this one: it reads
+// each input element about once from the L2 instead of KH·KW times. This
+// one stays for BF16, augmented images and 1x1 kernels.
 //
 // Each warp works alone on chunks of 16 positions: its 32 lanes load the
 // chunk's dy rows and im2col columns (lane = position, so the loads are
