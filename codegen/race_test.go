@@ -73,6 +73,17 @@ train { optimizer = sgd(lr=0.05, momentum=0.9) }
 			checkRaceFree(t, c.name, c.src, c.batch, c.cfg, c.prec)
 		})
 	}
+	// the staged-region weight gradients (chosen on maps this small only
+	// when forced): f32 and u8 inputs, pooled, the warp groups' tiles
+	// added in shared memory
+	t.Run("mnist.cnn_b3_tf32_wgrad_halo", func(t *testing.T) {
+		defer codegen.SetForceWgradHalo(true)()
+		checkRaceFree(t, "mnist.cnn", mnist, 3, plan.Config{}, codegen.TF32)
+	})
+	t.Run("actpool.cnn_b3_tf32_wgrad_halo", func(t *testing.T) {
+		defer codegen.SetForceWgradHalo(true)()
+		checkRaceFree(t, "actpool.cnn", actPool, 3, plan.Config{}, codegen.TF32)
+	})
 }
 
 // raceSchedules are the orders compared with the forward one.
