@@ -11,14 +11,6 @@ func SetForceLongIndex(on bool) (restore func()) {
 	return func() { forceLongIndex = old }
 }
 
-// SetForceWgradHalo chooses the staged-region weight gradient on maps of
-// any size (the tests' small maps) until restore.
-func SetForceWgradHalo(on bool) (restore func()) {
-	old := forceWgradHalo
-	forceWgradHalo = on
-	return func() { forceWgradHalo = old }
-}
-
 // ScratchBytesAt is the planner's scratch function at a precision and an
 // SM count.
 func ScratchBytesAt(n *ir.Node, samples int64, prec Precision, sms int64) int64 {

@@ -55,10 +55,11 @@ import (
 // When: TF32 (BF16 would stage rounded dy, and the bias sums want fp32),
 // no augmentation (its per-sample boxes stay with the gathering kernel),
 // kernels of more than one tap (a 1x1 conv reads each input once anyway),
-// maps of at least wgradHaloMinPositions conv outputs per sample (the
-// per-layer choice: below, the gathering kernel is predicted faster), at
-// most 16 warps, and staging within maxStaticShared. Where it applies
-// it replaces the gathering kernel: the model predicts it faster on
+// at most 16 warps, and staging within maxStaticShared. Where it applies
+// it replaces the gathering kernel, with no per-layer choice: the model
+// predicts it faster on every weight gradient of the tf32 examples it
+// applies to (mnist, vgg_small, SimpleCNN; lenet5's tanh layers and the
+// rest unchanged), e.g. on
 // SimpleCNN's both layers at batches 32 and 256 (BENCHMARKS.md,
 // h/wgradhalo: conv2 21.0 -> 10.5 and 155.2 -> 64.7 µs, conv1 14.1 -> 9.7
 // and 100.8 -> 66.1 µs), since it reads x about (WHR + KH - 1)/WHR ·
@@ -67,21 +68,6 @@ import (
 // Its splits are more (a region is already 32 to 256 positions) and so
 // are the partials the reduce reads (conv2 at batch 32: 7.3 MB instead of
 // 3.3 MB, the reduce 4.3 instead of 2.8 µs).
-
-// wgradHaloMinPositions is the fewest conv outputs per sample for which
-// the staged-region kernel is chosen: the per-layer choice, from the
-// model's predictions (BENCHMARKS.md, h/wgradhalo). On SimpleCNN's maps
-// (126x126 and 61x61) it wins; on small ones it loses — mnist's 28x28 and
-// 14x14 (latency-bound on shared memory: 2.7 -> 5.3 and 3.8 -> 5.8 µs) —
-// or its larger partials (more splits of a whole tile) cost more than it
-// saves: vgg_small's 32x32 to 8x8 layers are each faster, but their
-// partials raise the planned peak (59.35 -> 63.40 MB) so that the planner
-// unfuses the pools from batch norm under the budget (623.0 -> 671.9 µs).
-var wgradHaloMinPositions int64 = 2048
-
-// forceWgradHalo chooses the staged-region kernel on maps of any size
-// (tests: SetForceWgradHalo).
-var forceWgradHalo = false
 
 // wgradHaloTPW is the most taps a warp multiplies per 16 rows of the tile
 // (accumulators: 8 floats per fragment, at most 48 per thread).
@@ -118,7 +104,7 @@ func ld8(n int64) int64 { return n + (8-n%32+32)%32 }
 // 4, 2, 1 (at most HO) whose staging fits maxStaticShared.
 func wgradHaloLayout(g *convGeom, prec Precision) *wgradHaloGeom {
 	taps := g.KH * g.KW
-	if prec != TF32 || g.Aug != nil || taps < 2 || g.HWO < wgradHaloMinPositions && !forceWgradHalo {
+	if prec != TF32 || g.Aug != nil || taps < 2 {
 		return nil
 	}
 	bm := min(roundUp(g.O, 16), 32)
@@ -177,9 +163,9 @@ type wgradHaloGeom struct {
 }
 
 // wgradHaloSplits splits the regions so that the grid fills a GPU of sms
-// SMs (fillBlocks over the channel and row tiles), each split at least 4
-// regions (fewer partials to reduce: a region is already 32 to 128
-// positions); with no GPU named, wgradLegacyBlocks blocks at most.
+// SMs (fillBlocks over the channel and row tiles), at most one split per
+// region (mnist's small maps: a split of 4 regions left 64 blocks, 8 warps
+// per SM); with no GPU named, wgradLegacyBlocks blocks at most.
 func wgradHaloSplits(g *convGeom, l *wgradHaloGeom, batch, sms int64) int64 {
 	nr := batch * l.WHRegions
 	tiles := divUp(g.C, l.WHCT) * divUp(g.O, l.tile.BM)
@@ -187,7 +173,7 @@ func wgradHaloSplits(g *convGeom, l *wgradHaloGeom, batch, sms int64) int64 {
 	if sms <= 0 {
 		blocks = wgradLegacyBlocks
 	}
-	return min(divUp(blocks, tiles), max(1, nr/4), 65535)
+	return min(divUp(blocks, tiles), nr, 65535)
 }
 
 // wgradHaloPartials is the staged-region kernel's scratch (wgradPartials).

@@ -33,15 +33,13 @@ var haloCases = []convCase{
 // outputs: kernelcheck) on the forward cases whose pools do not overlap
 // (tcBackwardCases says why) and haloCases, masked and unmasked, with
 // and without a fused update, at batches 1, 3 and 5 (regions that split
-// unevenly), TF32 and kernelcheck.Tolerance as every weight gradient;
-// chosen on these small maps by SetForceWgradHalo.
+// unevenly), TF32 and kernelcheck.Tolerance as every weight gradient.
 // Where the kernel applies (TF32, f32 or u8 input without augmentation,
 // more than one tap, shared memory enough) it is the one generated: here
 // on every case of more than one tap, u8 images (HWC, scaled at the end)
 // and few channels (planes of (kx, channel) pairs: a 7x7 kernel over 2
 // channels, 14 planes, one fragment per kernel row) included.
 func TestConvWeightGradHaloTensorCores(t *testing.T) {
-	defer codegen.SetForceWgradHalo(true)()
 	cases := append(append([]convCase{}, tcBackwardCases()...), haloCases...)
 	for _, batch := range []int64{1, 3, 5} {
 		var checks []kernelCheck
@@ -74,10 +72,9 @@ func TestConvWeightGradHaloTensorCores(t *testing.T) {
 
 // The staged-region kernels of haloCases, the forward cases and the
 // realistic ones compile for sm_80 and sm_90 without spills (TF32; the
-// 64-bit index variant included), forced on the small maps.
+// 64-bit index variant included).
 func TestPtxasConvWeightGradHalo(t *testing.T) {
 	nvcc.Require(t)
-	defer codegen.SetForceWgradHalo(true)()
 	cases := append(append(append([]convCase{}, haloCases...), forwardCases...), realisticCases...)
 	var nodes []*ir.Node
 	for i, c := range cases {
