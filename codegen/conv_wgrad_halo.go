@@ -57,10 +57,10 @@ import (
 // kernels of more than one tap (a 1x1 conv reads each input once anyway),
 // at most 16 warps, and staging within maxStaticShared. Where it applies
 // it replaces the gathering kernel, with no per-layer choice: the model
-// predicts it faster on every weight gradient of the tf32 examples it
-// applies to (mnist, vgg_small, SimpleCNN; lenet5's tanh layers and the
-// rest unchanged), e.g. on
-// SimpleCNN's both layers at batches 32 and 256 (BENCHMARKS.md,
+// predicts it (with its reduce) faster or as fast on every weight
+// gradient of the tf32 examples it applies to (mnist, vgg_small,
+// SimpleCNN; lenet5's step unchanged), e.g. on SimpleCNN's both layers at
+// batches 32 and 256 (BENCHMARKS.md,
 // h/wgradhalo: conv2 21.0 -> 10.5 and 155.2 -> 64.7 µs, conv1 14.1 -> 9.7
 // and 100.8 -> 66.1 µs), since it reads x about (WHR + KH - 1)/WHR ·
 // WHHC/(WHW·SW) times instead of KH·KW and dy once instead of once per
