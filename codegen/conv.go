@@ -976,6 +976,7 @@ func convBlockGradWeightScratch(n *ir.Node, b int64, sz sizing) (int64, error) {
 		return 0, err
 	}
 	if sz.prec.tensor() {
+		g.Aug = newAugData(n.Attrs.Aug, false) // augmented inputs keep the gathering kernel (wgradHaloLayout)
 		return ScratchAligned(wgradTCPartials(g, sz.prec, sz.sms).Bytes(b)), nil
 	}
 	return ScratchAligned(wgradPartials(g, wgradTile(g.O, sz.prec), sz.sms).Bytes(b)), nil
@@ -1023,6 +1024,9 @@ func emitWeightGrad(e *emitter, n *ir.Node, p ir.BlockParts, d *convData, family
 		g.Idx = "long"
 	}
 	d.Name = fmt.Sprintf("conv_block_wgrad_%s%s_b%d_split%d%s", g.name(), gradName(g), g.B, d.Splits, precName(e.prec))
+	if d.WGHalo {
+		d.Name += "_halo"
+	}
 	d.Doc = "weight gradient of " + g.doc() + gradDoc(g)
 	xt := "float"
 	if g.U8 {

@@ -9,6 +9,10 @@ import (
 // The tensor-core weight gradient (conv_block_wgrad_tc): dw(o, r) = sum over
 // positions q = (b, oy, ox) of dy(o, q)·x(r, q), an M = O by N = K = C·KH·KW
 // GEMM whose reduction runs over batch x space.
+// At TF32 without augmentation, for kernels of more than one tap, the
+// staged-region kernel (conv_wgrad_halo.go) replaces this one: it reads
+// each input element about once from the L2 instead of KH·KW times. This
+// one stays for BF16, augmented images and 1x1 kernels.
 //
 // Each warp works alone on chunks of 16 positions: its 32 lanes load the
 // chunk's dy rows and im2col columns (lane = position, so the loads are
@@ -44,6 +48,7 @@ type wgradTC struct {
 	WGRSOff int64 // floats from the aligned base: the lanes' bias sums (Warps x BM x 16)
 	// DYLoadAll: conv_wgrad_dy loads dout (and yout) on every lane and selects
 	DYLoadAll bool
+	wgradHalo // the staged-region kernel's layout (conv_wgrad_halo.go), when WGHalo
 }
 
 // wgradTCBQ is the positions a warp stages per chunk.
@@ -154,6 +159,9 @@ func wgradTCSplits(g *convGeom, l *wgradTCGeom, batch, sms int64) int64 {
 
 // wgradTCPartials is the tensor-core kernel's scratch (wgradPartials).
 func wgradTCPartials(g *convGeom, prec Precision, sms int64) ir.Type {
+	if h := wgradHaloLayout(g, prec); h != nil {
+		return wgradHaloPartials(g, h, sms)
+	}
 	we := g.O * g.K
 	if g.Bias {
 		we += g.O
@@ -165,8 +173,13 @@ func wgradTCPartials(g *convGeom, prec Precision, sms int64) ir.Type {
 	return ir.F32Fixed(maxOver(g.B, func(b int64) int64 { return wgradTCSplits(g, l, b, sms) }), we)
 }
 
-// convBlockGradWeightTCRule is convBlockGradWeightRule at TF32 and BF16.
+// convBlockGradWeightTCRule is convBlockGradWeightRule at TF32 and BF16:
+// the staged-region kernel where it applies (conv_wgrad_halo.go), else
+// the gathering one.
 func convBlockGradWeightTCRule(e *emitter, n *ir.Node, p ir.BlockParts, g *convGeom) error {
+	if h := wgradHaloLayout(g, e.prec); h != nil {
+		return convBlockGradWeightHaloRule(e, n, p, g, h)
+	}
 	l, err := wgradTCLayout(g, e.prec)
 	if err != nil {
 		return fmt.Errorf("codegen: %s: %v", n.Text(), err)

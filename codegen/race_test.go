@@ -61,7 +61,8 @@ train { optimizer = sgd(lr=0.05, momentum=0.9) }
 		// accumulating variant, zero fills, sliced operands
 		{"mnist.cnn", mnist, 5, plan.Config{MicroBatch: 2, Trunk: "conv2"}, codegen.FP32, 0},
 		// the tensor-core kernels (whose fragment layouts the race orders
-		// also permute)
+		// also permute; the staged-region weight gradients of f32 and u8
+		// inputs among them)
 		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.TF32, 0},
 		{"mnist.cnn", mnist, 3, plan.Config{}, codegen.BF16, 0},
 		// convs without a fused pool (tanh between): the tensor-core forward

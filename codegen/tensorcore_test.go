@@ -24,7 +24,7 @@ import (
 // see templates/linear_ce.cu.tmpl).
 func gemmShaped(family string) bool {
 	switch strings.TrimSuffix(family, "_tc") {
-	case "linear_gemm", "conv_block_fwd", "conv_block_dgrad", "conv_block_wgrad":
+	case "linear_gemm", "conv_block_fwd", "conv_block_dgrad", "conv_block_wgrad", "conv_block_wgrad_halo":
 		return true
 	}
 	return false

@@ -1,0 +1,101 @@
+package codegen_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cnnc/cnnc/codegen"
+	"github.com/cnnc/cnnc/compiler/ir"
+	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/kernelcases"
+	"github.com/cnnc/cnnc/internal/nvcc"
+)
+
+// haloCases exercise the staged-region weight gradient beyond the forward
+// cases: SimpleCNN's conv2 on an odd map (regions past the conv output,
+// a pooled block's argmax routing), stride 2 with padding and two channel
+// and row tiles (17 channels, 40 outputs), a rectangular kernel with a
+// vertical stride over three column tiles (70 columns), a 2x2 kernel
+// over a map one row high, and a u8 image of 3 channels (SimpleCNN's
+// conv1 on an odd map: 9 planes).
+var haloCases = []convCase{
+	{C: 16, H: 15, W: 15, Out: 32, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+	{C: 17, H: 19, W: 37, Out: 40, K: k3, S: s2, P: p1, Bias: true, ReLU: true},
+	{C: 3, H: 11, W: 70, Out: 7, K: [2]int64{3, 5}, S: [2]int64{2, 1}, P: [2]int64{0, 2}, Bias: true},
+	{C: 5, H: 2, W: 9, Out: 16, K: k2, S: s1, P: p0, ReLU: true},
+	{C: 3, H: 21, W: 19, U8: true, Out: 16, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: win(k2, s2, p0)},
+}
+
+// The staged-region kernel against the float64 reference (NaN-poisoned
+// outputs: kernelcheck) on the forward cases whose pools do not overlap
+// (tcBackwardCases says why) and haloCases, masked and unmasked, with
+// and without a fused update, at batches 1, 3 and 5 (regions that split
+// unevenly), TF32 and kernelcheck.Tolerance as every weight gradient.
+// Where the kernel applies (TF32, f32 or u8 input without augmentation,
+// more than one tap, shared memory enough) it is the one generated: here
+// on every case of more than one tap, u8 images (HWC, scaled at the end)
+// and few channels (planes of (kx, channel) pairs: a 7x7 kernel over 2
+// channels, 14 planes, one fragment per kernel row) included.
+func TestConvWeightGradHaloTensorCores(t *testing.T) {
+	cases := append(append([]convCase{}, tcBackwardCases()...), haloCases...)
+	for _, batch := range []int64{1, 3, 5} {
+		var checks []kernelCheck
+		var nodes []*ir.Node
+		for i, c := range cases {
+			plain := c
+			plain.Masked = c.ReLU && i%2 == 1
+			n := kernelcases.ConvGradWeight(t, plain)
+			checks = append(checks, kernelCheck{name: plain.String(), n: n})
+			nodes = append(nodes, n)
+			fused := c
+			fused.Opt = optimizers[i%len(optimizers)]
+			checks = append(checks, kernelCheck{name: fused.String() + " step 3", n: kernelcases.ConvGradWeight(t, fused), o: reference.NodeOptions{Update: true, Step: 3}})
+		}
+		t.Logf("batch %d: worst relative error %.2e", batch, runKernelChecksAt(t, codegen.TF32, batch, checks))
+		if batch != 3 {
+			continue
+		}
+		for i, c := range cases {
+			prog, err := codegen.GenerateNodes("T", nodes[i:i+1], codegen.Options{Batch: batch, Precision: codegen.TF32, SMs: testSMs(codegen.TF32)})
+			require.NoError(t, err)
+			halo := false
+			for _, k := range prog.Kernels {
+				halo = halo || strings.HasSuffix(k.Name, "_halo")
+			}
+			assert.Equal(t, c.K[0]*c.K[1] > 1, halo, "%s: the staged-region kernel", c)
+		}
+	}
+}
+
+// The staged-region kernels of haloCases, the forward cases and the
+// realistic ones compile for sm_80 and sm_90 without spills (TF32; the
+// 64-bit index variant included).
+func TestPtxasConvWeightGradHalo(t *testing.T) {
+	nvcc.Require(t)
+	cases := append(append(append([]convCase{}, haloCases...), forwardCases...), realisticCases...)
+	var nodes []*ir.Node
+	for i, c := range cases {
+		wg := c
+		wg.Masked = c.ReLU && i%2 == 1
+		if i%3 != 2 {
+			wg.Opt = optimizers[i%len(optimizers)]
+		}
+		nodes = append(nodes, kernelcases.ConvGradWeight(t, wg))
+	}
+	prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: 32, Precision: codegen.TF32, SMs: testSMs(codegen.TF32)})
+	require.NoError(t, err)
+	ks, err := codegen.CompilePtxas(prog.Source, "conv_wgrad_halo.cu", nvcc.Targets)
+	require.NoError(t, err)
+	halos := 0
+	for _, k := range ks {
+		assert.True(t, k.Clean(), "%s spills or uses a local-memory stack frame", k)
+		if strings.HasSuffix(k.Name, "_halo") {
+			halos++
+			t.Log(k)
+		}
+	}
+	require.Positive(t, halos)
+}
