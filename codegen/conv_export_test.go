@@ -11,6 +11,15 @@ func SetForceLongIndex(on bool) (restore func()) {
 	return func() { forceLongIndex = old }
 }
 
+// SetForceWgradHalo makes the weight gradients generated from now on take
+// the staged-region kernel wherever it applies, whatever its partials
+// (on), and returns the function that restores the previous setting.
+func SetForceWgradHalo(on bool) (restore func()) {
+	old := forceWgradHalo
+	forceWgradHalo = on
+	return func() { forceWgradHalo = old }
+}
+
 // ScratchBytesAt is the planner's scratch function at a precision and an
 // SM count.
 func ScratchBytesAt(n *ir.Node, samples int64, prec Precision, sms int64) int64 {

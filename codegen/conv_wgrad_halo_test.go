@@ -39,7 +39,13 @@ var haloCases = []convCase{
 // on every case of more than one tap, u8 images (HWC, scaled at the end)
 // and few channels (planes of (kx, channel) pairs: a 7x7 kernel over 2
 // channels, 14 planes, one fragment per kernel row) included.
+//
+// Its partials can outgrow the gathering kernel's on these small shapes
+// and few SMs, where the generator would keep the gathering kernel
+// (wgradHaloChosen): the test forces the staged-region one, and
+// TestConvWeightGradHaloOnlyWhereItsPartialsFit checks the choice.
 func TestConvWeightGradHaloTensorCores(t *testing.T) {
+	defer codegen.SetForceWgradHalo(true)()
 	cases := append(append([]convCase{}, tcBackwardCases()...), haloCases...)
 	for _, batch := range []int64{1, 3, 5} {
 		var checks []kernelCheck
@@ -75,6 +81,7 @@ func TestConvWeightGradHaloTensorCores(t *testing.T) {
 // 64-bit index variant included).
 func TestPtxasConvWeightGradHalo(t *testing.T) {
 	nvcc.Require(t)
+	defer codegen.SetForceWgradHalo(true)()
 	cases := append(append(append([]convCase{}, haloCases...), forwardCases...), realisticCases...)
 	var nodes []*ir.Node
 	for i, c := range cases {
@@ -98,4 +105,36 @@ func TestPtxasConvWeightGradHalo(t *testing.T) {
 		}
 	}
 	require.Positive(t, halos)
+}
+
+// The staged-region weight gradient is generated only where its partials
+// are no larger than the gathering kernel's (wgradHaloChosen), so the
+// faster kernel never raises the workspace the memory plan sees: on an
+// H200's 132 SMs at batch 32, SimpleCNN's conv1 (a u8 image of 3
+// channels) takes it with fewer partials, and its conv2 keeps the
+// gathering kernel, whose partials the staged-region one would exceed.
+func TestConvWeightGradHaloOnlyWhereItsPartialsFit(t *testing.T) {
+	const sms, batch = 132, 32
+	pool := win([2]int64{2, 2}, [2]int64{2, 2}, p0)
+	conv1 := convCase{C: 3, H: 128, W: 128, U8: true, Out: 16, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: pool}
+	conv2 := convCase{C: 16, H: 63, W: 63, Out: 32, K: k3, S: s1, P: p0, Bias: true, ReLU: true, Pool: pool}
+	gen := func(c convCase, force bool) (halo bool, scratch int64) {
+		defer codegen.SetForceWgradHalo(force)()
+		n := kernelcases.ConvGradWeight(t, c)
+		prog, err := codegen.GenerateNodes("T", []*ir.Node{n}, codegen.Options{Batch: batch, Precision: codegen.TF32, SMs: sms})
+		require.NoError(t, err)
+		for _, k := range prog.Kernels {
+			halo = halo || strings.HasSuffix(k.Name, "_halo")
+		}
+		return halo, codegen.ScratchBytesAt(n, batch, codegen.TF32, sms)
+	}
+	halo1, chosen1 := gen(conv1, false)
+	assert.True(t, halo1, "conv1: the staged-region kernel")
+	_, forced1 := gen(conv1, true)
+	assert.Equal(t, forced1, chosen1, "conv1: its own partials")
+	halo2, chosen2 := gen(conv2, false)
+	forcedHalo2, forced2 := gen(conv2, true)
+	assert.False(t, halo2, "conv2: the gathering kernel")
+	assert.True(t, forcedHalo2, "conv2: the staged-region kernel applies")
+	assert.Greater(t, forced2, chosen2, "conv2: the staged-region kernel's partials are the larger")
 }

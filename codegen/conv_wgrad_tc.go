@@ -159,9 +159,36 @@ func wgradTCSplits(g *convGeom, l *wgradTCGeom, batch, sms int64) int64 {
 
 // wgradTCPartials is the tensor-core kernel's scratch (wgradPartials).
 func wgradTCPartials(g *convGeom, prec Precision, sms int64) ir.Type {
-	if h := wgradHaloLayout(g, prec); h != nil {
+	if h := wgradHaloChosen(g, prec, sms); h != nil {
 		return wgradHaloPartials(g, h, sms)
 	}
+	return wgradGatherPartials(g, prec, sms)
+}
+
+// wgradHaloChosen is the staged-region layout where it applies
+// (wgradHaloLayout) and its split partials are no larger than the
+// gathering kernel's, else nil: the faster kernel never raises the
+// workspace the memory plan sees (SimpleCNN's conv2 at TF32 would take
+// 396 splits of its whole weight gradient where the gathering kernel
+// takes 176 — 4.1 MB more, which raised the minimal plan from 47.37 to
+// 51.04 MB and cut the 64 MiB budget's micro-batch at batch 256 from 17
+// to 7 samples). Its conv1 (27 taps of 3 channels) takes 264 splits
+// against 528 and keeps it.
+func wgradHaloChosen(g *convGeom, prec Precision, sms int64) *wgradHaloGeom {
+	h := wgradHaloLayout(g, prec)
+	if h == nil || !forceWgradHalo && wgradHaloPartials(g, h, sms).Elems(1) > wgradGatherPartials(g, prec, sms).Elems(1) {
+		return nil
+	}
+	return h
+}
+
+// forceWgradHalo takes the staged-region kernel wherever it applies,
+// whatever its partials (tests: small shapes on few SMs would otherwise
+// mostly get the gathering kernel).
+var forceWgradHalo = false
+
+// wgradGatherPartials is the gathering tensor-core kernel's scratch.
+func wgradGatherPartials(g *convGeom, prec Precision, sms int64) ir.Type {
 	we := g.O * g.K
 	if g.Bias {
 		we += g.O
@@ -177,7 +204,7 @@ func wgradTCPartials(g *convGeom, prec Precision, sms int64) ir.Type {
 // the staged-region kernel where it applies (conv_wgrad_halo.go), else
 // the gathering one.
 func convBlockGradWeightTCRule(e *emitter, n *ir.Node, p ir.BlockParts, g *convGeom) error {
-	if h := wgradHaloLayout(g, e.prec); h != nil {
+	if h := wgradHaloChosen(g, e.prec, e.sms); h != nil {
 		return convBlockGradWeightHaloRule(e, n, p, g, h)
 	}
 	l, err := wgradTCLayout(g, e.prec)

@@ -180,9 +180,9 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) batch = 6 }
 	compile := func(cfg func(*plan.Plan) plan.Config) *trainergen.Compiled {
 		res, err := compiler.CompileSource("dw.cnn", src, compiler.Options{})
 		require.NoError(t, err)
-		base, err := plan.Build(res.Graph, plan.Config{Batch: res.Train.Batch, NoRecompute: true})
+		base, err := driver.Compile(res, plan.Config{NoRecompute: true}, driver.CUDA)
 		require.NoError(t, err)
-		c, err := driver.Compile(res, cfg(base), driver.CUDA)
+		c, err := driver.Compile(res, cfg(base.Plan), driver.CUDA)
 		require.NoError(t, err)
 		return c
 	}
