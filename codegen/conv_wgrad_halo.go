@@ -55,19 +55,24 @@ import (
 // When: TF32 (BF16 would stage rounded dy, and the bias sums want fp32),
 // no augmentation (its per-sample boxes stay with the gathering kernel),
 // kernels of more than one tap (a 1x1 conv reads each input once anyway),
-// at most 16 warps, and staging within maxStaticShared. Where it applies
-// it replaces the gathering kernel, with no per-layer choice: the model
-// predicts it (with its reduce) faster or as fast on every weight
+// at most 16 warps, staging within maxStaticShared, and split partials no
+// larger than the gathering kernel's (wgradHaloChosen: the workspace the
+// memory plan sees never grows; SimpleCNN's conv2 therefore keeps the
+// gathering kernel, its conv1 takes this one). Where it is taken the
+// model predicts it (with its reduce) faster or as fast on every weight
 // gradient of the tf32 examples it applies to (mnist, vgg_small,
 // SimpleCNN; lenet5's step unchanged), e.g. on SimpleCNN's both layers at
 // batches 32 and 256 (BENCHMARKS.md,
-// h/wgradhalo: conv2 21.0 -> 10.5 and 155.2 -> 64.7 µs, conv1 14.1 -> 9.7
-// and 100.8 -> 66.1 µs), since it reads x about (WHR + KH - 1)/WHR ·
+// h/wgradhalo, where conv2 took it too: conv2 21.0 -> 10.5 and 155.2 ->
+// 64.7 µs, conv1 14.1 -> 9.7 and 100.8 -> 66.1 µs), since it reads x about (WHR + KH - 1)/WHR ·
 // WHHC/(WHW·SW) times instead of KH·KW and dy once instead of once per
 // column tile, for the same tensor-core work and fragment loads per mma.
-// Its splits are more (a region is already 32 to 256 positions) and so
-// are the partials the reduce reads (conv2 at batch 32: 7.3 MB instead of
-// 3.3 MB, the reduce 4.3 instead of 2.8 µs).
+// Its splits are often more (a region is already 32 to 256 positions) and
+// so are the partials the reduce reads (conv2 at batch 32: 7.3 MB instead
+// of 3.3 MB, which raised the minimal plan from 47.37 to 51.04 MB: hence
+// the rule above). Choosing the kernel per plan — the larger workspace
+// where the budget leaves room, as the planner weighs split updates — is
+// not done.
 
 // wgradHaloTPW is the most taps a warp multiplies per 16 rows of the tile
 // (accumulators: 8 floats per fragment, at most 48 per thread).
