@@ -6,6 +6,7 @@ import (
 
 	"github.com/cnnc/cnnc/codegen"
 	"github.com/cnnc/cnnc/codegen/trainergen"
+	"github.com/cnnc/cnnc/compiler/ir"
 )
 
 // The fill rule (issue 11): every launch of a step keeps the GPU busy —
@@ -17,7 +18,14 @@ import (
 // that needs no SASS) and its minimum bytes at DRAM bandwidth, takes under
 // TinyLaunchSeconds, less than the gap between
 // dependent kernels, so that no grid could save more than the launch
-// costs anyway. Residency is the model's (ptxas registers and shared
+// costs anyway — or small by nature: its op's outputs, at one thread
+// each, are fewer than FillWarpsPerSM warps on every SM (the fill itself
+// asks more threads than there is work to give them), and each such
+// thread's share of the FLOPs, at one FMA a clock, takes under
+// TinyLaunchSeconds (so splitting the op's reductions into more threads
+// could save less than the extra launch and partials cost; a deep
+// reduction over few outputs — a weight gradient — is not small: it is
+// split to fill). Residency is the model's (ptxas registers and shared
 // memory, the grid): nothing here needs the emulator's trace.
 const (
 	FillWarpsPerSM    = 16.0
@@ -25,10 +33,11 @@ const (
 	TinyLaunchSeconds = 1e-6
 )
 
-// FillOK, FillTiny and FillShort are Launch.Fill's verdicts.
+// FillOK, FillTiny, FillSmall and FillShort are Launch.Fill's verdicts.
 const (
 	FillOK    = "ok"
 	FillTiny  = "tiny"
+	FillSmall = "small"
 	FillShort = "UNDER-FILLED"
 )
 
@@ -53,13 +62,23 @@ func minimumSeconds(gpu GPU, flops, minBytes int64) float64 {
 	return math.Max(float64(flops)/(gpu.FP32*1e12), float64(minBytes)/(gpu.DRAMGBs*1e9))
 }
 
-// fillVerdict is the fill rule's verdict on a launch and why.
-func fillVerdict(gpu GPU, waves, avgWarps float64, flops, minBytes int64) (string, string) {
+// fillVerdict is the fill rule's verdict on a launch and why; outputs is
+// how many elements the launch's op writes (launchOutputs; 0: unknown,
+// never small).
+func fillVerdict(gpu GPU, waves, avgWarps float64, flops, minBytes, outputs int64) (string, string) {
 	if waves >= FillWaves || avgWarps >= FillWarpsPerSM {
 		return FillOK, fmt.Sprintf("%.2f waves, %.1f warps/SM", waves, avgWarps)
 	}
 	if t := minimumSeconds(gpu, flops, minBytes); t < TinyLaunchSeconds {
 		return FillTiny, fmt.Sprintf("%.2f µs of work at peak rates < %.1f µs", 1e6*t, 1e6*TinyLaunchSeconds)
+	}
+	if outputs > 0 {
+		warps, need := (outputs+31)/32, int64(FillWarpsPerSM)*int64(gpu.SMs)
+		perThread := float64(flops) / float64(outputs) / 2 / (gpu.ClockGHz * 1e9) // FMAs at one a clock
+		if warps < need && perThread < TinyLaunchSeconds {
+			return FillSmall, fmt.Sprintf("%d outputs: %d warps at one thread each < %d (%.0f per SM x %d SMs), %.2f µs of FMAs per thread < %.1f µs",
+				outputs, warps, need, FillWarpsPerSM, gpu.SMs, 1e6*perThread, 1e6*TinyLaunchSeconds)
+		}
 	}
 	return FillShort, fmt.Sprintf("%.2f waves, %.1f warps/SM: under %.0f waves and %.0f warps/SM", waves, avgWarps, FillWaves, FillWarpsPerSM)
 }
@@ -100,6 +119,24 @@ func PtxasResources(source []byte, arch string) (map[string]KernelResources, err
 	return out, nil
 }
 
+// launchOutputs is how many elements node n's launch computes at batch:
+// its outputs and the parameters it updates in place (a fused update:
+// the thread that computes a weight's gradient updates it and its
+// optimizer state, one output); 0 without a node.
+func launchOutputs(n *ir.Node, batch int64) int64 {
+	if n == nil {
+		return 0
+	}
+	var out int64
+	for _, v := range n.Outs {
+		out += v.Type.Elems(batch)
+	}
+	for _, p := range n.UpdatedParams() {
+		out += p.Value.Type.Elems(batch)
+	}
+	return out
+}
+
 // checkFill is CheckFill with the kernels' resources (for gpu.Arch) given.
 func checkFill(comp *trainergen.Compiled, gpu GPU, res map[string]KernelResources) ([]FillCheck, error) {
 	var out []FillCheck
@@ -113,7 +150,7 @@ func checkFill(comp *trainergen.Compiled, gpu GPU, res map[string]KernelResource
 			c.Layer = n.Name
 		}
 		c.BlocksPerSM, _, c.Waves, c.Warps = residency(gpu, l.Grid, l.Block, l.SharedBytes, r)
-		c.Verdict, c.Why = fillVerdict(gpu, c.Waves, c.Warps, l.FLOPs, l.MinBytes)
+		c.Verdict, c.Why = fillVerdict(gpu, c.Waves, c.Warps, l.FLOPs, l.MinBytes, launchOutputs(comp.Train.Launches[i].Node, comp.Train.Batch))
 		out = append(out, c)
 	}
 	return out, nil

@@ -105,7 +105,7 @@ type Launch struct {
 	DRAMSeconds    float64 `json:"dram_seconds"`
 	Bound          string  `json:"bound"`
 	Seconds        float64 `json:"predicted_seconds"`
-	// Fill is the fill rule's verdict (fill.go: ok, tiny or UNDER-FILLED)
+	// Fill is the fill rule's verdict (fill.go: ok, tiny, small or UNDER-FILLED)
 	// and FillWhy its reason.
 	Fill    string `json:"fill"`
 	FillWhy string `json:"fill_why"`
@@ -144,7 +144,8 @@ func Predict(comp *trainergen.Compiled, gpu GPU) (*Prediction, error) {
 		if !ok {
 			return nil, fmt.Errorf("perf: ptxas reported nothing about kernel %s", l.Kernel)
 		}
-		pl := predictLaunch(gpu, l.Grid, l.Block, l.SharedBytes, r, acc[i], l.FLOPs, l.MinBytes)
+		pl := predictLaunch(gpu, l.Grid, l.Block, l.SharedBytes, r, acc[i], l.FLOPs, l.MinBytes,
+			launchOutputs(comp.Train.Launches[i].Node, comp.Train.Batch))
 		pl.Index, pl.Kernel = i, l.Kernel
 		if n := comp.Train.Launches[i].Node; n != nil {
 			pl.Layer = n.Name
@@ -181,7 +182,7 @@ func efficiency(warps, need float64) float64 {
 	return math.Min(1, warps/need)
 }
 
-func predictLaunch(gpu GPU, grid, block [3]uint32, dynShared int, r KernelResources, a Accesses, flops, minBytes int64) Launch {
+func predictLaunch(gpu GPU, grid, block [3]uint32, dynShared int, r KernelResources, a Accesses, flops, minBytes, outputs int64) Launch {
 	threads := int(block[0] * block[1] * block[2])
 	warpsPerBlock := float64((threads + 31) / 32)
 	blocks := float64(grid[0]) * float64(grid[1]) * float64(grid[2])
@@ -195,7 +196,7 @@ func predictLaunch(gpu GPU, grid, block [3]uint32, dynShared int, r KernelResour
 		return l
 	}
 	_, _, fillWaves, avgWarps := residency(gpu, grid, block, dynShared, r)
-	l.Fill, l.FillWhy = fillVerdict(gpu, fillWaves, avgWarps, flops, minBytes)
+	l.Fill, l.FillWhy = fillVerdict(gpu, fillWaves, avgWarps, flops, minBytes, outputs)
 	sms := float64(gpu.SMs)
 	clock := gpu.ClockGHz * 1e9
 	perWave := float64(l.BlocksPerSM) * sms

@@ -60,29 +60,29 @@ func TestPredictLaunchWavesAndBounds(t *testing.T) {
 	block := [3]uint32{256, 1, 1}
 	perBlock := int64(1 << 24) // FLOPs per block
 	wave := int64(8 * h.SMs)   // 8 blocks of 256 threads per SM
-	one := predictLaunch(h, [3]uint32{uint32(wave), 1, 1}, block, 0, res, Accesses{}, perBlock*wave, 0)
+	one := predictLaunch(h, [3]uint32{uint32(wave), 1, 1}, block, 0, res, Accesses{}, perBlock*wave, 0, 0)
 	assert.Equal(t, "compute", one.Bound)
 	assert.InDelta(t, 1.0, one.Waves, 1e-12)
 	// FLOPs/64 FFMA warp instructions per SM at 4 per clock
 	want := float64(perBlock*8) / 64 / (4 * h.ClockGHz * 1e9)
 	assert.InDelta(t, want, one.ComputeSeconds, 1e-12)
 	assert.InDelta(t, want+KernelGapSeconds, one.Seconds, 1e-12)
-	tail := predictLaunch(h, [3]uint32{uint32(wave + 1), 1, 1}, block, 0, res, Accesses{}, perBlock*(wave+1), 0)
+	tail := predictLaunch(h, [3]uint32{uint32(wave + 1), 1, 1}, block, 0, res, Accesses{}, perBlock*(wave+1), 0, 0)
 	assert.InDelta(t, want+float64(perBlock)/64/(4*h.ClockGHz*1e9)/0.5, tail.ComputeSeconds, 1e-12,
 		"the tail: one block of 8 warps (efficiency 8/16) on one SM")
-	small := predictLaunch(h, [3]uint32{uint32(h.SMs), 1, 1}, block, 0, res, Accesses{}, perBlock*int64(h.SMs), 0)
+	small := predictLaunch(h, [3]uint32{uint32(h.SMs), 1, 1}, block, 0, res, Accesses{}, perBlock*int64(h.SMs), 0, 0)
 	assert.Equal(t, "latency (compute)", small.Bound, "8 warps per SM")
-	tiny := predictLaunch(h, [3]uint32{1, 1, 1}, block, 0, res, Accesses{}, 1000, 4000)
+	tiny := predictLaunch(h, [3]uint32{1, 1, 1}, block, 0, res, Accesses{}, 1000, 4000, 0)
 	assert.Equal(t, "launch", tiny.Bound)
 	// DRAM-bound: a stream of 1 GB
-	stream := predictLaunch(h, [3]uint32{uint32(wave * 100), 1, 1}, block, 0, res, Accesses{GlobalSectors: 1e9 / 32}, 0, 1e9)
+	stream := predictLaunch(h, [3]uint32{uint32(wave * 100), 1, 1}, block, 0, res, Accesses{GlobalSectors: 1e9 / 32}, 0, 1e9, 0)
 	assert.Equal(t, "memory (DRAM)", stream.Bound)
 	assert.InDelta(t, 1e9/(h.DRAMGBs*1e9), stream.DRAMSeconds, 1e-9)
 	// registers that keep warps out: occupancy
-	fat := predictLaunch(h, [3]uint32{uint32(wave * 10), 1, 1}, [3]uint32{64, 1, 1}, 0, KernelResources{Registers: 255}, Accesses{}, 1e12, 0)
+	fat := predictLaunch(h, [3]uint32{uint32(wave * 10), 1, 1}, [3]uint32{64, 1, 1}, 0, KernelResources{Registers: 255}, Accesses{}, 1e12, 0, 0)
 	assert.Equal(t, "occupancy (compute)", fat.Bound)
 	// a kernel that cannot start
-	none := predictLaunch(h, [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0, KernelResources{Registers: 128}, Accesses{}, 1, 1)
+	none := predictLaunch(h, [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0, KernelResources{Registers: 128}, Accesses{}, 1, 1, 0)
 	assert.True(t, math.IsInf(none.Seconds, 1))
 }
 

@@ -34,7 +34,8 @@ func (p *Prediction) WriteTable(w io.Writer) {
 	fmt.Fprintln(w, "wavefronts over the conflict-free count; comp/smem/L2/DRAM = µs each resource needs; each launch adds a")
 	fmt.Fprintf(w, "%.1f µs gap. Counts come from ptxas and the SASS (nvcc) and from tracing the step on the emulator.\n", 1e6*KernelGapSeconds)
 	fmt.Fprintf(w, "fill: ok = >= %.0f waves or >= %.0f warps per SM averaged over all SMs; tiny = under both, but the launch's work at\n", FillWaves, FillWarpsPerSM)
-	fmt.Fprintf(w, "peak rates (FLOPs, minimum bytes at DRAM bandwidth) is under %.1f µs; UNDER = neither.\n", 1e6*TinyLaunchSeconds)
+	fmt.Fprintf(w, "peak rates (FLOPs, minimum bytes at DRAM bandwidth) is under %.1f µs; small = under both, but the op's outputs at one\n", 1e6*TinyLaunchSeconds)
+	fmt.Fprintf(w, "thread each are under %.0f warps per SM and each thread's FMAs take under %.1f µs; UNDER = none of these.\n", FillWarpsPerSM, 1e6*TinyLaunchSeconds)
 	for _, l := range p.Launches {
 		if l.Fill != FillOK {
 			fmt.Fprintf(w, "  #%d %s: %s (%s)\n", l.Index, l.Kernel, l.Fill, l.FillWhy)
