@@ -32,7 +32,17 @@ const (
 	// once) and k has at least gemmSplitMinTiles tiles (a smaller GEMM is
 	// not worth a second launch), the k range is split into slices of at
 	// least gemmMinSliceTiles tiles, at most gemmMaxSplits of them, summed
-	// by a reduce kernel in slice order.
+	// by a reduce kernel in slice order. On tensor cores with the GPU
+	// named, a k shallower than that (at least four slices of it: two
+	// save less than their reduce costs — MobileNet-small's classifier,
+	// k = 128, 5.2 µs against 3.5 + 1.8) splits too where the grid is at
+	// most half the fill target: there the launch could not fill
+	// otherwise and the split pays for its reduce
+	// (VGG-small's fc1 input gradient at batch 128 on the H200: 256
+	// blocks, 9.3 µs, split in 4: 4.5 + 2.8 µs), while nearer the
+	// target it does not (the same at batch 256, 512 blocks: 9.3 µs
+	// against 7.1 + 3.3; BENCHMARKS.md, "Filling the GPU on the CNN
+	// examples (h/fill)").
 	//
 	// The reduce stays a launch of its own (here and for the conv weight
 	// gradients, conv.go) rather than the "last block reduces" fix-up
@@ -273,8 +283,9 @@ func (k *gemmKernel) plan(split bool, sz sizing) {
 	kTiles := divUp(k.K, k.BK)
 	k.Splits, k.KPerSplit = 1, kTiles*k.BK
 	blocks := divUp(k.M, k.BM) * divUp(k.N, k.BN)
+	shallow := kTiles < gemmSplitMinTiles // split only far from the fill, on tensor cores (above)
 	switch {
-	case !split || kTiles < gemmSplitMinTiles:
+	case !split || shallow && (legacy || !p.tensor() || 2*blocks > target || kTiles < 4*minSlice):
 	case p.tensor() && !legacy:
 		// memory-bound: split up to the blocks that are resident at once
 		// (tcMinBlocks per SM, one wave: slices rounded up so the splits

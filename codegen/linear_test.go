@@ -340,3 +340,32 @@ func TestLinearAndLossDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// On tensor cores a GEMM shallow in k (under 16 tiles) splits only where
+// its grid is at most half the fill target (16 warps on each of 132
+// SMs: 528 blocks of 4 warps), in slices of at least 2 tiles: VGG-small's
+// fc1 input gradient (k = 256, 8 tiles of 32) at batch 128 has 256 blocks
+// and splits in 4; at batch 256 its 512 blocks are nearly the target and
+// a reduce launch would cost more than the fuller grid saves.
+func TestShallowGemmSplitsOnlyFarFromTheFill(t *testing.T) {
+	for _, c := range []struct {
+		batch int64
+		want  []string
+	}{
+		{128, []string{
+			"linear_block_grad_input_partial_b128_out256_in2048_splitk4_tf32 grid=[64 4 4]",
+			"linear_block_grad_input_reduce_b128_in2048_splitk4_tf32 grid=[8192 1 1]",
+		}},
+		{256, []string{"linear_block_grad_input_b256_out256_in2048_tf32 grid=[64 8 1]"}},
+	} {
+		g := ir.NewGraph("T")
+		fc1 := kernelcases.NewLinear(g, "fc1", 2048, 256, true, false)
+		prog, err := codegen.GenerateNodes("T", []*ir.Node{fc1.GradInput(t)}, codegen.Options{Batch: c.batch, Precision: codegen.TF32, SMs: 132})
+		require.NoError(t, err)
+		var names []string
+		for _, l := range prog.Launches {
+			names = append(names, fmt.Sprintf("%s grid=%v", l.Kernel, l.Grid))
+		}
+		require.Equal(t, c.want, names, "batch %d", c.batch)
+	}
+}
