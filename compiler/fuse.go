@@ -263,16 +263,7 @@ func (f *fuser) convBlock(n *ir.Node) *ir.Node {
 		f.absorbed[r] = true
 		last = r
 	}
-	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
-		a.Pool = &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}
-		f.absorbed[p] = true
-		last = p
-	}
-	outs := []string{last.Out().Name}
-	a.NoArgmax = a.Pool != nil && f.g.ForwardOnly() // no backward reads it
-	if a.Pool != nil && !a.NoArgmax {
-		outs = append(outs, last.Out().Name+".argmax")
-	}
+	last, outs := f.foldMaxPool(last, &a)
 	stats := f.onlyBatchNorm(last.Out())
 	if a.BNStats = a.Pool == nil && stats != nil; a.BNStats {
 		outs = append(outs, last.Out().Name+".bnpart")
@@ -315,6 +306,26 @@ func (f *fuser) directConvStats(n *ir.Node) *ir.Node {
 		return nil
 	}
 	return f.onlyBatchNorm(n.Out())
+}
+
+// foldMaxPool folds a max-pool of at most MaxFusedPoolWindow values that
+// is the only reader of last's output into the block whose attributes are
+// a (Attrs.Pool; Attrs.NoArgmax in a forward-only graph, where no backward
+// reads the argmax). It returns the node whose output the block now stands
+// for and the names of the block's first outputs: that output and, with
+// an argmax, the argmax.
+func (f *fuser) foldMaxPool(last *ir.Node, a *ir.Attrs) (*ir.Node, []string) {
+	if p := f.only(last.Out(), ir.OpMaxPool2D); p != nil && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
+		a.Pool = &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}
+		a.NoArgmax = f.g.ForwardOnly()
+		f.absorbed[p] = true
+		last = p
+	}
+	outs := []string{last.Out().Name}
+	if a.Pool != nil && !a.NoArgmax {
+		outs = append(outs, last.Out().Name+".argmax")
+	}
+	return last, outs
 }
 
 // onlyBatchNorm returns the statistics node of the batch norm that is v's
@@ -534,11 +545,9 @@ func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
 		f.absorbed[r] = true
 		last = r
 	}
-	if p := f.only(last.Out(), ir.OpMaxPool2D); n.Op == ops.BatchNorm2D && p != nil && p.Attrs.Kernel[0]*p.Attrs.Kernel[1] <= MaxFusedPoolWindow {
-		a.Pool = &ir.Window{Kernel: p.Attrs.Kernel, Stride: p.Attrs.Stride, Pad: p.Attrs.Pad}
-		a.NoArgmax = f.g.ForwardOnly() // no backward reads it
-		f.absorbed[p] = true
-		last = p
+	outs := []string{last.Out().Name}
+	if n.Op == ops.BatchNorm2D {
+		last, outs = f.foldMaxPool(last, &a)
 	}
 	ins := make([]*ir.Value, len(n.Ins))
 	for i, v := range n.Ins {
@@ -546,10 +555,6 @@ func (f *fuser) batchNormReLU(n *ir.Node) *ir.Node {
 		if v == f.image {
 			ins[i] = f.tensor
 		}
-	}
-	outs := []string{last.Out().Name}
-	if a.Pool != nil && !a.NoArgmax {
-		outs = append(outs, last.Out().Name+".argmax")
 	}
 	b := f.g.NewNode(n.Op, n.Name, ir.Forward, n.Pos, ins, outs, ir.RoleActivation)
 	b.Attrs = a
