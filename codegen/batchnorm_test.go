@@ -16,6 +16,7 @@ import (
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
+	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/internal/nvcc"
 	"github.com/cnnc/cnnc/runtime/cpu"
 )
@@ -95,18 +96,36 @@ func bnReLUNodes(t *testing.T, path string) (*compiler.Result, []*ir.Node) {
 // two multiplies and an add per element, no reduction.
 func TestBatchNormReLUKernels(t *testing.T) {
 	_, nodes := bnReLUNodes(t, "testdata/bnrelu_odd.cnn")
+	checkBNKernels(t, nodes, codegen.Options{}, reference.NodeOptions{Training: true, Update: true})
+}
+
+// checkBNKernels runs the kernels of batch norm nodes (generated into one
+// program with opts at batches 1 and 3) on the CPU emulator against the
+// float64 reference with NaN-poisoned outputs, within
+// kernelcheck.Tolerance and with every argmax matching; a pooled
+// gradient's argmax names positions inside the map
+// (kernelcases.ValidArgmax), and at batch 3 each gradient also runs a
+// padded batch (2 valid samples: their gradient, 0 for the padding).
+func checkBNKernels(t *testing.T, nodes []*ir.Node, opts codegen.Options, o reference.NodeOptions) {
+	t.Helper()
 	for _, batch := range []int64{1, 3} {
-		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
+		opts.Batch = batch
+		prog, err := codegen.GenerateNodes("T", nodes, opts)
 		require.NoError(t, err)
 		dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
 		require.NoError(t, err)
 		for i, n := range nodes {
-			ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
-			o := reference.NodeOptions{Training: true, Update: true}
+			rng := rand.New(rand.NewPCG(uint64(i)+1, uint64(batch)))
+			ins := kernelcheck.RandomInputs(n, batch, rng)
+			kernelcases.ValidArgmax(n, ins, rng)
 			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, o)
 			require.NoError(t, err, n.Text())
 			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s: %s", n.Text(), r)
+			require.Zero(t, r.ArgmaxMismatches, "%s: %s", n.Text(), r)
 			t.Logf("b%d %s: %s", batch, n.Text(), r)
+			if n.Op == ops.BatchNormGrad && batch == 3 {
+				require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), n.Text())
+			}
 		}
 		dev.Close()
 	}

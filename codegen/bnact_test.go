@@ -1,7 +1,6 @@
 package codegen_test
 
 import (
-	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
@@ -9,14 +8,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/codegen"
-	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/internal/nvcc"
-	"github.com/cnnc/cnnc/runtime/cpu"
 )
 
 // bnActNodes compiles testdata/bnact_odd.cnn and returns its batch norm
@@ -51,25 +48,7 @@ func bnActNodes(t *testing.T, path string) []*ir.Node {
 // and the activation's formula (a few ulps of expf/erff/tanhf); the
 // gradient's sums run over at most 3·35 values.
 func TestBatchNormActKernels(t *testing.T) {
-	nodes := bnActNodes(t, "testdata/bnact_odd.cnn")
-	for _, batch := range []int64{1, 3} {
-		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
-		require.NoError(t, err)
-		dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
-		require.NoError(t, err)
-		for i, n := range nodes {
-			ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
-			o := reference.NodeOptions{Training: true, Update: true}
-			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, o)
-			require.NoError(t, err, n.Text())
-			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s: %s", n.Text(), r)
-			t.Logf("b%d %s: %s", batch, n.Text(), r)
-			if n.Op == ops.BatchNormGrad && batch == 3 { // a padded batch: the gradient over 2 valid samples, 0 for the padding
-				require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), n.Text())
-			}
-		}
-		dev.Close()
-	}
+	checkBNKernels(t, bnActNodes(t, "testdata/bnact_odd.cnn"), codegen.Options{}, reference.NodeOptions{Training: true, Update: true})
 }
 
 // Whole training steps with each activation folded into batch norm

@@ -1,21 +1,18 @@
 package codegen_test
 
 import (
-	"math/rand/v2"
 	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/cnnc/cnnc/codegen"
-	"github.com/cnnc/cnnc/codegen/kernelcheck"
 	"github.com/cnnc/cnnc/compiler"
 	"github.com/cnnc/cnnc/compiler/ir"
 	"github.com/cnnc/cnnc/compiler/ops"
 	"github.com/cnnc/cnnc/compiler/reference"
 	"github.com/cnnc/cnnc/internal/kernelcases"
 	"github.com/cnnc/cnnc/internal/nvcc"
-	"github.com/cnnc/cnnc/runtime/cpu"
 )
 
 // bnPoolNodes compiles testdata/bnpool_odd.cnn and returns its batch norm
@@ -38,16 +35,6 @@ func bnPoolNodes(t *testing.T, path string) []*ir.Node {
 	return nodes
 }
 
-// bnPoolInputs are random inputs of node n; a gradient's argmax names
-// positions inside the map (kernelcases.BNPoolArgmax).
-func bnPoolInputs(n *ir.Node, batch int64, rng *rand.Rand) [][]float64 {
-	ins := kernelcheck.RandomInputs(n, batch, rng)
-	if n.Op == ops.BatchNormGrad {
-		kernelcases.BNPoolArgmax(n, ins, batch, rng)
-	}
-	return ins
-}
-
 // Batch norm with its activation and the max-pool after it folded in:
 // the normalisation writing the pooled output and the packed argmax, and
 // the gradient routing the pooled dy through the argmax, on the CPU
@@ -58,26 +45,7 @@ func bnPoolInputs(n *ir.Node, batch int64, rng *rand.Rand) [][]float64 {
 // exact; the routed dy sums at most 4 windows' values (k=3, s=2), and the
 // gradient's sums run over at most 3·63 values. The argmax must match.
 func TestBatchNormPoolKernels(t *testing.T) {
-	nodes := bnPoolNodes(t, "testdata/bnpool_odd.cnn")
-	for _, batch := range []int64{1, 3} {
-		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
-		require.NoError(t, err)
-		dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
-		require.NoError(t, err)
-		for i, n := range nodes {
-			ins := bnPoolInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
-			o := reference.NodeOptions{Training: true, Update: true}
-			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, o)
-			require.NoError(t, err, n.Text())
-			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s: %s", n.Text(), r)
-			require.Zero(t, r.ArgmaxMismatches, "%s: %s", n.Text(), r)
-			t.Logf("b%d %s: %s", batch, n.Text(), r)
-			if n.Op == ops.BatchNormGrad && batch == 3 { // a padded batch: the gradient over 2 valid samples, 0 for the padding
-				require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), n.Text())
-			}
-		}
-		dev.Close()
-	}
+	checkBNKernels(t, bnPoolNodes(t, "testdata/bnpool_odd.cnn"), codegen.Options{}, reference.NodeOptions{Training: true, Update: true})
 }
 
 // bnPoolEvalNodes are kernelcases.BNPoolEvalModel's pooled normalisations
@@ -104,21 +72,7 @@ func bnPoolEvalNodes(t *testing.T) []*ir.Node {
 // emulator against the reference with NaN-poisoned outputs, at batches 1
 // and 3. Tolerance: as TestBatchNormPoolKernels's forward.
 func TestBatchNormPoolEvalKernels(t *testing.T) {
-	nodes := bnPoolEvalNodes(t)
-	for _, batch := range []int64{1, 3} {
-		prog, err := codegen.GenerateNodes("T", nodes, codegen.Options{Batch: batch, Eval: true})
-		require.NoError(t, err)
-		dev, err := cpu.New(prog.Source, "t.cu", cpu.Options{})
-		require.NoError(t, err)
-		for i, n := range nodes {
-			ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
-			r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, reference.NodeOptions{})
-			require.NoError(t, err, n.Text())
-			require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s: %s", n.Text(), r)
-			t.Logf("b%d %s: %s", batch, n.Text(), r)
-		}
-		dev.Close()
-	}
+	checkBNKernels(t, bnPoolEvalNodes(t), codegen.Options{Eval: true}, reference.NodeOptions{})
 }
 
 // Whole training steps of testdata/bnpool_odd.cnn on the CPU emulator

@@ -96,12 +96,11 @@ func TestPtxasConvWeightGradHalo(t *testing.T) {
 	require.NoError(t, err)
 	ks, err := codegen.CompilePtxas(prog.Source, "conv_wgrad_halo.cu", nvcc.Targets)
 	require.NoError(t, err)
+	requireClean(t, prog, ks)
 	halos := 0
 	for _, k := range ks {
-		assert.True(t, k.Clean(), "%s spills or uses a local-memory stack frame", k)
 		if strings.HasSuffix(k.Name, "_halo") {
 			halos++
-			t.Log(k)
 		}
 	}
 	require.Positive(t, halos)

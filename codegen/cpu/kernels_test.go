@@ -320,13 +320,16 @@ func TestBatchNormReLUKernels(t *testing.T) {
 		}
 	}
 	require.Len(t, nodes, 3, "bn and bf with their ReLUs, bn's mask")
-	checkNodesAtBatches13(t, nodes, nil)
+	checkNodesAtBatches13(t, nodes)
 }
 
 // checkNodesAtBatches13 runs nodes' kernels at batches 1 and 3 on every
 // instruction set against the reference (NaN-poisoned outputs), within
-// kernelcheck.Tolerance; then, if set, more checks per node.
-func checkNodesAtBatches13(t *testing.T, nodes []*ir.Node, more func(dev *native.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, isa string, batch int64)) {
+// kernelcheck.Tolerance and with every argmax matching (a pooled
+// gradient's argmax names positions inside the map:
+// kernelcases.ValidArgmax); at batch 3 a batch norm gradient also runs a
+// padded batch (2 valid samples: their gradient, 0 for the padding).
+func checkNodesAtBatches13(t *testing.T, nodes []*ir.Node) {
 	t.Helper()
 	for _, batch := range []int64{1, 3} {
 		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
@@ -334,14 +337,17 @@ func checkNodesAtBatches13(t *testing.T, nodes []*ir.Node, more func(dev *native
 		for _, isa := range isas(t) {
 			dev := openDevice(t, prog, native.Options{ISA: isa})
 			for i, n := range nodes {
-				ins := kernelcheck.RandomInputs(n, batch, rand.New(rand.NewPCG(uint64(i)+1, uint64(batch))))
+				rng := rand.New(rand.NewPCG(uint64(i)+1, uint64(batch)))
+				ins := kernelcheck.RandomInputs(n, batch, rng)
+				kernelcases.ValidArgmax(n, ins, rng)
 				o := reference.NodeOptions{Training: true, Update: true}
 				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, o)
 				require.NoError(t, err, "%s %s", isa, n.Text())
 				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, n.Text(), r)
+				require.Zero(t, r.ArgmaxMismatches, "%s %s: %s", isa, n.Text(), r)
 				t.Logf("b%d %s %s: %s", batch, isa, n.Text(), r)
-				if more != nil {
-					more(dev, prog, n, ins, isa, batch)
+				if n.Op == ops.BatchNormGrad && batch == 3 { // over 2 valid samples, 0 for the padding
+					require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), "%s %s", isa, n.Text())
 				}
 			}
 		}
@@ -367,11 +373,7 @@ func TestBatchNormActKernels(t *testing.T) {
 		}
 	}
 	require.Len(t, nodes, 12, "six normalisations with their activations, and their gradients")
-	checkNodesAtBatches13(t, nodes, func(dev *native.Device, prog *codegen.Program, n *ir.Node, ins [][]float64, isa string, batch int64) {
-		if n.Op == ops.BatchNormGrad && batch == 3 { // over 2 valid samples, 0 for the padding
-			require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), "%s %s", isa, n.Text())
-		}
-	})
+	checkNodesAtBatches13(t, nodes)
 }
 
 // Batch norm with its activation and the max-pool after it folded in (Attrs.Pool: cnnc_cpu.h's
@@ -380,7 +382,7 @@ func TestBatchNormActKernels(t *testing.T) {
 // after tanh; affine and not) on every instruction set against the reference with NaN-poisoned
 // outputs, at batches 1 and 3, and a padded batch for the gradients — codegen's
 // TestBatchNormPoolKernels. A gradient's argmax names positions inside the map
-// (kernelcases.BNPoolArgmax). Tolerance: kernelcheck.Tolerance — per value the normalisation's four
+// (kernelcases.ValidArgmax). Tolerance: kernelcheck.Tolerance — per value the normalisation's four
 // operations and the activation's formula, the max exact; the routed dy sums at most 4 windows'
 // values; the gradient's sums (in double) run over at most 3·63 values. The argmax must match.
 func TestBatchNormPoolKernels(t *testing.T) {
@@ -396,28 +398,7 @@ func TestBatchNormPoolKernels(t *testing.T) {
 		}
 	}
 	require.Len(t, nodes, 6, "three pooled normalisations and their gradients")
-	for _, batch := range []int64{1, 3} {
-		prog, err := cpu.GenerateNodes("T", nodes, codegen.Options{Batch: batch})
-		require.NoError(t, err)
-		for _, isa := range isas(t) {
-			dev := openDevice(t, prog, native.Options{ISA: isa})
-			for i, n := range nodes {
-				rng := rand.New(rand.NewPCG(uint64(i)+1, uint64(batch)))
-				ins := kernelcheck.RandomInputs(n, batch, rng)
-				if n.Op == ops.BatchNormGrad {
-					kernelcases.BNPoolArgmax(n, ins, batch, rng)
-				}
-				r, err := kernelcheck.Node(dev, prog, n, ins, kernelcheck.Scalars{}, reference.NodeOptions{Training: true, Update: true})
-				require.NoError(t, err, "%s %s", isa, n.Text())
-				require.LessOrEqual(t, r.Worst, kernelcheck.Tolerance, "%s %s: %s", isa, n.Text(), r)
-				require.Zero(t, r.ArgmaxMismatches, "%s %s: %s", isa, n.Text(), r)
-				t.Logf("b%d %s %s: %s", batch, isa, n.Text(), r)
-				if n.Op == ops.BatchNormGrad && batch == 3 { // over 2 valid samples, 0 for the padding
-					require.NoError(t, kernelcheck.PartialBatch(dev, prog, n, ins, 2), "%s %s", isa, n.Text())
-				}
-			}
-		}
-	}
+	checkNodesAtBatches13(t, nodes)
 }
 
 // The evaluation graph's pooled normalisations (kernelcases.BNPoolEvalModel: no argmax) on every

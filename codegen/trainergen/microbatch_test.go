@@ -225,13 +225,6 @@ train { optimizer = sgd(lr=0.1, momentum=0.9) batch = 6 }
 			require.NoError(t, err)
 			assert.InDelta(t, r.Loss, float64(loss), 1e-5*math.Max(1, r.Loss), "%s: step %d loss", name, step)
 		}
-		for _, p := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.Buffers...) {
-			if p.DType == trainer.DTypeI64 {
-				continue
-			}
-			got, err := sess.ReadTensor(p)
-			require.NoError(t, err)
-			assert.Less(t, maxRel(got, ref.ParamByName(p.Name)), 1e-4, "%s: %s", name, p.Name)
-		}
+		assertStateFollowsReference(t, c, sess, ref, name)
 	}
 }

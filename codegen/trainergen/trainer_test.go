@@ -50,6 +50,21 @@ func mnistBatches(t *testing.T, n, batch int) []trainer.Batch {
 	return out
 }
 
+// assertStateFollowsReference checks that session sess of c holds the
+// reference's parameters and float buffers (running statistics) within
+// 1e-4 relative to each tensor's largest value (the trainer tests' bound).
+func assertStateFollowsReference(t *testing.T, c *trainergen.Compiled, sess *trainer.Session, ref *reference.Executor, what string) {
+	t.Helper()
+	for _, p := range append(append([]trainer.Tensor{}, c.Spec.Params...), c.Spec.Buffers...) {
+		if p.DType == trainer.DTypeI64 {
+			continue
+		}
+		got, err := sess.ReadTensor(p)
+		require.NoError(t, err)
+		assert.Less(t, maxRel(got, ref.ParamByName(p.Name)), 1e-4, "%s: %s", what, p.Name)
+	}
+}
+
 func maxRel(got []float32, want []float64) float64 {
 	scale := 0.0
 	for _, w := range want {

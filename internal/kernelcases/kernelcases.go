@@ -453,31 +453,43 @@ func SmoothedLossChecks(t testing.TB) []Case {
 	return cases
 }
 
-// ValidArgmax replaces random argmax inputs of a pooled backward node by window indices that
-// point inside the conv output (as the forward produces them: a padded position is never a
+// ValidArgmax replaces random argmax inputs of a pooled backward node — a conv block's input or
+// weight gradient, or a batch norm's gradient with the max-pool folded in — by window indices
+// that point inside the pooled map (as the forward produces them: a padded position is never a
 // maximum).
 func ValidArgmax(n *ir.Node, ins [][]float64, rng *rand.Rand) {
-	if n.Attrs.Pool == nil || (n.Op != ir.OpConvBlockGradInput && n.Op != ir.OpConvBlockGradWeight) {
+	if n.Attrs.Pool == nil {
 		return
 	}
-	p, _ := n.Parts()
-	pw := n.Attrs.Pool
-	var xt ir.Type
-	if p.X != nil {
-		xt = p.X.Type
-		if xt.DType == ir.U8 {
-			xt = ir.F32Batched(xt.Dims[2], xt.Dims[0], xt.Dims[1])
+	var argmax *ir.Value
+	var h, w int64 // the map the windows pool
+	switch n.Op {
+	case ir.OpConvBlockGradInput, ir.OpConvBlockGradWeight:
+		p, _ := n.Parts()
+		var xt ir.Type
+		if p.X != nil {
+			xt = p.X.Type
+			if xt.DType == ir.U8 {
+				xt = ir.F32Batched(xt.Dims[2], xt.Dims[0], xt.Dims[1])
+			}
+		} else {
+			xt = ir.F32Batched(n.Attrs.Dims...)
 		}
-	} else {
-		xt = ir.F32Batched(n.Attrs.Dims...)
+		a := n.Attrs
+		h, _ = ir.ConvOut(xt.Dims[1], a.Kernel[0], a.Stride[0], a.Pad[0])
+		w, _ = ir.ConvOut(xt.Dims[2], a.Kernel[1], a.Stride[1], a.Pad[1])
+		argmax = p.Argmax
+	case ops.BatchNormGrad: // x (its second input) is the map; the argmax its last input
+		x := n.Ins[1].Type
+		h, w = x.Dims[1], x.Dims[2]
+		argmax = n.Ins[len(n.Ins)-1]
+	default:
+		return
 	}
-	a := n.Attrs
-	ho, _ := ir.ConvOut(xt.Dims[1], a.Kernel[0], a.Stride[0], a.Pad[0])
-	wo, _ := ir.ConvOut(xt.Dims[2], a.Kernel[1], a.Stride[1], a.Pad[1])
-	am := p.Argmax.Type
-	pho, pwo := am.Dims[1], am.Dims[2]
+	pw := n.Attrs.Pool
+	pho, pwo := argmax.Type.Dims[1], argmax.Type.Dims[2]
 	for i, v := range n.Ins {
-		if v != p.Argmax {
+		if v != argmax {
 			continue
 		}
 		for e := range ins[i] {
@@ -486,7 +498,7 @@ func ValidArgmax(n *ir.Node, ins [][]float64, rng *rand.Rand) {
 			for ky := int64(0); ky < pw.Kernel[0]; ky++ {
 				for kx := int64(0); kx < pw.Kernel[1]; kx++ {
 					cy, cx := py*pw.Stride[0]-pw.Pad[0]+ky, px*pw.Stride[1]-pw.Pad[1]+kx
-					if cy >= 0 && cy < ho && cx >= 0 && cx < wo {
+					if cy >= 0 && cy < h && cx >= 0 && cx < w {
 						valid = append(valid, float64(ky*pw.Kernel[1]+kx))
 					}
 				}
